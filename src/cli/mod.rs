@@ -1,0 +1,38 @@
+//! Command-line front end (`inkling-wgpu <subcommand>`). Each subcommand lives in its own file.
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+pub mod bench;
+pub mod formats;
+pub mod generate;
+pub mod smoke;
+
+/// Inkling mixture-of-experts language models on any GPU through wgpu.
+#[derive(Parser, Debug)]
+#[command(name = "inkling-wgpu", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Generate text from a checkpoint (default: the bundled tiny model).
+    Generate(generate::Args),
+    /// Print the weight-format registry (FORMATS.md).
+    Formats(formats::Args),
+    /// Run every GPU kernel against the CPU reference on this adapter.
+    Smoke(smoke::Args),
+    /// Benchmarks (kernels, copy bandwidth).
+    Bench(bench::Args),
+}
+
+/// Run a parsed command line; the exit code reflects failures the command reports itself.
+pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Generate(a) => generate::run(a),
+        Command::Formats(a) => formats::run(a),
+        Command::Smoke(a) => smoke::run(a),
+        Command::Bench(a) => bench::run(a),
+    }
+}

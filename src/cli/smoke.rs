@@ -1,0 +1,9 @@
+//! `inkling-wgpu smoke` (being built).
+use std::process::ExitCode;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {}
+
+pub fn run(_args: Args) -> anyhow::Result<ExitCode> {
+    anyhow::bail!("`smoke` is not built yet")
+}

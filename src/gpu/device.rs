@@ -1,0 +1,201 @@
+//! The GPU device: adapter selection, limits, features and small buffer helpers.
+//!
+//! Backend choice follows `WGPU_BACKEND` (e.g. `vulkan`, `metal`); without it, Vulkan, Metal and DX12
+//! are tried. The GL backend is not compiled in, so a missing driver is an error, never a silent
+//! fallback. The device is created with the adapter's own limits (`adapter.limits()`), not wgpu's
+//! defaults, and with `SUBGROUP` and `TIMESTAMP_QUERY` when the adapter has them.
+
+use std::sync::Arc;
+use wgpu::util::DeviceExt;
+
+/// Errors opening the GPU.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    /// No adapter matched the requested backends.
+    #[error("no usable GPU adapter found (backends: {backends}); install a Vulkan/Metal driver or run with `--device cpu`")]
+    NoAdapter { backends: String },
+    /// The adapter refused the device request.
+    #[error("the GPU adapter {adapter} refused to open a device: {source}")]
+    RequestDevice { adapter: String, source: wgpu::RequestDeviceError },
+    /// A buffer readback failed (device lost, map error).
+    #[error("GPU readback failed: {0}")]
+    Readback(String),
+    /// The device reported a validation or out-of-memory error.
+    #[error("GPU error: {0}")]
+    Device(String),
+}
+
+/// An open GPU: device, queue and what the adapter can do.
+#[derive(Clone)]
+pub struct Gpu {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub info: wgpu::AdapterInfo,
+    /// Limits the device was created with (= the adapter's).
+    pub limits: wgpu::Limits,
+    /// Features the device was created with.
+    pub features: wgpu::Features,
+    /// Shared pipeline cache for kernels (see `gpu::kernel`).
+    pub cache: Arc<crate::gpu::kernel::PipelineCache>,
+}
+
+impl Gpu {
+    /// Open the first adapter of the backends allowed by `WGPU_BACKEND` (all native ones if unset).
+    pub fn new() -> Result<Gpu, GpuError> {
+        pollster::block_on(Self::new_async())
+    }
+
+    async fn new_async() -> Result<Gpu, GpuError> {
+        let backends = wgpu::Backends::from_env().unwrap_or(wgpu::Backends::PRIMARY);
+        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle().with_env();
+        desc.backends = backends;
+        let instance = wgpu::Instance::new(desc);
+        let adapter = instance
+            .request_adapter(&wgpu::RequestAdapterOptions {
+                power_preference: wgpu::PowerPreference::HighPerformance,
+                force_fallback_adapter: false,
+                compatible_surface: None,
+                apply_limit_buckets: false,
+            })
+            .await
+            .map_err(|_| GpuError::NoAdapter { backends: format!("{backends:?}") })?;
+        let info = adapter.get_info();
+        let limits = adapter.limits();
+        let wanted = wgpu::Features::SUBGROUP
+            | wgpu::Features::TIMESTAMP_QUERY
+            | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
+            | wgpu::Features::SHADER_F16;
+        let features = adapter.features() & wanted;
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("inkling-wgpu"),
+                required_features: features,
+                required_limits: limits.clone(),
+                experimental_features: wgpu::ExperimentalFeatures::default(),
+                memory_hints: wgpu::MemoryHints::Performance,
+                trace: wgpu::Trace::Off,
+            })
+            .await
+            .map_err(|source| GpuError::RequestDevice { adapter: info.name.clone(), source })?;
+        Ok(Gpu { device, queue, info, limits, features, cache: Arc::new(Default::default()) })
+    }
+
+    /// Whether subgroup operations are available.
+    pub fn has_subgroups(&self) -> bool {
+        self.features.contains(wgpu::Features::SUBGROUP)
+    }
+
+    /// Whether timestamp queries are available.
+    pub fn has_timestamps(&self) -> bool {
+        self.features.contains(wgpu::Features::TIMESTAMP_QUERY)
+    }
+
+    /// Largest storage-buffer binding in bytes (128 MiB on lavapipe).
+    pub fn max_binding(&self) -> u64 {
+        self.limits.max_storage_buffer_binding_size as u64
+    }
+
+    /// One line naming the adapter: `backend, name (driver driver_info)`.
+    pub fn describe(&self) -> String {
+        format!(
+            "{:?}, {} ({} {}), {:?}",
+            self.info.backend, self.info.name, self.info.driver, self.info.driver_info, self.info.device_type
+        )
+    }
+
+    /// Compile WGSL. Release builds use `create_shader_module_trusted` without runtime bounds
+    /// checks (every kernel is validated by naga in the tests and bounds-checked by construction).
+    pub fn shader(&self, label: &str, source: &str) -> wgpu::ShaderModule {
+        let desc = wgpu::ShaderModuleDescriptor {
+            label: Some(label),
+            source: wgpu::ShaderSource::Wgsl(source.into()),
+        };
+        if cfg!(debug_assertions) {
+            self.device.create_shader_module(desc)
+        } else {
+            // SAFETY: our kernels index only within the sizes passed in their uniforms, which the
+            // host-side code checks against the bound buffer sizes before every dispatch.
+            unsafe { self.device.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked()) }
+        }
+    }
+
+    /// A storage buffer initialised from bytes (usage STORAGE | COPY_SRC | COPY_DST).
+    pub fn storage_init(&self, label: &str, bytes: &[u8]) -> wgpu::Buffer {
+        // wgpu requires a non-zero size that is a multiple of 4 for mapped-at-creation buffers.
+        let mut padded;
+        let contents = if bytes.is_empty() || bytes.len() % 4 != 0 {
+            padded = bytes.to_vec();
+            padded.resize(bytes.len().max(4).next_multiple_of(4), 0);
+            &padded[..]
+        } else {
+            bytes
+        };
+        self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some(label),
+            contents,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+        })
+    }
+
+    /// An uninitialised storage buffer of `size` bytes (rounded up to 4, at least 4).
+    pub fn storage(&self, label: &str, size: u64) -> wgpu::Buffer {
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: size.max(4).next_multiple_of(4),
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        })
+    }
+
+    /// A uniform buffer initialised from bytes.
+    pub fn uniform_init(&self, label: &str, bytes: &[u8]) -> wgpu::Buffer {
+        self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some(label),
+            contents: bytes,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+        })
+    }
+
+    /// Copy `size` bytes from `buf` (at `offset`) back to the host. Blocks until done.
+    pub fn read_bytes(&self, buf: &wgpu::Buffer, offset: u64, size: u64) -> Result<Vec<u8>, GpuError> {
+        let size4 = size.next_multiple_of(4);
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("readback"),
+            size: size4.max(4),
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut enc = self.device.create_command_encoder(&Default::default());
+        enc.copy_buffer_to_buffer(buf, offset, &staging, 0, size4);
+        self.queue.submit([enc.finish()]);
+        let slice = staging.slice(..);
+        let (tx, rx) = std::sync::mpsc::channel();
+        slice.map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| GpuError::Readback(e.to_string()))?;
+        rx.recv()
+            .map_err(|e| GpuError::Readback(e.to_string()))?
+            .map_err(|e| GpuError::Readback(e.to_string()))?;
+        let out = slice
+            .get_mapped_range()
+            .map_err(|e| GpuError::Readback(format!("{e:?}")))?[..size as usize]
+            .to_vec();
+        staging.unmap();
+        Ok(out)
+    }
+
+    /// Read `n` f32 values from the start of `buf`.
+    pub fn read_f32(&self, buf: &wgpu::Buffer, n: usize) -> Result<Vec<f32>, GpuError> {
+        let b = self.read_bytes(buf, 0, 4 * n as u64)?;
+        Ok(b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+    }
+
+    /// Read `n` u32 values from the start of `buf`.
+    pub fn read_u32(&self, buf: &wgpu::Buffer, n: usize) -> Result<Vec<u32>, GpuError> {
+        let b = self.read_bytes(buf, 0, 4 * n as u64)?;
+        Ok(b.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+    }
+}

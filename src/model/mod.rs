@@ -1,0 +1,1 @@
+//! The Inkling text model: config, weights, CPU and GPU forward.
