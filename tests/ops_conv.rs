@@ -23,11 +23,24 @@ fn reference(x: &[f32], w: &[f32], c: usize, k: usize) -> Vec<f64> {
 }
 
 /// Runs x through in chunks with one state buffer; returns the outputs concatenated.
-fn run(gpu: &Gpu, x: &[f32], w: &wgpu::Buffer, state: &wgpu::Buffer, c: usize, k: usize, chunks: &[usize]) -> Vec<f32> {
+fn run(
+    gpu: &Gpu,
+    x: &[f32],
+    w: &wgpu::Buffer,
+    state: &wgpu::Buffer,
+    c: usize,
+    k: usize,
+    chunks: &[usize],
+) -> Vec<f32> {
     let mut out = Vec::new();
     let mut t0 = 0;
     for &t in chunks {
-        let kern = ShortConvKernel { tokens: t as u32, channels: c as u32, kernel: k as u32, accumulate: false };
+        let kern = ShortConvKernel {
+            tokens: t as u32,
+            channels: c as u32,
+            kernel: k as u32,
+            accumulate: false,
+        };
         let xb = buf_f32(gpu, &x[t0 * c..(t0 + t) * c]);
         let yb = poisoned(gpu, t * c);
         kern.bind(gpu, &xb, w, state, &yb).run(gpu);
@@ -77,7 +90,12 @@ fn reset_state_does_not_leak_and_accumulate() {
     let b = rng.vec(5 * c, 1.0);
     // Poisoned state, cleared by record_reset before the first prompt.
     let st = poisoned(&gpu, (k - 1) * c);
-    let kern = ShortConvKernel { tokens: 1, channels: c as u32, kernel: k as u32, accumulate: false };
+    let kern = ShortConvKernel {
+        tokens: 1,
+        channels: c as u32,
+        kernel: k as u32,
+        accumulate: false,
+    };
     let x1 = buf_f32(&gpu, &a[..c]);
     let y1 = poisoned(&gpu, c);
     let call = kern.bind(&gpu, &x1, &w, &st, &y1);
@@ -87,7 +105,8 @@ fn reset_state_does_not_leak_and_accumulate() {
     // prompt A token by token with one reused call
     let mut ya = Vec::new();
     for t in 0..6 {
-        gpu.queue.write_buffer(&x1, 0, bytemuck::cast_slice(&a[t * c..(t + 1) * c]));
+        gpu.queue
+            .write_buffer(&x1, 0, bytemuck::cast_slice(&a[t * c..(t + 1) * c]));
         call.run(&gpu);
         ya.extend(read(&gpu, &y1, c));
     }
@@ -100,12 +119,21 @@ fn reset_state_does_not_leak_and_accumulate() {
     assert_close("prompt B after reset", &yb, &reference(&b, &wv, c, k), 1e-5);
 
     // accumulate: y += out
-    let kern = ShortConvKernel { tokens: 5, channels: c as u32, kernel: k as u32, accumulate: true };
+    let kern = ShortConvKernel {
+        tokens: 5,
+        channels: c as u32,
+        kernel: k as u32,
+        accumulate: true,
+    };
     let base = rng.vec(5 * c, 1.0);
     let yb2 = buf_f32(&gpu, &base);
     let xb = buf_f32(&gpu, &b);
     let st2 = fresh_state(&gpu, c, k);
     kern.bind(&gpu, &xb, &w, &st2, &yb2).run(&gpu);
-    let r: Vec<f64> = reference(&b, &wv, c, k).iter().zip(&base).map(|(a, &b)| a + b as f64).collect();
+    let r: Vec<f64> = reference(&b, &wv, c, k)
+        .iter()
+        .zip(&base)
+        .map(|(a, &b)| a + b as f64)
+        .collect();
     assert_close("accumulate", &read(&gpu, &yb2, 5 * c), &r, 1e-5);
 }

@@ -1,9 +1,14 @@
 //! Every WGSL file of the non-GEMV kernel families parses and validates with naga, without a device.
 
 fn validate(name: &str, src: &str) {
-    let module = naga::front::wgsl::parse_str(src).unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(src)));
-    let mut v = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all());
-    v.validate(&module).unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(src)));
+    let module = naga::front::wgsl::parse_str(src)
+        .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(src)));
+    let mut v = naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::all(),
+    );
+    v.validate(&module)
+        .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(src)));
     assert!(!module.entry_points.is_empty(), "{name}: no entry points");
 }
 

@@ -48,12 +48,14 @@ var<workgroup> r_sh: array<f32, MAX_REL>;
 var<workgroup> red: array<f32, WG>;
 var<workgroup> p_sh: array<f32, WG>;
 
-// Start (in floats) of key/value row of absolute position j for kv head g; `from_new` tells which buffer.
+// Start (in floats) of the key/value row of absolute position j for kv head g (in k_new/v_new when
+// j >= pos0, else in the cache).
 fn kv_base(j: u32, pos0: u32, g: u32) -> u32 {
     if (j >= pos0) {
         return ((j - pos0) * p.kvh + g) * p.d;
     }
-    var slot = j;
+    // Full layers: linear slot, clamped so a host that overruns the capacity cannot read out of bounds.
+    var slot = min(j, p.cap - 1u);
     if (p.window != 0u) {
         slot = j % p.cap;
     }

@@ -43,11 +43,24 @@ pub struct AttentionKernel {
 impl AttentionKernel {
     pub fn new(shape: AttentionShape) -> AttentionKernel {
         let s = &shape;
-        assert!(s.head_dim >= 1 && s.head_dim <= 256, "head_dim {} not in 1..=256", s.head_dim);
+        assert!(
+            s.head_dim >= 1 && s.head_dim <= 256,
+            "head_dim {} not in 1..=256",
+            s.head_dim
+        );
         assert!(s.d_rel <= 256, "d_rel {} > 256", s.d_rel);
-        assert!(s.kv_heads >= 1 && s.heads % s.kv_heads == 0, "heads {} not a multiple of kv_heads {}", s.heads, s.kv_heads);
+        assert!(
+            s.kv_heads >= 1 && s.heads.is_multiple_of(s.kv_heads),
+            "heads {} not a multiple of kv_heads {}",
+            s.heads,
+            s.kv_heads
+        );
         if let Some(w) = s.window {
-            assert!(w >= 1 && s.cache_capacity >= w, "sliding ring capacity {} < window {w}", s.cache_capacity);
+            assert!(
+                w >= 1 && s.cache_capacity >= w,
+                "sliding ring capacity {} < window {w}",
+                s.cache_capacity
+            );
         }
         AttentionKernel { shape }
     }
@@ -72,6 +85,28 @@ impl AttentionKernel {
         out: &wgpu::Buffer,
     ) -> AttentionCall {
         let s = &self.shape;
+        let (t, h, kvh, d) = (
+            s.tokens as u64,
+            s.heads as u64,
+            s.kv_heads as u64,
+            s.head_dim as u64,
+        );
+        super::need(q, t * h * d, "attention q");
+        super::need(k_new, t * kvh * d, "attention k_new");
+        super::need(v_new, t * kvh * d, "attention v_new");
+        super::need(r, t * h * s.d_rel as u64, "attention r");
+        super::need(proj, s.d_rel as u64 * s.extent as u64, "attention proj");
+        super::need(
+            k_cache,
+            s.cache_capacity as u64 * kvh * d,
+            "attention k_cache",
+        );
+        super::need(
+            v_cache,
+            s.cache_capacity as u64 * kvh * d,
+            "attention v_cache",
+        );
+        super::need(out, t * h * d, "attention out");
         let (use_tau, alpha, n_floor) = match s.tau {
             Some((a, n)) => (1u32, a, n),
             None => (0, 0.0, 1.0),
@@ -114,7 +149,14 @@ impl AttentionKernel {
             "attention/attn_append",
             SRC,
             "attn_append",
-            &[(0, Bind::Uniform), (1, Bind::Uniform), (3, Bind::Read), (4, Bind::Read), (10, Bind::Write), (11, Bind::Write)],
+            &[
+                (0, Bind::Uniform),
+                (1, Bind::Uniform),
+                (3, Bind::Read),
+                (4, Bind::Read),
+                (10, Bind::Write),
+                (11, Bind::Write),
+            ],
         );
         let bg_attn = bind_group(
             gpu,
@@ -137,15 +179,31 @@ impl AttentionKernel {
             gpu,
             "attn_append",
             &append,
-            &[(0, &u), (1, &pos.buffer), (3, k_new), (4, v_new), (10, k_cache), (11, v_cache)],
+            &[
+                (0, &u),
+                (1, &pos.buffer),
+                (3, k_new),
+                (4, v_new),
+                (10, k_cache),
+                (11, v_cache),
+            ],
         );
-        let n_append = (s.tokens as u64 * s.kv_heads as u64 * s.head_dim as u64).div_ceil(256) as u32;
+        let n_append =
+            (s.tokens as u64 * s.kv_heads as u64 * s.head_dim as u64).div_ceil(256) as u32;
         AttentionCall {
             call: OpCall {
                 label: "attention".into(),
                 dispatches: vec![
-                    Dispatch { pipeline: attn, bind_group: bg_attn, groups: grid(s.tokens * s.heads) },
-                    Dispatch { pipeline: append, bind_group: bg_append, groups: grid(n_append) },
+                    Dispatch {
+                        pipeline: attn,
+                        bind_group: bg_attn,
+                        groups: grid(s.tokens * s.heads),
+                    },
+                    Dispatch {
+                        pipeline: append,
+                        bind_group: bg_append,
+                        groups: grid(n_append),
+                    },
                 ],
                 owned: vec![u],
             },

@@ -25,21 +25,61 @@ impl ShortConvKernel {
 
     /// `x` f32 [T, C], `w` f32 [C, K] (the `[C, 1, K]` tensor), `state` f32 [K−1, C], `y` f32 [T, C]
     /// (x and y must be different buffers).
-    pub fn bind(&self, gpu: &Gpu, x: &wgpu::Buffer, w: &wgpu::Buffer, state: &wgpu::Buffer, y: &wgpu::Buffer) -> ConvCall {
-        assert!((1..=8).contains(&self.kernel), "short conv kernel size {} not in 1..=8", self.kernel);
+    pub fn bind(
+        &self,
+        gpu: &Gpu,
+        x: &wgpu::Buffer,
+        w: &wgpu::Buffer,
+        state: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+    ) -> ConvCall {
+        assert!(
+            (1..=8).contains(&self.kernel),
+            "short conv kernel size {} not in 1..=8",
+            self.kernel
+        );
+        let (t, c) = (self.tokens as u64, self.channels as u64);
+        super::need(x, t * c, "short_conv x");
+        super::need(w, c * self.kernel as u64, "short_conv w");
+        super::need(state, (self.kernel as u64 - 1) * c, "short_conv state");
+        super::need(y, t * c, "short_conv y");
         let pl = pipeline(
             gpu,
             "conv/short_conv",
             SRC,
             "short_conv",
-            &[(0, Bind::Uniform), (1, Bind::Read), (2, Bind::Read), (3, Bind::Write), (4, Bind::Write)],
+            &[
+                (0, Bind::Uniform),
+                (1, Bind::Read),
+                (2, Bind::Read),
+                (3, Bind::Write),
+                (4, Bind::Write),
+            ],
         );
-        let u = uniform_words(gpu, "short_conv params", &[self.tokens, self.channels, self.kernel, self.accumulate as u32]);
-        let bg = bind_group(gpu, "short_conv", &pl, &[(0, &u), (1, x), (2, w), (3, state), (4, y)]);
+        let u = uniform_words(
+            gpu,
+            "short_conv params",
+            &[
+                self.tokens,
+                self.channels,
+                self.kernel,
+                self.accumulate as u32,
+            ],
+        );
+        let bg = bind_group(
+            gpu,
+            "short_conv",
+            &pl,
+            &[(0, &u), (1, x), (2, w), (3, state), (4, y)],
+        );
         ConvCall {
             call: OpCall {
                 label: "short_conv".into(),
-                dispatches: vec![Dispatch { pipeline: pl, bind_group: bg, groups: super::grid(self.channels.div_ceil(64)) }],
+                dispatches: vec![Dispatch {
+                    pipeline: pl,
+                    bind_group: bg,
+                    groups: super::grid(self.channels.div_ceil(64)),
+                }],
                 owned: vec![u],
             },
             state: state.clone(),

@@ -70,7 +70,9 @@ pub(crate) fn pipeline(
                         min_binding_size: None,
                     },
                     Bind::Read | Bind::Write => wgpu::BindingType::Buffer {
-                        ty: wgpu::BufferBindingType::Storage { read_only: matches!(b, Bind::Read) },
+                        ty: wgpu::BufferBindingType::Storage {
+                            read_only: matches!(b, Bind::Read),
+                        },
                         has_dynamic_offset: false,
                         min_binding_size: None,
                     },
@@ -80,21 +82,27 @@ pub(crate) fn pipeline(
             .collect();
         let bgl = gpu
             .device
-            .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: Some(key), entries: &entries });
-        let layout = gpu.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-            label: Some(key),
-            bind_group_layouts: &[Some(&bgl)],
-            immediate_size: 0,
-        });
+            .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                label: Some(key),
+                entries: &entries,
+            });
+        let layout = gpu
+            .device
+            .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: Some(key),
+                bind_group_layouts: &[Some(&bgl)],
+                immediate_size: 0,
+            });
         let module = gpu.shader(key, src);
-        gpu.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some(key),
-            layout: Some(&layout),
-            module: &module,
-            entry_point: Some(entry),
-            compilation_options: Default::default(),
-            cache: None,
-        })
+        gpu.device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(key),
+                layout: Some(&layout),
+                module: &module,
+                entry_point: Some(entry),
+                compilation_options: Default::default(),
+                cache: None,
+            })
     })
 }
 
@@ -108,20 +116,28 @@ pub(crate) fn bind_group(
     let layout = pipeline.get_bind_group_layout(0);
     let entries: Vec<wgpu::BindGroupEntry> = buffers
         .iter()
-        .map(|&(binding, buf)| wgpu::BindGroupEntry { binding, resource: buf.as_entire_binding() })
+        .map(|&(binding, buf)| wgpu::BindGroupEntry {
+            binding,
+            resource: buf.as_entire_binding(),
+        })
         .collect();
-    gpu.device.create_bind_group(&wgpu::BindGroupDescriptor { label: Some(label), layout: &layout, entries: &entries })
+    gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some(label),
+        layout: &layout,
+        entries: &entries,
+    })
 }
 
 /// A uniform buffer holding `words` (u32 or f32 bit patterns), padded to 16 bytes.
 pub(crate) fn uniform_words(gpu: &Gpu, label: &str, words: &[u32]) -> wgpu::Buffer {
     let mut w = words.to_vec();
     w.resize(words.len().next_multiple_of(4).max(4), 0);
-    gpu.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-        label: Some(label),
-        contents: bytemuck::cast_slice(&w),
-        usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-    })
+    gpu.device
+        .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some(label),
+            contents: bytemuck::cast_slice(&w),
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+        })
 }
 
 /// One recorded dispatch: pipeline, bind group, workgroup grid.
@@ -153,8 +169,10 @@ impl OpCall {
 
     /// Record as its own compute pass in `encoder`.
     pub fn record(&self, encoder: &mut wgpu::CommandEncoder) {
-        let mut pass =
-            encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(&self.label), timestamp_writes: None });
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some(&self.label),
+            timestamp_writes: None,
+        });
         self.record_in_pass(&mut pass);
     }
 
@@ -179,7 +197,9 @@ pub struct PosBuffer {
 
 impl PosBuffer {
     pub fn new(gpu: &Gpu, pos0: u32) -> PosBuffer {
-        PosBuffer { buffer: uniform_words(gpu, "pos", &[pos0, 0, 0, 0]) }
+        PosBuffer {
+            buffer: uniform_words(gpu, "pos", &[pos0, 0, 0, 0]),
+        }
     }
 
     /// Queue an update of the position (takes effect for the next submission).
@@ -191,4 +211,15 @@ impl PosBuffer {
 /// A 4-byte storage buffer to bind where a kernel's optional input is absent.
 pub(crate) fn dummy(gpu: &Gpu) -> wgpu::Buffer {
     gpu.storage("dummy", 16)
+}
+
+/// Panic unless `buf` holds at least `floats` 4-byte values. Release builds compile kernels without
+/// runtime bounds checks, so every bind checks the buffers against the sizes in its uniforms.
+pub(crate) fn need(buf: &wgpu::Buffer, floats: u64, what: &str) {
+    assert!(
+        buf.size() >= floats * 4,
+        "{what}: buffer of {} bytes, kernel needs {} bytes",
+        buf.size(),
+        floats * 4
+    );
 }

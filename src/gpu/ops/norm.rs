@@ -22,7 +22,15 @@ pub struct RmsNorm {
 impl RmsNorm {
     /// Contiguous rows `[rows, width]` in and out.
     pub fn rows(rows: u32, width: u32, eps: f32) -> RmsNorm {
-        RmsNorm { rows, width, eps, x_off: 0, x_stride: width, y_off: 0, y_stride: width }
+        RmsNorm {
+            rows,
+            width,
+            eps,
+            x_off: 0,
+            x_stride: width,
+            y_off: 0,
+            y_stride: width,
+        }
     }
 
     fn words(&self) -> Vec<u32> {
@@ -49,13 +57,27 @@ impl RmsNorm {
             "norm/rms_norm",
             SRC,
             "rms_norm",
-            &[(0, Bind::Uniform), (1, Bind::Read), (2, Bind::Read), (3, Bind::Write)],
+            &[
+                (0, Bind::Uniform),
+                (1, Bind::Read),
+                (2, Bind::Read),
+                (3, Bind::Write),
+            ],
         );
+        let last = (self.rows.max(1) as u64 - 1) * self.x_stride as u64 + self.width as u64;
+        super::need(x, self.x_off as u64 + last, "rms_norm x");
+        let last_y = (self.rows.max(1) as u64 - 1) * self.y_stride as u64 + self.width as u64;
+        super::need(y, self.y_off as u64 + last_y, "rms_norm y");
+        super::need(w, self.width as u64, "rms_norm w");
         let u = uniform_words(gpu, "rms_norm params", &self.words());
         let bg = bind_group(gpu, "rms_norm", &pl, &[(0, &u), (1, w), (2, x), (3, y)]);
         OpCall {
             label: "rms_norm".into(),
-            dispatches: vec![Dispatch { pipeline: pl, bind_group: bg, groups: grid(self.rows) }],
+            dispatches: vec![Dispatch {
+                pipeline: pl,
+                bind_group: bg,
+                groups: grid(self.rows),
+            }],
             owned: vec![u],
         }
     }
@@ -69,11 +91,18 @@ impl RmsNorm {
             "rms_norm_inplace",
             &[(0, Bind::Uniform), (1, Bind::Read), (4, Bind::Write)],
         );
+        let last = (self.rows.max(1) as u64 - 1) * self.x_stride as u64 + self.width as u64;
+        super::need(x, self.x_off as u64 + last, "rms_norm_inplace x");
+        super::need(w, self.width as u64, "rms_norm_inplace w");
         let u = uniform_words(gpu, "rms_norm_inplace params", &self.words());
         let bg = bind_group(gpu, "rms_norm_inplace", &pl, &[(0, &u), (1, w), (4, x)]);
         OpCall {
             label: "rms_norm_inplace".into(),
-            dispatches: vec![Dispatch { pipeline: pl, bind_group: bg, groups: grid(self.rows) }],
+            dispatches: vec![Dispatch {
+                pipeline: pl,
+                bind_group: bg,
+                groups: grid(self.rows),
+            }],
             owned: vec![u],
         }
     }
@@ -113,15 +142,31 @@ impl EmbedNorm {
         y: &wgpu::Buffer,
     ) -> OpCall {
         let mut dispatches = Vec::new();
+        super::need(ids, (self.ids_off + self.tokens) as u64, "embed_norm ids");
+        super::need(w, self.hidden as u64, "embed_norm w");
+        super::need(y, self.tokens as u64 * self.hidden as u64, "embed_norm y");
         let dummy = super::dummy(gpu);
         let mut owned = Vec::new();
         for s in shards {
+            let elems = s.n_rows as u64 * self.hidden as u64;
+            super::need(
+                s.buffer,
+                if s.bf16 { elems.div_ceil(2) } else { elems },
+                "embed_norm table shard",
+            );
             let pl: Arc<wgpu::ComputePipeline> = pipeline(
                 gpu,
                 "norm/embed_norm",
                 SRC,
                 "embed_norm",
-                &[(0, Bind::Uniform), (1, Bind::Read), (3, Bind::Write), (5, Bind::Read), (6, Bind::Read), (7, Bind::Read)],
+                &[
+                    (0, Bind::Uniform),
+                    (1, Bind::Read),
+                    (3, Bind::Write),
+                    (5, Bind::Read),
+                    (6, Bind::Read),
+                    (7, Bind::Read),
+                ],
             );
             let words = vec![
                 self.tokens,
@@ -138,12 +183,29 @@ impl EmbedNorm {
                 0,
             ];
             let u = uniform_words(gpu, "embed_norm params", &words);
-            let (t32, t16) = if s.bf16 { (&dummy, s.buffer) } else { (s.buffer, &dummy) };
-            let bg = bind_group(gpu, "embed_norm", &pl, &[(0, &u), (1, w), (3, y), (5, ids), (6, t32), (7, t16)]);
-            dispatches.push(Dispatch { pipeline: pl, bind_group: bg, groups: grid(self.tokens) });
+            let (t32, t16) = if s.bf16 {
+                (&dummy, s.buffer)
+            } else {
+                (s.buffer, &dummy)
+            };
+            let bg = bind_group(
+                gpu,
+                "embed_norm",
+                &pl,
+                &[(0, &u), (1, w), (3, y), (5, ids), (6, t32), (7, t16)],
+            );
+            dispatches.push(Dispatch {
+                pipeline: pl,
+                bind_group: bg,
+                groups: grid(self.tokens),
+            });
             owned.push(u);
         }
         owned.push(dummy);
-        OpCall { label: "embed_norm".into(), dispatches, owned }
+        OpCall {
+            label: "embed_norm".into(),
+            dispatches,
+            owned,
+        }
     }
 }

@@ -35,8 +35,16 @@ pub struct Router {
 
 impl Router {
     pub fn new(shape: RouterShape) -> Router {
-        assert!(shape.n_routed <= 2048, "router: {} routed experts > 2048", shape.n_routed);
-        assert!(shape.top_k >= 1 && shape.top_k <= 32 && shape.top_k <= shape.n_routed, "router: bad top_k {}", shape.top_k);
+        assert!(
+            shape.n_routed <= 2048,
+            "router: {} routed experts > 2048",
+            shape.n_routed
+        );
+        assert!(
+            shape.top_k >= 1 && shape.top_k <= 32 && shape.top_k <= shape.n_routed,
+            "router: bad top_k {}",
+            shape.top_k
+        );
         Router { shape }
     }
 
@@ -53,15 +61,65 @@ impl Router {
         shared_gammas: &wgpu::Buffer,
     ) -> OpCall {
         let s = &self.shape;
+        let t = s.tokens as u64;
+        super::need(
+            logits,
+            t * (s.n_routed + s.n_shared) as u64,
+            "router logits",
+        );
+        super::need(bias, s.n_routed as u64, "router bias");
+        super::need(pairs, t * s.top_k as u64 * 4, "router pairs");
+        super::need(gammas, t * s.top_k as u64, "router gammas");
+        super::need(shared_gammas, t * s.n_shared as u64, "router shared_gammas");
         let pl = pipeline(
             gpu,
             "router/route",
             SRC,
             "route",
-            &[(0, Bind::Uniform), (1, Bind::Read), (2, Bind::Read), (3, Bind::Write), (4, Bind::Write), (5, Bind::Write)],
+            &[
+                (0, Bind::Uniform),
+                (1, Bind::Read),
+                (2, Bind::Read),
+                (3, Bind::Write),
+                (4, Bind::Write),
+                (5, Bind::Write),
+            ],
         );
-        let u = uniform_words(gpu, "router params", &[s.tokens, s.n_routed, s.n_shared, s.top_k, s.scale.to_bits(), 0, 0, 0]);
-        let bg = bind_group(gpu, "router", &pl, &[(0, &u), (1, logits), (2, bias), (3, pairs), (4, gammas), (5, shared_gammas)]);
-        OpCall { label: "router".into(), dispatches: vec![Dispatch { pipeline: pl, bind_group: bg, groups: grid(s.tokens) }], owned: vec![u] }
+        let u = uniform_words(
+            gpu,
+            "router params",
+            &[
+                s.tokens,
+                s.n_routed,
+                s.n_shared,
+                s.top_k,
+                s.scale.to_bits(),
+                0,
+                0,
+                0,
+            ],
+        );
+        let bg = bind_group(
+            gpu,
+            "router",
+            &pl,
+            &[
+                (0, &u),
+                (1, logits),
+                (2, bias),
+                (3, pairs),
+                (4, gammas),
+                (5, shared_gammas),
+            ],
+        );
+        OpCall {
+            label: "router".into(),
+            dispatches: vec![Dispatch {
+                pipeline: pl,
+                bind_group: bg,
+                groups: grid(s.tokens),
+            }],
+            owned: vec![u],
+        }
     }
 }
