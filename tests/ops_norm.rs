@@ -50,13 +50,12 @@ fn per_head_inplace_with_offsets() {
     let gpu = gpu();
     let (t, h, d) = (7usize, 6usize, 16usize);
     let mut rng = Rng(9);
-    // a [T, 2*H*D] buffer; normalise the second half of each token row in place (x_off = H*D).
+    // First: the contiguous per-head case (rows = T*H, width D) on the first T*H*D values of a larger
+    // buffer; the rest must stay untouched. Then: rows of width D every 2D starting at D (offset + stride).
     let x = rng.vec(t * 2 * h * d, 2.0);
     let w = rng.vec(d, 1.0);
     let xb = buf_f32(&gpu, &x);
     let wb = buf_f32(&gpu, &w);
-    // rows = T*H heads, each width D; head (t, hh) at H*D + t*2HD + hh*D -> need uniform stride, so do per
-    // token row: use x_stride = D within one token and run T calls? Use the contiguous case instead:
     let norm = RmsNorm {
         rows: (t * h) as u32,
         width: d as u32,
