@@ -1,0 +1,225 @@
+//! GPU kernels for every non-GEMV operation of the Inkling decoder (ratchet-style).
+//!
+//! Each kernel is a struct built once per shape (`XxxKernel::new(gpu, shape)`): it owns its pipeline
+//! (cached in [`crate::gpu::kernel::PipelineCache`] under its own key), its bind-group layout and its
+//! dispatch size. `kernel.bind(gpu, buffers…)` makes an [`OpCall`] holding the bind group and the small
+//! uniform buffer; recording an `OpCall` into a caller's encoder or compute pass allocates nothing on the
+//! GPU, so a whole decode step can be built once and submitted many times. Per-token parameters
+//! (the absolute position of the first new token) come from a 16-byte uniform buffer the host updates
+//! with `queue.write_buffer` ([`PosBuffer`]).
+//!
+//! All activations are f32. Every dispatch with many workgroups is spread over x and y
+//! ([`grid`]), so no dimension exceeds 65535 workgroups.
+
+pub mod attention;
+pub mod conv;
+pub mod elementwise;
+pub mod norm;
+pub mod router;
+
+use crate::gpu::Gpu;
+use std::sync::Arc;
+use wgpu::util::DeviceExt;
+
+pub use attention::{AttentionCall, AttentionKernel, AttentionShape};
+pub use conv::{ConvCall, ShortConvKernel};
+pub use elementwise::{Argmax, ArgmaxCall, Elementwise, SiluMulLayout};
+pub use norm::{EmbedNorm, EmbedShard, RmsNorm};
+pub use router::{Pair, Router, RouterShape};
+
+/// Largest workgroup count per dimension (WebGPU's `maxComputeWorkgroupsPerDimension` default).
+pub const MAX_GROUPS: u32 = 65535;
+
+/// Workgroup grid for `n` workgroups spread over x then y: `[min(n, 65535), ceil(n / 65535), 1]`.
+/// Kernels reconstruct the linear id as `wid.x + wid.y * nwg.x` and return past `n`.
+pub fn grid(n: u32) -> [u32; 3] {
+    let n = n.max(1);
+    if n <= MAX_GROUPS {
+        [n, 1, 1]
+    } else {
+        [MAX_GROUPS, n.div_ceil(MAX_GROUPS), 1]
+    }
+}
+
+/// How a kernel binding is declared.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Bind {
+    Uniform,
+    Read,
+    Write,
+}
+
+/// Build (or fetch from the cache) the pipeline for `entry` of `src` with an explicit layout.
+pub(crate) fn pipeline(
+    gpu: &Gpu,
+    key: &str,
+    src: &str,
+    entry: &str,
+    binds: &[(u32, Bind)],
+) -> Arc<wgpu::ComputePipeline> {
+    gpu.cache.get_or_create(key, || {
+        let entries: Vec<wgpu::BindGroupLayoutEntry> = binds
+            .iter()
+            .map(|&(binding, b)| wgpu::BindGroupLayoutEntry {
+                binding,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: match b {
+                    Bind::Uniform => wgpu::BindingType::Buffer {
+                        ty: wgpu::BufferBindingType::Uniform,
+                        has_dynamic_offset: false,
+                        min_binding_size: None,
+                    },
+                    Bind::Read | Bind::Write => wgpu::BindingType::Buffer {
+                        ty: wgpu::BufferBindingType::Storage {
+                            read_only: matches!(b, Bind::Read),
+                        },
+                        has_dynamic_offset: false,
+                        min_binding_size: None,
+                    },
+                },
+                count: None,
+            })
+            .collect();
+        let bgl = gpu
+            .device
+            .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                label: Some(key),
+                entries: &entries,
+            });
+        let layout = gpu
+            .device
+            .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: Some(key),
+                bind_group_layouts: &[Some(&bgl)],
+                immediate_size: 0,
+            });
+        let module = gpu.shader(key, src);
+        gpu.device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(key),
+                layout: Some(&layout),
+                module: &module,
+                entry_point: Some(entry),
+                compilation_options: Default::default(),
+                cache: None,
+            })
+    })
+}
+
+/// A bind group for `pipeline` from `(binding, buffer)` pairs (whole buffers).
+pub(crate) fn bind_group(
+    gpu: &Gpu,
+    label: &str,
+    pipeline: &wgpu::ComputePipeline,
+    buffers: &[(u32, &wgpu::Buffer)],
+) -> wgpu::BindGroup {
+    let layout = pipeline.get_bind_group_layout(0);
+    let entries: Vec<wgpu::BindGroupEntry> = buffers
+        .iter()
+        .map(|&(binding, buf)| wgpu::BindGroupEntry {
+            binding,
+            resource: buf.as_entire_binding(),
+        })
+        .collect();
+    gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some(label),
+        layout: &layout,
+        entries: &entries,
+    })
+}
+
+/// A uniform buffer holding `words` (u32 or f32 bit patterns), padded to 16 bytes.
+pub(crate) fn uniform_words(gpu: &Gpu, label: &str, words: &[u32]) -> wgpu::Buffer {
+    let mut w = words.to_vec();
+    w.resize(words.len().next_multiple_of(4).max(4), 0);
+    gpu.device
+        .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some(label),
+            contents: bytemuck::cast_slice(&w),
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+        })
+}
+
+/// One recorded dispatch: pipeline, bind group, workgroup grid.
+pub struct Dispatch {
+    pub(crate) pipeline: Arc<wgpu::ComputePipeline>,
+    pub(crate) bind_group: wgpu::BindGroup,
+    pub(crate) groups: [u32; 3],
+}
+
+/// A reusable, fully bound kernel invocation (one or more dispatches, executed in order).
+///
+/// Holds its own uniform buffers; nothing is allocated when it is recorded.
+pub struct OpCall {
+    pub(crate) label: String,
+    pub(crate) dispatches: Vec<Dispatch>,
+    /// Uniform/scratch buffers the bind groups refer to (kept alive here).
+    pub(crate) owned: Vec<wgpu::Buffer>,
+}
+
+impl OpCall {
+    /// Record into an open compute pass (dispatches run in order; each sees the previous one's writes).
+    pub fn record_in_pass(&self, pass: &mut wgpu::ComputePass<'_>) {
+        for d in &self.dispatches {
+            pass.set_pipeline(&d.pipeline);
+            pass.set_bind_group(0, &d.bind_group, &[]);
+            pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
+        }
+    }
+
+    /// Record as its own compute pass in `encoder`.
+    pub fn record(&self, encoder: &mut wgpu::CommandEncoder) {
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some(&self.label),
+            timestamp_writes: None,
+        });
+        self.record_in_pass(&mut pass);
+    }
+
+    /// Record into a fresh encoder and submit (convenience for tests and one-off use).
+    pub fn run(&self, gpu: &Gpu) {
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        self.record(&mut enc);
+        gpu.queue.submit([enc.finish()]);
+    }
+
+    /// The uniform buffers and scratch owned by this call (first = the main parameter block).
+    pub fn owned_buffers(&self) -> &[wgpu::Buffer] {
+        &self.owned
+    }
+}
+
+/// The per-step position uniform: `vec4<u32>` whose `.x` is the absolute position of the first token of
+/// the current call (= number of tokens already in the caches). Shared by all attention calls of a step.
+pub struct PosBuffer {
+    pub buffer: wgpu::Buffer,
+}
+
+impl PosBuffer {
+    pub fn new(gpu: &Gpu, pos0: u32) -> PosBuffer {
+        PosBuffer {
+            buffer: uniform_words(gpu, "pos", &[pos0, 0, 0, 0]),
+        }
+    }
+
+    /// Queue an update of the position (takes effect for the next submission).
+    pub fn set(&self, queue: &wgpu::Queue, pos0: u32) {
+        queue.write_buffer(&self.buffer, 0, bytemuck::cast_slice(&[pos0, 0u32, 0, 0]));
+    }
+}
+
+/// A 4-byte storage buffer to bind where a kernel's optional input is absent.
+pub(crate) fn dummy(gpu: &Gpu) -> wgpu::Buffer {
+    gpu.storage("dummy", 16)
+}
+
+/// Panic unless `buf` holds at least `floats` 4-byte values. Release builds compile kernels without
+/// runtime bounds checks, so every bind checks the buffers against the sizes in its uniforms.
+pub(crate) fn need(buf: &wgpu::Buffer, floats: u64, what: &str) {
+    assert!(
+        buf.size() >= floats * 4,
+        "{what}: buffer of {} bytes, kernel needs {} bytes",
+        buf.size(),
+        floats * 4
+    );
+}

@@ -1,0 +1,211 @@
+//! RMSNorm kernels (`wgsl/norm.wgsl`): row norm, in-place per-head norm, embedding gather + embed_norm.
+
+use super::{bind_group, grid, pipeline, uniform_words, Bind, Dispatch, OpCall};
+use crate::gpu::Gpu;
+use std::sync::Arc;
+
+const SRC: &str = include_str!("../../../wgsl/norm.wgsl");
+
+/// Row layout of an RMSNorm: `rows` rows of `width` values; row r of x starts at `x_off + r * x_stride`
+/// (elements), of y at `y_off + r * y_stride`.
+#[derive(Clone, Copy, Debug)]
+pub struct RmsNorm {
+    pub rows: u32,
+    pub width: u32,
+    pub eps: f32,
+    pub x_off: u32,
+    pub x_stride: u32,
+    pub y_off: u32,
+    pub y_stride: u32,
+}
+
+impl RmsNorm {
+    /// Contiguous rows `[rows, width]` in and out.
+    pub fn rows(rows: u32, width: u32, eps: f32) -> RmsNorm {
+        RmsNorm {
+            rows,
+            width,
+            eps,
+            x_off: 0,
+            x_stride: width,
+            y_off: 0,
+            y_stride: width,
+        }
+    }
+
+    fn words(&self) -> Vec<u32> {
+        vec![
+            self.rows,
+            self.width,
+            self.eps.to_bits(),
+            self.x_off,
+            self.x_stride,
+            self.y_off,
+            self.y_stride,
+            0,
+            0,
+            0,
+            0,
+            0,
+        ]
+    }
+
+    /// `y = w ⊙ x · rsqrt(mean(x²) + eps)` per row. `w` f32 [width].
+    pub fn bind(&self, gpu: &Gpu, x: &wgpu::Buffer, w: &wgpu::Buffer, y: &wgpu::Buffer) -> OpCall {
+        let pl = pipeline(
+            gpu,
+            "norm/rms_norm",
+            SRC,
+            "rms_norm",
+            &[
+                (0, Bind::Uniform),
+                (1, Bind::Read),
+                (2, Bind::Read),
+                (3, Bind::Write),
+            ],
+        );
+        let last = (self.rows.max(1) as u64 - 1) * self.x_stride as u64 + self.width as u64;
+        super::need(x, self.x_off as u64 + last, "rms_norm x");
+        let last_y = (self.rows.max(1) as u64 - 1) * self.y_stride as u64 + self.width as u64;
+        super::need(y, self.y_off as u64 + last_y, "rms_norm y");
+        super::need(w, self.width as u64, "rms_norm w");
+        let u = uniform_words(gpu, "rms_norm params", &self.words());
+        let bg = bind_group(gpu, "rms_norm", &pl, &[(0, &u), (1, w), (2, x), (3, y)]);
+        OpCall {
+            label: "rms_norm".into(),
+            dispatches: vec![Dispatch {
+                pipeline: pl,
+                bind_group: bg,
+                groups: grid(self.rows),
+            }],
+            owned: vec![u],
+        }
+    }
+
+    /// In place on `x` (per-head q/k norm: `rows = T·heads`, `width = head_dim`; only x_off/x_stride used).
+    pub fn bind_inplace(&self, gpu: &Gpu, x: &wgpu::Buffer, w: &wgpu::Buffer) -> OpCall {
+        let pl = pipeline(
+            gpu,
+            "norm/rms_norm_inplace",
+            SRC,
+            "rms_norm_inplace",
+            &[(0, Bind::Uniform), (1, Bind::Read), (4, Bind::Write)],
+        );
+        let last = (self.rows.max(1) as u64 - 1) * self.x_stride as u64 + self.width as u64;
+        super::need(x, self.x_off as u64 + last, "rms_norm_inplace x");
+        super::need(w, self.width as u64, "rms_norm_inplace w");
+        let u = uniform_words(gpu, "rms_norm_inplace params", &self.words());
+        let bg = bind_group(gpu, "rms_norm_inplace", &pl, &[(0, &u), (1, w), (4, x)]);
+        OpCall {
+            label: "rms_norm_inplace".into(),
+            dispatches: vec![Dispatch {
+                pipeline: pl,
+                bind_group: bg,
+                groups: grid(self.rows),
+            }],
+            owned: vec![u],
+        }
+    }
+}
+
+/// One shard of an embedding table: a buffer holding rows `[first_row, first_row + n_rows)` of
+/// `[vocab, hidden]`, f32 or bf16 (bf16 packed two per u32, element 2k in the low half: the raw
+/// little-endian bytes of a safetensors BF16 tensor). Split big tables so each shard fits
+/// `Gpu::max_binding()`.
+pub struct EmbedShard<'a> {
+    pub buffer: &'a wgpu::Buffer,
+    pub first_row: u32,
+    pub n_rows: u32,
+    pub bf16: bool,
+}
+
+/// Embedding gather fused with `embed_norm`: `y[t, :] = w ⊙ rmsnorm(table[ids[ids_off + t], :])`.
+#[derive(Clone, Copy, Debug)]
+pub struct EmbedNorm {
+    /// Tokens T.
+    pub tokens: u32,
+    /// Hidden size.
+    pub hidden: u32,
+    pub eps: f32,
+    /// Index of the first id in the ids buffer (u32).
+    pub ids_off: u32,
+}
+
+impl EmbedNorm {
+    /// `ids` u32 [ids_off + T], `w` f32 [hidden], `y` f32 [T, hidden]. One dispatch per shard.
+    pub fn bind(
+        &self,
+        gpu: &Gpu,
+        ids: &wgpu::Buffer,
+        shards: &[EmbedShard<'_>],
+        w: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+    ) -> OpCall {
+        let mut dispatches = Vec::new();
+        super::need(ids, (self.ids_off + self.tokens) as u64, "embed_norm ids");
+        super::need(w, self.hidden as u64, "embed_norm w");
+        super::need(y, self.tokens as u64 * self.hidden as u64, "embed_norm y");
+        let dummy = super::dummy(gpu);
+        let mut owned = Vec::new();
+        for s in shards {
+            let elems = s.n_rows as u64 * self.hidden as u64;
+            super::need(
+                s.buffer,
+                if s.bf16 { elems.div_ceil(2) } else { elems },
+                "embed_norm table shard",
+            );
+            let pl: Arc<wgpu::ComputePipeline> = pipeline(
+                gpu,
+                "norm/embed_norm",
+                SRC,
+                "embed_norm",
+                &[
+                    (0, Bind::Uniform),
+                    (1, Bind::Read),
+                    (3, Bind::Write),
+                    (5, Bind::Read),
+                    (6, Bind::Read),
+                    (7, Bind::Read),
+                ],
+            );
+            let words = vec![
+                self.tokens,
+                self.hidden,
+                self.eps.to_bits(),
+                0,
+                0,
+                0,
+                self.hidden,
+                s.first_row,
+                s.n_rows,
+                s.bf16 as u32,
+                self.ids_off,
+                0,
+            ];
+            let u = uniform_words(gpu, "embed_norm params", &words);
+            let (t32, t16) = if s.bf16 {
+                (&dummy, s.buffer)
+            } else {
+                (s.buffer, &dummy)
+            };
+            let bg = bind_group(
+                gpu,
+                "embed_norm",
+                &pl,
+                &[(0, &u), (1, w), (3, y), (5, ids), (6, t32), (7, t16)],
+            );
+            dispatches.push(Dispatch {
+                pipeline: pl,
+                bind_group: bg,
+                groups: grid(self.tokens),
+            });
+            owned.push(u);
+        }
+        owned.push(dummy);
+        OpCall {
+            label: "embed_norm".into(),
+            dispatches,
+            owned,
+        }
+    }
+}

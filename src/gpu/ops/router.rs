@@ -1,0 +1,125 @@
+//! MoE router: top-k selection, gammas and the pairs list for the MoE GEMV (`wgsl/router.wgsl`).
+
+use super::{bind_group, grid, pipeline, uniform_words, Bind, Dispatch, OpCall};
+use crate::gpu::Gpu;
+
+const SRC: &str = include_str!("../../../wgsl/router.wgsl");
+
+/// One (routed expert, token) work item for the MoE GEMV: 16 bytes, `weight_idx = t·top_k + s` indexes
+/// the gammas buffer (and the routed output rows `[T·top_k, hidden]`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct Pair {
+    pub expert: u32,
+    pub token: u32,
+    pub weight_idx: u32,
+    pub _pad: u32,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct RouterShape {
+    pub tokens: u32,
+    /// Routed experts E (≤ 2048).
+    pub n_routed: u32,
+    /// Shared experts S.
+    pub n_shared: u32,
+    /// top-k (≤ 32, ≤ E).
+    pub top_k: u32,
+    /// `route_scale × gate.global_scale`.
+    pub scale: f32,
+}
+
+pub struct Router {
+    pub shape: RouterShape,
+}
+
+impl Router {
+    pub fn new(shape: RouterShape) -> Router {
+        assert!(
+            shape.n_routed <= 2048,
+            "router: {} routed experts > 2048",
+            shape.n_routed
+        );
+        assert!(
+            shape.top_k >= 1 && shape.top_k <= 32 && shape.top_k <= shape.n_routed,
+            "router: bad top_k {}",
+            shape.top_k
+        );
+        Router { shape }
+    }
+
+    /// `logits` f32 [T, E+S] (routed first), `bias` f32 [E] (e_score_correction_bias) →
+    /// `pairs` [T·top_k] of [`Pair`], `gammas` f32 [T·top_k], `shared_gammas` f32 [T·S]
+    /// (bind a 4-byte buffer when S = 0).
+    pub fn bind(
+        &self,
+        gpu: &Gpu,
+        logits: &wgpu::Buffer,
+        bias: &wgpu::Buffer,
+        pairs: &wgpu::Buffer,
+        gammas: &wgpu::Buffer,
+        shared_gammas: &wgpu::Buffer,
+    ) -> OpCall {
+        let s = &self.shape;
+        let t = s.tokens as u64;
+        super::need(
+            logits,
+            t * (s.n_routed + s.n_shared) as u64,
+            "router logits",
+        );
+        super::need(bias, s.n_routed as u64, "router bias");
+        super::need(pairs, t * s.top_k as u64 * 4, "router pairs");
+        super::need(gammas, t * s.top_k as u64, "router gammas");
+        super::need(shared_gammas, t * s.n_shared as u64, "router shared_gammas");
+        let pl = pipeline(
+            gpu,
+            "router/route",
+            SRC,
+            "route",
+            &[
+                (0, Bind::Uniform),
+                (1, Bind::Read),
+                (2, Bind::Read),
+                (3, Bind::Write),
+                (4, Bind::Write),
+                (5, Bind::Write),
+            ],
+        );
+        let u = uniform_words(
+            gpu,
+            "router params",
+            &[
+                s.tokens,
+                s.n_routed,
+                s.n_shared,
+                s.top_k,
+                s.scale.to_bits(),
+                0,
+                0,
+                0,
+            ],
+        );
+        let bg = bind_group(
+            gpu,
+            "router",
+            &pl,
+            &[
+                (0, &u),
+                (1, logits),
+                (2, bias),
+                (3, pairs),
+                (4, gammas),
+                (5, shared_gammas),
+            ],
+        );
+        OpCall {
+            label: "router".into(),
+            dispatches: vec![Dispatch {
+                pipeline: pl,
+                bind_group: bg,
+                groups: grid(s.tokens),
+            }],
+            owned: vec![u],
+        }
+    }
+}

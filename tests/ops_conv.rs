@@ -1,0 +1,139 @@
+//! Short convolution: chunked (1, 2, 3 tokens, K = 4 and 3) equals the full sequence; reset does not leak.
+mod ops_util;
+use inkling_wgpu::gpu::ops::ShortConvKernel;
+use inkling_wgpu::gpu::Gpu;
+use ops_util::*;
+
+fn reference(x: &[f32], w: &[f32], c: usize, k: usize) -> Vec<f64> {
+    let n = x.len() / c;
+    let mut out = vec![0.0; n * c];
+    for t in 0..n {
+        for ch in 0..c {
+            let mut s = x[t * c + ch] as f64;
+            for kk in 0..k {
+                let src = t as isize - (k as isize - 1) + kk as isize;
+                if src >= 0 {
+                    s += w[ch * k + kk] as f64 * x[src as usize * c + ch] as f64;
+                }
+            }
+            out[t * c + ch] = s;
+        }
+    }
+    out
+}
+
+/// Runs x through in chunks with one state buffer; returns the outputs concatenated.
+fn run(
+    gpu: &Gpu,
+    x: &[f32],
+    w: &wgpu::Buffer,
+    state: &wgpu::Buffer,
+    c: usize,
+    k: usize,
+    chunks: &[usize],
+) -> Vec<f32> {
+    let mut out = Vec::new();
+    let mut t0 = 0;
+    for &t in chunks {
+        let kern = ShortConvKernel {
+            tokens: t as u32,
+            channels: c as u32,
+            kernel: k as u32,
+            accumulate: false,
+        };
+        let xb = buf_f32(gpu, &x[t0 * c..(t0 + t) * c]);
+        let yb = poisoned(gpu, t * c);
+        kern.bind(gpu, &xb, w, state, &yb).run(gpu);
+        out.extend(read(gpu, &yb, t * c));
+        t0 += t;
+    }
+    out
+}
+
+fn fresh_state(gpu: &Gpu, c: usize, k: usize) -> wgpu::Buffer {
+    buf_f32(gpu, &vec![0.0; (k - 1) * c])
+}
+
+#[test]
+fn chunks_equal_full_sequence() {
+    let gpu = gpu();
+    for (k, c, n) in [(4usize, 37usize, 11usize), (3, 130, 9), (4, 6144 + 5, 5)] {
+        let mut rng = Rng(k as u64 * 1000 + c as u64);
+        let x = rng.vec(n * c, 1.0);
+        let wv = rng.vec(c * k, 1.0);
+        let w = buf_f32(&gpu, &wv);
+        let r = reference(&x, &wv, c, k);
+        let patterns: Vec<Vec<usize>> = vec![
+            vec![n],
+            vec![1; n],
+            [vec![2; n / 2], vec![n % 2]].concat(),
+            [vec![3; n / 3], vec![n % 3]].concat(),
+            vec![1, 2, 1, n - 4],
+        ];
+        for p in patterns {
+            let p: Vec<usize> = p.into_iter().filter(|&t| t > 0).collect();
+            let st = fresh_state(&gpu, c, k);
+            let y = run(&gpu, &x, &w, &st, c, k, &p);
+            assert_close(&format!("K={k} C={c} chunks {p:?}"), &y, &r, 1e-5);
+        }
+    }
+}
+
+#[test]
+fn reset_state_does_not_leak_and_accumulate() {
+    let gpu = gpu();
+    let (k, c) = (4, 21);
+    let mut rng = Rng(5);
+    let wv = rng.vec(c * k, 1.0);
+    let w = buf_f32(&gpu, &wv);
+    let a = rng.vec(6 * c, 1.0);
+    let b = rng.vec(5 * c, 1.0);
+    // Poisoned state, cleared by record_reset before the first prompt.
+    let st = poisoned(&gpu, (k - 1) * c);
+    let kern = ShortConvKernel {
+        tokens: 1,
+        channels: c as u32,
+        kernel: k as u32,
+        accumulate: false,
+    };
+    let x1 = buf_f32(&gpu, &a[..c]);
+    let y1 = poisoned(&gpu, c);
+    let call = kern.bind(&gpu, &x1, &w, &st, &y1);
+    let mut enc = gpu.device.create_command_encoder(&Default::default());
+    call.record_reset(&mut enc);
+    gpu.queue.submit([enc.finish()]);
+    // prompt A token by token with one reused call
+    let mut ya = Vec::new();
+    for t in 0..6 {
+        gpu.queue
+            .write_buffer(&x1, 0, bytemuck::cast_slice(&a[t * c..(t + 1) * c]));
+        call.run(&gpu);
+        ya.extend(read(&gpu, &y1, c));
+    }
+    assert_close("prompt A", &ya, &reference(&a, &wv, c, k), 1e-5);
+    // reset, prompt B: must equal B alone
+    let mut enc = gpu.device.create_command_encoder(&Default::default());
+    call.record_reset(&mut enc);
+    gpu.queue.submit([enc.finish()]);
+    let yb = run(&gpu, &b, &w, &st, c, k, &[2, 3]);
+    assert_close("prompt B after reset", &yb, &reference(&b, &wv, c, k), 1e-5);
+
+    // accumulate: y += out
+    let kern = ShortConvKernel {
+        tokens: 5,
+        channels: c as u32,
+        kernel: k as u32,
+        accumulate: true,
+    };
+    let base = rng.vec(5 * c, 1.0);
+    let yb2 = buf_f32(&gpu, &base);
+    let xb = buf_f32(&gpu, &b);
+    let st2 = fresh_state(&gpu, c, k);
+    kern.bind(&gpu, &xb, &w, &st2, &yb2).run(&gpu);
+    let r: Vec<f64> = reference(&b, &wv, c, k)
+        .iter()
+        .zip(&base)
+        .map(|(a, &b)| a + b as f64)
+        .collect();
+    assert_close("accumulate", &read(&gpu, &yb2, 5 * c), &r, 1e-5);
+}

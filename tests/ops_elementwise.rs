@@ -1,0 +1,248 @@
+//! silu·up (three layouts), residual adds, scaling, MoE combine, argmax (V = 201024, last index).
+mod ops_util;
+use inkling_wgpu::gpu::ops::{Argmax, Elementwise, SiluMulLayout};
+use ops_util::*;
+
+fn silu(x: f64) -> f64 {
+    x / (1.0 + (-x).exp())
+}
+
+#[test]
+fn silu_mul_layouts() {
+    let gpu = gpu();
+    let (p, i) = (5usize, 333usize);
+    let mut rng = Rng(1);
+    let g = rng.vec(p * i, 4.0);
+    let u = rng.vec(p * i, 2.0);
+    let r: Vec<f64> = g
+        .iter()
+        .zip(&u)
+        .map(|(&a, &b)| silu(a as f64) * b as f64)
+        .collect();
+    // separate
+    let (gb, ub, ob) = (buf_f32(&gpu, &g), buf_f32(&gpu, &u), poisoned(&gpu, p * i));
+    Elementwise::silu_mul(
+        &gpu,
+        p as u32,
+        i as u32,
+        SiluMulLayout::separate(i as u32),
+        &gb,
+        &ub,
+        &ob,
+    )
+    .run(&gpu);
+    assert_close("separate", &read(&gpu, &ob, p * i), &r, 1e-5);
+    // fused [P, 2I]: gate first
+    let fused: Vec<f32> = (0..p)
+        .flat_map(|rr| [&g[rr * i..(rr + 1) * i], &u[rr * i..(rr + 1) * i]].concat())
+        .collect();
+    let fb = buf_f32(&gpu, &fused);
+    let ob = poisoned(&gpu, p * i);
+    Elementwise::silu_mul(
+        &gpu,
+        p as u32,
+        i as u32,
+        SiluMulLayout::fused(i as u32),
+        &fb,
+        &fb,
+        &ob,
+    )
+    .run(&gpu);
+    assert_close("fused", &read(&gpu, &ob, p * i), &r, 1e-5);
+    // interleaved
+    let inter: Vec<f32> = (0..p * i).flat_map(|k| [g[k], u[k]]).collect();
+    let ib = buf_f32(&gpu, &inter);
+    let ob = poisoned(&gpu, p * i);
+    Elementwise::silu_mul(
+        &gpu,
+        p as u32,
+        i as u32,
+        SiluMulLayout::interleaved(i as u32),
+        &ib,
+        &ib,
+        &ob,
+    )
+    .run(&gpu);
+    assert_close("interleaved", &read(&gpu, &ob, p * i), &r, 1e-5);
+}
+
+#[test]
+fn adds_and_scales() {
+    let gpu = gpu();
+    // more than 65535 * 256 elements? keep it moderate but spread: 70000 workgroups worth is too big;
+    // use 17_000_003 elements (66407 workgroups -> y = 2).
+    let n = 17_000_003usize;
+    let mut rng = Rng(2);
+    let x = rng.vec(n, 1.0);
+    let y = rng.vec(n, 1.0);
+    let xb = buf_f32(&gpu, &x);
+    let yb = buf_f32(&gpu, &y);
+    Elementwise::add(&gpu, n as u32, &xb, &yb).run(&gpu);
+    let got = read(&gpu, &xb, n);
+    let r: Vec<f64> = x
+        .iter()
+        .zip(&y)
+        .map(|(&a, &b)| a as f64 + b as f64)
+        .collect();
+    assert_close("add", &got, &r, 1e-6);
+    assert_eq!(got[n - 1], x[n - 1] + y[n - 1], "last element");
+
+    let m = 1001usize;
+    let x = rng.vec(m, 1.0);
+    let y = rng.vec(m, 1.0);
+    let sb = buf_f32(&gpu, &[0.0, 0.37]);
+    let xb = buf_f32(&gpu, &x);
+    let yb = buf_f32(&gpu, &y);
+    Elementwise::add_scaled(&gpu, m as u32, &xb, &yb, &sb, 1).run(&gpu);
+    let r: Vec<f64> = x
+        .iter()
+        .zip(&y)
+        .map(|(&a, &b)| a as f64 + 0.37f32 as f64 * b as f64)
+        .collect();
+    assert_close("add_scaled", &read(&gpu, &xb, m), &r, 1e-6);
+
+    let xb = buf_f32(&gpu, &x);
+    Elementwise::div_const(&gpu, m as u32, &xb, 16.0).run(&gpu);
+    let got = read(&gpu, &xb, m);
+    assert!(
+        got.iter().zip(&x).all(|(&a, &b)| a == b / 16.0),
+        "div_const exact"
+    );
+    let xb = buf_f32(&gpu, &x);
+    Elementwise::mul_const(&gpu, m as u32, &xb, 3.0).run(&gpu);
+    let r: Vec<f64> = x.iter().map(|&a| a as f64 * 3.0).collect();
+    assert_close("mul_const", &read(&gpu, &xb, m), &r, 1e-6);
+}
+
+#[test]
+fn moe_combine() {
+    let gpu = gpu();
+    let (t, h, k, s) = (3usize, 77usize, 6usize, 2usize);
+    let mut rng = Rng(4);
+    let y = rng.vec(t * k * h, 1.0);
+    let g = rng.vec(t * k, 1.0);
+    let ys = rng.vec(t * s * h, 1.0);
+    let sg = rng.vec(t * s, 1.0);
+    let base = rng.vec(t * h, 1.0);
+    let (yb, gb, ysb, sgb) = (
+        buf_f32(&gpu, &y),
+        buf_f32(&gpu, &g),
+        buf_f32(&gpu, &ys),
+        buf_f32(&gpu, &sg),
+    );
+    for (wr, ws, acc, shared) in [
+        (true, true, false, true),
+        (false, true, true, true),
+        (false, false, false, false),
+    ] {
+        let out = if acc {
+            buf_f32(&gpu, &base)
+        } else {
+            poisoned(&gpu, t * h)
+        };
+        let sh = if shared {
+            Some((&ysb, &sgb, s as u32))
+        } else {
+            None
+        };
+        Elementwise::moe_combine(
+            &gpu, t as u32, h as u32, k as u32, &yb, &gb, wr, sh, ws, acc, &out,
+        )
+        .run(&gpu);
+        let mut r = vec![0.0f64; t * h];
+        for tt in 0..t {
+            for c in 0..h {
+                let mut v = if acc { base[tt * h + c] as f64 } else { 0.0 };
+                for ss in 0..k {
+                    let row = tt * k + ss;
+                    v += y[row * h + c] as f64 * if wr { g[row] as f64 } else { 1.0 };
+                }
+                if shared {
+                    for j in 0..s {
+                        let row = tt * s + j;
+                        v += ys[row * h + c] as f64 * if ws { sg[row] as f64 } else { 1.0 };
+                    }
+                }
+                r[tt * h + c] = v;
+            }
+        }
+        assert_close(
+            &format!("combine wr={wr} ws={ws} acc={acc} shared={shared}"),
+            &read(&gpu, &out, t * h),
+            &r,
+            1e-5,
+        );
+    }
+}
+
+#[test]
+fn argmax_last_index_ties_and_random() {
+    let gpu = gpu();
+    let v = 201_024usize;
+    let mut rng = Rng(5);
+    let mut l = rng.vec(v, 10.0);
+    l[v - 1] = 11.0;
+    let lb = buf_f32(&gpu, &l);
+    let out = poisoned_u32(&gpu, 4);
+    Argmax {
+        vocab: v as u32,
+        out_idx: 2,
+    }
+    .bind(&gpu, &lb, &out)
+    .run(&gpu);
+    let o = gpu.read_u32(&out, 4).unwrap();
+    assert_eq!(o[2], (v - 1) as u32, "max at the last index");
+    assert_eq!(
+        (o[0], o[1], o[3]),
+        (u32::MAX, u32::MAX, u32::MAX),
+        "wrote outside out_idx"
+    );
+    // ties -> lowest index, across chunks
+    l[v - 1] = 0.0;
+    l[5000] = 12.0;
+    l[190_000] = 12.0;
+    l[100] = f32::NAN;
+    let lb = buf_f32(&gpu, &l);
+    Argmax {
+        vocab: v as u32,
+        out_idx: 0,
+    }
+    .bind(&gpu, &lb, &out)
+    .run(&gpu);
+    assert_eq!(gpu.read_u32(&out, 1).unwrap()[0], 5000);
+    // truncated vocab: ignore logits past `vocab`
+    let mut l2 = rng.vec(416, 1.0);
+    l2[410] = 50.0;
+    let want = (0..400)
+        .max_by(|&a, &b| l2[a].partial_cmp(&l2[b]).unwrap().then(b.cmp(&a)))
+        .unwrap();
+    let lb = buf_f32(&gpu, &l2);
+    Argmax {
+        vocab: 400,
+        out_idx: 0,
+    }
+    .bind(&gpu, &lb, &out)
+    .run(&gpu);
+    assert_eq!(gpu.read_u32(&out, 1).unwrap()[0], want as u32);
+    // random
+    for seed in 0..3 {
+        let mut rng = Rng(100 + seed);
+        let n = 65_536 * 3 + 17;
+        let l = rng.vec(n, 5.0);
+        let want = (0..n)
+            .max_by(|&a, &b| l[a].partial_cmp(&l[b]).unwrap().then(b.cmp(&a)))
+            .unwrap();
+        let lb = buf_f32(&gpu, &l);
+        Argmax {
+            vocab: n as u32,
+            out_idx: 0,
+        }
+        .bind(&gpu, &lb, &out)
+        .run(&gpu);
+        assert_eq!(
+            gpu.read_u32(&out, 1).unwrap()[0],
+            want as u32,
+            "random seed {seed}"
+        );
+    }
+}

@@ -1,0 +1,160 @@
+//! Router: E = 300 routed + 2 shared, top-6; experts past the workgroup size are selectable; ties → lower.
+mod ops_util;
+use inkling_wgpu::gpu::ops::{Pair, Router, RouterShape};
+use ops_util::*;
+
+fn sig(x: f64) -> f64 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// Reference: (chosen experts in selection order, gammas, shared gammas), f64.
+fn reference(
+    l: &[f32],
+    bias: &[f32],
+    e: usize,
+    s: usize,
+    k: usize,
+    scale: f64,
+) -> (Vec<u32>, Vec<f64>, Vec<f64>) {
+    let score: Vec<f64> = (0..e).map(|i| sig(l[i] as f64) + bias[i] as f64).collect();
+    let mut idx: Vec<usize> = (0..e).collect();
+    idx.sort_by(|&a, &b| score[b].partial_cmp(&score[a]).unwrap().then(a.cmp(&b)));
+    let chosen: Vec<usize> = idx[..k].to_vec();
+    let sum: f64 = chosen.iter().map(|&i| sig(l[i] as f64)).sum::<f64>()
+        + (0..s).map(|j| sig(l[e + j] as f64)).sum::<f64>();
+    let g = chosen
+        .iter()
+        .map(|&i| sig(l[i] as f64) / sum * scale)
+        .collect();
+    let sg = (0..s).map(|j| sig(l[e + j] as f64) / sum * scale).collect();
+    (chosen.iter().map(|&i| i as u32).collect(), g, sg)
+}
+
+#[test]
+fn e300_top6_two_shared() {
+    let gpu = gpu();
+    let (e, s, k, t) = (300usize, 2usize, 6usize, 9usize);
+    let scale = 2.5f32 * 0.7;
+    let mut rng = Rng(42);
+    // Logits on a grid (distinct scores; no near-ties to make exact comparison meaningful).
+    let mut l = Vec::new();
+    for _ in 0..t {
+        let mut perm: Vec<usize> = (0..e).collect();
+        for i in (1..e).rev() {
+            perm.swap(i, rng.below(i as u64 + 1) as usize);
+        }
+        l.extend(perm.iter().map(|&p| (p as f32 / e as f32) * 6.0 - 3.0));
+        l.push(rng.f() * 2.0);
+        l.push(rng.f() * 2.0);
+    }
+    let bias = vec![0.0f32; e];
+    let ne = e + s;
+    // token 1: the last expert wins by its logit
+    l[ne + e - 1] = 9.0;
+    // token 2: all routed logits equal -> ties choose 0..6
+    for i in 0..e {
+        l[2 * ne + i] = 0.5;
+    }
+    // token 3: experts 256..300 are the top ones
+    for i in 0..e {
+        l[3 * ne + i] = if i >= 256 {
+            2.0 + i as f32 * 0.01
+        } else {
+            -2.0
+        };
+    }
+    let lb = buf_f32(&gpu, &l);
+    let bb = buf_f32(&gpu, &bias);
+    let pairs = poisoned_u32(&gpu, t * k * 4);
+    let gam = poisoned(&gpu, t * k);
+    let sgam = poisoned(&gpu, t * s);
+    let router = Router::new(RouterShape {
+        tokens: t as u32,
+        n_routed: e as u32,
+        n_shared: s as u32,
+        top_k: k as u32,
+        scale,
+    });
+    router.bind(&gpu, &lb, &bb, &pairs, &gam, &sgam).run(&gpu);
+    let pv: Vec<Pair> = bytemuck::cast_slice(&gpu.read_u32(&pairs, t * k * 4).unwrap()).to_vec();
+    let gv = read(&gpu, &gam, t * k);
+    let sv = read(&gpu, &sgam, t * s);
+    for tt in 0..t {
+        let (ch, g, sg) = reference(&l[tt * ne..(tt + 1) * ne], &bias, e, s, k, scale as f64);
+        // compare as sets (order of top-k does not matter), gammas matched by expert
+        let mut got: Vec<(u32, f32)> = (0..k)
+            .map(|ss| (pv[tt * k + ss].expert, gv[tt * k + ss]))
+            .collect();
+        let mut want: Vec<(u32, f64)> = ch.iter().cloned().zip(g).collect();
+        got.sort_by_key(|x| x.0);
+        want.sort_by_key(|x| x.0);
+        assert_eq!(
+            got.iter().map(|x| x.0).collect::<Vec<_>>(),
+            want.iter().map(|x| x.0).collect::<Vec<_>>(),
+            "token {tt}"
+        );
+        let gg: Vec<f32> = got.iter().map(|x| x.1).collect();
+        let ww: Vec<f64> = want.iter().map(|x| x.1).collect();
+        assert_close(&format!("gammas token {tt}"), &gg, &ww, 1e-5);
+        assert_close(
+            &format!("shared gammas token {tt}"),
+            &sv[tt * s..(tt + 1) * s],
+            &sg,
+            1e-5,
+        );
+        for ss in 0..k {
+            let p = pv[tt * k + ss];
+            assert_eq!(
+                (p.token, p.weight_idx),
+                (tt as u32, (tt * k + ss) as u32),
+                "pair fields token {tt}"
+            );
+        }
+    }
+    assert!(
+        pv[k..2 * k].iter().any(|p| p.expert == 299),
+        "last expert not selected"
+    );
+    let mut tie: Vec<u32> = pv[2 * k..3 * k].iter().map(|p| p.expert).collect();
+    tie.sort();
+    assert_eq!(
+        tie,
+        vec![0, 1, 2, 3, 4, 5],
+        "ties must choose lower indices"
+    );
+    assert!(
+        pv[3 * k..4 * k].iter().all(|p| p.expert >= 294),
+        "experts past the workgroup size"
+    );
+}
+
+#[test]
+fn bias_changes_selection_only() {
+    let gpu = gpu();
+    let (e, s, k) = (16usize, 1usize, 2usize);
+    let mut rng = Rng(3);
+    let l: Vec<f32> = (0..e + s)
+        .map(|i| i as f32 * 0.1 + rng.f() * 0.01)
+        .collect();
+    let mut bias = vec![0.0f32; e];
+    bias[0] = 5.0; // expert 0 selected by its bias, its weight still uses only its logit
+    let lb = buf_f32(&gpu, &l);
+    let bb = buf_f32(&gpu, &bias);
+    let pairs = poisoned_u32(&gpu, k * 4);
+    let gam = poisoned(&gpu, k);
+    let sgam = poisoned(&gpu, s);
+    Router::new(RouterShape {
+        tokens: 1,
+        n_routed: e as u32,
+        n_shared: s as u32,
+        top_k: k as u32,
+        scale: 1.0,
+    })
+    .bind(&gpu, &lb, &bb, &pairs, &gam, &sgam)
+    .run(&gpu);
+    let pv: Vec<Pair> = bytemuck::cast_slice(&gpu.read_u32(&pairs, k * 4).unwrap()).to_vec();
+    let (ch, g, sg) = reference(&l, &bias, e, s, k, 1.0);
+    assert_eq!(pv.iter().map(|p| p.expert).collect::<Vec<_>>(), ch);
+    assert_close("gammas", &read(&gpu, &gam, k), &g, 1e-5);
+    assert_close("shared", &read(&gpu, &sgam, s), &sg, 1e-5);
+}

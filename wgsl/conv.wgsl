@@ -1,0 +1,61 @@
+// Causal depthwise short convolution with the residual inside (Inkling ShortConvolution), f32:
+//   out[t, c] = x[t, c] + sum_{k<K} w[c, k] * xin[t - (K-1) + k, c]
+// xin before this chunk comes from `state` [K-1, C] (oldest -> newest; zeros at sequence start, i.e. after
+// the host clears it). Afterwards the state holds the last K-1 inputs. One invocation per channel, looping
+// over the T tokens in order, so the state update never races. accumulate != 0: y += out (fuses the
+// decoder's residual add `h = h + sconv(a)`), else y = out.
+
+struct Params {
+    t: u32,
+    c: u32,
+    k: u32,
+    accumulate: u32,
+}
+
+const MAX_K: u32 = 8u;
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read> w: array<f32>;
+@group(0) @binding(3) var<storage, read_write> state: array<f32>;
+@group(0) @binding(4) var<storage, read_write> y: array<f32>;
+
+@compute @workgroup_size(64)
+fn short_conv(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let c = gid.x + gid.y * nwg.x * 64u;
+    if (c >= p.c) {
+        return;
+    }
+    let km1 = p.k - 1u;
+    // win[0..km1) = previous K-1 inputs, oldest first.
+    var win: array<f32, MAX_K>;
+    for (var k = 0u; k < km1; k++) {
+        win[k] = state[k * p.c + c];
+    }
+    var wk: array<f32, MAX_K>;
+    for (var k = 0u; k < p.k; k++) {
+        wk[k] = w[c * p.k + k];
+    }
+    for (var t = 0u; t < p.t; t++) {
+        let xv = x[t * p.c + c];
+        var s = wk[km1] * xv;
+        for (var k = 0u; k < km1; k++) {
+            s += wk[k] * win[k];
+        }
+        let o = xv + s;
+        if (p.accumulate != 0u) {
+            y[t * p.c + c] += o;
+        } else {
+            y[t * p.c + c] = o;
+        }
+        for (var k = 0u; k + 1u < km1; k++) {
+            win[k] = win[k + 1u];
+        }
+        if (km1 > 0u) {
+            win[km1 - 1u] = xv;
+        }
+    }
+    for (var k = 0u; k < km1; k++) {
+        state[k * p.c + c] = win[k];
+    }
+}

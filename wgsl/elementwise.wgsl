@@ -1,0 +1,201 @@
+// Elementwise kernels. One invocation per element; elements spread over x and y
+// (index = gid.x + gid.y * nwg.x * 256) so counts past 65535 workgroups work.
+//
+// silu_mul:    out[r*I + i] = silu(g[g_off + r*g_rs + i*g_es]) * u[u_off + r*u_rs + i*u_es]
+//              (a fused [P, 2I] gate|up buffer: bind it as g and u, u_off = I, g_rs = u_rs = 2I)
+// add:         x[i] += y[i]
+// add_scaled:  x[i] += s[s_idx] * y[i]
+// scale:       x[i] = x[i] / c   (op 0)   or   x[i] = x[i] * c   (op 1)
+// moe_combine: out[t, c] (=|+=) sum_s wr(t,s) * y[(t*k + s), c] + sum_j gs[t*S + j] * ys[t*S + j, c]
+//              wr = gammas[t*k+s] when weight_routed != 0 else 1 (the MoE GEMV may weight already)
+// argmax_partial / argmax_final: two-pass argmax over V logits, ties -> lowest index, one u32 out.
+
+struct Params {
+    n: u32,      // elements (silu_mul: P*I; combine: T*C; argmax: V)
+    a: u32,      // silu_mul: I; combine: C; scale: op; add_scaled: s_idx; argmax: chunk
+    b: u32,      // silu_mul: g_off; combine: top_k; argmax: n_partials
+    c: u32,      // silu_mul: g_rs; combine: n_shared; argmax: out_idx
+    d: u32,      // silu_mul: g_es; combine: weight_routed
+    e: u32,      // silu_mul: u_off; combine: weight_shared
+    f: u32,      // silu_mul: u_rs; combine: accumulate
+    g: u32,      // silu_mul: u_es
+    fc: f32,     // scale: the constant
+    _p0: u32,
+    _p1: u32,
+    _p2: u32,
+}
+
+const WG: u32 = 256u;
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> in0: array<f32>;
+@group(0) @binding(2) var<storage, read> in1: array<f32>;
+@group(0) @binding(3) var<storage, read> in2: array<f32>;
+@group(0) @binding(4) var<storage, read> in3: array<f32>;
+@group(0) @binding(5) var<storage, read_write> io: array<f32>;
+@group(0) @binding(6) var<storage, read_write> part_v: array<f32>;
+@group(0) @binding(7) var<storage, read_write> part_i: array<u32>;
+@group(0) @binding(8) var<storage, read_write> out_u: array<u32>;
+@group(0) @binding(9) var<storage, read> part_v_r: array<f32>;
+@group(0) @binding(10) var<storage, read> part_i_r: array<u32>;
+
+fn flat(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
+    return gid.x + gid.y * nwg.x * WG;
+}
+
+@compute @workgroup_size(256)
+fn silu_mul(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let idx = flat(gid, nwg);
+    if (idx >= p.n) {
+        return;
+    }
+    let r = idx / p.a;
+    let i = idx % p.a;
+    let gv = in0[p.b + r * p.c + i * p.d];
+    let uv = in1[p.e + r * p.f + i * p.g];
+    io[idx] = gv / (1.0 + exp(-gv)) * uv;
+}
+
+@compute @workgroup_size(256)
+fn add(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let idx = flat(gid, nwg);
+    if (idx >= p.n) {
+        return;
+    }
+    io[idx] = io[idx] + in0[idx];
+}
+
+@compute @workgroup_size(256)
+fn add_scaled(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let idx = flat(gid, nwg);
+    if (idx >= p.n) {
+        return;
+    }
+    io[idx] = io[idx] + in1[p.a] * in0[idx];
+}
+
+@compute @workgroup_size(256)
+fn scale(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let idx = flat(gid, nwg);
+    if (idx >= p.n) {
+        return;
+    }
+    if (p.a == 0u) {
+        io[idx] = io[idx] / p.fc;
+    } else {
+        io[idx] = io[idx] * p.fc;
+    }
+}
+
+// in0 = routed y [T*k, C], in1 = gammas [T*k], in2 = shared ys [T*S, C], in3 = shared gammas [T*S].
+@compute @workgroup_size(256)
+fn moe_combine(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let idx = flat(gid, nwg);
+    if (idx >= p.n) {
+        return;
+    }
+    let cdim = p.a;
+    let t = idx / cdim;
+    let c = idx % cdim;
+    var s = 0.0;
+    for (var k = 0u; k < p.b; k++) {
+        let row = t * p.b + k;
+        var v = in0[row * cdim + c];
+        if (p.d != 0u) {
+            v = v * in1[row];
+        }
+        s += v;
+    }
+    for (var j = 0u; j < p.c; j++) {
+        let row = t * p.c + j;
+        var v = in2[row * cdim + c];
+        if (p.e != 0u) {
+            v = v * in3[row];
+        }
+        s += v;
+    }
+    if (p.f != 0u) {
+        io[idx] = io[idx] + s;
+    } else {
+        io[idx] = s;
+    }
+}
+
+var<workgroup> rv: array<f32, WG>;
+var<workgroup> ri: array<u32, WG>;
+
+fn better(va: f32, ia: u32, vb: f32, ib: u32) -> bool {
+    // NaN never wins; an unset slot (index 0xffffffff) always loses.
+    if (ia == 0xffffffffu) {
+        return false;
+    }
+    if (ib == 0xffffffffu) {
+        return true;
+    }
+    return va > vb || (va == vb && ia < ib);
+}
+
+fn reduce_best(tid: u32, v: f32, i: u32) {
+    rv[tid] = v;
+    ri[tid] = i;
+    workgroupBarrier();
+    for (var st = WG / 2u; st > 0u; st = st / 2u) {
+        if (tid < st) {
+            if (better(rv[tid + st], ri[tid + st], rv[tid], ri[tid])) {
+                rv[tid] = rv[tid + st];
+                ri[tid] = ri[tid + st];
+            }
+        }
+        workgroupBarrier();
+    }
+}
+
+// Partial k covers logits [k*chunk, min((k+1)*chunk, V)); partials spread over x and y.
+@compute @workgroup_size(256)
+fn argmax_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                  @builtin(local_invocation_id) lid: vec3<u32>) {
+    let part = wid.x + wid.y * nwg.x;
+    if (part >= p.b) {
+        return;
+    }
+    let tid = lid.x;
+    let lo = part * p.a;
+    let hi = min(lo + p.a, p.n);
+    var bv = 0.0;
+    var bi = 0xffffffffu;
+    for (var i = lo + tid; i < hi; i += WG) {
+        let v = in0[i];
+        if (v == v && better(v, i, bv, bi)) {
+            bv = v;
+            bi = i;
+        }
+    }
+    reduce_best(tid, bv, bi);
+    if (tid == 0u) {
+        part_v[part] = rv[0];
+        part_i[part] = ri[0];
+    }
+}
+
+@compute @workgroup_size(256)
+fn argmax_final(@builtin(local_invocation_id) lid: vec3<u32>) {
+    let tid = lid.x;
+    var bv = 0.0;
+    var bi = 0xffffffffu;
+    for (var k = tid; k < p.b; k += WG) {
+        let v = part_v_r[k];
+        let i = part_i_r[k];
+        if (better(v, i, bv, bi)) {
+            bv = v;
+            bi = i;
+        }
+    }
+    reduce_best(tid, bv, bi);
+    if (tid == 0u) {
+        var r = ri[0];
+        if (r == 0xffffffffu) {
+            r = 0u; // all NaN
+        }
+        out_u[p.c] = r;
+    }
+}
