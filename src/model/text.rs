@@ -1,0 +1,56 @@
+//! Tokenizer side: loading `tokenizer.json`, the tokenizer's own EOS, and UTF-8-safe streaming.
+use super::error::{ModelError, Result};
+use std::path::Path;
+use tokenizers::Tokenizer;
+
+/// Load `DIR/tokenizer.json`; `Ok(None)` when the directory has none.
+pub fn load_tokenizer(dir: &Path) -> Result<Option<Tokenizer>> {
+    let file = dir.join("tokenizer.json");
+    if !file.exists() {
+        return Ok(None);
+    }
+    Tokenizer::from_file(&file)
+        .map(Some)
+        .map_err(|e| ModelError::BadField { file, field: "(tokenizer)".into(), msg: e.to_string() })
+}
+
+/// The EOS token named by `tokenizer_config.json` (`eos_token`: string or `{content}`), as an id.
+pub fn tokenizer_eos_ids(dir: &Path, tok: &Tokenizer) -> Vec<u32> {
+    let Ok(text) = std::fs::read_to_string(dir.join("tokenizer_config.json")) else {
+        return vec![];
+    };
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) else {
+        return vec![];
+    };
+    let name = match v.get("eos_token") {
+        Some(serde_json::Value::String(s)) => Some(s.clone()),
+        Some(serde_json::Value::Object(o)) => o.get("content").and_then(|c| c.as_str()).map(str::to_owned),
+        _ => None,
+    };
+    name.and_then(|n| tok.token_to_id(&n)).into_iter().collect()
+}
+
+/// Incremental detokeniser: feed ids one by one, get the text that became final (never a split
+/// UTF-8 character). Wraps the tokenizers crate's `DecodeStream`.
+pub struct TextStream<'t> {
+    inner: tokenizers::tokenizer::DecodeStream<
+        't,
+        tokenizers::ModelWrapper,
+        tokenizers::NormalizerWrapper,
+        tokenizers::PreTokenizerWrapper,
+        tokenizers::PostProcessorWrapper,
+        tokenizers::DecoderWrapper,
+    >,
+}
+
+impl<'t> TextStream<'t> {
+    /// Special tokens are kept (`skip_special_tokens = false`), like the reference decode.
+    pub fn new(tok: &'t Tokenizer) -> Self {
+        TextStream { inner: tok.decode_stream(false) }
+    }
+
+    /// Text made final by `id` (possibly empty).
+    pub fn step(&mut self, id: u32) -> anyhow::Result<String> {
+        Ok(self.inner.step(id).map_err(|e| anyhow::anyhow!("decoding token {id}: {e}"))?.unwrap_or_default())
+    }
+}
