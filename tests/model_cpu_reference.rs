@@ -8,7 +8,12 @@ use inkling_wgpu::model::{Checkpoint, CpuModel, GenerationConfig, Weights};
 use model_common::*;
 
 fn greedy(eos: Vec<u32>, max: usize) -> GenerateParams {
-    GenerateParams { max_new_tokens: max, sampling: SamplingParams::default(), seed: 0, eos_ids: eos }
+    GenerateParams {
+        max_new_tokens: max,
+        sampling: SamplingParams::default(),
+        seed: 0,
+        eos_ids: eos,
+    }
 }
 
 #[test]
@@ -17,22 +22,40 @@ fn greedy_matches_transformers_on_every_fixture() {
         let ck = Checkpoint::open(&fixture(name)).unwrap();
         let w = Weights::load(&ck).unwrap();
         let r = reference(name);
-        let gen: GenerationConfig = ck.generation.clone().expect("fixtures have generation_config.json");
+        let gen: GenerationConfig = ck
+            .generation
+            .clone()
+            .expect("fixtures have generation_config.json");
         assert_eq!(gen.eos_token_ids, r.eos, "{name}: eos ids");
         let mut m = CpuModel::new(&w);
         for (ci, c) in r.cases.iter().enumerate() {
             let mut streamed = Vec::new();
-            let out = generate(&mut m, &c.prompt_ids, &greedy(gen.eos_token_ids.clone(), c.max_new_tokens), &mut |id| {
-                streamed.push(id);
-                Ok(())
-            })
+            let out = generate(
+                &mut m,
+                &c.prompt_ids,
+                &greedy(gen.eos_token_ids.clone(), c.max_new_tokens),
+                &mut |id| {
+                    streamed.push(id);
+                    Ok(())
+                },
+            )
             .unwrap();
-            assert_eq!(out.generated_ids, c.generated_ids, "{name} case {ci}: greedy continuation");
-            let want = if c.finish_reason == "eos" { FinishReason::Eos } else { FinishReason::Length };
+            assert_eq!(
+                out.generated_ids, c.generated_ids,
+                "{name} case {ci}: greedy continuation"
+            );
+            let want = if c.finish_reason == "eos" {
+                FinishReason::Eos
+            } else {
+                FinishReason::Length
+            };
             assert_eq!(out.finish_reason, want, "{name} case {ci}: finish reason");
             // EOS is never handed to the printer.
-            let printed: Vec<u32> =
-                if want == FinishReason::Eos { c.generated_ids[..c.generated_ids.len() - 1].to_vec() } else { c.generated_ids.clone() };
+            let printed: Vec<u32> = if want == FinishReason::Eos {
+                c.generated_ids[..c.generated_ids.len() - 1].to_vec()
+            } else {
+                c.generated_ids.clone()
+            };
             assert_eq!(streamed, printed, "{name} case {ci}: streamed ids");
         }
     }
@@ -44,7 +67,11 @@ fn teacher_forced_logits_match_within_1e4() {
         let ck = Checkpoint::open(&fixture(name)).unwrap();
         let w = Weights::load(&ck).unwrap();
         let r = reference(name);
-        assert_eq!(w.config.logits_width(), r.logits_width, "{name}: logits width");
+        assert_eq!(
+            w.config.logits_width(),
+            r.logits_width,
+            "{name}: logits width"
+        );
         for c in &r.cases {
             let want = reference_logits(name, &c.logits_key);
             let mut seq = c.prompt_ids.clone();
@@ -57,7 +84,11 @@ fn teacher_forced_logits_match_within_1e4() {
                 assert_eq!(g.len(), e.len(), "{name} {} row {t}: width", c.logits_key);
                 let err = rel_err(g, e);
                 worst = worst.max(err);
-                assert!(err < 1e-4, "{name} {} position {t}: relative error {err:.3e}", c.logits_key);
+                assert!(
+                    err < 1e-4,
+                    "{name} {} position {t}: relative error {err:.3e}",
+                    c.logits_key
+                );
             }
             eprintln!("{name} {}: worst relative error {worst:.3e}", c.logits_key);
         }
@@ -84,13 +115,18 @@ fn assert_close(a: &[Vec<f32>], b: &[Vec<f32>], what: &str) {
     assert_eq!(a.len(), b.len(), "{what}: rows");
     for (t, (x, y)) in a.iter().zip(b).enumerate() {
         let e = rel_err(x, y);
-        assert!(e < 1e-5, "{what}: position {t} differs from full recompute (rel {e:.3e})");
+        assert!(
+            e < 1e-5,
+            "{what}: position {t} differs from full recompute (rel {e:.3e})"
+        );
     }
 }
 
 fn long_seq(w: &Weights<'_>, n: usize) -> Vec<u32> {
     let v = w.config.logits_width() as u64;
-    (0..n as u64).map(|i| ((i * 2654435761 + 17) % v) as u32).collect()
+    (0..n as u64)
+        .map(|i| ((i * 2654435761 + 17) % v) as u32)
+        .collect()
 }
 
 #[test]
@@ -101,14 +137,25 @@ fn chunked_prefill_and_decode_equal_full_recompute() {
         let win = w.config.sliding_window_size;
         let seq = long_seq(&w, 3 * win + 5);
         let full = CpuModel::new(&w).forward_all(&seq).unwrap();
-        for sizes in [vec![1], vec![2], vec![3], vec![win + 2], vec![win + 1, 1, 2], vec![seq.len() - 1, 1]] {
+        for sizes in [
+            vec![1],
+            vec![2],
+            vec![3],
+            vec![win + 2],
+            vec![win + 1, 1, 2],
+            vec![seq.len() - 1, 1],
+        ] {
             let got = chunked(&w, &seq, &sizes);
             assert_close(&got, &full, &format!("{name} chunks {sizes:?}"));
         }
         // forward (last row only) agrees with forward_all
         let mut m = CpuModel::new(&w);
         let last = m.forward(&seq).unwrap();
-        assert_close(&[last], &full[full.len() - 1..], &format!("{name} forward vs forward_all"));
+        assert_close(
+            &[last],
+            &full[full.len() - 1..],
+            &format!("{name} forward vs forward_all"),
+        );
     }
 }
 
@@ -127,7 +174,11 @@ fn window_edges_w_minus_1_w_w_plus_1() {
             for &id in &seq[plen..] {
                 got.push(m.forward(&[id]).unwrap());
             }
-            assert_close(&got, &full, &format!("{name} prompt {plen} (W={win}) + decode"));
+            assert_close(
+                &got,
+                &full,
+                &format!("{name} prompt {plen} (W={win}) + decode"),
+            );
             // Token by token.
             let got = chunked(&w, &seq, &[1]);
             assert_close(&got, &full, &format!("{name} prompt {plen} token by token"));
@@ -145,7 +196,13 @@ fn two_prompts_in_one_process_do_not_leak_state() {
     let mut m = CpuModel::new(&w);
     // Second case after the first, then the first again: all exact.
     for c in [&r.cases[0], &r.cases[1], &r.cases[0], &r.cases[2]] {
-        let out = generate(&mut m, &c.prompt_ids, &greedy(eos.clone(), c.max_new_tokens), &mut |_| Ok(())).unwrap();
+        let out = generate(
+            &mut m,
+            &c.prompt_ids,
+            &greedy(eos.clone(), c.max_new_tokens),
+            &mut |_| Ok(()),
+        )
+        .unwrap();
         assert_eq!(out.generated_ids, c.generated_ids);
     }
     // Manual reset also clears the conv states: a different short prefix first, then reset.
@@ -167,17 +224,26 @@ fn seeded_sampling_is_reproducible() {
     let run = |seed: u64| {
         let p = GenerateParams {
             max_new_tokens: 12,
-            sampling: SamplingParams { temperature: 1.5, top_k: 50, top_p: 0.95 },
+            sampling: SamplingParams {
+                temperature: 1.5,
+                top_k: 50,
+                top_p: 0.95,
+            },
             seed,
             eos_ids: vec![],
         };
-        generate(&mut CpuModel::new(&w), &prompt, &p, &mut |_| Ok(())).unwrap().generated_ids
+        generate(&mut CpuModel::new(&w), &prompt, &p, &mut |_| Ok(()))
+            .unwrap()
+            .generated_ids
     };
     let a = run(7);
     assert_eq!(a.len(), 12);
     assert_eq!(a, run(7), "same seed, same tokens");
     let others: Vec<Vec<u32>> = (8..12).map(run).collect();
-    assert!(others.iter().any(|o| *o != a), "different seeds should give some different continuation");
+    assert!(
+        others.iter().any(|o| *o != a),
+        "different seeds should give some different continuation"
+    );
 }
 
 #[test]
@@ -192,8 +258,16 @@ fn layouts_and_dtypes_are_detected() {
     assert_eq!(w.layers.len(), 5);
     let ck = Checkpoint::open(&fixture("tiny-causal-f32")).unwrap();
     let w = Weights::load(&ck).unwrap();
-    assert_eq!(w.layout, Layout::Transformers { prefix: "model.".into() });
+    assert_eq!(
+        w.layout,
+        Layout::Transformers {
+            prefix: "model.".into()
+        }
+    );
     assert_eq!(w.lm_head.enc.format, Format::F32);
     // zero-copy: F32 weights borrow the map
-    assert!(matches!(w.layers[1].attn.q.data, std::borrow::Cow::Borrowed(_)));
+    assert!(matches!(
+        w.layers[1].attn.q.data,
+        std::borrow::Cow::Borrowed(_)
+    ));
 }

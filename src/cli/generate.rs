@@ -71,7 +71,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let prompt: Vec<u32> = match (&args.prompt_ids, &args.prompt) {
         (Some(ids), _) => ids.clone(),
         (None, Some(text)) => {
-            let tok = tok.as_ref().with_context(|| format!("{}: no tokenizer.json; use --prompt-ids", dir.display()))?;
+            let tok = tok.as_ref().with_context(|| {
+                format!("{}: no tokenizer.json; use --prompt-ids", dir.display())
+            })?;
             tok.encode(text.as_str(), false)
                 .map_err(|e| anyhow::anyhow!("encoding the prompt: {e}"))?
                 .get_ids()
@@ -83,7 +85,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         bail!("the prompt encodes to no tokens");
     }
 
-    let mut eos = if gen_cfg.eos_token_ids.is_empty() { ck.config.eos_token_ids.clone() } else { gen_cfg.eos_token_ids.clone() };
+    let mut eos = if gen_cfg.eos_token_ids.is_empty() {
+        ck.config.eos_token_ids.clone()
+    } else {
+        gen_cfg.eos_token_ids.clone()
+    };
     if let Some(t) = &tok {
         for id in tokenizer_eos_ids(&dir, t) {
             if !eos.contains(&id) {
@@ -91,13 +97,31 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    let temperature = args.temperature.unwrap_or(if gen_cfg.do_sample { gen_cfg.temperature.unwrap_or(1.0) } else { 0.0 });
+    let temperature = args.temperature.unwrap_or(if gen_cfg.do_sample {
+        gen_cfg.temperature.unwrap_or(1.0)
+    } else {
+        0.0
+    });
     let params = GenerateParams {
         max_new_tokens: args.max_tokens.or(gen_cfg.max_new_tokens).unwrap_or(64),
         sampling: SamplingParams {
             temperature,
-            top_k: args.top_k.or(if gen_cfg.do_sample { gen_cfg.top_k } else { None }).unwrap_or(0),
-            top_p: args.top_p.or(if gen_cfg.do_sample { gen_cfg.top_p } else { None }).unwrap_or(1.0),
+            top_k: args
+                .top_k
+                .or(if gen_cfg.do_sample {
+                    gen_cfg.top_k
+                } else {
+                    None
+                })
+                .unwrap_or(0),
+            top_p: args
+                .top_p
+                .or(if gen_cfg.do_sample {
+                    gen_cfg.top_p
+                } else {
+                    None
+                })
+                .unwrap_or(1.0),
         },
         seed: args.seed,
         eos_ids: eos,
@@ -128,6 +152,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Ok(())
     };
     let out: GenOutput = generate(backend.as_mut(), &prompt, &params, &mut on_token)?;
+    if let Some(s) = stream.as_mut() {
+        let tail = s.finish()?;
+        text.push_str(&tail);
+        if !json {
+            let mut o = std::io::stdout().lock();
+            o.write_all(tail.as_bytes())?;
+            o.flush()?;
+        }
+    }
     let s = &out.stats;
     if json {
         let v = serde_json::json!({

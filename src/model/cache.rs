@@ -19,7 +19,13 @@ pub struct KvCache {
 impl KvCache {
     pub fn new(dim: usize, window: Option<usize>) -> KvCache {
         let cap = window.unwrap_or(0) * dim;
-        KvCache { dim, window, keys: vec![0.0; cap], values: vec![0.0; cap], len: 0 }
+        KvCache {
+            dim,
+            window,
+            keys: vec![0.0; cap],
+            values: vec![0.0; cap],
+            len: 0,
+        }
     }
 
     /// Positions pushed so far.
@@ -62,7 +68,10 @@ impl KvCache {
 
     /// Key and value of absolute position `pos` (must be in `first_retained()..len()`).
     pub fn get(&self, pos: usize) -> (&[f32], &[f32]) {
-        assert!(pos >= self.first_retained() && pos < self.len, "position {pos} not retained");
+        assert!(
+            pos >= self.first_retained() && pos < self.len,
+            "position {pos} not retained"
+        );
         let s = self.slot(pos) * self.dim;
         (&self.keys[s..s + self.dim], &self.values[s..s + self.dim])
     }
@@ -90,7 +99,11 @@ pub struct ConvState {
 
 impl ConvState {
     pub fn new(channels: usize, kernel: usize) -> ConvState {
-        ConvState { channels, kernel, state: vec![0.0; (kernel - 1) * channels] }
+        ConvState {
+            channels,
+            kernel,
+            state: vec![0.0; (kernel - 1) * channels],
+        }
     }
 
     /// Run the conv with its residual over `x` ([T][channels]) and advance the state:
@@ -116,7 +129,8 @@ impl ConvState {
             }
         }
         let total = k1 + t_len;
-        self.state.copy_from_slice(&win[(total - k1) * c..total * c]);
+        self.state
+            .copy_from_slice(&win[(total - k1) * c..total * c]);
         out
     }
 
@@ -156,7 +170,12 @@ impl Cache {
                 let kvd = g.kv_dim();
                 LayerCache {
                     kv: KvCache::new(kvd, g.window),
-                    conv: [ConvState::new(kvd, k), ConvState::new(kvd, k), ConvState::new(h, k), ConvState::new(h, k)],
+                    conv: [
+                        ConvState::new(kvd, k),
+                        ConvState::new(kvd, k),
+                        ConvState::new(h, k),
+                        ConvState::new(h, k),
+                    ],
                 }
             })
             .collect();

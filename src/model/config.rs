@@ -120,7 +120,11 @@ impl<'a> Fields<'a> {
             .find(|v| !v.is_null())
     }
     fn bad(&self, field: &str, msg: impl Into<String>) -> ModelError {
-        ModelError::BadField { file: self.file.to_path_buf(), field: field.into(), msg: msg.into() }
+        ModelError::BadField {
+            file: self.file.to_path_buf(),
+            field: field.into(),
+            msg: msg.into(),
+        }
     }
     fn usize_opt(&self, name: &str) -> Result<Option<usize>> {
         match self.get(name) {
@@ -133,7 +137,10 @@ impl<'a> Fields<'a> {
     }
     fn usize_req(&self, name: &str) -> Result<usize> {
         self.usize_opt(name)?
-            .ok_or_else(|| ModelError::MissingField { file: self.file.to_path_buf(), field: name.into() })
+            .ok_or_else(|| ModelError::MissingField {
+                file: self.file.to_path_buf(),
+                field: name.into(),
+            })
     }
     fn usize_or(&self, name: &str, default: usize) -> Result<usize> {
         Ok(self.usize_opt(name)?.unwrap_or(default))
@@ -141,7 +148,10 @@ impl<'a> Fields<'a> {
     fn f64_opt(&self, name: &str) -> Result<Option<f64>> {
         match self.get(name) {
             None => Ok(None),
-            Some(v) => v.as_f64().map(Some).ok_or_else(|| self.bad(name, format!("expected a number, got {v}"))),
+            Some(v) => v
+                .as_f64()
+                .map(Some)
+                .ok_or_else(|| self.bad(name, format!("expected a number, got {v}"))),
         }
     }
     fn f64_or(&self, name: &str, default: f64) -> Result<f64> {
@@ -155,7 +165,11 @@ impl<'a> Fields<'a> {
             None => Ok(None),
             Some(Value::Array(a)) => a
                 .iter()
-                .map(|v| v.as_str().map(str::to_owned).ok_or_else(|| self.bad(name, "expected a list of strings")))
+                .map(|v| {
+                    v.as_str()
+                        .map(str::to_owned)
+                        .ok_or_else(|| self.bad(name, "expected a list of strings"))
+                })
                 .collect::<Result<Vec<_>>>()
                 .map(Some),
             Some(v) => Err(self.bad(name, format!("expected a list, got {v}"))),
@@ -167,17 +181,31 @@ impl<'a> Fields<'a> {
 fn parse_ids(v: Option<&Value>) -> std::result::Result<Vec<u32>, String> {
     match v {
         None | Some(Value::Null) => Ok(vec![]),
-        Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).ok_or_else(|| format!("bad token id {n}")),
-        Some(Value::Array(a)) => {
-            a.iter().map(|x| x.as_u64().map(|x| x as u32).ok_or_else(|| format!("bad token id {x}"))).collect()
-        }
+        Some(Value::Number(n)) => n
+            .as_u64()
+            .map(|x| vec![x as u32])
+            .ok_or_else(|| format!("bad token id {n}")),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|x| {
+                x.as_u64()
+                    .map(|x| x as u32)
+                    .ok_or_else(|| format!("bad token id {x}"))
+            })
+            .collect(),
         Some(v) => Err(format!("expected an id or a list of ids, got {v}")),
     }
 }
 
 fn read_json(file: &Path) -> Result<Value> {
-    let text = std::fs::read_to_string(file).map_err(|e| ModelError::Io { file: file.to_path_buf(), source: e })?;
-    serde_json::from_str(&text).map_err(|e| ModelError::Json { file: file.to_path_buf(), source: e })
+    let text = std::fs::read_to_string(file).map_err(|e| ModelError::Io {
+        file: file.to_path_buf(),
+        source: e,
+    })?;
+    serde_json::from_str(&text).map_err(|e| ModelError::Json {
+        file: file.to_path_buf(),
+        source: e,
+    })
 }
 
 impl TextConfig {
@@ -190,9 +218,11 @@ impl TextConfig {
 
     /// Parse a config.json value; `file` is used in error messages.
     pub fn from_value(v: &Value, file: &Path) -> Result<TextConfig> {
-        let top = v
-            .as_object()
-            .ok_or_else(|| ModelError::BadField { file: file.into(), field: "(root)".into(), msg: "not an object".into() })?;
+        let top = v.as_object().ok_or_else(|| ModelError::BadField {
+            file: file.into(),
+            field: "(root)".into(),
+            msg: "not an object".into(),
+        })?;
         let (map, multimodal) = match top.get("text_config") {
             Some(Value::Object(m)) => (m, true),
             Some(Value::Null) | None => (top, false),
@@ -226,7 +256,11 @@ impl TextConfig {
                     None => None,
                     Some(Value::Array(a)) => Some(
                         a.iter()
-                            .map(|x| x.as_u64().map(|x| x as usize).ok_or_else(|| f.bad("local_layer_ids", "bad id")))
+                            .map(|x| {
+                                x.as_u64()
+                                    .map(|x| x as usize)
+                                    .ok_or_else(|| f.bad("local_layer_ids", "bad id"))
+                            })
                             .collect::<Result<Vec<_>>>()?,
                     ),
                     Some(_) => return Err(f.bad("local_layer_ids", "expected a list")),
@@ -257,14 +291,28 @@ impl TextConfig {
                 .collect::<Result<Vec<_>>>()?,
             None => {
                 let dense_idx = f.usize_or("dense_mlp_idx", 0)?;
-                (0..n_layers).map(|i| if i < dense_idx { MlpKind::Dense } else { MlpKind::Sparse }).collect()
+                (0..n_layers)
+                    .map(|i| {
+                        if i < dense_idx {
+                            MlpKind::Dense
+                        } else {
+                            MlpKind::Sparse
+                        }
+                    })
+                    .collect()
             }
         };
         if layer_types.len() != n_layers {
-            return Err(f.bad("layer_types", format!("{} entries for {n_layers} layers", layer_types.len())));
+            return Err(f.bad(
+                "layer_types",
+                format!("{} entries for {n_layers} layers", layer_types.len()),
+            ));
         }
         if mlp_layer_types.len() != n_layers {
-            return Err(f.bad("mlp_layer_types", format!("{} entries for {n_layers} layers", mlp_layer_types.len())));
+            return Err(f.bad(
+                "mlp_layer_types",
+                format!("{} entries for {n_layers} layers", mlp_layer_types.len()),
+            ));
         }
         let cfg = TextConfig {
             vocab_size: f.usize_req("vocab_size")?,
@@ -303,7 +351,11 @@ impl TextConfig {
     }
 
     fn validate(&self, file: &Path) -> Result<()> {
-        let bad = |field: &str, msg: String| ModelError::BadField { file: file.into(), field: field.into(), msg };
+        let bad = |field: &str, msg: String| ModelError::BadField {
+            file: file.into(),
+            field: field.into(),
+            msg,
+        };
         for (name, v) in [
             ("hidden_size", self.hidden_size),
             ("num_attention_heads", self.num_attention_heads),
@@ -321,23 +373,44 @@ impl TextConfig {
                 return Err(bad(name, "must be positive".into()));
             }
         }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
-            return Err(bad("num_key_value_heads", "must divide num_attention_heads".into()));
+        if !self
+            .num_attention_heads
+            .is_multiple_of(self.num_key_value_heads)
+        {
+            return Err(bad(
+                "num_key_value_heads",
+                "must divide num_attention_heads".into(),
+            ));
         }
-        if self.swa_num_attention_heads % self.swa_num_key_value_heads != 0 {
-            return Err(bad("swa_num_key_value_heads", "must divide swa_num_attention_heads".into()));
+        if !self
+            .swa_num_attention_heads
+            .is_multiple_of(self.swa_num_key_value_heads)
+        {
+            return Err(bad(
+                "swa_num_key_value_heads",
+                "must divide swa_num_attention_heads".into(),
+            ));
         }
         if self.mlp_layer_types.contains(&MlpKind::Sparse) {
             if self.n_shared_experts == 0 {
-                return Err(bad("n_shared_experts", "the router needs at least one shared expert (sink)".into()));
+                return Err(bad(
+                    "n_shared_experts",
+                    "the router needs at least one shared expert (sink)".into(),
+                ));
             }
             if self.num_experts_per_tok == 0 || self.num_experts_per_tok > self.n_routed_experts {
-                return Err(bad("num_experts_per_tok", "must be in 1..=n_routed_experts".into()));
+                return Err(bad(
+                    "num_experts_per_tok",
+                    "must be in 1..=n_routed_experts".into(),
+                ));
             }
         }
         if let Some(u) = self.unpadded_vocab_size {
             if u == 0 || u > self.vocab_size {
-                return Err(bad("unpadded_vocab_size", format!("{u} is not in 1..={}", self.vocab_size)));
+                return Err(bad(
+                    "unpadded_vocab_size",
+                    format!("{u} is not in 1..={}", self.vocab_size),
+                ));
             }
         }
         if let Some(n) = self.log_scaling_n_floor {
@@ -369,14 +442,18 @@ impl TextConfig {
                 window: None,
                 rel_extent: self.rel_extent,
                 d_rel: self.d_rel,
-                log_scaling: self.log_scaling_n_floor.map(|n| (n, self.log_scaling_alpha)),
+                log_scaling: self
+                    .log_scaling_n_floor
+                    .map(|n| (n, self.log_scaling_alpha)),
             },
         }
     }
 
     /// Number of logits the head returns: `unpadded_vocab_size` when set, else `vocab_size`.
     pub fn logits_width(&self) -> usize {
-        self.unpadded_vocab_size.unwrap_or(self.vocab_size).min(self.vocab_size)
+        self.unpadded_vocab_size
+            .unwrap_or(self.vocab_size)
+            .min(self.vocab_size)
     }
 }
 
@@ -399,24 +476,47 @@ impl GenerationConfig {
             return Ok(None);
         }
         let v = read_json(&file)?;
-        let bad = |field: &str, msg: String| ModelError::BadField { file: file.clone(), field: field.into(), msg };
-        let num = |k: &str| v.get(k).and_then(|x| if x.is_null() { None } else { Some(x) });
+        let bad = |field: &str, msg: String| ModelError::BadField {
+            file: file.clone(),
+            field: field.into(),
+            msg,
+        };
+        let num = |k: &str| {
+            v.get(k)
+                .and_then(|x| if x.is_null() { None } else { Some(x) })
+        };
         let f32_of = |k: &str| -> Result<Option<f32>> {
-            num(k).map(|x| x.as_f64().map(|f| f as f32).ok_or_else(|| bad(k, format!("expected a number, got {x}")))).transpose()
+            num(k)
+                .map(|x| {
+                    x.as_f64()
+                        .map(|f| f as f32)
+                        .ok_or_else(|| bad(k, format!("expected a number, got {x}")))
+                })
+                .transpose()
         };
         Ok(Some(GenerationConfig {
             eos_token_ids: parse_ids(v.get("eos_token_id")).map_err(|m| bad("eos_token_id", m))?,
             do_sample: match num("do_sample") {
                 None => false,
-                Some(x) => x.as_bool().ok_or_else(|| bad("do_sample", format!("expected a bool, got {x}")))?,
+                Some(x) => x
+                    .as_bool()
+                    .ok_or_else(|| bad("do_sample", format!("expected a bool, got {x}")))?,
             },
             temperature: f32_of("temperature")?,
             top_k: num("top_k")
-                .map(|x| x.as_u64().map(|u| u as usize).ok_or_else(|| bad("top_k", format!("bad value {x}"))))
+                .map(|x| {
+                    x.as_u64()
+                        .map(|u| u as usize)
+                        .ok_or_else(|| bad("top_k", format!("bad value {x}")))
+                })
                 .transpose()?,
             top_p: f32_of("top_p")?,
             max_new_tokens: num("max_new_tokens")
-                .map(|x| x.as_u64().map(|u| u as usize).ok_or_else(|| bad("max_new_tokens", format!("bad value {x}"))))
+                .map(|x| {
+                    x.as_u64()
+                        .map(|u| u as usize)
+                        .ok_or_else(|| bad("max_new_tokens", format!("bad value {x}")))
+                })
                 .transpose()?,
         }))
     }

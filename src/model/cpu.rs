@@ -67,12 +67,18 @@ pub fn route(moe: &MoeWeights<'_>, x: &[f32]) -> (Vec<usize>, Vec<f32>, Vec<f32>
     let e = moe.experts.len();
     let mut logits = vec![0f32; moe.router.rows];
     moe.router.gemv(x, &mut logits);
-    let choice: Vec<f32> = (0..e).map(|i| sigmoid(logits[i]) + moe.router_bias[i]).collect();
+    let choice: Vec<f32> = (0..e)
+        .map(|i| sigmoid(logits[i]) + moe.router_bias[i])
+        .collect();
     let mut order: Vec<usize> = (0..e).collect();
     order.sort_by(|&a, &b| choice[b].total_cmp(&choice[a]).then(a.cmp(&b)));
     order.truncate(moe.top_k);
-    let sel: Vec<f32> =
-        order.iter().map(|&i| logits[i]).chain(logits[e..].iter().copied()).map(sigmoid).collect();
+    let sel: Vec<f32> = order
+        .iter()
+        .map(|&i| logits[i])
+        .chain(logits[e..].iter().copied())
+        .map(sigmoid)
+        .collect();
     let sum: f32 = sel.iter().sum();
     let scale = moe.route_scale * moe.router_scale;
     let w: Vec<f32> = sel.iter().map(|s| s / sum * scale).collect();
@@ -98,7 +104,13 @@ fn moe_forward(moe: &MoeWeights<'_>, x: &[f32]) -> Vec<f32> {
 
 /// Attention of a chunk `xn` ([T][hidden], already input-normalised) at absolute positions
 /// `p0..p0+T`; updates the layer's KV cache and k/v conv states; returns o_proj output [T][hidden].
-fn attention(aw: &AttnWeights<'_>, lc: &mut LayerCache, xn: &[f32], p0: usize, eps: f32) -> Vec<f32> {
+fn attention(
+    aw: &AttnWeights<'_>,
+    lc: &mut LayerCache,
+    xn: &[f32],
+    p0: usize,
+    eps: f32,
+) -> Vec<f32> {
     let g = aw.geom;
     let d = g.head_dim;
     let (qd, kvd) = (g.q_dim(), g.kv_dim());
@@ -112,7 +124,11 @@ fn attention(aw: &AttnWeights<'_>, lc: &mut LayerCache, xn: &[f32], p0: usize, e
     rms_norm_rows(&mut q, &aw.q_norm, eps);
     rms_norm_rows(&mut k, &aw.k_norm, eps);
 
-    assert_eq!(lc.kv.len(), p0, "KV cache length disagrees with the sequence position");
+    assert_eq!(
+        lc.kv.len(),
+        p0,
+        "KV cache length disagrees with the sequence position"
+    );
     let lo = lc.kv.first_retained();
     let key = |j: usize| -> (&[f32], &[f32]) {
         if j < p0 {
@@ -140,7 +156,11 @@ fn attention(aw: &AttnWeights<'_>, lc: &mut LayerCache, xn: &[f32], p0: usize, e
             // rel[dist] = Σ_r r[t,h,r] · proj[r, dist]
             let rh = &r[(t * g.heads + h) * g.d_rel..(t * g.heads + h + 1) * g.d_rel];
             for (dist, o) in rel.iter_mut().enumerate() {
-                *o = rh.iter().enumerate().map(|(ri, &rv)| rv * aw.rel_proj[ri * g.rel_extent + dist]).sum();
+                *o = rh
+                    .iter()
+                    .enumerate()
+                    .map(|(ri, &rv)| rv * aw.rel_proj[ri * g.rel_extent + dist])
+                    .sum();
             }
             scores.clear();
             for j in jmin..=i {
@@ -168,7 +188,8 @@ fn attention(aw: &AttnWeights<'_>, lc: &mut LayerCache, xn: &[f32], p0: usize, e
         }
     }
     for t in 0..t_len {
-        lc.kv.push(&k[t * kvd..(t + 1) * kvd], &v[t * kvd..(t + 1) * kvd]);
+        lc.kv
+            .push(&k[t * kvd..(t + 1) * kvd], &v[t * kvd..(t + 1) * kvd]);
     }
     linear_rows(&aw.o, &out)
 }
@@ -181,7 +202,10 @@ pub struct CpuModel<'w, 'a> {
 
 impl<'w, 'a> CpuModel<'w, 'a> {
     pub fn new(weights: &'w Weights<'a>) -> Self {
-        CpuModel { weights, cache: Cache::new(&weights.config) }
+        CpuModel {
+            weights,
+            cache: Cache::new(&weights.config),
+        }
     }
 
     /// Tokens consumed so far.
@@ -214,7 +238,10 @@ impl<'w, 'a> CpuModel<'w, 'a> {
             return Err(ModelError::EmptyInput);
         }
         if let Some(&id) = tokens.iter().find(|&&id| id as usize >= cfg.vocab_size) {
-            return Err(ModelError::TokenOutOfRange { id, vocab: cfg.vocab_size });
+            return Err(ModelError::TokenOutOfRange {
+                id,
+                vocab: cfg.vocab_size,
+            });
         }
         let t_len = tokens.len();
         let p0 = self.cache.pos;
@@ -237,7 +264,9 @@ impl<'w, 'a> CpuModel<'w, 'a> {
             let mut m = Vec::with_capacity(x.len());
             for row in xn.chunks_exact(hdim) {
                 match &lw.mlp {
-                    Mlp::Dense(dm) => m.extend(ffn(&dm.ffn, row).into_iter().map(|y| y * dm.global_scale)),
+                    Mlp::Dense(dm) => {
+                        m.extend(ffn(&dm.ffn, row).into_iter().map(|y| y * dm.global_scale))
+                    }
                     Mlp::Moe(moe) => m.extend(moe_forward(moe, row)),
                 }
             }

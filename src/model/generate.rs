@@ -59,10 +59,17 @@ pub fn generate(
     anyhow::ensure!(!prompt.is_empty(), "the prompt has no tokens");
     model.reset();
     let mut rng = Rng::new(params.seed);
-    let mut stats = GenStats { prompt_tokens: prompt.len(), ..Default::default() };
+    let mut stats = GenStats {
+        prompt_tokens: prompt.len(),
+        ..Default::default()
+    };
     let mut out = Vec::new();
     if params.max_new_tokens == 0 {
-        return Ok(GenOutput { generated_ids: out, finish_reason: FinishReason::Length, stats });
+        return Ok(GenOutput {
+            generated_ids: out,
+            finish_reason: FinishReason::Length,
+            stats,
+        });
     }
     let t0 = Instant::now();
     let mut logits = model.forward(prompt)?;
@@ -90,7 +97,15 @@ pub fn generate(
     if let Some(t1) = t_first {
         let dt = t1.elapsed().as_secs_f64();
         let n = out.len().saturating_sub(1);
-        stats.decode_tok_s = if n > 0 && dt > 0.0 { n as f64 / dt } else { 0.0 };
+        stats.decode_tok_s = if n > 0 && dt > 0.0 {
+            n as f64 / dt
+        } else {
+            0.0
+        };
     }
-    Ok(GenOutput { generated_ids: out, finish_reason: finish, stats })
+    Ok(GenOutput {
+        generated_ids: out,
+        finish_reason: finish,
+        stats,
+    })
 }

@@ -17,7 +17,9 @@ impl Rng {
             x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
             x ^ (x >> 31)
         };
-        Rng { s: [next(), next(), next(), next()] }
+        Rng {
+            s: [next(), next(), next(), next()],
+        }
     }
 
     pub fn next_u64(&mut self) -> u64 {
@@ -49,7 +51,11 @@ pub struct SamplingParams {
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0 }
+        SamplingParams {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+        }
     }
 }
 
@@ -80,7 +86,10 @@ pub fn sample(logits: &[f32], p: &SamplingParams, rng: &mut Rng) -> u32 {
     }
     let max = logits[idx[0]] as f64;
     let t = p.temperature as f64;
-    let mut probs: Vec<f64> = idx.iter().map(|&i| ((logits[i] as f64 - max) / t).exp()).collect();
+    let mut probs: Vec<f64> = idx
+        .iter()
+        .map(|&i| ((logits[i] as f64 - max) / t).exp())
+        .collect();
     let sum: f64 = probs.iter().sum();
     probs.iter_mut().for_each(|x| *x /= sum);
     if p.top_p > 0.0 && p.top_p < 1.0 {

@@ -11,7 +11,11 @@ pub fn load_tokenizer(dir: &Path) -> Result<Option<Tokenizer>> {
     }
     Tokenizer::from_file(&file)
         .map(Some)
-        .map_err(|e| ModelError::BadField { file, field: "(tokenizer)".into(), msg: e.to_string() })
+        .map_err(|e| ModelError::BadField {
+            file,
+            field: "(tokenizer)".into(),
+            msg: e.to_string(),
+        })
 }
 
 /// The EOS token named by `tokenizer_config.json` (`eos_token`: string or `{content}`), as an id.
@@ -24,7 +28,9 @@ pub fn tokenizer_eos_ids(dir: &Path, tok: &Tokenizer) -> Vec<u32> {
     };
     let name = match v.get("eos_token") {
         Some(serde_json::Value::String(s)) => Some(s.clone()),
-        Some(serde_json::Value::Object(o)) => o.get("content").and_then(|c| c.as_str()).map(str::to_owned),
+        Some(serde_json::Value::Object(o)) => {
+            o.get("content").and_then(|c| c.as_str()).map(str::to_owned)
+        }
         _ => None,
     };
     name.and_then(|n| tok.token_to_id(&n)).into_iter().collect()
@@ -41,16 +47,47 @@ pub struct TextStream<'t> {
         tokenizers::PostProcessorWrapper,
         tokenizers::DecoderWrapper,
     >,
+    tok: &'t Tokenizer,
+    ids: Vec<u32>,
+    emitted: String,
 }
 
 impl<'t> TextStream<'t> {
     /// Special tokens are kept (`skip_special_tokens = false`), like the reference decode.
     pub fn new(tok: &'t Tokenizer) -> Self {
-        TextStream { inner: tok.decode_stream(false) }
+        TextStream {
+            inner: tok.decode_stream(false),
+            tok,
+            ids: Vec::new(),
+            emitted: String::new(),
+        }
     }
 
     /// Text made final by `id` (possibly empty).
     pub fn step(&mut self, id: u32) -> anyhow::Result<String> {
-        Ok(self.inner.step(id).map_err(|e| anyhow::anyhow!("decoding token {id}: {e}"))?.unwrap_or_default())
+        self.ids.push(id);
+        let piece = self
+            .inner
+            .step(id)
+            .map_err(|e| anyhow::anyhow!("decoding token {id}: {e}"))?
+            .unwrap_or_default();
+        self.emitted.push_str(&piece);
+        Ok(piece)
+    }
+
+    /// At the end of the sequence: whatever the full decode has beyond the text emitted so far
+    /// (an incomplete UTF-8 tail decodes to U+FFFD here, as `Tokenizer::decode` gives it), so that
+    /// everything emitted equals the full decode. Empty when the stream ended on a whole character.
+    pub fn finish(&mut self) -> anyhow::Result<String> {
+        let full = self
+            .tok
+            .decode(&self.ids, false)
+            .map_err(|e| anyhow::anyhow!("decoding: {e}"))?;
+        let rest = full
+            .strip_prefix(self.emitted.as_str())
+            .unwrap_or("")
+            .to_string();
+        self.emitted.push_str(&rest);
+        Ok(rest)
     }
 }

@@ -30,10 +30,16 @@ pub struct Shard {
 
 impl Shard {
     fn open(path: &Path) -> Result<Shard> {
-        let file = std::fs::File::open(path).map_err(|e| ModelError::Io { file: path.into(), source: e })?;
+        let file = std::fs::File::open(path).map_err(|e| ModelError::Io {
+            file: path.into(),
+            source: e,
+        })?;
         // SAFETY: the file is mapped read-only; we never hand out a mutable view. A concurrent
         // writer truncating the file is outside what any mmap-based loader can guard against.
-        let map = unsafe { Mmap::map(&file) }.map_err(|e| ModelError::Io { file: path.into(), source: e })?;
+        let map = unsafe { Mmap::map(&file) }.map_err(|e| ModelError::Io {
+            file: path.into(),
+            source: e,
+        })?;
         let (n, meta) = SafeTensors::read_metadata(&map).map_err(|e| ModelError::Safetensors {
             file: path.into(),
             msg: match cut_tensor(&map) {
@@ -41,7 +47,12 @@ impl Shard {
                 None => e.to_string(),
             },
         })?;
-        Ok(Shard { path: path.to_path_buf(), map, header_len: n, meta })
+        Ok(Shard {
+            path: path.to_path_buf(),
+            map,
+            header_len: n,
+            meta,
+        })
     }
 
     /// `__metadata__` of the file (e.g. `format: pt`, later `inkling.fmt`).
@@ -54,7 +65,8 @@ impl Shard {
 /// read from the header directly, so a truncation error can name it.
 fn cut_tensor(bytes: &[u8]) -> Option<String> {
     let n = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?) as usize;
-    let header: serde_json::Value = serde_json::from_slice(bytes.get(8..8usize.checked_add(n)?)?).ok()?;
+    let header: serde_json::Value =
+        serde_json::from_slice(bytes.get(8..8usize.checked_add(n)?)?).ok()?;
     let avail = bytes.len() - 8 - n;
     let mut ends: Vec<(u64, &String)> = header
         .as_object()?
@@ -62,7 +74,9 @@ fn cut_tensor(bytes: &[u8]) -> Option<String> {
         .filter_map(|(k, v)| Some((v.get("data_offsets")?.get(1)?.as_u64()?, k)))
         .collect();
     ends.sort();
-    ends.into_iter().find(|(end, _)| *end as usize > avail).map(|(_, k)| k.clone())
+    ends.into_iter()
+        .find(|(end, _)| *end as usize > avail)
+        .map(|(_, k)| k.clone())
 }
 
 /// A raw tensor in a mapped file.
@@ -107,14 +121,22 @@ impl Checkpoint {
         let mut index = HashMap::new();
         let mut index_file = None;
         if index_path.exists() {
-            let text = std::fs::read_to_string(&index_path)
-                .map_err(|e| ModelError::Io { file: index_path.clone(), source: e })?;
-            let v: serde_json::Value = serde_json::from_str(&text)
-                .map_err(|e| ModelError::Json { file: index_path.clone(), source: e })?;
-            let map = v.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| ModelError::MissingField {
+            let text = std::fs::read_to_string(&index_path).map_err(|e| ModelError::Io {
                 file: index_path.clone(),
-                field: "weight_map".into(),
+                source: e,
             })?;
+            let v: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| ModelError::Json {
+                    file: index_path.clone(),
+                    source: e,
+                })?;
+            let map = v
+                .get("weight_map")
+                .and_then(|m| m.as_object())
+                .ok_or_else(|| ModelError::MissingField {
+                    file: index_path.clone(),
+                    field: "weight_map".into(),
+                })?;
             let mut shard_of: HashMap<String, usize> = HashMap::new();
             // Deterministic order: sort by shard file name.
             let mut entries: Vec<(&String, &serde_json::Value)> = map.iter().collect();
@@ -134,7 +156,10 @@ impl Checkpoint {
                                 index: index_path.clone(),
                                 shard: file.into(),
                                 tensor: tensor.clone(),
-                                source: std::io::Error::new(std::io::ErrorKind::NotFound, format!("{} not found", p.display())),
+                                source: std::io::Error::new(
+                                    std::io::ErrorKind::NotFound,
+                                    format!("{} not found", p.display()),
+                                ),
                             });
                         }
                         shards.push(Shard::open(&p)?);
@@ -154,7 +179,14 @@ impl Checkpoint {
         } else {
             return Err(ModelError::NoWeights { dir: dir.into() });
         }
-        Ok(Checkpoint { dir: dir.into(), config, generation, shards, index, index_file })
+        Ok(Checkpoint {
+            dir: dir.into(),
+            config,
+            generation,
+            shards,
+            index,
+            index_file,
+        })
     }
 
     /// Whether a tensor of this name is listed.
@@ -173,20 +205,34 @@ impl Checkpoint {
 
     /// Look a tensor up by name.
     pub fn raw(&self, name: &str) -> Result<RawTensor<'_>> {
-        let missing = || ModelError::MissingTensor { file: self.expected_file(), tensor: name.into() };
+        let missing = || ModelError::MissingTensor {
+            file: self.expected_file(),
+            tensor: name.into(),
+        };
         let &si = self.index.get(name).ok_or_else(missing)?;
         let shard = &self.shards[si];
-        let info = shard.meta.info(name).ok_or_else(|| ModelError::MissingTensor {
-            file: shard.path.clone(),
-            tensor: name.into(),
-        })?;
+        let info = shard
+            .meta
+            .info(name)
+            .ok_or_else(|| ModelError::MissingTensor {
+                file: shard.path.clone(),
+                tensor: name.into(),
+            })?;
         let start = 8 + shard.header_len + info.data_offsets.0;
         let end = 8 + shard.header_len + info.data_offsets.1;
-        let bytes = shard.map.get(start..end).ok_or_else(|| ModelError::Safetensors {
-            file: shard.path.clone(),
-            msg: format!("tensor `{name}` data lies outside the file"),
-        })?;
-        Ok(RawTensor { file: &shard.path, dtype: info.dtype, shape: &info.shape, bytes })
+        let bytes = shard
+            .map
+            .get(start..end)
+            .ok_or_else(|| ModelError::Safetensors {
+                file: shard.path.clone(),
+                msg: format!("tensor `{name}` data lies outside the file"),
+            })?;
+        Ok(RawTensor {
+            file: &shard.path,
+            dtype: info.dtype,
+            shape: &info.shape,
+            bytes,
+        })
     }
 
     fn raw_shaped(&self, name: &str, expected: &[usize]) -> Result<RawTensor<'_>> {
@@ -209,8 +255,14 @@ impl Checkpoint {
     pub fn load_linear(&self, name: &str, expected: &[usize]) -> Result<QMatrix<'_>> {
         let t = self.raw_shaped(name, expected)?;
         let cols = *expected.last().unwrap_or(&1);
-        let rows: usize = expected[..expected.len().saturating_sub(1)].iter().product();
-        let tensor_err = |msg: String| ModelError::Tensor { file: t.file.into(), tensor: name.into(), msg };
+        let rows: usize = expected[..expected.len().saturating_sub(1)]
+            .iter()
+            .product();
+        let tensor_err = |msg: String| ModelError::Tensor {
+            file: t.file.into(),
+            tensor: name.into(),
+            msg,
+        };
         let (enc, data): (Encoding, Cow<'_, [u8]>) = match t.dtype {
             Dtype::F32 => (Encoding::F32, Cow::Borrowed(t.bytes)),
             Dtype::BF16 => (Encoding::BF16, Cow::Borrowed(t.bytes)),
@@ -219,26 +271,51 @@ impl Checkpoint {
                 Cow::Owned(
                     t.bytes
                         .chunks_exact(2)
-                        .flat_map(|b| f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32().to_le_bytes())
+                        .flat_map(|b| {
+                            f16::from_bits(u16::from_le_bytes([b[0], b[1]]))
+                                .to_f32()
+                                .to_le_bytes()
+                        })
                         .collect(),
                 ),
             ),
             other => {
-                return Err(ModelError::Dtype { file: t.file.into(), tensor: name.into(), dtype: format!("{other:?}") })
+                return Err(ModelError::Dtype {
+                    file: t.file.into(),
+                    tensor: name.into(),
+                    dtype: format!("{other:?}"),
+                })
             }
         };
-        QMatrix::new(enc, rows, cols, data, Cow::Borrowed(&[])).map_err(|e| tensor_err(e.to_string()))
+        QMatrix::new(enc, rows, cols, data, Cow::Borrowed(&[]))
+            .map_err(|e| tensor_err(e.to_string()))
     }
 
     /// A small tensor (norm weight, conv weight, bias, scale) as f32, checked against `expected`.
     pub fn load_f32(&self, name: &str, expected: &[usize]) -> Result<Vec<f32>> {
         let t = self.raw_shaped(name, expected)?;
         let v: Vec<f32> = match t.dtype {
-            Dtype::F32 => t.bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
-            Dtype::BF16 => t.bytes.chunks_exact(2).map(|b| bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()).collect(),
-            Dtype::F16 => t.bytes.chunks_exact(2).map(|b| f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()).collect(),
+            Dtype::F32 => t
+                .bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            Dtype::BF16 => t
+                .bytes
+                .chunks_exact(2)
+                .map(|b| bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32())
+                .collect(),
+            Dtype::F16 => t
+                .bytes
+                .chunks_exact(2)
+                .map(|b| f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32())
+                .collect(),
             other => {
-                return Err(ModelError::Dtype { file: t.file.into(), tensor: name.into(), dtype: format!("{other:?}") })
+                return Err(ModelError::Dtype {
+                    file: t.file.into(),
+                    tensor: name.into(),
+                    dtype: format!("{other:?}"),
+                })
             }
         };
         let n: usize = expected.iter().product();
@@ -257,9 +334,13 @@ impl Checkpoint {
         if self.has("model.llm.embed.weight") {
             Ok(Layout::Released)
         } else if self.has("model.embed_tokens.weight") {
-            Ok(Layout::Transformers { prefix: "model.".into() })
+            Ok(Layout::Transformers {
+                prefix: "model.".into(),
+            })
         } else if self.has("model.language_model.embed_tokens.weight") {
-            Ok(Layout::Transformers { prefix: "model.language_model.".into() })
+            Ok(Layout::Transformers {
+                prefix: "model.language_model.".into(),
+            })
         } else {
             Err(ModelError::MissingTensor {
                 file: self.expected_file(),
@@ -301,7 +382,13 @@ pub fn gather_rows<'a>(m: &QMatrix<'_>, rows: impl Iterator<Item = usize>) -> QM
         scales.extend_from_slice(&m.scales[4 * r * spr..4 * (r + 1) * spr]);
         n += 1;
     }
-    QMatrix { enc: m.enc, rows: n, cols: m.cols, data: Cow::Owned(data), scales: Cow::Owned(scales) }
+    QMatrix {
+        enc: m.enc,
+        rows: n,
+        cols: m.cols,
+        data: Cow::Owned(data),
+        scales: Cow::Owned(scales),
+    }
 }
 
 /// Depthwise causal short-convolution weight `[channels, 1, kernel]`, stored `[c * kernel + k]`;
@@ -428,45 +515,85 @@ impl<'a> Weights<'a> {
             Layout::Transformers { prefix } => prefix.clone(),
             Layout::Released => "model.llm.".into(),
         };
-        let nm = Names { layout: layout.clone(), prefix };
+        let nm = Names {
+            layout: layout.clone(),
+            prefix,
+        };
         let released = layout == Layout::Released;
         let h = cfg.hidden_size;
         let kk = cfg.conv_kernel_size;
         let conv = |name: String, c: usize| -> Result<ConvWeight> {
-            Ok(ConvWeight { channels: c, kernel: kk, w: ck.load_f32(&name, &[c, 1, kk])? })
+            Ok(ConvWeight {
+                channels: c,
+                kernel: kk,
+                w: ck.load_f32(&name, &[c, 1, kk])?,
+            })
         };
-        let embed = ck.load_linear(&nm.top("embed_tokens.weight", "embed.weight"), &[cfg.vocab_size, h])?;
-        let embed_norm = ck.load_f32(&nm.top("embed_tokens.embed_norm.weight", "embed_norm.weight"), &[h])?;
+        let embed = ck.load_linear(
+            &nm.top("embed_tokens.weight", "embed.weight"),
+            &[cfg.vocab_size, h],
+        )?;
+        let embed_norm = ck.load_f32(
+            &nm.top("embed_tokens.embed_norm.weight", "embed_norm.weight"),
+            &[h],
+        )?;
         let norm = ck.load_f32(&nm.top("norm.weight", "norm.weight"), &[h])?;
-        let lm_head = ck.load_linear(if released { "model.llm.unembed.weight" } else { "lm_head.weight" }, &[cfg.vocab_size, h])?;
+        let lm_head = ck.load_linear(
+            if released {
+                "model.llm.unembed.weight"
+            } else {
+                "lm_head.weight"
+            },
+            &[cfg.vocab_size, h],
+        )?;
 
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for i in 0..cfg.num_hidden_layers {
             let g = cfg.attn(i);
             let (qd, kvd) = (g.q_dim(), g.kv_dim());
-            let an = |a: &str, b: &str| nm.layer(i, &format!("self_attn.{a}"), &format!("attn.{b}"));
+            let an =
+                |a: &str, b: &str| nm.layer(i, &format!("self_attn.{a}"), &format!("attn.{b}"));
             let attn = AttnWeights {
                 geom: g,
                 q: ck.load_linear(&an("q_proj.weight", "wq_du.weight"), &[qd, h])?,
                 k: ck.load_linear(&an("k_proj.weight", "wk_dv.weight"), &[kvd, h])?,
                 v: ck.load_linear(&an("v_proj.weight", "wv_dv.weight"), &[kvd, h])?,
-                r: ck.load_linear(&an("r_proj.weight", "wr_du.weight"), &[g.heads * g.d_rel, h])?,
+                r: ck.load_linear(
+                    &an("r_proj.weight", "wr_du.weight"),
+                    &[g.heads * g.d_rel, h],
+                )?,
                 o: ck.load_linear(&an("o_proj.weight", "wo_ud.weight"), &[h, qd])?,
                 q_norm: ck.load_f32(&an("q_norm.weight", "q_norm.weight"), &[g.head_dim])?,
                 k_norm: ck.load_f32(&an("k_norm.weight", "k_norm.weight"), &[g.head_dim])?,
                 k_sconv: conv(an("k_sconv.conv1d.weight", "k_sconv.weight"), kvd)?,
                 v_sconv: conv(an("v_sconv.conv1d.weight", "v_sconv.weight"), kvd)?,
-                rel_proj: ck.load_f32(&an("rel_logits_proj.proj", "rel_logits_proj.proj"), &[g.d_rel, g.rel_extent])?,
+                rel_proj: ck.load_f32(
+                    &an("rel_logits_proj.proj", "rel_logits_proj.proj"),
+                    &[g.d_rel, g.rel_extent],
+                )?,
             };
-            let input_norm = ck.load_f32(&nm.layer(i, "input_layernorm.weight", "attn_norm.weight"), &[h])?;
-            let post_attn_norm = ck.load_f32(&nm.layer(i, "post_attention_layernorm.weight", "mlp_norm.weight"), &[h])?;
-            let attn_sconv = conv(nm.layer(i, "attn_sconv.conv1d.weight", "attn_sconv.weight"), h)?;
-            let mlp_sconv = conv(nm.layer(i, "mlp_sconv.conv1d.weight", "mlp_sconv.weight"), h)?;
+            let input_norm = ck.load_f32(
+                &nm.layer(i, "input_layernorm.weight", "attn_norm.weight"),
+                &[h],
+            )?;
+            let post_attn_norm = ck.load_f32(
+                &nm.layer(i, "post_attention_layernorm.weight", "mlp_norm.weight"),
+                &[h],
+            )?;
+            let attn_sconv = conv(
+                nm.layer(i, "attn_sconv.conv1d.weight", "attn_sconv.weight"),
+                h,
+            )?;
+            let mlp_sconv = conv(
+                nm.layer(i, "mlp_sconv.conv1d.weight", "mlp_sconv.weight"),
+                h,
+            )?;
             let mlp = match cfg.mlp_layer_types[i] {
                 MlpKind::Dense => {
                     let inter = cfg.intermediate_size;
                     let (gate, up) = if released {
-                        let w13 = ck.load_linear(&nm.layer(i, "", "mlp.w13_dn.weight"), &[2 * inter, h])?;
+                        let w13 =
+                            ck.load_linear(&nm.layer(i, "", "mlp.w13_dn.weight"), &[2 * inter, h])?;
                         deinterleave(&w13, 0, inter)
                     } else {
                         (
@@ -474,23 +601,54 @@ impl<'a> Weights<'a> {
                             ck.load_linear(&nm.layer(i, "mlp.up_proj.weight", ""), &[inter, h])?,
                         )
                     };
-                    let down = ck.load_linear(&nm.layer(i, "mlp.down_proj.weight", "mlp.w2_md.weight"), &[h, inter])?;
-                    let gs = ck.load_f32(&nm.layer(i, "mlp.global_scale", "mlp.global_scale"), &[1])?;
-                    Mlp::Dense(DenseMlp { ffn: Ffn { gate, up, down }, global_scale: gs[0] })
+                    let down = ck.load_linear(
+                        &nm.layer(i, "mlp.down_proj.weight", "mlp.w2_md.weight"),
+                        &[h, inter],
+                    )?;
+                    let gs =
+                        ck.load_f32(&nm.layer(i, "mlp.global_scale", "mlp.global_scale"), &[1])?;
+                    Mlp::Dense(DenseMlp {
+                        ffn: Ffn { gate, up, down },
+                        global_scale: gs[0],
+                    })
                 }
                 MlpKind::Sparse => {
-                    let (e, s, inter) = (cfg.n_routed_experts, cfg.n_shared_experts, cfg.moe_intermediate_size);
-                    let router = ck.load_linear(&nm.layer(i, "mlp.gate.weight", "mlp.gate.weight"), &[e + s, h])?;
-                    let router_bias =
-                        ck.load_f32(&nm.layer(i, "mlp.gate.e_score_correction_bias", "mlp.gate.bias"), &[e])?;
-                    let router_scale = ck.load_f32(&nm.layer(i, "mlp.gate.global_scale", "mlp.gate.global_scale"), &[1])?[0];
+                    let (e, s, inter) = (
+                        cfg.n_routed_experts,
+                        cfg.n_shared_experts,
+                        cfg.moe_intermediate_size,
+                    );
+                    let router = ck.load_linear(
+                        &nm.layer(i, "mlp.gate.weight", "mlp.gate.weight"),
+                        &[e + s, h],
+                    )?;
+                    let router_bias = ck.load_f32(
+                        &nm.layer(i, "mlp.gate.e_score_correction_bias", "mlp.gate.bias"),
+                        &[e],
+                    )?;
+                    let router_scale = ck.load_f32(
+                        &nm.layer(i, "mlp.gate.global_scale", "mlp.gate.global_scale"),
+                        &[1],
+                    )?[0];
                     let experts = if released {
-                        let w13 = ck.load_linear(&nm.layer(i, "", "mlp.experts.w13_weight"), &[e, 2 * inter, h])?;
-                        let w2 = ck.load_linear(&nm.layer(i, "", "mlp.experts.w2_weight"), &[e, h, inter])?;
+                        let w13 = ck.load_linear(
+                            &nm.layer(i, "", "mlp.experts.w13_weight"),
+                            &[e, 2 * inter, h],
+                        )?;
+                        let w2 = ck.load_linear(
+                            &nm.layer(i, "", "mlp.experts.w2_weight"),
+                            &[e, h, inter],
+                        )?;
                         stacked_interleaved(&w13, &w2, e, inter, h)
                     } else {
-                        let gu = ck.load_linear(&nm.layer(i, "mlp.experts.gate_up_proj", ""), &[e, 2 * inter, h])?;
-                        let dn = ck.load_linear(&nm.layer(i, "mlp.experts.down_proj", ""), &[e, h, inter])?;
+                        let gu = ck.load_linear(
+                            &nm.layer(i, "mlp.experts.gate_up_proj", ""),
+                            &[e, 2 * inter, h],
+                        )?;
+                        let dn = ck.load_linear(
+                            &nm.layer(i, "mlp.experts.down_proj", ""),
+                            &[e, h, inter],
+                        )?;
                         (0..e)
                             .map(|x| Ffn {
                                 gate: slice_rows(&gu, x * 2 * inter, x * 2 * inter + inter),
@@ -500,13 +658,28 @@ impl<'a> Weights<'a> {
                             .collect()
                     };
                     let shared = if released {
-                        let w13 = ck.load_linear(&nm.layer(i, "", "mlp.shared_experts.shared_w13_weight"), &[s, 2 * inter, h])?;
-                        let w2 = ck.load_linear(&nm.layer(i, "", "mlp.shared_experts.shared_w2_weight"), &[s, h, inter])?;
+                        let w13 = ck.load_linear(
+                            &nm.layer(i, "", "mlp.shared_experts.shared_w13_weight"),
+                            &[s, 2 * inter, h],
+                        )?;
+                        let w2 = ck.load_linear(
+                            &nm.layer(i, "", "mlp.shared_experts.shared_w2_weight"),
+                            &[s, h, inter],
+                        )?;
                         stacked_interleaved(&w13, &w2, s, inter, h)
                     } else {
-                        let gp = ck.load_linear(&nm.layer(i, "mlp.shared_experts.gate_proj", ""), &[s, inter, h])?;
-                        let up = ck.load_linear(&nm.layer(i, "mlp.shared_experts.up_proj", ""), &[s, inter, h])?;
-                        let dn = ck.load_linear(&nm.layer(i, "mlp.shared_experts.down_proj", ""), &[s, h, inter])?;
+                        let gp = ck.load_linear(
+                            &nm.layer(i, "mlp.shared_experts.gate_proj", ""),
+                            &[s, inter, h],
+                        )?;
+                        let up = ck.load_linear(
+                            &nm.layer(i, "mlp.shared_experts.up_proj", ""),
+                            &[s, inter, h],
+                        )?;
+                        let dn = ck.load_linear(
+                            &nm.layer(i, "mlp.shared_experts.down_proj", ""),
+                            &[s, h, inter],
+                        )?;
                         (0..s)
                             .map(|x| Ffn {
                                 gate: slice_rows(&gp, x * inter, (x + 1) * inter),
@@ -526,23 +699,51 @@ impl<'a> Weights<'a> {
                     })
                 }
             };
-            layers.push(LayerWeights { input_norm, attn, attn_sconv, post_attn_norm, mlp, mlp_sconv });
+            layers.push(LayerWeights {
+                input_norm,
+                attn,
+                attn_sconv,
+                post_attn_norm,
+                mlp,
+                mlp_sconv,
+            });
         }
-        Ok(Weights { config: cfg, layout, embed, embed_norm, layers, norm, lm_head })
+        Ok(Weights {
+            config: cfg,
+            layout,
+            embed,
+            embed_norm,
+            layers,
+            norm,
+            lm_head,
+        })
     }
 }
 
 /// Interleaved w13 rows `base + (g0, u0, g1, u1, …)` → (gate, up), each `inter` rows.
 fn deinterleave<'a>(w13: &QMatrix<'_>, base: usize, inter: usize) -> (QMatrix<'a>, QMatrix<'a>) {
-    (gather_rows(w13, (0..inter).map(|j| base + 2 * j)), gather_rows(w13, (0..inter).map(|j| base + 2 * j + 1)))
+    (
+        gather_rows(w13, (0..inter).map(|j| base + 2 * j)),
+        gather_rows(w13, (0..inter).map(|j| base + 2 * j + 1)),
+    )
 }
 
 /// Released stacked experts: w13 [n, 2I, H] interleaved on dim 1, w2 [n, H, I].
-fn stacked_interleaved<'a>(w13: &QMatrix<'a>, w2: &QMatrix<'a>, n: usize, inter: usize, h: usize) -> Vec<Ffn<'a>> {
+fn stacked_interleaved<'a>(
+    w13: &QMatrix<'a>,
+    w2: &QMatrix<'a>,
+    n: usize,
+    inter: usize,
+    h: usize,
+) -> Vec<Ffn<'a>> {
     (0..n)
         .map(|x| {
             let (gate, up) = deinterleave(w13, x * 2 * inter, inter);
-            Ffn { gate, up, down: slice_rows(w2, x * h, (x + 1) * h) }
+            Ffn {
+                gate,
+                up,
+                down: slice_rows(w2, x * h, (x + 1) * h),
+            }
         })
         .collect()
 }

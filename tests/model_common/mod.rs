@@ -2,10 +2,16 @@
 #![allow(dead_code)]
 use std::path::PathBuf;
 
-pub const FIXTURES: [&str; 3] = ["tiny-causal-f32", "tiny-mm-bf16", "tiny-causal-bf16-sharded"];
+pub const FIXTURES: [&str; 3] = [
+    "tiny-causal-f32",
+    "tiny-mm-bf16",
+    "tiny-causal-bf16-sharded",
+];
 
 pub fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
 }
 
 pub struct Case {
@@ -24,7 +30,11 @@ pub struct Reference {
 }
 
 pub fn ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 pub fn reference(name: &str) -> Reference {
@@ -49,7 +59,13 @@ pub fn reference(name: &str) -> Reference {
             .as_array()
             .map(|a| {
                 a.iter()
-                    .map(|r| (r["text"].as_str().unwrap().to_string(), ids(&r["ids"]), r["decoded"].as_str().unwrap().to_string()))
+                    .map(|r| {
+                        (
+                            r["text"].as_str().unwrap().to_string(),
+                            ids(&r["ids"]),
+                            r["decoded"].as_str().unwrap().to_string(),
+                        )
+                    })
                     .collect()
             })
             .unwrap_or_default(),
@@ -63,14 +79,24 @@ pub fn reference_logits(name: &str, key: &str) -> Vec<Vec<f32>> {
     let t = st.tensor(key).unwrap();
     assert_eq!(t.dtype(), safetensors::Dtype::F32);
     let (rows, width) = (t.shape()[0], t.shape()[1]);
-    let vals: Vec<f32> = t.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-    (0..rows).map(|r| vals[r * width..(r + 1) * width].to_vec()).collect()
+    let vals: Vec<f32> = t
+        .data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    (0..rows)
+        .map(|r| vals[r * width..(r + 1) * width].to_vec())
+        .collect()
 }
 
 /// ‖a − b‖ / ‖b‖
 pub fn rel_err(a: &[f32], b: &[f32]) -> f64 {
     assert_eq!(a.len(), b.len());
-    let num: f64 = a.iter().zip(b).map(|(x, y)| (*x as f64 - *y as f64).powi(2)).sum();
+    let num: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (*x as f64 - *y as f64).powi(2))
+        .sum();
     let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
     (num / den.max(1e-30)).sqrt()
 }
@@ -79,8 +105,14 @@ pub fn rel_err(a: &[f32], b: &[f32]) -> f64 {
 pub fn scratch(tag: &str) -> PathBuf {
     static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
-    let p = std::env::temp_dir().join(format!("inkling-test-{tag}-{}-{nanos}-{n}", std::process::id()));
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let p = std::env::temp_dir().join(format!(
+        "inkling-test-{tag}-{}-{nanos}-{n}",
+        std::process::id()
+    ));
     std::fs::create_dir_all(&p).unwrap();
     p
 }
