@@ -49,6 +49,6 @@ impl Forward for CpuModel<'_, '_> {
         "cpu"
     }
     fn adapter(&self) -> String {
-        "cpu (f32 reference forward)".into()
+        "host CPU (f32 reference forward)".into()
     }
 }
