@@ -1,9 +1,197 @@
-//! `inkling-wgpu generate` (being built).
+//! `inkling-wgpu generate`: load a checkpoint, run a forward backend, stream text.
+use crate::model::generate::{generate, GenOutput, GenerateParams};
+use crate::model::sampling::SamplingParams;
+use crate::model::text::{load_tokenizer, tokenizer_eos_ids, TextStream};
+use crate::model::{Checkpoint, CpuModel, Forward, Weights};
+use anyhow::{bail, Context};
+use std::io::Write;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-#[derive(clap::Args, Debug)]
-pub struct Args {}
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Device {
+    Gpu,
+    Cpu,
+}
 
-pub fn run(_args: Args) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`generate` is not built yet")
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Checkpoint directory (config.json, safetensors, tokenizer.json). Default: the bundled tiny model.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Prompt text (encoded without special tokens).
+    #[arg(long, conflicts_with = "prompt_ids")]
+    pub prompt: Option<String>,
+    /// Prompt as token ids: 1,2,3
+    #[arg(long, value_delimiter = ',')]
+    pub prompt_ids: Option<Vec<u32>>,
+    /// Maximum new tokens (default: generation_config.json max_new_tokens, else 64).
+    #[arg(long)]
+    pub max_tokens: Option<usize>,
+    /// Sampling temperature; 0 = greedy (default: generation_config.json when it sets do_sample, else 0).
+    #[arg(long)]
+    pub temperature: Option<f32>,
+    /// Keep only the k most likely tokens (0 = off).
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    /// Nucleus sampling mass (1 = off).
+    #[arg(long)]
+    pub top_p: Option<f32>,
+    /// PRNG seed for sampling.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Where to run the model.
+    #[arg(long, value_enum, default_value_t = Device::Gpu)]
+    pub device: Device,
+    /// Print one JSON object on stdout instead of streamed text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn gpu_backend<'w, 'a>(_w: &'w Weights<'a>) -> anyhow::Result<Box<dyn Forward + 'w>> {
+    match crate::gpu::device::Gpu::new() {
+        Err(crate::gpu::device::GpuError::NoAdapter { .. }) => {
+            bail!("no usable GPU adapter was found; run with `--device cpu` to use the CPU forward")
+        }
+        Err(e) => bail!("the GPU could not be initialised ({e}); run with `--device cpu` to use the CPU forward"),
+        Ok(gpu) => bail!(
+            "the GPU forward is not built yet on this branch (adapter: {}); run with `--device cpu`",
+            gpu.describe()
+        ),
+    }
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let dir = args.model.clone().unwrap_or_else(crate::bundled_model_dir);
+    let ck = Checkpoint::open(&dir)?;
+    let weights = Weights::load(&ck)?;
+    let tok = load_tokenizer(&dir)?;
+    let gen_cfg = ck.generation.clone().unwrap_or_default();
+
+    let prompt: Vec<u32> = match (&args.prompt_ids, &args.prompt) {
+        (Some(ids), _) => ids.clone(),
+        (None, Some(text)) => {
+            let tok = tok.as_ref().with_context(|| {
+                format!("{}: no tokenizer.json; use --prompt-ids", dir.display())
+            })?;
+            tok.encode(text.as_str(), false)
+                .map_err(|e| anyhow::anyhow!("encoding the prompt: {e}"))?
+                .get_ids()
+                .to_vec()
+        }
+        (None, None) => bail!("give --prompt TEXT or --prompt-ids 1,2,3"),
+    };
+    if prompt.is_empty() {
+        bail!("the prompt encodes to no tokens");
+    }
+
+    let mut eos = if gen_cfg.eos_token_ids.is_empty() {
+        ck.config.eos_token_ids.clone()
+    } else {
+        gen_cfg.eos_token_ids.clone()
+    };
+    if let Some(t) = &tok {
+        for id in tokenizer_eos_ids(&dir, t) {
+            if !eos.contains(&id) {
+                eos.push(id);
+            }
+        }
+    }
+    let temperature = args.temperature.unwrap_or(if gen_cfg.do_sample {
+        gen_cfg.temperature.unwrap_or(1.0)
+    } else {
+        0.0
+    });
+    let params = GenerateParams {
+        max_new_tokens: args.max_tokens.or(gen_cfg.max_new_tokens).unwrap_or(64),
+        sampling: SamplingParams {
+            temperature,
+            top_k: args
+                .top_k
+                .or(if gen_cfg.do_sample {
+                    gen_cfg.top_k
+                } else {
+                    None
+                })
+                .unwrap_or(0),
+            top_p: args
+                .top_p
+                .or(if gen_cfg.do_sample {
+                    gen_cfg.top_p
+                } else {
+                    None
+                })
+                .unwrap_or(1.0),
+        },
+        seed: args.seed,
+        eos_ids: eos,
+    };
+
+    let mut backend: Box<dyn Forward + '_> = match args.device {
+        Device::Cpu => Box::new(CpuModel::new(&weights)),
+        Device::Gpu => gpu_backend(&weights)?,
+    };
+
+    let mut stream = tok.as_ref().map(TextStream::new);
+    let mut text = String::new();
+    let json = args.json;
+    let stdout = std::io::stdout();
+    let mut on_token = |id: u32| -> anyhow::Result<()> {
+        let piece = match stream.as_mut() {
+            Some(s) => s.step(id)?,
+            None => format!("[{id}]"),
+        };
+        if !piece.is_empty() {
+            text.push_str(&piece);
+            if !json {
+                let mut o = stdout.lock();
+                o.write_all(piece.as_bytes())?;
+                o.flush()?;
+            }
+        }
+        Ok(())
+    };
+    let out: GenOutput = generate(backend.as_mut(), &prompt, &params, &mut on_token)?;
+    if let Some(s) = stream.as_mut() {
+        let tail = s.finish()?;
+        text.push_str(&tail);
+        if !json {
+            let mut o = std::io::stdout().lock();
+            o.write_all(tail.as_bytes())?;
+            o.flush()?;
+        }
+    }
+    let s = &out.stats;
+    if json {
+        let v = serde_json::json!({
+            "prompt_ids": prompt,
+            "generated_ids": out.generated_ids,
+            "text": text,
+            "finish_reason": out.finish_reason.as_str(),
+            "stats": {
+                "prompt_tokens": s.prompt_tokens,
+                "generated_tokens": s.generated_tokens,
+                "prefill_s": s.prefill_s,
+                "ttft_s": s.ttft_s,
+                "decode_tok_s": s.decode_tok_s,
+                "backend": backend.backend(),
+                "adapter": backend.adapter(),
+            }
+        });
+        println!("{v}");
+    } else {
+        println!();
+    }
+    eprintln!(
+        "prompt tokens {} | prefill {:.3} s | TTFT {:.3} s | {} generated, decode {:.1} tok/s | finish {} | {} ({})",
+        s.prompt_tokens,
+        s.prefill_s,
+        s.ttft_s,
+        s.generated_tokens,
+        s.decode_tok_s,
+        out.finish_reason.as_str(),
+        backend.backend(),
+        backend.adapter()
+    );
+    Ok(ExitCode::SUCCESS)
 }

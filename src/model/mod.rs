@@ -1,1 +1,54 @@
 //! The Inkling text model: config, weights, CPU and GPU forward.
+//!
+//! - [`config`]: `config.json` / `generation_config.json` → [`TextConfig`], [`GenerationConfig`].
+//! - [`weights`]: [`Checkpoint`] (mapped safetensors) → [`Weights`] (shared by CPU and GPU paths).
+//! - [`cache`]: KV ring buffers and short-conv states ([`Cache`]).
+//! - [`cpu`]: the CPU forward ([`CpuModel`]), the oracle.
+//! - [`sampling`], [`generate`], [`text`]: the decode loop, sampling and streamed detokenisation.
+pub mod cache;
+pub mod config;
+pub mod cpu;
+pub mod error;
+pub mod generate;
+pub mod sampling;
+pub mod text;
+pub mod weights;
+
+pub use cache::Cache;
+pub use config::{AttnGeom, AttnKind, GenerationConfig, MlpKind, TextConfig};
+pub use cpu::CpuModel;
+pub use error::ModelError;
+pub use weights::{Checkpoint, Layout, Weights};
+
+/// A forward backend (CPU now, GPU later) holding one sequence's state.
+pub trait Forward {
+    /// Feed `tokens` (prefill chunk or one decode token); logits of the last one
+    /// (`config.logits_width()` values).
+    fn forward(&mut self, tokens: &[u32]) -> anyhow::Result<Vec<f32>>;
+    /// Forget the sequence.
+    fn reset(&mut self);
+    /// Tokens consumed so far.
+    fn position(&self) -> usize;
+    /// `"cpu"` or `"gpu"`.
+    fn backend(&self) -> &'static str;
+    /// Adapter description (`"cpu"` for the CPU path).
+    fn adapter(&self) -> String;
+}
+
+impl Forward for CpuModel<'_, '_> {
+    fn forward(&mut self, tokens: &[u32]) -> anyhow::Result<Vec<f32>> {
+        Ok(CpuModel::forward(self, tokens)?)
+    }
+    fn reset(&mut self) {
+        CpuModel::reset(self)
+    }
+    fn position(&self) -> usize {
+        CpuModel::position(self)
+    }
+    fn backend(&self) -> &'static str {
+        "cpu"
+    }
+    fn adapter(&self) -> String {
+        "host CPU (f32 reference forward)".into()
+    }
+}

@@ -1,0 +1,296 @@
+//! The CPU forward: plain f32 code, the oracle for the GPU path and its fallback.
+//!
+//! Semantics follow transformers 5.24.0 `InklingForCausalLM` (see tests/fixtures/NOTES-for-rust.md).
+//! Matrix-vector products go through [`QMatrix::gemv`] (f64 accumulation); everything else is f32.
+//! A call processes a chunk of T ≥ 1 tokens layer by layer; attention of the chunk's queries reads
+//! the keys retained in the cache *and* the chunk's own keys before the chunk is written into the
+//! cache, so a chunk longer than a sliding window never overwrites keys that its own earlier
+//! queries still need.
+use super::cache::{Cache, LayerCache, ATTN_SCONV, K_SCONV, MLP_SCONV, V_SCONV};
+use super::error::{ModelError, Result};
+use super::weights::{AttnWeights, Ffn, Mlp, MoeWeights, Weights};
+use crate::formats::QMatrix;
+
+/// `y = weight * (x * rsqrt(mean(x²) + eps))` over each `dim`-sized row of `x`, in place.
+pub fn rms_norm_rows(x: &mut [f32], weight: &[f32], eps: f32) {
+    let dim = weight.len();
+    for row in x.chunks_exact_mut(dim) {
+        let ms = row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / dim as f64;
+        let inv = 1.0 / (ms as f32 + eps).sqrt();
+        for (v, &w) in row.iter_mut().zip(weight) {
+            *v = w * (*v * inv);
+        }
+    }
+}
+
+#[inline]
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+#[inline]
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// `y = W x` for each row of `x` ([T][cols]) → [T][rows].
+fn linear_rows(m: &QMatrix<'_>, x: &[f32]) -> Vec<f32> {
+    let t = x.len() / m.cols;
+    let mut y = vec![0f32; t * m.rows];
+    for (xr, yr) in x.chunks_exact(m.cols).zip(y.chunks_exact_mut(m.rows)) {
+        m.gemv(xr, yr);
+    }
+    y
+}
+
+fn ffn(f: &Ffn<'_>, x: &[f32]) -> Vec<f32> {
+    let mut g = vec![0f32; f.gate.rows];
+    let mut u = vec![0f32; f.up.rows];
+    f.gate.gemv(x, &mut g);
+    f.up.gemv(x, &mut u);
+    for (gv, uv) in g.iter_mut().zip(&u) {
+        *gv = silu(*gv) * uv;
+    }
+    let mut y = vec![0f32; f.down.rows];
+    f.down.gemv(&g, &mut y);
+    y
+}
+
+/// The MoE router for one token: returns (chosen routed expert ids, their weights, shared gammas).
+///
+/// Selection: top-k of `sigmoid(L) + e_score_correction_bias` over the routed logits; ties are
+/// broken towards the lower expert index (torch.topk on CPU does the same for our sizes; the order
+/// of the chosen set does not matter since the outputs are summed). Weights: `sigmoid` of the
+/// chosen routed logits and of all shared logits, normalised together (the shared-expert sink),
+/// times `route_scale · gate.global_scale`.
+pub fn route(moe: &MoeWeights<'_>, x: &[f32]) -> (Vec<usize>, Vec<f32>, Vec<f32>) {
+    let e = moe.experts.len();
+    let mut logits = vec![0f32; moe.router.rows];
+    moe.router.gemv(x, &mut logits);
+    let choice: Vec<f32> = (0..e)
+        .map(|i| sigmoid(logits[i]) + moe.router_bias[i])
+        .collect();
+    let mut order: Vec<usize> = (0..e).collect();
+    order.sort_by(|&a, &b| choice[b].total_cmp(&choice[a]).then(a.cmp(&b)));
+    order.truncate(moe.top_k);
+    let sel: Vec<f32> = order
+        .iter()
+        .map(|&i| logits[i])
+        .chain(logits[e..].iter().copied())
+        .map(sigmoid)
+        .collect();
+    let sum: f32 = sel.iter().sum();
+    let scale = moe.route_scale * moe.router_scale;
+    let w: Vec<f32> = sel.iter().map(|s| s / sum * scale).collect();
+    let (routed, shared) = w.split_at(moe.top_k);
+    (order, routed.to_vec(), shared.to_vec())
+}
+
+fn moe_forward(moe: &MoeWeights<'_>, x: &[f32]) -> Vec<f32> {
+    let (ids, weights, gammas) = route(moe, x);
+    let mut y = vec![0f32; x.len()];
+    for (&id, &w) in ids.iter().zip(&weights) {
+        for (a, b) in y.iter_mut().zip(ffn(&moe.experts[id], x)) {
+            *a += w * b;
+        }
+    }
+    for (s, &g) in moe.shared.iter().zip(&gammas) {
+        for (a, b) in y.iter_mut().zip(ffn(s, x)) {
+            *a += g * b;
+        }
+    }
+    y
+}
+
+/// Attention of a chunk `xn` ([T][hidden], already input-normalised) at absolute positions
+/// `p0..p0+T`; updates the layer's KV cache and k/v conv states; returns o_proj output [T][hidden].
+fn attention(
+    aw: &AttnWeights<'_>,
+    lc: &mut LayerCache,
+    xn: &[f32],
+    p0: usize,
+    eps: f32,
+) -> Vec<f32> {
+    let g = aw.geom;
+    let d = g.head_dim;
+    let (qd, kvd) = (g.q_dim(), g.kv_dim());
+    let t_len = xn.len() / aw.q.cols;
+    let mut q = linear_rows(&aw.q, xn);
+    let k = linear_rows(&aw.k, xn);
+    let v = linear_rows(&aw.v, xn);
+    let r = linear_rows(&aw.r, xn);
+    let mut k = lc.conv[K_SCONV].apply(&aw.k_sconv.w, &k);
+    let v = lc.conv[V_SCONV].apply(&aw.v_sconv.w, &v);
+    rms_norm_rows(&mut q, &aw.q_norm, eps);
+    rms_norm_rows(&mut k, &aw.k_norm, eps);
+
+    assert_eq!(
+        lc.kv.len(),
+        p0,
+        "KV cache length disagrees with the sequence position"
+    );
+    let lo = lc.kv.first_retained();
+    let key = |j: usize| -> (&[f32], &[f32]) {
+        if j < p0 {
+            lc.kv.get(j)
+        } else {
+            let s = (j - p0) * kvd;
+            (&k[s..s + kvd], &v[s..s + kvd])
+        }
+    };
+    let group = g.heads / g.kv_heads;
+    let inv_d = 1.0 / d as f32;
+    let mut out = vec![0f32; t_len * qd];
+    let mut rel = vec![0f32; g.rel_extent];
+    let mut scores: Vec<f32> = Vec::new();
+    for t in 0..t_len {
+        let i = p0 + t;
+        let tau = g.tau(i);
+        let jmin = match g.window {
+            Some(w) => (i + 1).saturating_sub(w).max(lo),
+            None => lo,
+        };
+        for h in 0..g.heads {
+            let kvh = h / group;
+            let qh = &q[t * qd + h * d..t * qd + (h + 1) * d];
+            // rel[dist] = Σ_r r[t,h,r] · proj[r, dist]
+            let rh = &r[(t * g.heads + h) * g.d_rel..(t * g.heads + h + 1) * g.d_rel];
+            for (dist, o) in rel.iter_mut().enumerate() {
+                *o = rh
+                    .iter()
+                    .enumerate()
+                    .map(|(ri, &rv)| rv * aw.rel_proj[ri * g.rel_extent + dist])
+                    .sum();
+            }
+            scores.clear();
+            for j in jmin..=i {
+                let (kj, _) = key(j);
+                let kh = &kj[kvh * d..(kvh + 1) * d];
+                let dot: f32 = qh.iter().zip(kh).map(|(a, b)| (a * tau) * b).sum();
+                let dist = i - j;
+                let bias = if dist < g.rel_extent { rel[dist] } else { 0.0 };
+                scores.push(dot * inv_d + tau * bias);
+            }
+            let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+            let mut sum = 0f32;
+            for s in scores.iter_mut() {
+                *s = (*s - max).exp();
+                sum += *s;
+            }
+            let oh = &mut out[t * qd + h * d..t * qd + (h + 1) * d];
+            for (n, j) in (jmin..=i).enumerate() {
+                let p = scores[n] / sum;
+                let (_, vj) = key(j);
+                for (o, &vv) in oh.iter_mut().zip(&vj[kvh * d..(kvh + 1) * d]) {
+                    *o += p * vv;
+                }
+            }
+        }
+    }
+    for t in 0..t_len {
+        lc.kv
+            .push(&k[t * kvd..(t + 1) * kvd], &v[t * kvd..(t + 1) * kvd]);
+    }
+    linear_rows(&aw.o, &out)
+}
+
+/// The CPU model: weights plus one sequence's cache.
+pub struct CpuModel<'w, 'a> {
+    pub weights: &'w Weights<'a>,
+    pub cache: Cache,
+}
+
+impl<'w, 'a> CpuModel<'w, 'a> {
+    pub fn new(weights: &'w Weights<'a>) -> Self {
+        CpuModel {
+            weights,
+            cache: Cache::new(&weights.config),
+        }
+    }
+
+    /// Tokens consumed so far.
+    pub fn position(&self) -> usize {
+        self.cache.pos
+    }
+
+    /// Forget the sequence.
+    pub fn reset(&mut self) {
+        self.cache.reset();
+    }
+
+    /// Feed `tokens` (a prefill chunk or one decode token) and return the logits of the last one
+    /// (`config.logits_width()` values).
+    pub fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        Ok(self.run(tokens, false)?.pop().expect("at least one row"))
+    }
+
+    /// Feed `tokens` and return the logits of every position of the chunk.
+    pub fn forward_all(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+        self.run(tokens, true)
+    }
+
+    fn run(&mut self, tokens: &[u32], all: bool) -> Result<Vec<Vec<f32>>> {
+        let w = self.weights;
+        let cfg = &w.config;
+        let hdim = cfg.hidden_size;
+        let eps = cfg.rms_norm_eps as f32;
+        if tokens.is_empty() {
+            return Err(ModelError::EmptyInput);
+        }
+        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= cfg.vocab_size) {
+            return Err(ModelError::TokenOutOfRange {
+                id,
+                vocab: cfg.vocab_size,
+            });
+        }
+        let t_len = tokens.len();
+        let p0 = self.cache.pos;
+        let mut x = vec![0f32; t_len * hdim];
+        for (row, &id) in x.chunks_exact_mut(hdim).zip(tokens) {
+            w.embed.dequantize_row(id as usize, row);
+        }
+        rms_norm_rows(&mut x, &w.embed_norm, eps);
+
+        for (lw, lc) in w.layers.iter().zip(self.cache.layers.iter_mut()) {
+            let mut xn = x.clone();
+            rms_norm_rows(&mut xn, &lw.input_norm, eps);
+            let a = attention(&lw.attn, lc, &xn, p0, eps);
+            let a = lc.conv[ATTN_SCONV].apply(&lw.attn_sconv.w, &a);
+            for (xv, av) in x.iter_mut().zip(&a) {
+                *xv += av;
+            }
+            let mut xn = x.clone();
+            rms_norm_rows(&mut xn, &lw.post_attn_norm, eps);
+            let mut m = Vec::with_capacity(x.len());
+            for row in xn.chunks_exact(hdim) {
+                match &lw.mlp {
+                    Mlp::Dense(dm) => {
+                        m.extend(ffn(&dm.ffn, row).into_iter().map(|y| y * dm.global_scale))
+                    }
+                    Mlp::Moe(moe) => m.extend(moe_forward(moe, row)),
+                }
+            }
+            let m = lc.conv[MLP_SCONV].apply(&lw.mlp_sconv.w, &m);
+            for (xv, mv) in x.iter_mut().zip(&m) {
+                *xv += mv;
+            }
+        }
+        self.cache.pos += t_len;
+
+        let first = if all { 0 } else { t_len - 1 };
+        let head = w.lm_head.rows_view(0, cfg.logits_width());
+        let mup = cfg.logits_mup_width_multiplier as f32;
+        let mut out = Vec::with_capacity(t_len - first);
+        for row in x.chunks_exact(hdim).skip(first) {
+            let mut h = row.to_vec();
+            rms_norm_rows(&mut h, &w.norm, eps);
+            for v in h.iter_mut() {
+                *v /= mup;
+            }
+            let mut logits = vec![0f32; head.rows];
+            head.gemv(&h, &mut logits);
+            out.push(logits);
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,111 @@
+//! The decode loop shared by the CLI and the tests: prefill, then one token at a time, stopping on
+//! any EOS id or at `max_new_tokens`.
+use super::sampling::{sample, Rng, SamplingParams};
+use super::Forward;
+use std::time::Instant;
+
+#[derive(Clone, Debug)]
+pub struct GenerateParams {
+    pub max_new_tokens: usize,
+    pub sampling: SamplingParams,
+    pub seed: u64,
+    /// Stop as soon as any of these is generated (it is kept in `generated_ids`, never printed).
+    pub eos_ids: Vec<u32>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    Eos,
+    Length,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Eos => "eos",
+            FinishReason::Length => "length",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct GenStats {
+    pub prompt_tokens: usize,
+    pub generated_tokens: usize,
+    /// Seconds of the prompt's forward.
+    pub prefill_s: f64,
+    /// Seconds from the start of the prefill to the first token chosen.
+    pub ttft_s: f64,
+    /// Decode tokens per second after the first token (0 when fewer than two tokens).
+    pub decode_tok_s: f64,
+}
+
+#[derive(Clone, Debug)]
+pub struct GenOutput {
+    /// Generated ids, including the final EOS when `finish_reason == Eos` (as transformers returns).
+    pub generated_ids: Vec<u32>,
+    pub finish_reason: FinishReason,
+    pub stats: GenStats,
+}
+
+/// Run generation from a fresh state (`model.reset()` first). `on_token` is called for every
+/// generated token except an EOS, in order, as soon as it is chosen.
+pub fn generate(
+    model: &mut dyn Forward,
+    prompt: &[u32],
+    params: &GenerateParams,
+    on_token: &mut dyn FnMut(u32) -> anyhow::Result<()>,
+) -> anyhow::Result<GenOutput> {
+    anyhow::ensure!(!prompt.is_empty(), "the prompt has no tokens");
+    model.reset();
+    let mut rng = Rng::new(params.seed);
+    let mut stats = GenStats {
+        prompt_tokens: prompt.len(),
+        ..Default::default()
+    };
+    let mut out = Vec::new();
+    if params.max_new_tokens == 0 {
+        return Ok(GenOutput {
+            generated_ids: out,
+            finish_reason: FinishReason::Length,
+            stats,
+        });
+    }
+    let t0 = Instant::now();
+    let mut logits = model.forward(prompt)?;
+    stats.prefill_s = t0.elapsed().as_secs_f64();
+    let mut finish = FinishReason::Length;
+    let mut t_first = None;
+    loop {
+        let id = sample(&logits, &params.sampling, &mut rng);
+        out.push(id);
+        if t_first.is_none() {
+            stats.ttft_s = t0.elapsed().as_secs_f64();
+            t_first = Some(Instant::now());
+        }
+        if params.eos_ids.contains(&id) {
+            finish = FinishReason::Eos;
+            break;
+        }
+        on_token(id)?;
+        if out.len() >= params.max_new_tokens {
+            break;
+        }
+        logits = model.forward(&[id])?;
+    }
+    stats.generated_tokens = out.len();
+    if let Some(t1) = t_first {
+        let dt = t1.elapsed().as_secs_f64();
+        let n = out.len().saturating_sub(1);
+        stats.decode_tok_s = if n > 0 && dt > 0.0 {
+            n as f64 / dt
+        } else {
+            0.0
+        };
+    }
+    Ok(GenOutput {
+        generated_ids: out,
+        finish_reason: finish,
+        stats,
+    })
+}

@@ -1,0 +1,120 @@
+//! Token choice: greedy argmax or temperature / top-k / top-p sampling with a seeded PRNG
+//! (splitmix64-seeded xoshiro256**; no external crate, reproducible across platforms).
+
+/// xoshiro256** seeded through splitmix64.
+#[derive(Clone, Debug)]
+pub struct Rng {
+    s: [u64; 4],
+}
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        let mut z = seed;
+        let mut next = || {
+            z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut x = z;
+            x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            x ^ (x >> 31)
+        };
+        Rng {
+            s: [next(), next(), next(), next()],
+        }
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        let s = &mut self.s;
+        let result = s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
+        let t = s[1] << 17;
+        s[2] ^= s[0];
+        s[3] ^= s[1];
+        s[1] ^= s[2];
+        s[0] ^= s[3];
+        s[2] ^= t;
+        s[3] = s[3].rotate_left(45);
+        result
+    }
+
+    /// Uniform in [0, 1) with 53 random bits.
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+}
+
+/// Sampling settings. `temperature <= 0` means greedy; `top_k == 0` and `top_p >= 1` disable those.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SamplingParams {
+    pub temperature: f32,
+    pub top_k: usize,
+    pub top_p: f32,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+        }
+    }
+}
+
+/// Index of the largest logit; ties go to the lowest index (like torch.argmax). NaN never wins.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0usize;
+    for (i, &v) in logits.iter().enumerate() {
+        if v > logits[best] || logits[best].is_nan() && !v.is_nan() {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Choose the next token.
+pub fn sample(logits: &[f32], p: &SamplingParams, rng: &mut Rng) -> u32 {
+    if p.temperature <= 0.0 || logits.len() <= 1 {
+        return argmax(logits);
+    }
+    // Candidates sorted by logit (desc), ties by index, NaN dropped.
+    let mut idx: Vec<usize> = (0..logits.len()).filter(|&i| !logits[i].is_nan()).collect();
+    if idx.is_empty() {
+        return 0;
+    }
+    idx.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+    if p.top_k > 0 && p.top_k < idx.len() {
+        idx.truncate(p.top_k);
+    }
+    let max = logits[idx[0]] as f64;
+    let t = p.temperature as f64;
+    let mut probs: Vec<f64> = idx
+        .iter()
+        .map(|&i| ((logits[i] as f64 - max) / t).exp())
+        .collect();
+    let sum: f64 = probs.iter().sum();
+    probs.iter_mut().for_each(|x| *x /= sum);
+    if p.top_p > 0.0 && p.top_p < 1.0 {
+        // Keep the smallest prefix whose mass reaches top_p (at least one token).
+        let mut acc = 0.0;
+        let mut keep = probs.len();
+        for (n, &q) in probs.iter().enumerate() {
+            acc += q;
+            if acc >= p.top_p as f64 {
+                keep = n + 1;
+                break;
+            }
+        }
+        idx.truncate(keep);
+        probs.truncate(keep);
+        let s: f64 = probs.iter().sum();
+        probs.iter_mut().for_each(|x| *x /= s);
+    }
+    let u = rng.next_f64();
+    let mut acc = 0.0;
+    for (n, &q) in probs.iter().enumerate() {
+        acc += q;
+        if u < acc {
+            return idx[n] as u32;
+        }
+    }
+    *idx.last().unwrap() as u32
+}

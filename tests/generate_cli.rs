@@ -1,0 +1,216 @@
+//! `inkling-wgpu generate` end to end on the CPU device, against transformers' tokens.
+mod model_common;
+use model_common::*;
+use std::process::Command;
+
+fn run(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_inkling-wgpu"))
+        .arg("generate")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn json_of(out: &std::process::Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "exit {:?}, stderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout.clone()).unwrap();
+    assert_eq!(
+        stdout.trim().lines().count(),
+        1,
+        "--json prints exactly one line: {stdout}"
+    );
+    serde_json::from_str(stdout.trim()).unwrap()
+}
+
+#[test]
+fn cli_json_reproduces_transformers_on_both_layouts() {
+    for name in FIXTURES {
+        let r = reference(name);
+        let dir = fixture(name);
+        let tok = inkling_wgpu::model::text::load_tokenizer(&dir)
+            .unwrap()
+            .unwrap();
+        for c in &r.cases {
+            let ids = c
+                .prompt_ids
+                .iter()
+                .map(|x| x.to_string())
+                .collect::<Vec<_>>()
+                .join(",");
+            let out = run(&[
+                "--model",
+                dir.to_str().unwrap(),
+                "--prompt-ids",
+                &ids,
+                "--temperature",
+                "0",
+                "--device",
+                "cpu",
+                "--json",
+            ]);
+            let v = json_of(&out);
+            assert_eq!(ids_of(&v["prompt_ids"]), c.prompt_ids);
+            assert_eq!(
+                ids_of(&v["generated_ids"]),
+                c.generated_ids,
+                "{name}: generated_ids"
+            );
+            assert_eq!(
+                v["finish_reason"],
+                c.finish_reason.as_str(),
+                "{name}: finish_reason"
+            );
+            // text is the decode of the generated ids without the EOS
+            let printed = if c.finish_reason == "eos" {
+                &c.generated_ids[..c.generated_ids.len() - 1]
+            } else {
+                &c.generated_ids[..]
+            };
+            assert_eq!(
+                v["text"].as_str().unwrap(),
+                tok.decode(printed, false).unwrap()
+            );
+            let s = &v["stats"];
+            assert_eq!(s["prompt_tokens"], c.prompt_ids.len());
+            assert_eq!(s["generated_tokens"], c.generated_ids.len());
+            assert_eq!(s["backend"], "cpu");
+            for k in ["prefill_s", "ttft_s", "decode_tok_s"] {
+                assert!(s[k].as_f64().unwrap() >= 0.0, "{k}");
+            }
+            assert!(s["adapter"].is_string());
+        }
+    }
+}
+
+fn ids_of(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+#[test]
+fn cli_text_prompt_streams_and_prints_stats() {
+    // Default model (bundled tiny-causal-f32) and a text prompt: the README demo.
+    let r = reference("tiny-causal-f32");
+    let c = &r.cases[2];
+    let out = run(&["--prompt", "Once upon a time", "--device", "cpu"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tok = inkling_wgpu::model::text::load_tokenizer(&inkling_wgpu::bundled_model_dir())
+        .unwrap()
+        .unwrap();
+    let want = tok.decode(&c.generated_ids, false).unwrap();
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(stdout.trim_end_matches('\n'), want);
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    for k in ["prompt tokens 9", "prefill", "TTFT", "tok/s", "cpu"] {
+        assert!(stderr.contains(k), "stats line lacks `{k}`: {stderr}");
+    }
+}
+
+#[test]
+fn cli_eos_is_not_printed_and_sampling_is_seeded() {
+    let r = reference("tiny-causal-f32");
+    let c = &r.cases[0];
+    assert_eq!(c.finish_reason, "eos");
+    let ids = c
+        .prompt_ids
+        .iter()
+        .map(|x| x.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let v = json_of(&run(&["--prompt-ids", &ids, "--device", "cpu", "--json"]));
+    let tok = inkling_wgpu::model::text::load_tokenizer(&inkling_wgpu::bundled_model_dir())
+        .unwrap()
+        .unwrap();
+    let eos_text = tok
+        .decode(&[*c.generated_ids.last().unwrap()], false)
+        .unwrap();
+    let text = v["text"].as_str().unwrap();
+    assert_eq!(
+        text,
+        tok.decode(&c.generated_ids[..c.generated_ids.len() - 1], false)
+            .unwrap()
+    );
+    assert!(!text.ends_with(&eos_text) || eos_text.is_empty());
+
+    let sample = |seed: &str| {
+        json_of(&run(&[
+            "--prompt-ids",
+            &ids,
+            "--device",
+            "cpu",
+            "--json",
+            "--temperature",
+            "1.3",
+            "--top-k",
+            "40",
+            "--top-p",
+            "0.9",
+            "--seed",
+            seed,
+            "--max-tokens",
+            "10",
+        ]))["generated_ids"]
+            .clone()
+    };
+    assert_eq!(sample("3"), sample("3"));
+    // --max-tokens caps the length
+    let v = json_of(&run(&[
+        "--prompt-ids",
+        &ids,
+        "--device",
+        "cpu",
+        "--json",
+        "--max-tokens",
+        "3",
+    ]));
+    assert_eq!(ids_of(&v["generated_ids"]), c.generated_ids[..3].to_vec());
+    assert_eq!(v["finish_reason"], "length");
+}
+
+#[test]
+fn cli_errors_are_clear() {
+    // No prompt.
+    let out = run(&["--device", "cpu"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--prompt"));
+    // Missing model dir names config.json.
+    let out = run(&[
+        "--model",
+        "/nonexistent-inkling-dir",
+        "--prompt-ids",
+        "1",
+        "--device",
+        "cpu",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("config.json"));
+    // GPU device: either it works or it fails with a message pointing at --device cpu.
+    let out = run(&[
+        "--prompt-ids",
+        "1,2",
+        "--device",
+        "gpu",
+        "--json",
+        "--max-tokens",
+        "2",
+    ]);
+    if !out.status.success() {
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("--device cpu"),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

@@ -1,0 +1,128 @@
+//! Shared helpers of the model tests (fixture paths, reference.json, reference logits).
+#![allow(dead_code)]
+use std::path::PathBuf;
+
+pub const FIXTURES: [&str; 3] = [
+    "tiny-causal-f32",
+    "tiny-mm-bf16",
+    "tiny-causal-bf16-sharded",
+];
+
+pub fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+pub struct Case {
+    pub prompt_ids: Vec<u32>,
+    pub generated_ids: Vec<u32>,
+    pub finish_reason: String,
+    pub max_new_tokens: usize,
+    pub logits_key: String,
+}
+
+pub struct Reference {
+    pub eos: Vec<u32>,
+    pub logits_width: usize,
+    pub cases: Vec<Case>,
+    pub tokenizer_roundtrip: Vec<(String, Vec<u32>, String)>,
+}
+
+pub fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+pub fn reference(name: &str) -> Reference {
+    let text = std::fs::read_to_string(fixture(name).join("reference.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    Reference {
+        eos: ids(&v["eos_token_id"]),
+        logits_width: v["logits_width"].as_u64().unwrap() as usize,
+        cases: v["cases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| Case {
+                prompt_ids: ids(&c["prompt_ids"]),
+                generated_ids: ids(&c["generated_ids"]),
+                finish_reason: c["finish_reason"].as_str().unwrap().to_string(),
+                max_new_tokens: c["max_new_tokens"].as_u64().unwrap() as usize,
+                logits_key: c["logits_key"].as_str().unwrap().to_string(),
+            })
+            .collect(),
+        tokenizer_roundtrip: v["tokenizer_roundtrip"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|r| {
+                        (
+                            r["text"].as_str().unwrap().to_string(),
+                            ids(&r["ids"]),
+                            r["decoded"].as_str().unwrap().to_string(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+    }
+}
+
+/// Teacher-forced reference logits `[rows][width]` of one case.
+pub fn reference_logits(name: &str, key: &str) -> Vec<Vec<f32>> {
+    let bytes = std::fs::read(fixture(name).join("reference.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let t = st.tensor(key).unwrap();
+    assert_eq!(t.dtype(), safetensors::Dtype::F32);
+    let (rows, width) = (t.shape()[0], t.shape()[1]);
+    let vals: Vec<f32> = t
+        .data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    (0..rows)
+        .map(|r| vals[r * width..(r + 1) * width].to_vec())
+        .collect()
+}
+
+/// ‖a − b‖ / ‖b‖
+pub fn rel_err(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let num: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (*x as f64 - *y as f64).powi(2))
+        .sum();
+    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    (num / den.max(1e-30)).sqrt()
+}
+
+/// Unique scratch directory under the system temp dir.
+pub fn scratch(tag: &str) -> PathBuf {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let p = std::env::temp_dir().join(format!(
+        "inkling-test-{tag}-{}-{nanos}-{n}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&p).unwrap();
+    p
+}
+
+/// Copy every file of a fixture into a fresh scratch dir.
+pub fn copy_fixture(name: &str, tag: &str) -> PathBuf {
+    let dst = scratch(tag);
+    for e in std::fs::read_dir(fixture(name)).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dst.join(e.file_name())).unwrap();
+    }
+    dst
+}
