@@ -183,13 +183,15 @@ fn mat(out: String, src: &str, sel: RowSel, cols: usize, enc: Option<Encoding>) 
     }
 }
 
+/// Per sparse layer: (gate/up source tensor, whether interleaved), down source tensor.
+type SlabSources = (Option<(String, bool)>, Option<String>);
+
 /// Build the conversion plan: groups of jobs in output order.
 fn plan(src: &Container, opts: &ConvertOptions) -> Result<Vec<Group>> {
     let released = src.names().iter().any(|n| n.starts_with("model.llm."));
     // (sort key, group)
     let mut keyed: Vec<((u8, usize, u8, String), Group)> = Vec::new();
-    let mut slabs: std::collections::BTreeMap<usize, (Option<(String, bool)>, Option<String>)> =
-        Default::default();
+    let mut slabs: std::collections::BTreeMap<usize, SlabSources> = Default::default();
     for name in src.names() {
         if name.starts_with("model.visual.")
             || name.starts_with("model.audio.")

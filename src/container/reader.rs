@@ -428,9 +428,7 @@ impl Container {
                     })
                 }
                 Some(s) => {
-                    let stride = start
-                        .checked_sub(s.offset + (e - 1) * s.stride)
-                        .unwrap_or(0);
+                    let stride = start.saturating_sub(s.offset + (e - 1) * s.stride);
                     if e == 1 {
                         s.stride = stride;
                     }

@@ -52,10 +52,11 @@ pub struct ShardWriter {
     pos: usize,
 }
 
+/// One laid-out tensor: name, dtype, shape, start, end (relative to the data buffer).
+pub type LaidOut = (String, Dtype, Vec<usize>, usize, usize);
+
 /// Where each tensor will sit: pads inserted; returns (layout, data length).
-pub fn layout(
-    tensors: &[PlannedTensor],
-) -> (Vec<(String, Dtype, Vec<usize>, usize, usize)>, usize) {
+pub fn layout(tensors: &[PlannedTensor]) -> (Vec<LaidOut>, usize) {
     let mut out = Vec::new();
     let mut cur = 0usize;
     let mut npad = 0;
@@ -86,10 +87,7 @@ pub fn layout(
 }
 
 /// The header JSON for a layout, padded with spaces so that `8 + len` is a multiple of 4096.
-pub fn header(
-    layout: &[(String, Dtype, Vec<usize>, usize, usize)],
-    metadata: &[(String, String)],
-) -> Vec<u8> {
+pub fn header(layout: &[LaidOut], metadata: &[(String, String)]) -> Vec<u8> {
     let mut h = String::from("{");
     h.push_str("\"__metadata__\":{");
     for (i, (k, v)) in metadata.iter().enumerate() {
