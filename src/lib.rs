@@ -3,6 +3,7 @@
 //! Layout: [`formats`] (registry and CPU reference), [`gpu`] (device, kernels, dispatcher),
 //! [`model`] (config, weights, forward), [`cli`] (the `inkling-wgpu` command).
 pub mod cli;
+pub mod container;
 pub mod formats;
 pub mod gpu;
 pub mod model;

@@ -3,8 +3,10 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 pub mod bench;
+pub mod convert;
 pub mod formats;
 pub mod generate;
+pub mod info;
 pub mod smoke;
 
 /// Inkling mixture-of-experts language models on any GPU through wgpu.
@@ -25,6 +27,10 @@ pub enum Command {
     Smoke(smoke::Args),
     /// Benchmarks (kernels, copy bandwidth).
     Bench(bench::Args),
+    /// Convert a checkpoint into a stamped quantised container.
+    Convert(convert::Args),
+    /// Print each tensor's format, the bytes per format and the total resident size.
+    Info(info::Args),
 }
 
 /// Run a parsed command line; the exit code reflects failures the command reports itself.
@@ -34,5 +40,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Formats(a) => formats::run(a),
         Command::Smoke(a) => smoke::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Convert(a) => convert::run(a),
+        Command::Info(a) => info::run(a),
     }
 }

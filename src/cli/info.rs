@@ -1,0 +1,103 @@
+//! `inkling-wgpu info`: each tensor's format, bytes per format, total resident size.
+use crate::container::{is_pad, Container, SCALES_SUFFIX};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Checkpoint or converted container directory.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Only the totals.
+    #[arg(long)]
+    pub summary: bool,
+}
+
+/// Bytes in human units (KiB, MiB, GiB).
+pub fn human(b: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < units.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.2} {}", units[u])
+    }
+}
+
+/// One line per tensor and the per-format totals, as text.
+pub fn report(c: &Container, summary: bool) -> String {
+    let mut out = String::new();
+    let mut per: BTreeMap<String, (usize, u64)> = BTreeMap::new();
+    let mut total = 0u64;
+    let mut padding = 0u64;
+    for s in &c.shards {
+        for t in &s.tensors {
+            if is_pad(&t.name) {
+                padding += t.len() as u64;
+                continue;
+            }
+            if t.name.ends_with(SCALES_SUFFIX)
+                && c.stamped(t.name.trim_end_matches(SCALES_SUFFIX)).is_some()
+            {
+                continue; // counted with its weight
+            }
+            let (fmt, bytes, shape) = match c.stamped(&t.name) {
+                Some((enc, rows, cols)) => {
+                    let qs = c
+                        .tensor(&format!("{}{SCALES_SUFFIX}", t.name))
+                        .map(|(_, q)| q.len())
+                        .unwrap_or(0);
+                    (enc.spelling(), (t.len() + qs) as u64, vec![rows, cols])
+                }
+                None => (
+                    format!("{:?}", t.dtype).to_lowercase(),
+                    t.len() as u64,
+                    t.shape.clone(),
+                ),
+            };
+            if !summary {
+                out.push_str(&format!(
+                    "{:<64} {:<10} {:>12} {:?}\n",
+                    t.name, fmt, bytes, shape
+                ));
+            }
+            let e = per.entry(fmt).or_default();
+            e.0 += 1;
+            e.1 += bytes;
+            total += bytes;
+        }
+    }
+    out.push_str(&format!(
+        "{}: {} shard(s), {}\n",
+        c.dir.display(),
+        c.shards.len(),
+        if c.is_converted() {
+            "converted container (stamps verified)"
+        } else {
+            "source checkpoint (no stamps)"
+        }
+    ));
+    for (f, (n, b)) in &per {
+        out.push_str(&format!("  {f:<10} {n:>6} tensors {:>12}\n", human(*b)));
+    }
+    if padding > 0 {
+        out.push_str(&format!("  alignment padding {}\n", human(padding)));
+    }
+    out.push_str(&format!(
+        "total resident size: {} ({total} bytes)\n",
+        human(total)
+    ));
+    out
+}
+
+pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+    let c = Container::open(&a.model)?;
+    print!("{}", report(&c, a.summary));
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,752 @@
+//! `inkling-wgpu convert`: a source checkpoint (either layout) → a stamped container.
+//!
+//! The source name mapping here (released layout b → transformers layout a) follows
+//! `tests/fixtures/NOTES-for-rust.md`; it is to be unified with the model loader's mapping
+//! (`src/model/weights.rs`) once both have landed.
+
+use super::reader::{to_f32, Container, TensorEntry};
+use super::stamp::{SCALES_SUFFIX, SHAPE_KEY, STAMP_KEY};
+use super::writer::{tmp_path, PlannedTensor, ShardWriter, WriteBudget};
+use super::{
+    expert_name, shared_expert_name, Proj, PART_ALIGN, SLAB_ALIGN, TENSOR_ALIGN, VERSION,
+    VERSION_KEY,
+};
+use crate::formats::{quantize, Encoding, Format};
+use anyhow::{bail, Context, Result};
+use safetensors::Dtype;
+use std::path::{Path, PathBuf};
+
+/// Conversion settings. An encoding of `None` keeps the source precision (f32 stays f32, bf16
+/// stays bf16, f16 becomes f32).
+#[derive(Clone, Debug)]
+pub struct ConvertOptions {
+    pub experts: Option<Encoding>,
+    pub shared: Option<Encoding>,
+    pub dense: Option<Encoding>,
+    pub head: Option<Encoding>,
+    /// Overwrite a previous conversion in the destination.
+    pub force: bool,
+    /// Start a new shard once one holds this many bytes (a slab is never split).
+    pub max_shard_bytes: usize,
+    /// Test hook: fail after writing this many tensor bytes (env `INKLING_CONVERT_FAIL_AFTER`).
+    pub fail_after_bytes: Option<u64>,
+    /// Draw a progress bar on stderr (only when stderr is a terminal).
+    pub progress: bool,
+}
+
+impl Default for ConvertOptions {
+    fn default() -> Self {
+        ConvertOptions {
+            experts: Some(Encoding {
+                format: Format::Int4Grouped,
+                group_size: 64,
+            }),
+            shared: Some(Encoding::BF16),
+            dense: Some(Encoding::BF16),
+            head: None,
+            force: false,
+            max_shard_bytes: 4 << 30,
+            fail_after_bytes: None,
+            progress: false,
+        }
+    }
+}
+
+/// What a conversion wrote.
+#[derive(Clone, Debug)]
+pub struct ConvertSummary {
+    pub shards: Vec<PathBuf>,
+    pub tensors: usize,
+    pub bytes: u64,
+}
+
+/// Rows `base + k·step`, k < count, of a source tensor viewed as `[numel / cols, cols]`.
+#[derive(Clone, Copy, Debug)]
+struct RowSel {
+    base: usize,
+    step: usize,
+    count: usize,
+}
+
+#[derive(Clone, Debug)]
+enum JobKind {
+    /// Copy the source bytes (f16 → f32).
+    Copy,
+    /// A matrix `[sel.count, cols]`; `enc: None` keeps the source precision.
+    Matrix {
+        sel: RowSel,
+        cols: usize,
+        enc: Option<Encoding>,
+    },
+}
+
+#[derive(Clone, Debug)]
+struct Job {
+    out: String,
+    src: String,
+    kind: JobKind,
+    /// First job of an expert: aligned to the slab alignment.
+    expert_start: bool,
+    in_slab: bool,
+}
+
+/// A unit that is never split across shards: one tensor, or one layer's routed experts.
+struct Group {
+    jobs: Vec<Job>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Class {
+    Dense,
+    Head,
+}
+
+fn released_to_causal(rest: &str) -> Option<String> {
+    // `rest` is the name after `model.llm.`.
+    let fixed = match rest {
+        "embed.weight" => "model.embed_tokens.weight",
+        "embed_norm.weight" => "model.embed_tokens.embed_norm.weight",
+        "norm.weight" => "model.norm.weight",
+        "unembed.weight" => "lm_head.weight",
+        _ => "",
+    };
+    if !fixed.is_empty() {
+        return Some(fixed.to_string());
+    }
+    let r = rest.strip_prefix("layers.")?;
+    let (n, t) = r.split_once('.')?;
+    let mapped = match t {
+        "attn_norm.weight" => "input_layernorm.weight",
+        "mlp_norm.weight" => "post_attention_layernorm.weight",
+        "attn.wq_du.weight" => "self_attn.q_proj.weight",
+        "attn.wk_dv.weight" => "self_attn.k_proj.weight",
+        "attn.wv_dv.weight" => "self_attn.v_proj.weight",
+        "attn.wr_du.weight" => "self_attn.r_proj.weight",
+        "attn.wo_ud.weight" => "self_attn.o_proj.weight",
+        "attn.q_norm.weight" => "self_attn.q_norm.weight",
+        "attn.k_norm.weight" => "self_attn.k_norm.weight",
+        "attn.k_sconv.weight" => "self_attn.k_sconv.conv1d.weight",
+        "attn.v_sconv.weight" => "self_attn.v_sconv.conv1d.weight",
+        "attn.rel_logits_proj.proj" => "self_attn.rel_logits_proj.proj",
+        "attn_sconv.weight" => "attn_sconv.conv1d.weight",
+        "mlp_sconv.weight" => "mlp_sconv.conv1d.weight",
+        "mlp.w13_dn.weight" => "mlp.w13_dn.weight",
+        "mlp.w2_md.weight" => "mlp.down_proj.weight",
+        "mlp.global_scale" => "mlp.global_scale",
+        "mlp.gate.weight" => "mlp.gate.weight",
+        "mlp.gate.bias" => "mlp.gate.e_score_correction_bias",
+        "mlp.gate.global_scale" => "mlp.gate.global_scale",
+        "mlp.experts.w13_weight" => "mlp.experts.w13_weight",
+        "mlp.experts.w2_weight" => "mlp.experts.down_proj",
+        "mlp.shared_experts.shared_w13_weight" => "mlp.shared_experts.w13_weight",
+        "mlp.shared_experts.shared_w2_weight" => "mlp.shared_experts.down_proj",
+        _ => return None,
+    };
+    Some(format!("model.layers.{n}.{mapped}"))
+}
+
+fn layer_of(name: &str) -> Option<usize> {
+    name.strip_prefix("model.layers.")?
+        .split('.')
+        .next()?
+        .parse()
+        .ok()
+}
+
+fn dense_class(name: &str) -> Option<Class> {
+    if name == "lm_head.weight" {
+        return Some(Class::Head);
+    }
+    let l = layer_of(name)?;
+    let t = name.strip_prefix(&format!("model.layers.{l}."))?;
+    matches!(
+        t,
+        "self_attn.q_proj.weight"
+            | "self_attn.k_proj.weight"
+            | "self_attn.v_proj.weight"
+            | "self_attn.r_proj.weight"
+            | "self_attn.o_proj.weight"
+            | "mlp.gate_proj.weight"
+            | "mlp.up_proj.weight"
+            | "mlp.down_proj.weight"
+    )
+    .then_some(Class::Dense)
+}
+
+fn mat(out: String, src: &str, sel: RowSel, cols: usize, enc: Option<Encoding>) -> Job {
+    Job {
+        out,
+        src: src.to_string(),
+        kind: JobKind::Matrix { sel, cols, enc },
+        expert_start: false,
+        in_slab: false,
+    }
+}
+
+/// Per sparse layer: (gate/up source tensor, whether interleaved), down source tensor.
+type SlabSources = (Option<(String, bool)>, Option<String>);
+
+/// Build the conversion plan: groups of jobs in output order.
+fn plan(src: &Container, opts: &ConvertOptions) -> Result<Vec<Group>> {
+    let released = src.names().iter().any(|n| n.starts_with("model.llm."));
+    // (sort key, group)
+    let mut keyed: Vec<((u8, usize, u8, String), Group)> = Vec::new();
+    let mut slabs: std::collections::BTreeMap<usize, SlabSources> = Default::default();
+    for name in src.names() {
+        if name.starts_with("model.visual.")
+            || name.starts_with("model.audio.")
+            || name.starts_with("model.mtp.")
+        {
+            continue;
+        }
+        let canon = if released {
+            match name.strip_prefix("model.llm.").and_then(released_to_causal) {
+                Some(c) => c,
+                None => bail!(
+                    "{}: tensor {name} is not in the released-layout name mapping",
+                    src.dir.display()
+                ),
+            }
+        } else {
+            name.to_string()
+        };
+        let (_, t) = src.tensor(name).unwrap();
+        let shape = t.shape.clone();
+        let layer = layer_of(&canon);
+        let section = if canon.starts_with("model.embed_tokens") {
+            0
+        } else if layer.is_some() {
+            1
+        } else {
+            2
+        };
+        let key = |sub: u8| (section, layer.unwrap_or(0), sub, canon.clone());
+        let l = layer.unwrap_or(0);
+        let tail = canon
+            .split_once(&format!("model.layers.{l}."))
+            .map(|x| x.1)
+            .unwrap_or("");
+        let single = |job: Job| Group { jobs: vec![job] };
+        match tail {
+            "mlp.experts.gate_up_proj" | "mlp.experts.w13_weight" => {
+                slabs.entry(l).or_default().0 =
+                    Some((name.to_string(), tail.ends_with("w13_weight")));
+            }
+            "mlp.experts.down_proj" => {
+                slabs.entry(l).or_default().1 = Some(name.to_string());
+            }
+            "mlp.shared_experts.gate_proj"
+            | "mlp.shared_experts.up_proj"
+            | "mlp.shared_experts.down_proj"
+            | "mlp.shared_experts.w13_weight" => {
+                let [s_n, r, c] = shape[..] else {
+                    bail!(
+                        "{}: tensor {name}: expected 3 dims, shape {shape:?}",
+                        src.dir.display()
+                    )
+                };
+                for s in 0..s_n {
+                    let mut jobs = Vec::new();
+                    let one = |p: Proj, base: usize, step: usize, count: usize| {
+                        mat(
+                            shared_expert_name(l, s, p),
+                            name,
+                            RowSel { base, step, count },
+                            c,
+                            opts.shared,
+                        )
+                    };
+                    match tail {
+                        "mlp.shared_experts.w13_weight" => {
+                            jobs.push(one(Proj::Gate, s * r, 2, r / 2));
+                            jobs.push(one(Proj::Up, s * r + 1, 2, r / 2));
+                        }
+                        "mlp.shared_experts.gate_proj" => jobs.push(one(Proj::Gate, s * r, 1, r)),
+                        "mlp.shared_experts.up_proj" => jobs.push(one(Proj::Up, s * r, 1, r)),
+                        _ => jobs.push(one(Proj::Down, s * r, 1, r)),
+                    }
+                    for j in jobs {
+                        keyed.push(((section, l, 0, j.out.clone()), single(j)));
+                    }
+                }
+            }
+            "mlp.w13_dn.weight" => {
+                let [r, c] = shape[..] else {
+                    bail!("{}: tensor {name}: expected 2 dims", src.dir.display())
+                };
+                for (p, base) in [("gate", 0), ("up", 1)] {
+                    let out = format!("model.layers.{l}.mlp.{p}_proj.weight");
+                    let j = mat(
+                        out.clone(),
+                        name,
+                        RowSel {
+                            base,
+                            step: 2,
+                            count: r / 2,
+                        },
+                        c,
+                        opts.dense,
+                    );
+                    keyed.push(((section, l, 0, out), single(j)));
+                }
+            }
+            _ => {
+                let job = match (dense_class(&canon), shape.as_slice()) {
+                    (Some(class), &[r, c]) => {
+                        let enc = if class == Class::Head {
+                            opts.head
+                        } else {
+                            opts.dense
+                        };
+                        mat(
+                            canon.clone(),
+                            name,
+                            RowSel {
+                                base: 0,
+                                step: 1,
+                                count: r,
+                            },
+                            c,
+                            enc,
+                        )
+                    }
+                    _ => Job {
+                        out: canon.clone(),
+                        src: name.to_string(),
+                        kind: JobKind::Copy,
+                        expert_start: false,
+                        in_slab: false,
+                    },
+                };
+                keyed.push((key(0), single(job)));
+            }
+        }
+    }
+    for (l, (gu, down)) in slabs {
+        let (Some((gu, interleaved)), Some(down)) = (gu, down) else {
+            bail!(
+                "{}: layer {l}: routed experts need both gate/up and down tensors",
+                src.dir.display()
+            );
+        };
+        let gshape = &src.tensor(&gu).unwrap().1.shape;
+        let dshape = &src.tensor(&down).unwrap().1.shape;
+        let (&[e_n, r2, h], &[e_d, dh, di]) = (gshape.as_slice(), dshape.as_slice()) else {
+            bail!(
+                "{}: layer {l}: expert tensors must have 3 dims ({gshape:?}, {dshape:?})",
+                src.dir.display()
+            );
+        };
+        if e_n != e_d || r2 % 2 != 0 || dh != h || di != r2 / 2 {
+            bail!(
+                "{}: layer {l}: expert shapes disagree: gate/up {gshape:?}, down {dshape:?}",
+                src.dir.display()
+            );
+        }
+        let i = r2 / 2;
+        let mut jobs = Vec::new();
+        for e in 0..e_n {
+            let (g, u) = if interleaved {
+                (
+                    RowSel {
+                        base: e * r2,
+                        step: 2,
+                        count: i,
+                    },
+                    RowSel {
+                        base: e * r2 + 1,
+                        step: 2,
+                        count: i,
+                    },
+                )
+            } else {
+                (
+                    RowSel {
+                        base: e * r2,
+                        step: 1,
+                        count: i,
+                    },
+                    RowSel {
+                        base: e * r2 + i,
+                        step: 1,
+                        count: i,
+                    },
+                )
+            };
+            let mut gj = mat(expert_name(l, e, Proj::Gate), &gu, g, h, opts.experts);
+            gj.expert_start = true;
+            jobs.push(gj);
+            jobs.push(mat(expert_name(l, e, Proj::Up), &gu, u, h, opts.experts));
+            jobs.push(mat(
+                expert_name(l, e, Proj::Down),
+                &down,
+                RowSel {
+                    base: e * h,
+                    step: 1,
+                    count: h,
+                },
+                i,
+                opts.experts,
+            ));
+        }
+        for j in &mut jobs {
+            j.in_slab = true;
+        }
+        keyed.push(((1, l, 1, String::new()), Group { jobs }));
+    }
+    keyed.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(keyed.into_iter().map(|(_, g)| g).collect())
+}
+
+/// The encoding a matrix job writes, resolving "keep source precision".
+fn resolve(enc: Option<Encoding>, src_dtype: Dtype) -> Encoding {
+    enc.unwrap_or(if src_dtype == Dtype::BF16 {
+        Encoding::BF16
+    } else {
+        Encoding::F32
+    })
+}
+
+/// Planned output tensors of one job (weight, then scales when the encoding has them).
+fn planned(job: &Job, src: &Container) -> (Vec<PlannedTensor>, Option<(Encoding, [usize; 2])>) {
+    let t = src.tensor(&job.src).unwrap().1;
+    let align_first = if job.expert_start {
+        SLAB_ALIGN
+    } else if job.in_slab {
+        PART_ALIGN
+    } else {
+        TENSOR_ALIGN
+    };
+    let align_rest = if job.in_slab {
+        PART_ALIGN
+    } else {
+        TENSOR_ALIGN
+    };
+    match &job.kind {
+        JobKind::Copy => {
+            let dtype = if t.dtype == Dtype::F16 {
+                Dtype::F32
+            } else {
+                t.dtype
+            };
+            (
+                vec![PlannedTensor {
+                    name: job.out.clone(),
+                    dtype,
+                    shape: t.shape.clone(),
+                    align: align_first,
+                }],
+                None,
+            )
+        }
+        JobKind::Matrix { sel, cols, enc } => {
+            let enc = resolve(*enc, t.dtype);
+            let rows = sel.count;
+            let mut v = Vec::new();
+            match enc.format {
+                Format::F32 => v.push(PlannedTensor {
+                    name: job.out.clone(),
+                    dtype: Dtype::F32,
+                    shape: vec![rows, *cols],
+                    align: align_first,
+                }),
+                Format::Bf16 => v.push(PlannedTensor {
+                    name: job.out.clone(),
+                    dtype: Dtype::BF16,
+                    shape: vec![rows, *cols],
+                    align: align_first,
+                }),
+                _ => {
+                    v.push(PlannedTensor {
+                        name: job.out.clone(),
+                        dtype: Dtype::U8,
+                        shape: vec![rows, enc.bytes_per_row(*cols)],
+                        align: align_first,
+                    });
+                    let spr = enc.scales_per_row(*cols);
+                    if spr > 0 {
+                        v.push(PlannedTensor {
+                            name: format!("{}{SCALES_SUFFIX}", job.out),
+                            dtype: Dtype::F32,
+                            shape: vec![rows, spr],
+                            align: align_rest,
+                        });
+                    }
+                }
+            }
+            (v, Some((enc, [rows, *cols])))
+        }
+    }
+}
+
+/// Read the selected rows of a source tensor as f32.
+fn read_rows(bytes: &[u8], t: &TensorEntry, sel: RowSel, cols: usize) -> Result<Vec<f32>> {
+    let es = t.dtype.bitsize() / 8;
+    let mut out = Vec::with_capacity(sel.count * cols);
+    for k in 0..sel.count {
+        let r = sel.base + k * sel.step;
+        let row = bytes
+            .get(r * cols * es..(r + 1) * cols * es)
+            .context("row out of range")?;
+        out.extend(to_f32(row, t.dtype).with_context(|| {
+            format!("tensor {}: dtype {:?} is not f32/bf16/f16", t.name, t.dtype)
+        })?);
+    }
+    Ok(out)
+}
+
+/// Whether a directory holds (part of) a conversion: any `model*.safetensors` or the index.
+fn previous_conversion(dst: &Path) -> Vec<PathBuf> {
+    let Ok(rd) = std::fs::read_dir(dst) else {
+        return vec![];
+    };
+    let mut v: Vec<PathBuf> = rd
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| {
+            let n = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            n.starts_with("model")
+                && (n.ends_with(".safetensors") || n == "model.safetensors.index.json")
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// Convert `src_dir` into a stamped container in `dst_dir`.
+pub fn convert(src_dir: &Path, dst_dir: &Path, opts: &ConvertOptions) -> Result<ConvertSummary> {
+    let src = Container::open(src_dir).map_err(anyhow::Error::from)?;
+    if !src_dir.join("config.json").exists() {
+        bail!("{}: no config.json", src_dir.display());
+    }
+    std::fs::create_dir_all(dst_dir).with_context(|| format!("creating {}", dst_dir.display()))?;
+    let (cs, cd) = (src_dir.canonicalize()?, dst_dir.canonicalize()?);
+    if cs == cd {
+        bail!(
+            "the destination {} is the source directory; the source is never modified",
+            dst_dir.display()
+        );
+    }
+    let previous = previous_conversion(dst_dir);
+    if !previous.is_empty() && !opts.force {
+        bail!(
+            "{} already holds a conversion ({}); pass --force to replace it",
+            dst_dir.display(),
+            previous
+                .iter()
+                .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    let groups = plan(&src, opts)?;
+
+    // Split groups into shards.
+    let mut shard_groups: Vec<Vec<&Group>> = vec![vec![]];
+    let mut cur = 0usize;
+    for g in &groups {
+        let bytes: usize = g
+            .jobs
+            .iter()
+            .flat_map(|j| planned(j, &src).0)
+            .map(|t| t.nbytes() + t.align)
+            .sum();
+        if cur > 0 && cur + bytes > opts.max_shard_bytes {
+            shard_groups.push(vec![]);
+            cur = 0;
+        }
+        shard_groups.last_mut().unwrap().push(g);
+        cur += bytes;
+    }
+    let n = shard_groups.len();
+    let names: Vec<String> = if n == 1 {
+        vec!["model.safetensors".into()]
+    } else {
+        (1..=n)
+            .map(|i| format!("model-{i:05}-of-{n:05}.safetensors"))
+            .collect()
+    };
+
+    let total_bytes: u64 = groups
+        .iter()
+        .flat_map(|g| &g.jobs)
+        .flat_map(|j| planned(j, &src).0)
+        .map(|t| t.nbytes() as u64)
+        .sum();
+    let total_tensors: usize = groups.iter().map(|g| g.jobs.len()).sum();
+    let pb = if opts.progress && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        let pb = indicatif::ProgressBar::with_draw_target(
+            Some(total_bytes),
+            indicatif::ProgressDrawTarget::stderr(),
+        );
+        pb.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{bar:40} {bytes}/{total_bytes} {msg} [{elapsed_precise}, eta {eta}]",
+            )
+            .unwrap(),
+        );
+        pb
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+
+    let mut budget = WriteBudget {
+        written: 0,
+        fail_after: opts.fail_after_bytes,
+    };
+    let mut tmps: Vec<PathBuf> = Vec::new();
+    let mut weight_map: Vec<(String, String)> = Vec::new();
+    let mut done_tensors = 0usize;
+    let result = (|| -> Result<()> {
+        for (si, gs) in shard_groups.iter().enumerate() {
+            let jobs: Vec<&Job> = gs.iter().flat_map(|g| &g.jobs).collect();
+            let mut tensors = Vec::new();
+            let mut stamps = Vec::new();
+            let mut shapes = Vec::new();
+            for j in &jobs {
+                let (p, enc) = planned(j, &src);
+                if let Some((enc, shape)) = enc {
+                    stamps.push((j.out.clone(), enc.format.name().to_string()));
+                    if !matches!(enc.format, Format::F32 | Format::Bf16) {
+                        shapes.push((j.out.clone(), shape));
+                    }
+                }
+                tensors.extend(p);
+            }
+            let meta = vec![
+                ("format".to_string(), "pt".to_string()),
+                (VERSION_KEY.to_string(), VERSION.to_string()),
+                (
+                    STAMP_KEY.to_string(),
+                    json_map(
+                        stamps
+                            .iter()
+                            .map(|(k, v)| (k, serde_json::to_string(v).unwrap())),
+                    ),
+                ),
+                (
+                    SHAPE_KEY.to_string(),
+                    json_map(
+                        shapes
+                            .iter()
+                            .map(|(k, v)| (k, serde_json::to_string(v).unwrap())),
+                    ),
+                ),
+            ];
+            let final_path = dst_dir.join(&names[si]);
+            tmps.push(tmp_path(&final_path));
+            let mut w = ShardWriter::create(&final_path, &tensors, &meta)?;
+            for t in &tensors {
+                weight_map.push((t.name.clone(), names[si].clone()));
+            }
+            for j in jobs {
+                let (shard, t) = src.tensor(&j.src).unwrap();
+                let bytes = shard.bytes(t);
+                match &j.kind {
+                    JobKind::Copy => {
+                        if t.dtype == Dtype::F16 {
+                            let v = to_f32(bytes, t.dtype).unwrap();
+                            let b: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                            w.write(&j.out, &b, &mut budget)?;
+                        } else {
+                            w.write(&j.out, bytes, &mut budget)?;
+                        }
+                        pb.inc(bytes.len() as u64);
+                    }
+                    JobKind::Matrix { sel, cols, enc } => {
+                        let enc = resolve(*enc, t.dtype);
+                        let vals = read_rows(bytes, t, *sel, *cols)
+                            .with_context(|| format!("reading {}", j.src))?;
+                        let q = quantize(enc, &vals, sel.count, *cols)?;
+                        w.write(&j.out, &q.data, &mut budget)?;
+                        if !q.scales.is_empty() {
+                            w.write(&format!("{}{SCALES_SUFFIX}", j.out), &q.scales, &mut budget)?;
+                        }
+                        pb.inc((q.data.len() + q.scales.len()) as u64);
+                    }
+                }
+                done_tensors += 1;
+                pb.set_message(format!("{done_tensors}/{total_tensors} tensors"));
+            }
+            w.finish()?;
+        }
+        Ok(())
+    })();
+    if let Err(e) = result {
+        for t in &tmps {
+            let _ = std::fs::remove_file(t);
+        }
+        pb.abandon();
+        return Err(e.context(format!(
+            "converting {} into {}",
+            src_dir.display(),
+            dst_dir.display()
+        )));
+    }
+    pb.finish_and_clear();
+
+    // Every shard is complete: replace any previous conversion, then rename into place.
+    for p in &previous {
+        std::fs::remove_file(p).with_context(|| format!("removing {}", p.display()))?;
+    }
+    let mut finals = Vec::new();
+    for (t, name) in tmps.iter().zip(&names) {
+        let f = dst_dir.join(name);
+        std::fs::rename(t, &f)
+            .with_context(|| format!("renaming {} to {}", t.display(), f.display()))?;
+        finals.push(f);
+    }
+    if n > 1 {
+        let wm: serde_json::Map<String, serde_json::Value> = weight_map
+            .iter()
+            .filter(|(k, _)| !super::is_pad(k))
+            .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+            .collect();
+        let idx = serde_json::json!({"metadata": {"total_size": total_bytes}, "weight_map": wm});
+        write_atomic(
+            &dst_dir.join("model.safetensors.index.json"),
+            serde_json::to_string_pretty(&idx)?.as_bytes(),
+        )?;
+    }
+    for f in [
+        "config.json",
+        "tokenizer.json",
+        "generation_config.json",
+        "tokenizer_config.json",
+    ] {
+        let p = src_dir.join(f);
+        if p.exists() {
+            write_atomic(&dst_dir.join(f), &std::fs::read(&p)?)?;
+        }
+    }
+    // Self-check: the new container opens and every stamp verifies.
+    Container::open(dst_dir)
+        .map_err(anyhow::Error::from)
+        .context("verifying the written container")?;
+    Ok(ConvertSummary {
+        shards: finals,
+        tensors: done_tensors,
+        bytes: budget.written,
+    })
+}
+
+fn json_map<'a>(pairs: impl Iterator<Item = (&'a String, String)>) -> String {
+    let mut s = String::from("{");
+    for (i, (k, v)) in pairs.enumerate() {
+        if i > 0 {
+            s.push(',');
+        }
+        s.push_str(&serde_json::to_string(k).unwrap());
+        s.push(':');
+        s.push_str(&v);
+    }
+    s.push('}');
+    s
+}
+
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = tmp_path(path);
+    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming {}", tmp.display()))?;
+    Ok(())
+}
