@@ -3,3 +3,8 @@ pub mod device;
 pub mod kernel;
 
 pub use device::{Gpu, GpuError};
+pub mod dispatch;
+pub mod gemv;
+
+pub use dispatch::{gemv_pairs, DispatchError};
+pub use gemv::{GemvArgs, GemvCall, GpuWeights, Reduction};
