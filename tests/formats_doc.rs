@@ -14,11 +14,20 @@ fn doc_rows() -> Vec<DocRow> {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("FORMATS.md");
     let text = std::fs::read_to_string(path).expect("FORMATS.md at the crate root");
     let mut lines = text.lines().skip_while(|l| !l.starts_with("| ordinal |"));
-    let header = lines.next().expect("FORMATS.md has a table starting `| ordinal |`");
+    let header = lines
+        .next()
+        .expect("FORMATS.md has a table starting `| ordinal |`");
     let cols: Vec<&str> = header.trim_matches('|').split('|').map(str::trim).collect();
     assert_eq!(
         cols,
-        ["ordinal", "name", "bytes per row of an [O, I] matrix", "scales", "dequantisation", "GPU kernel here"]
+        [
+            "ordinal",
+            "name",
+            "bytes per row of an [O, I] matrix",
+            "scales",
+            "dequantisation",
+            "GPU kernel here"
+        ]
     );
     lines.next(); // |---|
     lines
@@ -49,10 +58,16 @@ fn eval(formula: &str, i: usize) -> usize {
             let t = t.trim();
             if t == "I" {
                 i
-            } else if let Some(inner) = t.strip_prefix("ceil(I/").and_then(|r| r.strip_suffix(')')) {
-                i.div_ceil(inner.parse::<usize>().unwrap_or_else(|_| panic!("bad divisor in {formula:?}")))
+            } else if let Some(inner) = t.strip_prefix("ceil(I/").and_then(|r| r.strip_suffix(')'))
+            {
+                i.div_ceil(
+                    inner
+                        .parse::<usize>()
+                        .unwrap_or_else(|_| panic!("bad divisor in {formula:?}")),
+                )
             } else {
-                t.parse().unwrap_or_else(|_| panic!("cannot evaluate term {t:?} of {formula:?}"))
+                t.parse()
+                    .unwrap_or_else(|_| panic!("cannot evaluate term {t:?} of {formula:?}"))
             }
         })
         .product()
@@ -69,7 +84,11 @@ fn formula_evaluator_works() {
 #[test]
 fn formats_md_table_equals_registry() {
     let rows = doc_rows();
-    assert_eq!(rows.len(), REGISTRY.len(), "FORMATS.md rows vs REGISTRY entries");
+    assert_eq!(
+        rows.len(),
+        REGISTRY.len(),
+        "FORMATS.md rows vs REGISTRY entries"
+    );
     for (d, s) in rows.iter().zip(REGISTRY) {
         assert_eq!(d.ordinal, s.ordinal, "ordinal of {}", s.name);
         assert_eq!(d.ordinal, s.format.ordinal());
@@ -101,12 +120,18 @@ fn formats_md_table_equals_registry() {
         assert_eq!(doc_scales, s.scales, "scales of {}", s.name);
     }
     // ordinals are 0..9 in order; private work in progress starts at 100
-    assert_eq!(rows.iter().map(|r| r.ordinal).collect::<Vec<_>>(), (0..10).collect::<Vec<_>>());
+    assert_eq!(
+        rows.iter().map(|r| r.ordinal).collect::<Vec<_>>(),
+        (0..10).collect::<Vec<_>>()
+    );
 }
 
 #[test]
 fn formats_md_states_the_rules() {
-    let text = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("FORMATS.md")).unwrap();
+    let text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("FORMATS.md"),
+    )
+    .unwrap();
     assert!(text.contains("from 100 up"));
     assert!(text.contains("## Container"));
     assert!(text.contains("absmax / qmax"));

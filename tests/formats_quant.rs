@@ -50,7 +50,10 @@ fn int4_layout() {
     // byte 1 = 0x9A: col 2 = 0xA → 2, col 3 = 0x9 → 1; byte 2 = 0x?3: col 4 = 3 → −5 (I = 5)
     let d = vec![0xF0, 0x9A, 0x73, 0x01, 0x8F, 0x00];
     let m = mat("int4", 2, 5, d, &[0.5, 2.0]);
-    assert_eq!(m.dequantize(), [-4.0, 3.5, 1.0, 0.5, -2.5, /* row 1 */ -14.0, -16.0, 14.0, 0.0, -16.0]);
+    assert_eq!(
+        m.dequantize(),
+        [-4.0, 3.5, 1.0, 0.5, -2.5, /* row 1 */ -14.0, -16.0, 14.0, 0.0, -16.0]
+    );
 }
 
 #[test]
@@ -113,10 +116,15 @@ fn round_trip(e: &str, cols: usize, bound: impl Fn(f32) -> f32) {
     for r in 0..rows {
         for g0 in (0..cols).step_by(unit) {
             let g1 = (g0 + unit).min(cols);
-            let absmax = w[r * cols + g0..r * cols + g1].iter().fold(0f32, |m, v| m.max(v.abs()));
+            let absmax = w[r * cols + g0..r * cols + g1]
+                .iter()
+                .fold(0f32, |m, v| m.max(v.abs()));
             for i in g0..g1 {
                 let (a, b) = (w[r * cols + i], d[r * cols + i]);
-                assert!((a - b).abs() <= bound(absmax) + 1e-6, "{e} I={cols} [{r},{i}]: {a} → {b}");
+                assert!(
+                    (a - b).abs() <= bound(absmax) + 1e-6,
+                    "{e} I={cols} [{r},{i}]: {a} → {b}"
+                );
             }
         }
     }
@@ -149,7 +157,9 @@ fn reference_gemv_matches_dequantised_dot() {
         let mut y32 = vec![0f32; rows];
         q.gemv(&x, &mut y32);
         for r in 0..rows {
-            let want: f64 = (0..cols).map(|i| d[r * cols + i] as f64 * x[i] as f64).sum();
+            let want: f64 = (0..cols)
+                .map(|i| d[r * cols + i] as f64 * x[i] as f64)
+                .sum();
             assert!((y[r] - want).abs() < 1e-9);
             assert!((y32[r] as f64 - want).abs() < 1e-5);
         }
@@ -158,12 +168,39 @@ fn reference_gemv_matches_dequantised_dot() {
 
 #[test]
 fn encodings_parse_and_refuse() {
-    for s in ["f32", "bf16", "int4", "int4-g32", "int4-g64", "int4-g128", "int3-g64"] {
+    for s in [
+        "f32",
+        "bf16",
+        "int4",
+        "int4-g32",
+        "int4-g64",
+        "int4-g128",
+        "int3-g64",
+    ] {
         assert_eq!(Encoding::parse(s).unwrap().spelling(), s);
     }
-    assert!(matches!(Encoding::parse("int4-g48"), Err(FormatError::BadGroupSize { .. })));
-    assert!(matches!(Encoding::parse("mxfp4"), Err(FormatError::NoKernel { ordinal: 7, .. })));
-    assert!(Encoding::parse("int4-grouped").is_err(), "a grouped format needs its group size");
-    assert!(matches!(Format::from_ordinal(42), Err(FormatError::UnknownOrdinal(42))));
-    assert!(QMatrix::new(enc("int4"), 2, 5, Cow::Owned(vec![0; 5]), Cow::Owned(vec![0; 8])).is_err());
+    assert!(matches!(
+        Encoding::parse("int4-g48"),
+        Err(FormatError::BadGroupSize { .. })
+    ));
+    assert!(matches!(
+        Encoding::parse("mxfp4"),
+        Err(FormatError::NoKernel { ordinal: 7, .. })
+    ));
+    assert!(
+        Encoding::parse("int4-grouped").is_err(),
+        "a grouped format needs its group size"
+    );
+    assert!(matches!(
+        Format::from_ordinal(42),
+        Err(FormatError::UnknownOrdinal(42))
+    ));
+    assert!(QMatrix::new(
+        enc("int4"),
+        2,
+        5,
+        Cow::Owned(vec![0; 5]),
+        Cow::Owned(vec![0; 8])
+    )
+    .is_err());
 }

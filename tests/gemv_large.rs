@@ -42,7 +42,10 @@ fn slab_larger_than_binding_limit_last_rows() {
     let o = (limit / row / 2 + 64) as usize; // each expert a bit over half the limit
     let experts = 2;
     let total = experts as u64 * o as u64 * row;
-    assert!(total > limit, "slab {total} bytes must exceed the limit {limit}");
+    assert!(
+        total > limit,
+        "slab {total} bytes must exceed the limit {limit}"
+    );
     eprintln!("slab {experts}×[{o}, {i}] bf16 = {total} bytes, binding limit {limit}");
     let mut rng = Rng(1);
     let mut slab = Vec::with_capacity(total as usize);
@@ -50,17 +53,30 @@ fn slab_larger_than_binding_limit_last_rows() {
         slab.extend_from_slice(&((rng.f().to_bits() >> 16) as u16).to_le_bytes());
     }
     let w = GpuWeights::from_slab_bytes(&gpu, Encoding::BF16, experts, o, i, &slab, &[]).unwrap();
-    assert!(w.chunks().len() >= 2, "expected a split, got {} chunk(s)", w.chunks().len());
+    assert!(
+        w.chunks().len() >= 2,
+        "expected a split, got {} chunk(s)",
+        w.chunks().len()
+    );
     let x: Vec<f32> = (0..i).map(|_| rng.f()).collect();
     let y = gemv_pairs(&gpu, 9, &w, &x, &[(1, 0, NO_GAMMA), (0, 0, NO_GAMMA)], &[]).unwrap();
     let eb = o * 2 * i;
     for (p, e) in [(0usize, 1usize), (1, 0)] {
-        let m = QMatrix::new(Encoding::BF16, o, i, Cow::Borrowed(&slab[e * eb..(e + 1) * eb]), Cow::Borrowed(&[][..]))
-            .unwrap();
+        let m = QMatrix::new(
+            Encoding::BF16,
+            o,
+            i,
+            Cow::Borrowed(&slab[e * eb..(e + 1) * eb]),
+            Cow::Borrowed(&[][..]),
+        )
+        .unwrap();
         for r in [0, 1, o / 2, o - 2, o - 1] {
             let want = m.rows_view(r, r + 1).gemv_ref_f64(&x)[0];
             let got = y[p * o + r];
-            assert!(close(got, want, (i as f64).sqrt()), "expert {e} row {r}: {got} vs {want}");
+            assert!(
+                close(got, want, (i as f64).sqrt()),
+                "expert {e} row {r}: {got} vs {want}"
+            );
         }
     }
     // one expert alone larger than the limit: split by rows inside the expert
@@ -70,10 +86,21 @@ fn slab_larger_than_binding_limit_last_rows() {
     let w1 = GpuWeights::from_slab_bytes(&gpu, Encoding::BF16, 1, o1, i, one, &[]).unwrap();
     assert!(w1.chunks().len() >= 2);
     let y1 = gemv_pairs(&gpu, 9, &w1, &x, &[(0, 0, NO_GAMMA)], &[]).unwrap();
-    let m1 = QMatrix::new(Encoding::BF16, o1, i, Cow::Borrowed(one), Cow::Borrowed(&[][..])).unwrap();
+    let m1 = QMatrix::new(
+        Encoding::BF16,
+        o1,
+        i,
+        Cow::Borrowed(one),
+        Cow::Borrowed(&[][..]),
+    )
+    .unwrap();
     for r in [0, o1 - 41, o1 - 40, o1 - 1] {
         let want = m1.rows_view(r, r + 1).gemv_ref_f64(&x)[0];
-        assert!(close(y1[r], want, (i as f64).sqrt()), "row {r}: {} vs {want}", y1[r]);
+        assert!(
+            close(y1[r], want, (i as f64).sqrt()),
+            "row {r}: {} vs {want}",
+            y1[r]
+        );
     }
 }
 
@@ -93,7 +120,11 @@ fn head_sized_rows_spread_over_dispatch_dimensions() {
         let g = if p == 2 { 2.0 } else { 1.0 };
         for r in [0, 1, 65_535, 100_000, o - 8, o - 2, o - 1] {
             let want = g * q.rows_view(r, r + 1).gemv_ref_f64(&x[t * i..(t + 1) * i])[0];
-            assert!(close(y[p * o + r], want, 8.0), "pair {p} row {r}: {} vs {want}", y[p * o + r]);
+            assert!(
+                close(y[p * o + r], want, 8.0),
+                "pair {p} row {r}: {} vs {want}",
+                y[p * o + r]
+            );
         }
     }
     assert!(y.iter().all(|v| v.is_finite()));

@@ -3,7 +3,9 @@
 
 use inkling_wgpu::formats::{quantize, Encoding, QMatrix};
 use inkling_wgpu::gpu::dispatch::{gemv_pairs_with, DispatchError};
-use inkling_wgpu::gpu::gemv::{kernel_encodings, GemvArgs, GemvCall, GpuWeights, Reduction, NO_GAMMA};
+use inkling_wgpu::gpu::gemv::{
+    kernel_encodings, GemvArgs, GemvCall, GpuWeights, Reduction, NO_GAMMA,
+};
 use inkling_wgpu::gpu::Gpu;
 use std::borrow::Cow;
 
@@ -36,7 +38,12 @@ impl Rng {
 
 fn rel_err(y: &[f32], r: &[f64]) -> f64 {
     assert_eq!(y.len(), r.len());
-    let num: f64 = y.iter().zip(r).map(|(&a, &b)| (a as f64 - b).powi(2)).sum::<f64>().sqrt();
+    let num: f64 = y
+        .iter()
+        .zip(r)
+        .map(|(&a, &b)| (a as f64 - b).powi(2))
+        .sum::<f64>()
+        .sqrt();
     let den: f64 = r.iter().map(|b| b * b).sum::<f64>().sqrt();
     if den == 0.0 {
         num
@@ -61,16 +68,28 @@ fn check_problem(
     let y = gemv_pairs_with(gpu, enc.format.ordinal(), w, x, pairs, gammas, red).unwrap();
     assert_eq!(y.len(), pairs.len() * o);
     for (p, &(e, t, wi)) in pairs.iter().enumerate() {
-        let g = if wi == NO_GAMMA { 1.0 } else { gammas[wi as usize] as f64 };
+        let g = if wi == NO_GAMMA {
+            1.0
+        } else {
+            gammas[wi as usize] as f64
+        };
         let r: Vec<f64> = mats[e as usize]
             .gemv_ref_f64(&x[t as usize * i..(t as usize + 1) * i])
             .into_iter()
             .map(|v| v * g)
             .collect();
         let got = &y[p * o..(p + 1) * o];
-        assert!(got.iter().all(|v| v.is_finite()), "{} [{o},{i}] {red:?} pair {p}: NaN left (poison)", enc.spelling());
+        assert!(
+            got.iter().all(|v| v.is_finite()),
+            "{} [{o},{i}] {red:?} pair {p}: NaN left (poison)",
+            enc.spelling()
+        );
         let err = rel_err(got, &r);
-        assert!(err <= 1e-5, "{} [{o},{i}] {red:?} pair {p} = ({e},{t},{wi}): rel err {err:e}", enc.spelling());
+        assert!(
+            err <= 1e-5,
+            "{} [{o},{i}] {red:?} pair {p} = ({e},{t},{wi}): rel err {err:e}",
+            enc.spelling()
+        );
     }
 }
 
@@ -85,15 +104,30 @@ fn reductions(gpu: &Gpu) -> Vec<Reduction> {
 #[test]
 fn parity_every_format_odd_shapes_both_reductions() {
     let gpu = gpu();
-    eprintln!("adapter: {}; subgroups: {}", gpu.describe(), gpu.has_subgroups());
+    eprintln!(
+        "adapter: {}; subgroups: {}",
+        gpu.describe(),
+        gpu.has_subgroups()
+    );
     let mut rng = Rng(0x5eed);
-    let shapes = [(1, 1), (3, 7), (33, 63), (257, 65), (1, 100), (33, 129), (3, 256), (257, 1), (5, 384)];
+    let shapes = [
+        (1, 1),
+        (3, 7),
+        (33, 63),
+        (257, 65),
+        (1, 100),
+        (33, 129),
+        (3, 256),
+        (257, 1),
+        (5, 384),
+    ];
     for enc in kernel_encodings() {
         for &(o, i) in &shapes {
             let experts = 3;
             let tokens = 2;
-            let mats: Vec<QMatrix> =
-                (0..experts).map(|_| quantize(enc, &rng.vec(o * i), o, i).unwrap()).collect();
+            let mats: Vec<QMatrix> = (0..experts)
+                .map(|_| quantize(enc, &rng.vec(o * i), o, i).unwrap())
+                .collect();
             let w = GpuWeights::upload(&gpu, &mats).unwrap();
             for red in reductions(&gpu) {
                 let x = rng.vec(tokens * i); // fresh inputs every run
@@ -110,7 +144,9 @@ fn many_pairs_one_dispatch() {
     let mut rng = Rng(42);
     let (experts, o, i, tokens) = (8, 96, 320, 5);
     for enc in kernel_encodings() {
-        let mats: Vec<QMatrix> = (0..experts).map(|_| quantize(enc, &rng.vec(o * i), o, i).unwrap()).collect();
+        let mats: Vec<QMatrix> = (0..experts)
+            .map(|_| quantize(enc, &rng.vec(o * i), o, i).unwrap())
+            .collect();
         let w = GpuWeights::upload(&gpu, &mats).unwrap();
         // every token routed to 4 experts (repeats across tokens), gammas on, plus unweighted pairs
         let mut pairs = Vec::new();
@@ -167,7 +203,9 @@ fn dense_gemv_is_e1_and_respects_strides_and_offsets() {
         let r = m.gemv_ref_f64(&xt[t]);
         assert!(rel_err(&y[yo + t * ys..yo + t * ys + o], &r) <= 1e-5);
         // untouched gaps
-        assert!(y[yo + t * ys + o..yo + (t + 1) * ys].iter().all(|&v| v == -7.0));
+        assert!(y[yo + t * ys + o..yo + (t + 1) * ys]
+            .iter()
+            .all(|&v| v == -7.0));
     }
     assert!(y[..yo].iter().all(|&v| v == -7.0));
 }
@@ -181,29 +219,50 @@ fn dispatcher_refuses_unknown_and_kernel_less_ordinals_and_mismatches() {
     let pairs = [(0, 0, NO_GAMMA)];
     for ord in [10u32, 42, 99, 100, u32::MAX] {
         let e = gemv_pairs_with(&gpu, ord, &w, &x, &pairs, &[], Reduction::Auto).unwrap_err();
-        assert!(matches!(e, DispatchError::UnknownOrdinal(o) if o == ord), "{ord}: {e}");
+        assert!(
+            matches!(e, DispatchError::UnknownOrdinal(o) if o == ord),
+            "{ord}: {e}"
+        );
     }
     for ord in [1u32, 3, 6, 7, 8] {
         let e = gemv_pairs_with(&gpu, ord, &w, &x, &pairs, &[], Reduction::Auto).unwrap_err();
-        assert!(matches!(e, DispatchError::NoKernel { ordinal, .. } if ordinal == ord), "{ord}: {e}");
+        assert!(
+            matches!(e, DispatchError::NoKernel { ordinal, .. } if ordinal == ord),
+            "{ord}: {e}"
+        );
     }
     for ord in [2u32, 4, 5, 9] {
         let e = gemv_pairs_with(&gpu, ord, &w, &x, &pairs, &[], Reduction::Auto).unwrap_err();
-        assert!(matches!(e, DispatchError::EncodingMismatch { ordinal, .. } if ordinal == ord), "{ord}: {e}");
+        assert!(
+            matches!(e, DispatchError::EncodingMismatch { ordinal, .. } if ordinal == ord),
+            "{ord}: {e}"
+        );
     }
     // the same refusals building a reusable call
     let xb = gpu.storage_init("x", bytemuck::cast_slice(&x));
     let pb = gpu.storage_init("p", bytemuck::cast_slice(&[0u32, 0, NO_GAMMA]));
     let yb = gpu.storage("y", 8);
     let args = GemvArgs::new(&xb, 1, &pb, 1, &yb);
-    assert!(matches!(GemvCall::new(&gpu, 42, &w, args), Err(DispatchError::UnknownOrdinal(42))));
-    assert!(matches!(GemvCall::new(&gpu, 6, &w, args), Err(DispatchError::NoKernel { ordinal: 6, .. })));
-    assert!(matches!(GemvCall::new(&gpu, 9, &w, args), Err(DispatchError::EncodingMismatch { .. })));
+    assert!(matches!(
+        GemvCall::new(&gpu, 42, &w, args),
+        Err(DispatchError::UnknownOrdinal(42))
+    ));
+    assert!(matches!(
+        GemvCall::new(&gpu, 6, &w, args),
+        Err(DispatchError::NoKernel { ordinal: 6, .. })
+    ));
+    assert!(matches!(
+        GemvCall::new(&gpu, 9, &w, args),
+        Err(DispatchError::EncodingMismatch { .. })
+    ));
     assert!(GemvCall::new(&gpu, 0, &w, args).is_ok());
     // uploads of kernel-less formats are refused by the dispatcher too
     let e = GpuWeights::from_slab_bytes(
         &gpu,
-        Encoding { format: inkling_wgpu::formats::Format::Mxfp4, group_size: 32 },
+        Encoding {
+            format: inkling_wgpu::formats::Format::Mxfp4,
+            group_size: 32,
+        },
         1,
         1,
         32,
@@ -211,7 +270,10 @@ fn dispatcher_refuses_unknown_and_kernel_less_ordinals_and_mismatches() {
         &[],
     )
     .unwrap_err();
-    assert!(matches!(e, DispatchError::NoKernel { ordinal: 7, .. }), "{e}");
+    assert!(
+        matches!(e, DispatchError::NoKernel { ordinal: 7, .. }),
+        "{e}"
+    );
 }
 
 /// Same bytes, two interpretations that differ: the dispatcher always runs the weights' own decode.
@@ -221,7 +283,13 @@ fn ordinal_5_runs_int3_and_9_runs_bf16() {
     let mut rng = Rng(3);
     // int3-g64 [4, 64] is 24 bytes/row, like int4 [4, 48]
     let o = 4;
-    let q3 = quantize(Encoding::parse("int3-g64").unwrap(), &rng.vec(o * 64), o, 64).unwrap();
+    let q3 = quantize(
+        Encoding::parse("int3-g64").unwrap(),
+        &rng.vec(o * 64),
+        o,
+        64,
+    )
+    .unwrap();
     let q4 = QMatrix::new(
         Encoding::parse("int4").unwrap(),
         o,
@@ -233,12 +301,24 @@ fn ordinal_5_runs_int3_and_9_runs_bf16() {
     let x = rng.vec(64);
     let r3 = q3.gemv_ref_f64(&x);
     let r4 = q4.gemv_ref_f64(&x[..48]);
-    assert!(rel_err(&r4.iter().map(|&v| v as f32).collect::<Vec<_>>(), &r3) > 0.1, "test bytes must disagree");
+    assert!(
+        rel_err(&r4.iter().map(|&v| v as f32).collect::<Vec<_>>(), &r3) > 0.1,
+        "test bytes must disagree"
+    );
     let w3 = GpuWeights::upload(&gpu, std::slice::from_ref(&q3)).unwrap();
     let w4 = GpuWeights::upload(&gpu, std::slice::from_ref(&q4)).unwrap();
     let y = gemv_pairs_with(&gpu, 5, &w3, &x, &[(0, 0, NO_GAMMA)], &[], Reduction::Auto).unwrap();
     assert!(rel_err(&y, &r3) <= 1e-5);
-    let y4 = gemv_pairs_with(&gpu, 2, &w4, &x[..48], &[(0, 0, NO_GAMMA)], &[], Reduction::Auto).unwrap();
+    let y4 = gemv_pairs_with(
+        &gpu,
+        2,
+        &w4,
+        &x[..48],
+        &[(0, 0, NO_GAMMA)],
+        &[],
+        Reduction::Auto,
+    )
+    .unwrap();
     assert!(rel_err(&y4, &r4) <= 1e-5);
     assert!(matches!(
         gemv_pairs_with(&gpu, 2, &w3, &x, &[(0, 0, NO_GAMMA)], &[], Reduction::Auto),
@@ -246,7 +326,14 @@ fn ordinal_5_runs_int3_and_9_runs_bf16() {
     ));
     // bf16 [3, 10] = 20 bytes/row, like f32 [3, 5]
     let qb = quantize(Encoding::BF16, &rng.vec(30), 3, 10).unwrap();
-    let qf = QMatrix::new(Encoding::F32, 3, 5, Cow::Borrowed(&qb.data[..]), Cow::Borrowed(&[][..])).unwrap();
+    let qf = QMatrix::new(
+        Encoding::F32,
+        3,
+        5,
+        Cow::Borrowed(&qb.data[..]),
+        Cow::Borrowed(&[][..]),
+    )
+    .unwrap();
     let xb = rng.vec(10);
     let wb = GpuWeights::upload(&gpu, std::slice::from_ref(&qb)).unwrap();
     let y = gemv_pairs_with(&gpu, 9, &wb, &xb, &[(0, 0, NO_GAMMA)], &[], Reduction::Auto).unwrap();
@@ -264,14 +351,25 @@ fn from_slab_bytes_accepts_unaligned_input() {
     let gpu = gpu();
     let mut rng = Rng(11);
     let (e, o, i) = (3, 5, 7); // bf16 rows of 14 bytes
-    let mats: Vec<QMatrix> = (0..e).map(|_| quantize(Encoding::BF16, &rng.vec(o * i), o, i).unwrap()).collect();
+    let mats: Vec<QMatrix> = (0..e)
+        .map(|_| quantize(Encoding::BF16, &rng.vec(o * i), o, i).unwrap())
+        .collect();
     let mut raw = vec![0u8; 1]; // start the slab at an odd address
     for m in &mats {
         raw.extend_from_slice(&m.data);
     }
     let w = GpuWeights::from_slab_bytes(&gpu, Encoding::BF16, e, o, i, &raw[1..], &[]).unwrap();
     let x = rng.vec(i);
-    check_problem(&gpu, Encoding::BF16, &mats, &w, &x, &[(2, 0, NO_GAMMA), (1, 0, NO_GAMMA)], &[], Reduction::Auto);
+    check_problem(
+        &gpu,
+        Encoding::BF16,
+        &mats,
+        &w,
+        &x,
+        &[(2, 0, NO_GAMMA), (1, 0, NO_GAMMA)],
+        &[],
+        Reduction::Auto,
+    );
     assert!(GpuWeights::from_slab_bytes(&gpu, Encoding::BF16, e, o, i, &raw, &[]).is_err());
 }
 
@@ -280,14 +378,32 @@ fn chunked_slabs_small_limit() {
     // splitting logic with a tiny chunk limit: by experts, and by rows inside one expert
     let gpu = gpu();
     let mut rng = Rng(77);
-    for (enc, limit) in [("int4-g32", 4096u64), ("int3-g64", 4096), ("f32", 1 << 15), ("bf16", 3000)] {
+    for (enc, limit) in [
+        ("int4-g32", 4096u64),
+        ("int3-g64", 4096),
+        ("f32", 1 << 15),
+        ("bf16", 3000),
+    ] {
         let enc = Encoding::parse(enc).unwrap();
         let (experts, o, i) = (4, 70, 200);
-        let mats: Vec<QMatrix> = (0..experts).map(|_| quantize(enc, &rng.vec(o * i), o, i).unwrap()).collect();
+        let mats: Vec<QMatrix> = (0..experts)
+            .map(|_| quantize(enc, &rng.vec(o * i), o, i).unwrap())
+            .collect();
         let w = GpuWeights::upload_with_limit(&gpu, &mats, limit).unwrap();
-        assert!(w.chunks().len() > 1, "{}: {} chunks", enc.spelling(), w.chunks().len());
+        assert!(
+            w.chunks().len() > 1,
+            "{}: {} chunks",
+            enc.spelling(),
+            w.chunks().len()
+        );
         let x = rng.vec(2 * i);
-        let pairs = [(3, 1, NO_GAMMA), (0, 0, 0), (1, 1, NO_GAMMA), (2, 0, NO_GAMMA), (3, 0, 0)];
+        let pairs = [
+            (3, 1, NO_GAMMA),
+            (0, 0, 0),
+            (1, 1, NO_GAMMA),
+            (2, 0, NO_GAMMA),
+            (3, 0, 0),
+        ];
         for red in reductions(&gpu) {
             check_problem(&gpu, enc, &mats, &w, &x, &pairs, &[0.5], red);
         }

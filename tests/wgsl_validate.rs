@@ -4,11 +4,13 @@
 use naga::valid::{Capabilities, ShaderStages, SubgroupOperationSet, ValidationFlags, Validator};
 
 fn validate(label: &str, src: &str) -> Result<(), String> {
-    let module = naga::front::wgsl::parse_str(src).map_err(|e| format!("{label}: parse: {}", e.emit_to_string(src)))?;
+    let module = naga::front::wgsl::parse_str(src)
+        .map_err(|e| format!("{label}: parse: {}", e.emit_to_string(src)))?;
     let mut v = Validator::new(ValidationFlags::all(), Capabilities::all());
     v.subgroup_stages(ShaderStages::all());
     v.subgroup_operations(SubgroupOperationSet::all());
-    v.validate(&module).map_err(|e| format!("{label}: validate: {}", e.emit_to_string(src)))?;
+    v.validate(&module)
+        .map_err(|e| format!("{label}: validate: {}", e.emit_to_string(src)))?;
     Ok(())
 }
 
@@ -21,7 +23,10 @@ fn every_wgsl_file_validates() {
         .filter(|p| p.extension().is_some_and(|e| e == "wgsl"))
         .collect();
     files.sort();
-    assert!(files.iter().any(|p| p.ends_with("gemv.wgsl")), "wgsl/gemv.wgsl missing");
+    assert!(
+        files.iter().any(|p| p.ends_with("gemv.wgsl")),
+        "wgsl/gemv.wgsl missing"
+    );
     let mut errors = Vec::new();
     let mut n = 0;
     for f in &files {
@@ -34,7 +39,12 @@ fn every_wgsl_file_validates() {
             }
         }
     }
-    assert!(errors.is_empty(), "{} of {n} WGSL instantiations failed:\n{}", errors.len(), errors.join("\n"));
+    assert!(
+        errors.is_empty(),
+        "{} of {n} WGSL instantiations failed:\n{}",
+        errors.len(),
+        errors.join("\n")
+    );
     // f32, int4, int4-g32/64/128, int3-g64, bf16, each with two reductions
     assert!(n >= 14, "only {n} instantiations validated");
 }
@@ -48,7 +58,9 @@ fn gemv_variants_differ_only_by_prelude_and_reduction() {
         assert!(!a.contains("subgroupShuffleXor") && b.contains("subgroupShuffleXor"));
         assert!(a.contains(&format!("const FMT: u32 = {}u;", enc.format.ordinal())));
         for src in [&a, &b] {
-            assert!(src.lines().all(|l| !matches!(l.trim(), "//!IF SUBGROUP" | "//!ELSE" | "//!END")));
+            assert!(src
+                .lines()
+                .all(|l| !matches!(l.trim(), "//!IF SUBGROUP" | "//!ELSE" | "//!END")));
         }
     }
 }

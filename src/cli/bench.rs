@@ -73,12 +73,42 @@ struct Shape {
 }
 
 const SHAPES: &[Shape] = &[
-    Shape { label: "inkling gate_up", experts: 1, o: 6144, i: 6144 },
-    Shape { label: "inkling down", experts: 1, o: 6144, i: 3072 },
-    Shape { label: "small gate_up", experts: 1, o: 4096, i: 4096 },
-    Shape { label: "small down", experts: 1, o: 4096, i: 2048 },
-    Shape { label: "inkling layer gate_up (6 routed + 2 shared)", experts: 8, o: 6144, i: 6144 },
-    Shape { label: "inkling layer down (6 routed + 2 shared)", experts: 8, o: 6144, i: 3072 },
+    Shape {
+        label: "inkling gate_up",
+        experts: 1,
+        o: 6144,
+        i: 6144,
+    },
+    Shape {
+        label: "inkling down",
+        experts: 1,
+        o: 6144,
+        i: 3072,
+    },
+    Shape {
+        label: "small gate_up",
+        experts: 1,
+        o: 4096,
+        i: 4096,
+    },
+    Shape {
+        label: "small down",
+        experts: 1,
+        o: 4096,
+        i: 2048,
+    },
+    Shape {
+        label: "inkling layer gate_up (6 routed + 2 shared)",
+        experts: 8,
+        o: 6144,
+        i: 6144,
+    },
+    Shape {
+        label: "inkling layer down (6 routed + 2 shared)",
+        experts: 8,
+        o: 6144,
+        i: 3072,
+    },
 ];
 
 /// splitmix64 bytes that decode to finite values in every format.
@@ -135,9 +165,15 @@ fn time_calls(gpu: &Gpu, calls: &[GemvCall], n: usize) -> anyhow::Result<(f64, &
         enc.resolve_query_set(&qs, 0..2 * n as u32, &resolve, 0);
         gpu.queue.submit([enc.finish()]);
         let raw = gpu.read_bytes(&resolve, 0, 16 * n as u64)?;
-        let ts: Vec<u64> = raw.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect();
+        let ts: Vec<u64> = raw
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+            .collect();
         let period = gpu.queue.get_timestamp_period() as f64; // ns per tick
-        let mut ticks: Vec<u64> = ts.chunks_exact(2).map(|p| p[1].saturating_sub(p[0])).collect();
+        let mut ticks: Vec<u64> = ts
+            .chunks_exact(2)
+            .map(|p| p[1].saturating_sub(p[0]))
+            .collect();
         ticks.sort_unstable();
         let median = ticks[ticks.len() / 2] as f64 * period * 1e-9;
         Ok((median, "gpu timestamps, median"))
@@ -149,7 +185,10 @@ fn time_calls(gpu: &Gpu, calls: &[GemvCall], n: usize) -> anyhow::Result<(f64, &
             gpu.queue.submit([enc.finish()]);
         }
         gpu.device.poll(wgpu::PollType::wait_indefinitely())?;
-        Ok((t0.elapsed().as_secs_f64() / n as f64, "wall clock, mean over submits"))
+        Ok((
+            t0.elapsed().as_secs_f64() / n as f64,
+            "wall clock, mean over submits",
+        ))
     }
 }
 
@@ -161,7 +200,10 @@ fn kernels(a: KernelArgs) -> anyhow::Result<ExitCode> {
     let encs: Vec<Encoding> = if a.formats.is_empty() {
         kernel_encodings()
     } else {
-        a.formats.iter().map(|s| Encoding::parse(s)).collect::<Result<_, _>>()?
+        a.formats
+            .iter()
+            .map(|s| Encoding::parse(s))
+            .collect::<Result<_, _>>()?
     };
     if !a.json {
         println!("adapter: {}", gpu.describe());
@@ -179,20 +221,35 @@ fn kernels(a: KernelArgs) -> anyhow::Result<ExitCode> {
             let sb = s.experts * 4 * enc.scale_count(o, i);
             let bytes = (eb + sb) as u64;
             // rotate copies so the working set exceeds 256 MiB (one copy when quick)
-            let copies = if quick { 1 } else { ((256u64 << 20) / bytes + 1).min(16) as usize };
+            let copies = if quick {
+                1
+            } else {
+                ((256u64 << 20) / bytes + 1).min(16) as usize
+            };
             let scales: Vec<u8> = (0..sb / 4).flat_map(|_| 0.01f32.to_le_bytes()).collect();
             let mut weights = Vec::new();
             for c in 0..copies {
                 let data = slab_bytes(*enc, eb, c as u64 + 1);
-                weights.push(GpuWeights::from_slab_bytes(&gpu, *enc, s.experts, o, i, &data, &scales)?);
+                weights.push(GpuWeights::from_slab_bytes(
+                    &gpu, *enc, s.experts, o, i, &data, &scales,
+                )?);
             }
             let x = gpu.storage_init("x", bytemuck::cast_slice(&vec![0.25f32; i]));
-            let pairs: Vec<u32> = (0..s.experts as u32).flat_map(|e| [e, 0, NO_GAMMA]).collect();
+            let pairs: Vec<u32> = (0..s.experts as u32)
+                .flat_map(|e| [e, 0, NO_GAMMA])
+                .collect();
             let pb = gpu.storage_init("pairs", bytemuck::cast_slice(&pairs));
             let y = gpu.storage("y", 4 * (s.experts * o) as u64);
             let calls = weights
                 .iter()
-                .map(|w| GemvCall::new(&gpu, enc.format.ordinal(), w, GemvArgs::new(&x, 1, &pb, s.experts as u32, &y)))
+                .map(|w| {
+                    GemvCall::new(
+                        &gpu,
+                        enc.format.ordinal(),
+                        w,
+                        GemvArgs::new(&x, 1, &pb, s.experts as u32, &y),
+                    )
+                })
                 .collect::<Result<Vec<_>, _>>()?;
             let (t, how) = time_calls(&gpu, &calls, iters)?;
             method = how;
@@ -208,7 +265,8 @@ fn kernels(a: KernelArgs) -> anyhow::Result<ExitCode> {
                     bytes,
                     t * 1e6,
                     gbs,
-                    frac.map(|f| format!("{:.1}%", 100.0 * f)).unwrap_or_else(|| "-".into())
+                    frac.map(|f| format!("{:.1}%", 100.0 * f))
+                        .unwrap_or_else(|| "-".into())
                 );
             }
             results.push(serde_json::json!({
@@ -225,7 +283,10 @@ fn kernels(a: KernelArgs) -> anyhow::Result<ExitCode> {
         });
         println!("{}", serde_json::to_string_pretty(&doc)?);
     } else {
-        println!("timing: {method}; bytes = weights + scales read per dispatch{}", if quick { "; quick (shapes / 4)" } else { "" });
+        println!(
+            "timing: {method}; bytes = weights + scales read per dispatch{}",
+            if quick { "; quick (shapes / 4)" } else { "" }
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -24,7 +24,9 @@ impl Rng {
         z ^ (z >> 31)
     }
     fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0).collect()
+        (0..n)
+            .map(|_| (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0)
+            .collect()
     }
 }
 
@@ -46,7 +48,11 @@ fn problem_error(
     let y = gemv_pairs_with(gpu, enc.format.ordinal(), w, x, pairs, gammas, red)?;
     let mut worst = 0f64;
     for (p, &(e, t, wi)) in pairs.iter().enumerate() {
-        let g = if wi == NO_GAMMA { 1.0 } else { gammas[wi as usize] as f64 };
+        let g = if wi == NO_GAMMA {
+            1.0
+        } else {
+            gammas[wi as usize] as f64
+        };
         let r = mats[e as usize].gemv_ref_f64(&x[t as usize * i..(t as usize + 1) * i]);
         let (mut num, mut den) = (0f64, 0f64);
         for (k, rv) in r.iter().enumerate() {
@@ -54,7 +60,11 @@ fn problem_error(
             num += (yv - g * rv).powi(2);
             den += (g * rv).powi(2);
         }
-        let err = if den > 0.0 { (num / den).sqrt() } else { num.sqrt() };
+        let err = if den > 0.0 {
+            (num / den).sqrt()
+        } else {
+            num.sqrt()
+        };
         worst = worst.max(if err.is_nan() { f64::INFINITY } else { err });
     }
     Ok(worst)
@@ -77,7 +87,11 @@ fn gbs(gpu: &Gpu, ordinal: u32, w: &GpuWeights) -> anyhow::Result<f64> {
         Ok(t0.elapsed().as_secs_f64())
     };
     run(1)?; // warm up
-    let n = if gpu.info.device_type == wgpu::DeviceType::Cpu { 3 } else { 50 };
+    let n = if gpu.info.device_type == wgpu::DeviceType::Cpu {
+        3
+    } else {
+        50
+    };
     let t = run(n)?;
     Ok(w.expert_bytes() as f64 * n as f64 / t / 1e9)
 }
@@ -98,7 +112,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(ord) = args.force_ordinal {
         let m = quantize(Encoding::F32, &[1.0; 4], 1, 4)?;
         let w = GpuWeights::upload(&gpu, &[m])?;
-        return match gemv_pairs_with(&gpu, ord, &w, &[1.0; 4], &[(0, 0, NO_GAMMA)], &[], Reduction::Auto) {
+        return match gemv_pairs_with(
+            &gpu,
+            ord,
+            &w,
+            &[1.0; 4],
+            &[(0, 0, NO_GAMMA)],
+            &[],
+            Reduction::Auto,
+        ) {
             Err(e) => {
                 let kind = match e {
                     DispatchError::UnknownOrdinal(_) => "UnknownOrdinal",
@@ -120,22 +142,35 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         reds.insert(0, Reduction::Subgroup);
     }
     // (experts, O, I); pairs cover several experts and tokens, gammas on
-    let shapes: &[(usize, usize, usize)] =
-        &[(1, 1, 1), (1, 3, 7), (3, 33, 63), (3, 257, 65), (2, 100, 129), (8, 96, 1000), (4, 512, 2048)];
+    let shapes: &[(usize, usize, usize)] = &[
+        (1, 1, 1),
+        (1, 3, 7),
+        (3, 33, 63),
+        (3, 257, 65),
+        (2, 100, 129),
+        (8, 96, 1000),
+        (4, 512, 2048),
+    ];
     let mut rng = Rng(0x1d2c);
     let mut failed = 0;
-    println!("{:<10} {:<10} {:>13}  {:<6} {:>9}", "format", "reduction", "max rel err", "result", "GB/s");
+    println!(
+        "{:<10} {:<10} {:>13}  {:<6} {:>9}",
+        "format", "reduction", "max rel err", "result", "GB/s"
+    );
     for enc in kernel_encodings() {
         for &red in &reds {
             let mut worst = 0f64;
             let mut err_msg = None;
             for &(e, o, i) in shapes {
-                let mats: Vec<QMatrix> = (0..e).map(|_| quantize(enc, &rng.vec(o * i), o, i)).collect::<Result<_, _>>()?;
+                let mats: Vec<QMatrix> = (0..e)
+                    .map(|_| quantize(enc, &rng.vec(o * i), o, i))
+                    .collect::<Result<_, _>>()?;
                 let w = GpuWeights::upload(&gpu, &mats)?;
                 let tokens = 3;
                 let x = rng.vec(tokens * i);
-                let pairs: Vec<(u32, u32, u32)> =
-                    (0..2 * e as u32).map(|k| (k % e as u32, k % 3, if k % 2 == 0 { NO_GAMMA } else { 0 })).collect();
+                let pairs: Vec<(u32, u32, u32)> = (0..2 * e as u32)
+                    .map(|k| (k % e as u32, k % 3, if k % 2 == 0 { NO_GAMMA } else { 0 }))
+                    .collect();
                 match problem_error(&gpu, enc, &mats, &w, &x, &pairs, &[0.625], red) {
                     Ok(err) => worst = worst.max(err),
                     Err(e) => err_msg = Some(e.to_string()),
@@ -145,7 +180,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             failed += (!ok) as usize;
             let big = quantize(enc, &rng.vec(1024 * 4096), 1024, 4096)?;
             let w = GpuWeights::upload(&gpu, &[big])?;
-            let rate = if red == reds[0] { format!("{:9.1}", gbs(&gpu, enc.format.ordinal(), &w)?) } else { "".into() };
+            let rate = if red == reds[0] {
+                format!("{:9.1}", gbs(&gpu, enc.format.ordinal(), &w)?)
+            } else {
+                "".into()
+            };
             println!(
                 "{:<10} {:<10} {:>13.3e}  {:<6} {rate}{}",
                 enc.spelling(),

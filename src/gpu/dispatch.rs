@@ -21,13 +21,19 @@ pub enum DispatchError {
     #[error("format ordinal {0} is not in the registry (FORMATS.md); refusing to guess a decode")]
     UnknownOrdinal(u32),
     /// The ordinal is registered but has no GPU kernel in this engine.
-    #[error("format {name} (ordinal {ordinal}) is registered but has no GPU kernel in this engine")]
+    #[error(
+        "format {name} (ordinal {ordinal}) is registered but has no GPU kernel in this engine"
+    )]
     NoKernel { ordinal: u32, name: &'static str },
     /// The ordinal disagrees with the encoding of the uploaded weights.
     #[error(
         "ordinal {ordinal} ({asked}) asked for, but the weights are {weights}; refusing to decode one format's bytes as another"
     )]
-    EncodingMismatch { ordinal: u32, asked: &'static str, weights: String },
+    EncodingMismatch {
+        ordinal: u32,
+        asked: &'static str,
+        weights: String,
+    },
     /// Shapes, sizes or buffers that do not fit the problem.
     #[error("bad GEMV problem: {0}")]
     Shape(String),
@@ -44,7 +50,10 @@ pub fn resolve(ordinal: u32) -> Result<Format, DispatchError> {
     match Format::from_ordinal(ordinal) {
         Err(FormatError::UnknownOrdinal(o)) => Err(DispatchError::UnknownOrdinal(o)),
         Err(e) => Err(DispatchError::Shape(e.to_string())),
-        Ok(f) if !f.has_kernel() => Err(DispatchError::NoKernel { ordinal, name: f.name() }),
+        Ok(f) if !f.has_kernel() => Err(DispatchError::NoKernel {
+            ordinal,
+            name: f.name(),
+        }),
         Ok(f) => Ok(f),
     }
 }
@@ -53,7 +62,11 @@ pub fn resolve(ordinal: u32) -> Result<Format, DispatchError> {
 pub fn check(ordinal: u32, weights: Encoding) -> Result<Encoding, DispatchError> {
     let f = resolve(ordinal)?;
     if f != weights.format {
-        return Err(DispatchError::EncodingMismatch { ordinal, asked: f.name(), weights: weights.spelling() });
+        return Err(DispatchError::EncodingMismatch {
+            ordinal,
+            asked: f.name(),
+            weights: weights.spelling(),
+        });
     }
     Ok(weights)
 }
@@ -72,12 +85,18 @@ pub fn gemv_pairs_with(
 ) -> Result<Vec<f32>, DispatchError> {
     check(ordinal, w.encoding())?;
     let (o, i) = (w.rows(), w.cols());
-    if x.is_empty() || x.len() % i != 0 {
-        return Err(DispatchError::Shape(format!("x has {} values, not a multiple of I = {i}", x.len())));
+    if x.is_empty() || !x.len().is_multiple_of(i) {
+        return Err(DispatchError::Shape(format!(
+            "x has {} values, not a multiple of I = {i}",
+            x.len()
+        )));
     }
     let tokens = x.len() / i;
     for (p, &(e, t, wi)) in pairs.iter().enumerate() {
-        if e as usize >= w.experts() || t as usize >= tokens || (wi != NO_GAMMA && wi as usize >= gammas.len()) {
+        if e as usize >= w.experts()
+            || t as usize >= tokens
+            || (wi != NO_GAMMA && wi as usize >= gammas.len())
+        {
             return Err(DispatchError::Shape(format!(
                 "pair {p} = ({e}, {t}, {wi}) out of range ({} experts, {tokens} tokens, {} gammas)",
                 w.experts(),
@@ -91,10 +110,12 @@ pub fn gemv_pairs_with(
     let xb = gpu.storage_init("gemv x", bytemuck::cast_slice(x));
     let flat: Vec<u32> = pairs.iter().flat_map(|&(e, t, wi)| [e, t, wi]).collect();
     let pb = gpu.storage_init("gemv pairs", bytemuck::cast_slice(&flat));
-    let gb = (!gammas.is_empty()).then(|| gpu.storage_init("gemv gamma", bytemuck::cast_slice(gammas)));
+    let gb =
+        (!gammas.is_empty()).then(|| gpu.storage_init("gemv gamma", bytemuck::cast_slice(gammas)));
     let poison = vec![f32::NAN; pairs.len() * o];
     let yb = gpu.storage_init("gemv y", bytemuck::cast_slice(&poison));
-    let mut args = GemvArgs::new(&xb, tokens as u32, &pb, pairs.len() as u32, &yb).reduction(reduction);
+    let mut args =
+        GemvArgs::new(&xb, tokens as u32, &pb, pairs.len() as u32, &yb).reduction(reduction);
     if let Some(g) = &gb {
         args = args.gamma(g);
     }

@@ -109,11 +109,17 @@ pub fn kernel_encodings() -> Vec<Encoding> {
     for s in crate::formats::REGISTRY.iter().filter(|s| s.gpu_kernel) {
         if s.format == Format::Int4Grouped {
             for &g in s.group_sizes {
-                v.push(Encoding { format: s.format, group_size: g as usize });
+                v.push(Encoding {
+                    format: s.format,
+                    group_size: g as usize,
+                });
             }
         } else {
             let gs = if s.format == Format::Int3G64 { 64 } else { 0 };
-            v.push(Encoding { format: s.format, group_size: gs });
+            v.push(Encoding {
+                format: s.format,
+                group_size: gs,
+            });
         }
     }
     v
@@ -148,8 +154,14 @@ impl GpuWeights {
     }
 
     /// [`GpuWeights::upload`] with chunks of at most `limit` bytes (tests use a small limit).
-    pub fn upload_with_limit(gpu: &Gpu, mats: &[QMatrix], limit: u64) -> Result<GpuWeights, DispatchError> {
-        let first = mats.first().ok_or_else(|| DispatchError::Shape("no matrices to upload".into()))?;
+    pub fn upload_with_limit(
+        gpu: &Gpu,
+        mats: &[QMatrix],
+        limit: u64,
+    ) -> Result<GpuWeights, DispatchError> {
+        let first = mats
+            .first()
+            .ok_or_else(|| DispatchError::Shape("no matrices to upload".into()))?;
         for (i, m) in mats.iter().enumerate() {
             if m.enc != first.enc || m.rows != first.rows || m.cols != first.cols {
                 return Err(DispatchError::Shape(format!(
@@ -165,7 +177,16 @@ impl GpuWeights {
         }
         let data: Vec<&[u8]> = mats.iter().map(|m| &m.data[..]).collect();
         let scales: Vec<&[u8]> = mats.iter().map(|m| &m.scales[..]).collect();
-        Self::build(gpu, first.enc, mats.len(), first.rows, first.cols, &data, &scales, limit)
+        Self::build(
+            gpu,
+            first.enc,
+            mats.len(),
+            first.rows,
+            first.cols,
+            &data,
+            &scales,
+            limit,
+        )
     }
 
     /// Upload straight from raw bytes (e.g. a mapped container): `data` is E·O·row_bytes bytes,
@@ -180,7 +201,16 @@ impl GpuWeights {
         data: &[u8],
         scales: &[u8],
     ) -> Result<GpuWeights, DispatchError> {
-        Self::from_slab_bytes_with_limit(gpu, enc, experts, rows, cols, data, scales, default_limit(gpu))
+        Self::from_slab_bytes_with_limit(
+            gpu,
+            enc,
+            experts,
+            rows,
+            cols,
+            data,
+            scales,
+            default_limit(gpu),
+        )
     }
 
     /// [`GpuWeights::from_slab_bytes`] with chunks of at most `limit` bytes.
@@ -196,7 +226,9 @@ impl GpuWeights {
         limit: u64,
     ) -> Result<GpuWeights, DispatchError> {
         dispatch::resolve(enc.format.ordinal())?;
-        enc.format.check_group_size(enc.group_size).map_err(|e| DispatchError::Shape(e.to_string()))?;
+        enc.format
+            .check_group_size(enc.group_size)
+            .map_err(|e| DispatchError::Shape(e.to_string()))?;
         let wb = rows * enc.bytes_per_row(cols);
         let sb = 4 * enc.scale_count(rows, cols);
         if data.len() != experts * wb || scales.len() != experts * sb {
@@ -210,7 +242,9 @@ impl GpuWeights {
             )));
         }
         let d: Vec<&[u8]> = (0..experts).map(|e| &data[e * wb..(e + 1) * wb]).collect();
-        let s: Vec<&[u8]> = (0..experts).map(|e| &scales[e * sb..(e + 1) * sb]).collect();
+        let s: Vec<&[u8]> = (0..experts)
+            .map(|e| &scales[e * sb..(e + 1) * sb])
+            .collect();
         Self::build(gpu, enc, experts, rows, cols, &d, &s, limit)
     }
 
@@ -227,7 +261,9 @@ impl GpuWeights {
     ) -> Result<GpuWeights, DispatchError> {
         dispatch::resolve(enc.format.ordinal())?;
         if experts == 0 || rows == 0 || cols == 0 {
-            return Err(DispatchError::Shape(format!("empty weight tensor {experts}×[{rows}, {cols}]")));
+            return Err(DispatchError::Shape(format!(
+                "empty weight tensor {experts}×[{rows}, {cols}]"
+            )));
         }
         if experts > u32::MAX as usize || rows > u32::MAX as usize || cols > u32::MAX as usize {
             return Err(DispatchError::Shape("dimensions must fit in u32".into()));
@@ -264,7 +300,9 @@ impl GpuWeights {
             let wbuf = gpu.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some(&format!("gemv weights {} chunk {ci}", enc.spelling())),
                 size: (n_rows * stride).max(16) as u64,
-                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+                usage: wgpu::BufferUsages::STORAGE
+                    | wgpu::BufferUsages::COPY_DST
+                    | wgpu::BufferUsages::COPY_SRC,
                 mapped_at_creation: true,
             });
             {
@@ -276,13 +314,15 @@ impl GpuWeights {
                 for src in &data[e0..e1] {
                     if rb == stride {
                         let n = (r1 - r0) * rb;
-                        view.slice(k * stride..k * stride + n).copy_from_slice(&src[r0 * rb..r1 * rb]);
+                        view.slice(k * stride..k * stride + n)
+                            .copy_from_slice(&src[r0 * rb..r1 * rb]);
                         k += r1 - r0;
                     } else {
                         for r in r0..r1 {
                             // row bytes, then explicit zero padding up to the unit size
                             padded[..rb].copy_from_slice(&src[r * rb..(r + 1) * rb]);
-                            view.slice(k * stride..(k + 1) * stride).copy_from_slice(&padded);
+                            view.slice(k * stride..(k + 1) * stride)
+                                .copy_from_slice(&padded);
                             k += 1;
                         }
                     }
@@ -293,7 +333,10 @@ impl GpuWeights {
             for src in &scales[e0..e1] {
                 sbytes.extend_from_slice(&src[r0 * spr * 4..r1 * spr * 4]);
             }
-            let sbuf = gpu.storage_init(&format!("gemv scales {} chunk {ci}", enc.spelling()), &sbytes);
+            let sbuf = gpu.storage_init(
+                &format!("gemv scales {} chunk {ci}", enc.spelling()),
+                &sbytes,
+            );
             chunks.push(WeightChunk {
                 weights: wbuf,
                 scales: sbuf,
@@ -303,7 +346,13 @@ impl GpuWeights {
                 r1: r1 as u32,
             });
         }
-        Ok(GpuWeights { enc, experts, rows, cols, chunks })
+        Ok(GpuWeights {
+            enc,
+            experts,
+            rows,
+            cols,
+            chunks,
+        })
     }
 
     /// The encoding of the uploaded bytes.
@@ -328,14 +377,18 @@ impl GpuWeights {
     }
     /// FORMATS.md bytes (weights + scales) of ONE expert: what a GEMV over it must read.
     pub fn expert_bytes(&self) -> u64 {
-        (self.rows * self.enc.bytes_per_row(self.cols) + 4 * self.enc.scale_count(self.rows, self.cols)) as u64
+        (self.rows * self.enc.bytes_per_row(self.cols)
+            + 4 * self.enc.scale_count(self.rows, self.cols)) as u64
     }
 }
 
 /// Largest chunk: the binding limit, the buffer limit and 2³¹ − 1 bytes (offsets past 2³¹ break
 /// on several backends), rounded down to 256 bytes.
 pub fn default_limit(gpu: &Gpu) -> u64 {
-    let l = gpu.max_binding().min(gpu.limits.max_buffer_size).min((1u64 << 31) - 1);
+    let l = gpu
+        .max_binding()
+        .min(gpu.limits.max_buffer_size)
+        .min((1u64 << 31) - 1);
     l & !255
 }
 
@@ -365,7 +418,13 @@ pub struct GemvArgs<'a> {
 
 impl<'a> GemvArgs<'a> {
     /// Packed x and y, no gamma, automatic reduction.
-    pub fn new(x: &'a wgpu::Buffer, tokens: u32, pairs: &'a wgpu::Buffer, n_pairs: u32, y: &'a wgpu::Buffer) -> Self {
+    pub fn new(
+        x: &'a wgpu::Buffer,
+        tokens: u32,
+        pairs: &'a wgpu::Buffer,
+        n_pairs: u32,
+        y: &'a wgpu::Buffer,
+    ) -> Self {
         GemvArgs {
             x,
             tokens,
@@ -406,30 +465,51 @@ impl GemvCall {
     /// Build a call through the dispatcher: `ordinal` must be in the registry
     /// ([`DispatchError::UnknownOrdinal`]), have a kernel here ([`DispatchError::NoKernel`]) and be
     /// the ordinal of `weights`' encoding ([`DispatchError::EncodingMismatch`]).
-    pub fn new(gpu: &Gpu, ordinal: u32, weights: &GpuWeights, args: GemvArgs) -> Result<GemvCall, DispatchError> {
+    pub fn new(
+        gpu: &Gpu,
+        ordinal: u32,
+        weights: &GpuWeights,
+        args: GemvArgs,
+    ) -> Result<GemvCall, DispatchError> {
         let enc = dispatch::check(ordinal, weights.encoding())?;
         let subgroups = match args.reduction {
             Reduction::Auto => gpu.has_subgroups(),
             Reduction::Shared => false,
             Reduction::Subgroup if gpu.has_subgroups() => true,
             Reduction::Subgroup => {
-                return Err(DispatchError::Shape("subgroup reduction asked for, but the device lacks SUBGROUP".into()))
+                return Err(DispatchError::Shape(
+                    "subgroup reduction asked for, but the device lacks SUBGROUP".into(),
+                ))
             }
         };
         let (o, i) = (weights.rows as u64, weights.cols as u64);
-        let x_stride = if args.x_stride == 0 { i } else { args.x_stride as u64 };
-        let y_stride = if args.y_stride == 0 { o } else { args.y_stride as u64 };
+        let x_stride = if args.x_stride == 0 {
+            i
+        } else {
+            args.x_stride as u64
+        };
+        let y_stride = if args.y_stride == 0 {
+            o
+        } else {
+            args.y_stride as u64
+        };
         if args.tokens == 0 {
             return Err(DispatchError::Shape("tokens must be ≥ 1".into()));
         }
         let need_x = 4 * ((args.tokens as u64 - 1) * x_stride + args.x_offset as u64 + i);
         if args.x.size() < need_x {
-            return Err(DispatchError::Shape(format!("x buffer has {} bytes, needs {need_x}", args.x.size())));
+            return Err(DispatchError::Shape(format!(
+                "x buffer has {} bytes, needs {need_x}",
+                args.x.size()
+            )));
         }
         if args.n_pairs > 0 {
             let need_y = 4 * ((args.n_pairs as u64 - 1) * y_stride + args.y_offset as u64 + o);
             if args.y.size() < need_y {
-                return Err(DispatchError::Shape(format!("y buffer has {} bytes, needs {need_y}", args.y.size())));
+                return Err(DispatchError::Shape(format!(
+                    "y buffer has {} bytes, needs {need_y}",
+                    args.y.size()
+                )));
             }
             if args.pairs.size() < 12 * args.n_pairs as u64 {
                 return Err(DispatchError::Shape(format!(
@@ -450,7 +530,11 @@ impl GemvCall {
             usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        let dummy = if args.gamma.is_none() { Some(gpu.storage("gemv no gamma", 4)) } else { None };
+        let dummy = if args.gamma.is_none() {
+            Some(gpu.storage("gemv no gamma", 4))
+        } else {
+            None
+        };
         let gamma = args.gamma.or(dummy.as_ref()).unwrap();
         let spr = enc.scales_per_row(weights.cols) as u32;
         let row_v = (gpu_row_stride(enc, weights.cols) / 16) as u32;
@@ -475,7 +559,8 @@ impl GemvCall {
                 args.gamma.is_some() as u32,
                 0,
             ];
-            gpu.queue.write_buffer(&params, k as u64 * align, bytemuck::cast_slice(&p));
+            gpu.queue
+                .write_buffer(&params, k as u64 * align, bytemuck::cast_slice(&p));
             let bg = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
                 label: Some("gemv"),
                 layout: &layout,
@@ -503,11 +588,19 @@ impl GemvCall {
             let gx = total.min(MAX_GROUPS_PER_DIM as u64) as u32;
             let gy = total.div_ceil(gx as u64);
             if gy > MAX_GROUPS_PER_DIM as u64 {
-                return Err(DispatchError::Shape(format!("{total} workgroups exceed 65535²")));
+                return Err(DispatchError::Shape(format!(
+                    "{total} workgroups exceed 65535²"
+                )));
             }
             parts.push((bg, gx, gy as u32));
         }
-        Ok(GemvCall { pipeline, _params: params, _dummy: dummy, parts, subgroups })
+        Ok(GemvCall {
+            pipeline,
+            _params: params,
+            _dummy: dummy,
+            parts,
+            subgroups,
+        })
     }
 
     /// Whether this call uses the subgroup reduction.
@@ -522,12 +615,21 @@ impl GemvCall {
 
     /// Record the call in its own compute pass.
     pub fn record(&self, encoder: &mut wgpu::CommandEncoder) {
-        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("gemv"), timestamp_writes: None });
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some("gemv"),
+            timestamp_writes: None,
+        });
         self.record_in_pass(&mut pass);
     }
 
     /// Record the call in its own compute pass that writes timestamps `begin` and `end` of `qs`.
-    pub fn record_timed(&self, encoder: &mut wgpu::CommandEncoder, qs: &wgpu::QuerySet, begin: u32, end: u32) {
+    pub fn record_timed(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        qs: &wgpu::QuerySet,
+        begin: u32,
+        end: u32,
+    ) {
         let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
             label: Some("gemv timed"),
             timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
@@ -550,48 +652,64 @@ impl GemvCall {
 }
 
 fn entry(binding: u32, buf: &wgpu::Buffer) -> wgpu::BindGroupEntry<'_> {
-    wgpu::BindGroupEntry { binding, resource: buf.as_entire_binding() }
+    wgpu::BindGroupEntry {
+        binding,
+        resource: buf.as_entire_binding(),
+    }
 }
 
 fn layout_entry(binding: u32, ty: wgpu::BufferBindingType) -> wgpu::BindGroupLayoutEntry {
     wgpu::BindGroupLayoutEntry {
         binding,
         visibility: wgpu::ShaderStages::COMPUTE,
-        ty: wgpu::BindingType::Buffer { ty, has_dynamic_offset: false, min_binding_size: None },
+        ty: wgpu::BindingType::Buffer {
+            ty,
+            has_dynamic_offset: false,
+            min_binding_size: None,
+        },
         count: None,
     }
 }
 
 /// The compiled pipeline of one instantiation (cached on the device).
 fn pipeline(gpu: &Gpu, enc: Encoding, subgroups: bool) -> Arc<wgpu::ComputePipeline> {
-    let key = format!("gemv:{}:{}", enc.spelling(), if subgroups { "sg" } else { "smem" });
+    let key = format!(
+        "gemv:{}:{}",
+        enc.spelling(),
+        if subgroups { "sg" } else { "smem" }
+    );
     gpu.cache.get_or_create(&key, || {
         let ro = wgpu::BufferBindingType::Storage { read_only: true };
-        let bgl = gpu.device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-            label: Some("gemv"),
-            entries: &[
-                layout_entry(0, wgpu::BufferBindingType::Uniform),
-                layout_entry(1, ro),
-                layout_entry(2, ro),
-                layout_entry(3, ro),
-                layout_entry(4, ro),
-                layout_entry(5, ro),
-                layout_entry(6, wgpu::BufferBindingType::Storage { read_only: false }),
-            ],
-        });
-        let pl = gpu.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-            label: Some("gemv"),
-            bind_group_layouts: &[Some(&bgl)],
-            immediate_size: 0,
-        });
+        let bgl = gpu
+            .device
+            .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                label: Some("gemv"),
+                entries: &[
+                    layout_entry(0, wgpu::BufferBindingType::Uniform),
+                    layout_entry(1, ro),
+                    layout_entry(2, ro),
+                    layout_entry(3, ro),
+                    layout_entry(4, ro),
+                    layout_entry(5, ro),
+                    layout_entry(6, wgpu::BufferBindingType::Storage { read_only: false }),
+                ],
+            });
+        let pl = gpu
+            .device
+            .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: Some("gemv"),
+                bind_group_layouts: &[Some(&bgl)],
+                immediate_size: 0,
+            });
         let module = gpu.shader(&key, &wgsl_source(enc, subgroups));
-        gpu.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some(&key),
-            layout: Some(&pl),
-            module: &module,
-            entry_point: Some("main"),
-            compilation_options: Default::default(),
-            cache: None,
-        })
+        gpu.device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(&key),
+                layout: Some(&pl),
+                module: &module,
+                entry_point: Some("main"),
+                compilation_options: Default::default(),
+                cache: None,
+            })
     })
 }

@@ -21,7 +21,12 @@ impl PipelineCache {
             return p.clone();
         }
         let p = Arc::new(make());
-        self.map.lock().unwrap().entry(key.to_string()).or_insert(p).clone()
+        self.map
+            .lock()
+            .unwrap()
+            .entry(key.to_string())
+            .or_insert(p)
+            .clone()
     }
 }
 
@@ -34,7 +39,11 @@ pub fn wgsl_instantiations(file_name: &str, source: &str) -> Vec<(String, String
             let mut v = Vec::new();
             for enc in crate::gpu::gemv::kernel_encodings() {
                 for sg in [false, true] {
-                    let label = format!("gemv.wgsl [{} {}]", enc.spelling(), if sg { "subgroup" } else { "shared" });
+                    let label = format!(
+                        "gemv.wgsl [{} {}]",
+                        enc.spelling(),
+                        if sg { "subgroup" } else { "shared" }
+                    );
                     v.push((label, crate::gpu::gemv::wgsl_source(enc, sg)));
                 }
             }
