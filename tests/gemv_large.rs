@@ -112,13 +112,25 @@ fn head_sized_rows_spread_over_dispatch_dimensions() {
     let w: Vec<f32> = (0..o * i).map(|_| rng.f()).collect();
     let q = quantize(Encoding::parse("int4-g64").unwrap(), &w, o, i).unwrap();
     let gw = GpuWeights::upload(&gpu, std::slice::from_ref(&q)).unwrap();
-    // 3 tokens: 3 · 25,128 row blocks > 65,535 workgroups → spread over y
-    let x: Vec<f32> = (0..3 * i).map(|_| rng.f()).collect();
-    let pairs = [(0, 0, NO_GAMMA), (0, 1, NO_GAMMA), (0, 2, 0)];
+    // enough pairs that pairs × row blocks > 65,535 workgroups → spread over y
+    let rpw = inkling_wgpu::gpu::gemv::rows_per_workgroup(q.enc) as usize;
+    let n_pairs = 65_536 / o.div_ceil(rpw) + 2;
+    assert!(n_pairs * o.div_ceil(rpw) > 65_535);
+    let tokens = 3;
+    let x: Vec<f32> = (0..tokens * i).map(|_| rng.f()).collect();
+    let pairs: Vec<(u32, u32, u32)> = (0..n_pairs as u32)
+        .map(|p| (0, p % tokens as u32, if p % 2 == 1 { 0 } else { NO_GAMMA }))
+        .collect();
     let y = gemv_pairs(&gpu, 4, &gw, &x, &pairs, &[2.0]).unwrap();
-    for (p, t) in [(0usize, 0usize), (1, 1), (2, 2)] {
-        let g = if p == 2 { 2.0 } else { 1.0 };
-        for r in [0, 1, 65_535, 100_000, o - 8, o - 2, o - 1] {
+    for (p, &(_, t, wi)) in pairs.iter().enumerate() {
+        let t = t as usize;
+        let g = if wi == 0 { 2.0 } else { 1.0 };
+        let rows: &[usize] = if p + 2 >= n_pairs || p < 2 {
+            &[0, 1, 65_535, 100_000, o - 8, o - 2, o - 1]
+        } else {
+            &[o - 1]
+        };
+        for &r in rows {
             let want = g * q.rows_view(r, r + 1).gemv_ref_f64(&x[t * i..(t + 1) * i])[0];
             assert!(
                 close(y[p * o + r], want, 8.0),

@@ -1,8 +1,9 @@
 // ONE MoE GEMV skeleton for every kernel format (FORMATS.md), instantiated by a tiny preprocessing
 // step in src/gpu/gemv.rs (`gemv::wgsl_source`):
 //   * a generated prelude defines the constants FMT (format ordinal), GS (group size, 0 = none),
-//     CPU (columns per unit), VPU (vec4<u32> per unit), TPR (threads per row), RPW (rows per
-//     workgroup; TPR * RPW = 256);
+//     CPU (columns per unit), VPU (vec4<u32> per unit), XN (x values held per load, min(CPU, 64)),
+//     TPR (threads per row), RPT (rows per thread, sharing one x load), RPW (rows per workgroup
+//     = 256 / TPR * RPT);
 //   * lines between `//!IF SUBGROUP`, `//!ELSE` and `//!END` select the subgroup reduction
 //     (adapters with wgpu::Features::SUBGROUP) or the shared-memory tree reduction.
 // Nothing else differs between instantiations: only `unit_dot` (the decode step) switches on FMT,
@@ -34,7 +35,7 @@ struct Params {
     y_offset: u32,  // f32 element offset of pair 0, row 0
     spr: u32,       // f32 scales per row (0 when the format has none)
     rb: u32,        // row blocks in this chunk: ceil((r1 - r0) / RPW)
-    _pad0: u32,
+    use_gamma: u32, // 0: ignore weight_idx (no gamma buffer bound)
     _pad1: u32,
 }
 
@@ -48,73 +49,87 @@ struct Params {
 
 const NONE: u32 = 0xffffffffu;
 
-var<workgroup> red: array<f32, 256>;
+// Partial sums for the reductions: RPT rows per thread.
+var<workgroup> red: array<f32, 256u * RPT>;
 
-// x value j of the unit whose x index is xo; 0 past the `lim` valid columns (tail unit).
-fn xv(xo: u32, j: u32, lim: u32) -> f32 {
-    return select(0.0, X[xo + min(j, lim - 1u)], j < lim);
+// The x values of the current unit (or 64-column half-unit for int3-g64), loaded once and used
+// for the RPT rows this thread handles: x traffic is 1/RPT of one load per weight value.
+var<private> XR: array<f32, XN>;
+
+// Load XN x values from X[xo..]; values past the `lim` valid columns (tail unit) are 0.
+fn load_x(xo: u32, lim: u32) {
+    if (lim >= XN) {
+        for (var j = 0u; j < XN; j++) {
+            XR[j] = X[xo + j];
+        }
+    } else {
+        for (var j = 0u; j < XN; j++) {
+            XR[j] = select(0.0, X[xo + min(j, lim - 1u)], j < lim);
+        }
+    }
 }
 
 // f32: one u32 word is one value.
-fn dot_f32(wd: vec4<u32>, xo: u32, lim: u32) -> f32 {
-    return bitcast<f32>(wd.x) * xv(xo, 0u, lim) + bitcast<f32>(wd.y) * xv(xo, 1u, lim)
-         + bitcast<f32>(wd.z) * xv(xo, 2u, lim) + bitcast<f32>(wd.w) * xv(xo, 3u, lim);
+fn dot_f32(wd: vec4<u32>) -> f32 {
+    return bitcast<f32>(wd.x) * XR[0] + bitcast<f32>(wd.y) * XR[1]
+         + bitcast<f32>(wd.z) * XR[2] + bitcast<f32>(wd.w) * XR[3];
 }
 
 // bf16: two values per word, low half first; w = f32 with those upper 16 bits.
-fn dot_bf16_word(wd: u32, xo: u32, j: u32, lim: u32) -> f32 {
-    return bitcast<f32>(wd << 16u) * xv(xo, j, lim) + bitcast<f32>(wd & 0xffff0000u) * xv(xo, j + 1u, lim);
+fn dot_bf16_word(wd: u32, j: u32) -> f32 {
+    return bitcast<f32>(wd << 16u) * XR[j] + bitcast<f32>(wd & 0xffff0000u) * XR[j + 1u];
 }
 
 // int4: eight nibbles per word; column 2j is the low nibble of byte j; q = nibble - 8 (unscaled).
-fn dot_int4_word(wd: u32, xo: u32, j: u32, lim: u32) -> f32 {
+fn dot_int4_word(wd: u32, j: u32) -> f32 {
     var s = 0.0;
     for (var n = 0u; n < 8u; n++) {
-        s += (f32((wd >> (4u * n)) & 15u) - 8.0) * xv(xo, j + n, lim);
+        s += (f32((wd >> (4u * n)) & 15u) - 8.0) * XR[j + n];
     }
     return s;
 }
 
 // int3-g64: one 64-column group = 16 bytes of 2-bit lows + 8 bytes of high bits (unscaled).
-fn dot_int3_group(lo: vec4<u32>, hi: vec2<u32>, xo: u32, lim: u32) -> f32 {
+fn dot_int3_group(lo: vec4<u32>, hi: vec2<u32>) -> f32 {
     var s = 0.0;
     for (var k = 0u; k < 64u; k++) {
         let l = (lo[k >> 4u] >> (2u * (k & 15u))) & 3u;
         let h = (hi[k >> 5u] >> (k & 31u)) & 1u;
-        s += (f32(l | (h << 2u)) - 4.0) * xv(xo, k, lim);
+        s += (f32(l | (h << 2u)) - 4.0) * XR[k];
     }
     return s;
 }
 
-// THE per-format decode step: dot product of unit u of a row (at vec4 index wv) with x.
-// `lim` = valid columns in this unit (CPU except in the tail); `srow` = scale index of the row.
-fn unit_dot(wv: u32, xo: u32, lim: u32, srow: u32, u: u32) -> f32 {
+// THE per-format decode step: unit u of a row (at vec4 index wv) dotted with XR.
+// `srow` = scale index of the row. For int3-g64 this is the unit's first group only; the second
+// group is `unit_dot_int3_b` after XR is reloaded with the next 64 x values.
+fn unit_dot(wv: u32, srow: u32, u: u32) -> f32 {
     if (FMT == 0u) {
-        return dot_f32(W[wv], xo, lim);
+        return dot_f32(W[wv]);
     } else if (FMT == 9u) {
         let wd = W[wv];
-        return dot_bf16_word(wd.x, xo, 0u, lim) + dot_bf16_word(wd.y, xo, 2u, lim)
-             + dot_bf16_word(wd.z, xo, 4u, lim) + dot_bf16_word(wd.w, xo, 6u, lim);
+        return dot_bf16_word(wd.x, 0u) + dot_bf16_word(wd.y, 2u) + dot_bf16_word(wd.z, 4u) + dot_bf16_word(wd.w, 6u);
     } else if (FMT == 2u || FMT == 4u) {
         let wd = W[wv];
-        let d = dot_int4_word(wd.x, xo, 0u, lim) + dot_int4_word(wd.y, xo, 8u, lim)
-              + dot_int4_word(wd.z, xo, 16u, lim) + dot_int4_word(wd.w, xo, 24u, lim);
+        let d = dot_int4_word(wd.x, 0u) + dot_int4_word(wd.y, 8u) + dot_int4_word(wd.z, 16u) + dot_int4_word(wd.w, 24u);
         if (FMT == 4u) {
             // a 32-column unit lies inside one group (GS is 32, 64 or 128)
             return d * S[srow + (u * 32u) / max(GS, 1u)];
         }
         return d; // per-row scale applied once per row by the caller
     } else {
-        // int3-g64: a unit is two groups in 3 vec4 (48 bytes)
+        // int3-g64: a unit is two groups in 3 vec4 (48 bytes); group A = a, b.xy
         let a = W[wv];
         let b = W[wv + 1u];
-        let c = W[wv + 2u];
-        var d = dot_int3_group(a, b.xy, xo, lim) * S[srow + 2u * u];
-        if (lim > 64u) {
-            d += dot_int3_group(vec4<u32>(b.z, b.w, c.x, c.y), c.zw, xo + 64u, lim - 64u) * S[srow + 2u * u + 1u];
-        }
-        return d;
+        return dot_int3_group(a, b.xy) * S[srow + 2u * u];
     }
+}
+
+// int3-g64, second group of unit u: b.zw, c.xy (lows), c.zw (highs).
+fn unit_dot_int3_b(wv: u32, srow: u32, u: u32) -> f32 {
+    let b = W[wv + 1u];
+    let c = W[wv + 2u];
+    return dot_int3_group(vec4<u32>(b.z, b.w, c.x, c.y), c.zw) * S[srow + 2u * u + 1u];
 }
 
 @compute @workgroup_size(256)
@@ -142,70 +157,97 @@ fn main(
     let v = li;
 //!END
     let lane = v % TPR;
-    let r = prm.r0 + blk * RPW + v / TPR;
+    // this thread's group of TPR threads handles rows r_first .. r_first + RPT
+    let r_first = prm.r0 + blk * RPW + (v / TPR) * RPT;
     let e = PAIRS[3u * p];
     let t = PAIRS[3u * p + 1u];
     let wi = PAIRS[3u * p + 2u];
-    let live = e >= prm.e0 && e < prm.e1 && r < prm.r1;
+    let in_chunk = e >= prm.e0 && e < prm.e1;
 
-    var acc = 0.0;
-    if (live) {
-        let local_row = (e - prm.e0) * (prm.r1 - prm.r0) + (r - prm.r0);
-        let rowv = local_row * prm.row_v;
-        let srow = local_row * prm.spr;
+    var acc: array<f32, RPT>;
+    var rowv: array<u32, RPT>;
+    var srow: array<u32, RPT>;
+    var n_live = 0u;
+    if (in_chunk && r_first < prm.r1) {
+        n_live = min(RPT, prm.r1 - r_first);
+        for (var rr = 0u; rr < RPT; rr++) {
+            let local_row = (e - prm.e0) * (prm.r1 - prm.r0) + (min(r_first + rr, prm.r1 - 1u) - prm.r0);
+            rowv[rr] = local_row * prm.row_v;
+            srow[rr] = local_row * prm.spr;
+        }
         let xb = t * prm.x_stride + prm.x_offset;
         let nu = (prm.cols + CPU - 1u) / CPU;
         for (var u = lane; u < nu; u += TPR) {
             let c0 = u * CPU;
             let lim = min(CPU, prm.cols - c0);
-            if (lim == CPU) {
-                acc += unit_dot(rowv + u * VPU, xb + c0, CPU, srow, u);
-            } else {
-                acc += unit_dot(rowv + u * VPU, xb + c0, lim, srow, u);
+            load_x(xb + c0, lim);
+            for (var rr = 0u; rr < RPT; rr++) {
+                if (rr < n_live) {
+                    acc[rr] += unit_dot(rowv[rr] + u * VPU, srow[rr], u);
+                }
+            }
+            if (FMT == 5u && lim > 64u) {
+                load_x(xb + c0 + 64u, lim - 64u);
+                for (var rr = 0u; rr < RPT; rr++) {
+                    if (rr < n_live) {
+                        acc[rr] += unit_dot_int3_b(rowv[rr] + u * VPU, srow[rr], u);
+                    }
+                }
             }
         }
         if (FMT == 2u) {
-            acc *= S[srow];
+            for (var rr = 0u; rr < RPT; rr++) {
+                acc[rr] *= S[srow[rr]];
+            }
         }
     }
 
 //!IF SUBGROUP
     // butterfly inside aligned blocks of m = min(subgroup size, TPR) lanes, then across blocks
     let m = min(sg_size, TPR);
-    for (var off = 1u; off < m; off <<= 1u) {
-        acc += subgroupShuffleXor(acc, off);
-    }
-    if (v % m == 0u) {
-        red[v / m] = acc;
+    for (var rr = 0u; rr < RPT; rr++) {
+        var a = acc[rr];
+        for (var off = 1u; off < m; off <<= 1u) {
+            a += subgroupShuffleXor(a, off);
+        }
+        if (v % m == 0u) {
+            red[(v / m) * RPT + rr] = a;
+        }
     }
     workgroupBarrier();
-    if (lane == 0u && live) {
-        var sum = 0.0;
-        let n = TPR / m;
-        for (var k = 0u; k < n; k++) {
-            sum += red[v / m + k];
+    if (lane == 0u) {
+        for (var rr = 0u; rr < n_live; rr++) {
+            var sum = 0.0;
+            for (var k = 0u; k < TPR / m; k++) {
+                sum += red[(v / m + k) * RPT + rr];
+            }
+            if (wi != NONE && prm.use_gamma != 0u) {
+                sum *= GAMMA[wi];
+            }
+            Y[p * prm.y_stride + prm.y_offset + r_first + rr] = sum;
         }
-        var o = sum;
-        if (wi != NONE) {
-            o *= GAMMA[wi];
-        }
-        Y[p * prm.y_stride + prm.y_offset + r] = o;
     }
 //!ELSE
-    red[v] = acc;
+    for (var rr = 0u; rr < RPT; rr++) {
+        red[v * RPT + rr] = acc[rr];
+    }
     workgroupBarrier();
     for (var s = TPR / 2u; s > 0u; s >>= 1u) {
         if (lane < s) {
-            red[v] += red[v + s];
+            for (var rr = 0u; rr < RPT; rr++) {
+                red[v * RPT + rr] += red[(v + s) * RPT + rr];
+            }
         }
         workgroupBarrier();
     }
-    if (lane == 0u && live) {
-        var o = red[v];
-        if (wi != NONE) {
-            o *= GAMMA[wi];
+    if (lane == 0u) {
+        for (var rr = 0u; rr < n_live; rr++) {
+            var o = red[v * RPT + rr];
+            if (wi != NONE && prm.use_gamma != 0u) {
+                o *= GAMMA[wi];
+            }
+            Y[p * prm.y_stride + prm.y_offset + r_first + rr] = o;
         }
-        Y[p * prm.y_stride + prm.y_offset + r] = o;
     }
 //!END
 }

@@ -32,9 +32,9 @@ pub const GEMV_WGSL: &str = include_str!("../../wgsl/gemv.wgsl");
 /// `weight_idx` meaning "no per-pair weight".
 pub const NO_GAMMA: u32 = 0xFFFF_FFFF;
 
-/// Threads per row and rows per workgroup (TPR · RPW = 256 = workgroup size).
+/// Threads per row (a row's units are spread over TPR threads; 256 / TPR thread groups per
+/// workgroup).
 const TPR: u32 = 32;
-const RPW: u32 = 8;
 /// Workgroups per dimension (WebGPU/wgpu limit).
 const MAX_GROUPS_PER_DIM: u32 = 65_535;
 /// Size of the uniform block (`Params` in the WGSL).
@@ -62,6 +62,20 @@ fn unit_shape(f: Format) -> (u32, u32) {
     }
 }
 
+/// Rows each thread handles with one load of x (x reuse in registers; tunable per format).
+fn rows_per_thread(f: Format) -> u32 {
+    match f {
+        Format::F32 => 1,
+        Format::Bf16 => 2,
+        _ => 4,
+    }
+}
+
+/// Rows per workgroup of `enc`'s kernel: (256 / TPR) thread groups × rows per thread.
+pub fn rows_per_workgroup(enc: Encoding) -> u32 {
+    (256 / TPR) * rows_per_thread(enc.format)
+}
+
 /// Padded GPU row stride in bytes for `enc` and `cols` (see the module docs).
 pub fn gpu_row_stride(enc: Encoding, cols: usize) -> usize {
     let (_, vpu) = unit_shape(enc.format);
@@ -72,13 +86,21 @@ pub fn gpu_row_stride(enc: Encoding, cols: usize) -> usize {
 /// variant selected (`//!IF SUBGROUP` / `//!ELSE` / `//!END` lines).
 pub fn wgsl_source(enc: Encoding, subgroups: bool) -> String {
     let (cpu, vpu) = unit_shape(enc.format);
+    let rpt = rows_per_thread(enc.format);
     let mut out = format!(
-        "// gemv instantiation: {} ({})\nconst FMT: u32 = {}u;\nconst GS: u32 = {}u;\nconst CPU: u32 = {cpu}u;\n\
-         const VPU: u32 = {vpu}u;\nconst TPR: u32 = {TPR}u;\nconst RPW: u32 = {RPW}u;\n",
+        "// gemv instantiation: {} ({})\nconst FMT: u32 = {}u;\nconst GS: u32 = {}u;\n\
+         const CPU: u32 = {cpu}u;\nconst VPU: u32 = {vpu}u;\nconst XN: u32 = {}u;\n\
+         const TPR: u32 = {TPR}u;\nconst RPT: u32 = {rpt}u;\nconst RPW: u32 = {}u;\n",
         enc.spelling(),
-        if subgroups { "subgroup reduction" } else { "shared-memory reduction" },
+        if subgroups {
+            "subgroup reduction"
+        } else {
+            "shared-memory reduction"
+        },
         enc.format.ordinal(),
         enc.group_size,
+        cpu.min(64),
+        rows_per_workgroup(enc),
     );
     out.push_str(&preprocess(GEMV_WGSL, subgroups));
     out
@@ -540,7 +562,7 @@ impl GemvCall {
         let row_v = (gpu_row_stride(enc, weights.cols) / 16) as u32;
         let mut parts = Vec::new();
         for (k, c) in weights.chunks.iter().enumerate() {
-            let rb = (c.r1 - c.r0).div_ceil(RPW);
+            let rb = (c.r1 - c.r0).div_ceil(rows_per_workgroup(enc));
             let p: [u32; 16] = [
                 o as u32,
                 i as u32,
