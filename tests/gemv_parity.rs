@@ -409,3 +409,31 @@ fn chunked_slabs_small_limit() {
         }
     }
 }
+
+#[test]
+fn auto_picks_subgroups_when_available_and_no_gamma_buffer_ignores_weight_idx() {
+    let gpu = gpu();
+    let mut rng = Rng(5);
+    let (o, i) = (40, 96);
+    let m = quantize(Encoding::parse("int3-g64").unwrap(), &rng.vec(o * i), o, i).unwrap();
+    let w = GpuWeights::upload(&gpu, std::slice::from_ref(&m)).unwrap();
+    let x = rng.vec(i);
+    let xb = gpu.storage_init("x", bytemuck::cast_slice(&x));
+    // weight_idx 7 but no gamma buffer: the pair is unweighted (and nothing reads out of bounds)
+    let pb = gpu.storage_init("p", bytemuck::cast_slice(&[0u32, 0, 7]));
+    let yb = gpu.storage_init("y", bytemuck::cast_slice(&vec![f32::NAN; o]));
+    let call = GemvCall::new(&gpu, 5, &w, GemvArgs::new(&xb, 1, &pb, 1, &yb)).unwrap();
+    assert_eq!(call.uses_subgroups(), gpu.has_subgroups());
+    assert_eq!(call.dispatches(), 1);
+    let mut e = gpu.device.create_command_encoder(&Default::default());
+    call.record(&mut e);
+    gpu.queue.submit([e.finish()]);
+    let y = gpu.read_f32(&yb, o).unwrap();
+    assert!(rel_err(&y, &m.gemv_ref_f64(&x)) <= 1e-5);
+    // a too-small output buffer is refused before anything is recorded
+    let small = gpu.storage("y small", 4 * (o as u64 - 1));
+    assert!(matches!(
+        GemvCall::new(&gpu, 5, &w, GemvArgs::new(&xb, 1, &pb, 1, &small)),
+        Err(DispatchError::Shape(_))
+    ));
+}

@@ -224,7 +224,7 @@ fn kernels(a: KernelArgs) -> anyhow::Result<ExitCode> {
             let copies = if quick {
                 1
             } else {
-                ((256u64 << 20) / bytes + 1).min(16) as usize
+                ((256u64 << 20) / bytes + 1).min(128) as usize
             };
             let scales: Vec<u8> = (0..sb / 4).flat_map(|_| 0.01f32.to_le_bytes()).collect();
             let mut weights = Vec::new();
