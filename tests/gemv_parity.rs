@@ -120,6 +120,8 @@ fn parity_every_format_odd_shapes_both_reductions() {
         (3, 256),
         (257, 1),
         (5, 384),
+        (9, 2113),
+        (2, 4160),
     ];
     for enc in kernel_encodings() {
         for &(o, i) in &shapes {

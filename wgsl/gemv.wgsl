@@ -3,7 +3,7 @@
 //   * a generated prelude defines the constants FMT (format ordinal), GS (group size, 0 = none),
 //     CPU (columns per unit), VPU (vec4<u32> per unit), XN (x values held per load, min(CPU, 64)),
 //     TPR (threads per row), RPT (rows per thread, sharing one x load), RPW (rows per workgroup
-//     = 256 / TPR * RPT);
+//     = 256 / TPR * RPT), XT (x tile columns in workgroup memory), PP (pad period of the tile);
 //   * lines between `//!IF SUBGROUP`, `//!ELSE` and `//!END` select the subgroup reduction
 //     (adapters with wgpu::Features::SUBGROUP) or the shared-memory tree reduction.
 // Nothing else differs between instantiations: only `unit_dot` (the decode step) switches on FMT,
@@ -52,20 +52,19 @@ const NONE: u32 = 0xffffffffu;
 // Partial sums for the reductions: RPT rows per thread.
 var<workgroup> red: array<f32, 256u * RPT>;
 
-// The x values of the current unit (or 64-column half-unit for int3-g64), loaded once and used
-// for the RPT rows this thread handles: x traffic is 1/RPT of one load per weight value.
+// x of the pair's token, one tile of XT columns at a time, staged in workgroup memory by
+// coalesced loads (zeros past `cols`, so tail units need no masking). One pad word every PP words
+// (PP = max(CPU, 32)) makes the per-lane unit reads below free of bank conflicts.
+var<workgroup> XS: array<f32, XT + XT / PP>;
+
+// The x values of the current unit (or 64-column half-unit for int3-g64), read once from XS and
+// used for the RPT rows this thread handles.
 var<private> XR: array<f32, XN>;
 
-// Load XN x values from X[xo..]; values past the `lim` valid columns (tail unit) are 0.
-fn load_x(xo: u32, lim: u32) {
-    if (lim >= XN) {
-        for (var j = 0u; j < XN; j++) {
-            XR[j] = X[xo + j];
-        }
-    } else {
-        for (var j = 0u; j < XN; j++) {
-            XR[j] = select(0.0, X[xo + min(j, lim - 1u)], j < lim);
-        }
+// XR = the XN x values starting at tile-local column `c`.
+fn load_x(c: u32) {
+    for (var j = 0u; j < XN; j++) {
+        XR[j] = XS[c + j + (c + j) / PP];
     }
 }
 
@@ -175,19 +174,31 @@ fn main(
             rowv[rr] = local_row * prm.row_v;
             srow[rr] = local_row * prm.spr;
         }
-        let xb = t * prm.x_stride + prm.x_offset;
-        let nu = (prm.cols + CPU - 1u) / CPU;
-        for (var u = lane; u < nu; u += TPR) {
-            let c0 = u * CPU;
-            let lim = min(CPU, prm.cols - c0);
-            load_x(xb + c0, lim);
+    }
+    let xb = t * prm.x_stride + prm.x_offset;
+    let nu = (prm.cols + CPU - 1u) / CPU;
+    for (var t0 = 0u; t0 < prm.cols; t0 += XT) {
+        workgroupBarrier(); // the previous tile is no longer read
+        if (in_chunk) {
+            // whole units only: zeros from `cols` up to the end of the last unit
+            let fill = min(XT, ((prm.cols - t0 + CPU - 1u) / CPU) * CPU);
+            for (var j = li; j < fill; j += 256u) {
+                let c = t0 + j;
+                XS[j + j / PP] = select(0.0, X[xb + min(c, prm.cols - 1u)], c < prm.cols);
+            }
+        }
+        workgroupBarrier();
+        let u_end = min(nu, (t0 + XT) / CPU);
+        for (var u = t0 / CPU + lane; u < u_end && n_live > 0u; u += TPR) {
+            let cl = u * CPU - t0;
+            load_x(cl);
             for (var rr = 0u; rr < RPT; rr++) {
                 if (rr < n_live) {
                     acc[rr] += unit_dot(rowv[rr] + u * VPU, srow[rr], u);
                 }
             }
-            if (FMT == 5u && lim > 64u) {
-                load_x(xb + c0 + 64u, lim - 64u);
+            if (FMT == 5u && u * CPU + 64u < prm.cols) {
+                load_x(cl + 64u);
                 for (var rr = 0u; rr < RPT; rr++) {
                     if (rr < n_live) {
                         acc[rr] += unit_dot_int3_b(rowv[rr] + u * VPU, srow[rr], u);
@@ -195,6 +206,8 @@ fn main(
                 }
             }
         }
+    }
+    if (n_live > 0u) {
         if (FMT == 2u) {
             for (var rr = 0u; rr < RPT; rr++) {
                 acc[rr] *= S[srow[rr]];

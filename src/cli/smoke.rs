@@ -150,6 +150,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         (2, 100, 129),
         (8, 96, 1000),
         (4, 512, 2048),
+        (2, 65, 4161),
     ];
     let mut rng = Rng(0x1d2c);
     let mut failed = 0;

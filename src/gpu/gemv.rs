@@ -35,6 +35,9 @@ pub const NO_GAMMA: u32 = 0xFFFF_FFFF;
 /// Threads per row (a row's units are spread over TPR threads; 256 / TPR thread groups per
 /// workgroup).
 const TPR: u32 = 32;
+/// Columns of x staged in workgroup memory at a time (a multiple of every unit's columns; with
+/// its padding and the reduction array the kernel stays under WebGPU's default 16 KiB).
+const XT: u32 = 2048;
 /// Workgroups per dimension (WebGPU/wgpu limit).
 const MAX_GROUPS_PER_DIM: u32 = 65_535;
 /// Size of the uniform block (`Params` in the WGSL).
@@ -90,7 +93,8 @@ pub fn wgsl_source(enc: Encoding, subgroups: bool) -> String {
     let mut out = format!(
         "// gemv instantiation: {} ({})\nconst FMT: u32 = {}u;\nconst GS: u32 = {}u;\n\
          const CPU: u32 = {cpu}u;\nconst VPU: u32 = {vpu}u;\nconst XN: u32 = {}u;\n\
-         const TPR: u32 = {TPR}u;\nconst RPT: u32 = {rpt}u;\nconst RPW: u32 = {}u;\n",
+         const TPR: u32 = {TPR}u;\nconst RPT: u32 = {rpt}u;\nconst RPW: u32 = {}u;\n\
+         const XT: u32 = {XT}u;\nconst PP: u32 = {}u;\n",
         enc.spelling(),
         if subgroups {
             "subgroup reduction"
@@ -101,6 +105,7 @@ pub fn wgsl_source(enc: Encoding, subgroups: bool) -> String {
         enc.group_size,
         cpu.min(64),
         rows_per_workgroup(enc),
+        cpu.max(32),
     );
     out.push_str(&preprocess(GEMV_WGSL, subgroups));
     out
