@@ -16,6 +16,16 @@
 //! ≥ I through x, so padding never contributes. Real Inkling shapes (I = 6144, 3072, 4096, 2048)
 //! need no padding in any format. Scales are stored unpadded, `[E][O][scales per row]` f32.
 //!
+//! # Kernel shape
+//! 256 threads per workgroup in groups of 32 per row set; each thread handles RPT rows (1 for f32,
+//! 2 for bf16, 4 for the integer formats) with one read of x, so a workgroup covers
+//! [`rows_per_workgroup`] rows of one pair. Units of a row are spread over the 32 threads
+//! (16-byte `vec4<u32>` weight loads, coalesced), x is staged 2048 columns at a time in workgroup
+//! memory (coalesced loads, padded against bank conflicts), scales are applied once per 32-column
+//! unit (grouped formats) or once per row (int4). Reductions: subgroup shuffles inside blocks of
+//! min(subgroup size, 32) lanes then workgroup memory, or a workgroup-memory tree. Workgroups
+//! (pairs × row blocks) are spread over x and y (≤ 65,535 each).
+//!
 //! The slab is split into chunks (one storage binding each) no larger than the adapter's
 //! `max_storage_buffer_binding_size`, `max_buffer_size` and 2³¹ − 1 bytes: by whole experts when
 //! an expert fits, else by rows within each expert. A call issues one dispatch per chunk; the
