@@ -147,7 +147,7 @@ impl<'a> QMatrix<'a> {
             .collect()
     }
 
-    /// CPU GEMV for the model's CPU path: y[r] = Σ_i W[r,i]·x[i], f64 accumulation, f32 result.
+    /// CPU GEMV for the model's CPU path: `y[r] = Σ_i W[r,i]·x[i]`, f64 accumulation, f32 result.
     /// Reads the same bytes as the GPU kernels.
     pub fn gemv(&self, x: &[f32], y: &mut [f32]) {
         assert_eq!(x.len(), self.cols);

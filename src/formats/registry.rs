@@ -39,13 +39,13 @@ pub enum Format {
 pub enum ScaleLayout {
     /// No scales (f32, bf16).
     None,
-    /// One f32 per row: [O].
+    /// One f32 per row: `[O]`.
     PerRow,
-    /// One f32 per group of `gs` columns: [O][ceil(I/gs)].
+    /// One f32 per group of `gs` columns: `[O][ceil(I/gs)]`.
     PerGroup,
     /// Scales embedded in the row bytes (block formats that carry their own scale bytes).
     Embedded,
-    /// One f32 per 128×128 block: [ceil(O/128)][ceil(I/128)].
+    /// One f32 per 128×128 block: `[ceil(O/128)][ceil(I/128)]`.
     Block128,
 }
 
