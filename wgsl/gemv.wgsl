@@ -49,6 +49,13 @@ struct Params {
 
 const NONE: u32 = 0xffffffffu;
 
+// Small integers to f32 without an int-to-float conversion (quarter rate on several GPUs):
+// the f32 with bits 0x4B000000 | k is exactly 2^23 + k, so subtracting 2^23 + 8 (int4) or
+// 2^23 + 4 (int3) gives k − 8 or k − 4 exactly.
+const MAGIC: u32 = 0x4b000000u;
+const MAGIC_INT4: f32 = 8388616.0;
+const MAGIC_INT3: f32 = 8388612.0;
+
 // Partial sums for the reductions: RPT rows per thread.
 var<workgroup> red: array<f32, 256u * RPT>;
 
@@ -83,7 +90,7 @@ fn dot_bf16_word(wd: u32, j: u32) -> f32 {
 fn dot_int4_word(wd: u32, j: u32) -> f32 {
     var s = 0.0;
     for (var n = 0u; n < 8u; n++) {
-        s += (f32((wd >> (4u * n)) & 15u) - 8.0) * XR[j + n];
+        s += (bitcast<f32>(((wd >> (4u * n)) & 15u) | MAGIC) - MAGIC_INT4) * XR[j + n];
     }
     return s;
 }
@@ -94,7 +101,7 @@ fn dot_int3_group(lo: vec4<u32>, hi: vec2<u32>) -> f32 {
     for (var k = 0u; k < 64u; k++) {
         let l = (lo[k >> 4u] >> (2u * (k & 15u))) & 3u;
         let h = (hi[k >> 5u] >> (k & 31u)) & 1u;
-        s += (f32(l | (h << 2u)) - 4.0) * XR[k];
+        s += (bitcast<f32>(l | (h << 2u) | MAGIC) - MAGIC_INT3) * XR[k];
     }
     return s;
 }
