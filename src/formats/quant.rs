@@ -32,7 +32,14 @@ pub enum QMatrixError {
     #[error(transparent)]
     Format(#[from] FormatError),
     #[error("{what}: {enc} [{rows}, {cols}] needs {expected} bytes, got {got}")]
-    ByteCount { what: &'static str, enc: String, rows: usize, cols: usize, expected: usize, got: usize },
+    ByteCount {
+        what: &'static str,
+        enc: String,
+        rows: usize,
+        cols: usize,
+        expected: usize,
+        got: usize,
+    },
 }
 
 impl<'a> QMatrix<'a> {
@@ -68,7 +75,13 @@ impl<'a> QMatrix<'a> {
                 got: scales.len(),
             });
         }
-        Ok(QMatrix { enc, rows, cols, data, scales })
+        Ok(QMatrix {
+            enc,
+            rows,
+            cols,
+            data,
+            scales,
+        })
     }
 
     /// Bytes per row of the weight data.
@@ -102,7 +115,11 @@ impl<'a> QMatrix<'a> {
             }
             Format::Int4 | Format::Int4Grouped => {
                 let spr = self.enc.scales_per_row(n);
-                let gs = if self.enc.format == Format::Int4 { n.max(1) } else { self.enc.group_size };
+                let gs = if self.enc.format == Format::Int4 {
+                    n.max(1)
+                } else {
+                    self.enc.group_size
+                };
                 for (i, o) in out[..n].iter_mut().enumerate() {
                     let byte = row[i >> 1];
                     let nib = if i & 1 == 0 { byte & 0xF } else { byte >> 4 };
@@ -137,7 +154,13 @@ impl<'a> QMatrix<'a> {
     /// Reference GEMV y = W·x accumulated in f64 (the oracle for every GPU test).
     /// `x.len()` must equal `cols`; returns `rows` values.
     pub fn gemv_ref_f64(&self, x: &[f32]) -> Vec<f64> {
-        assert_eq!(x.len(), self.cols, "gemv_ref_f64: x has {} values, matrix has {} columns", x.len(), self.cols);
+        assert_eq!(
+            x.len(),
+            self.cols,
+            "gemv_ref_f64: x has {} values, matrix has {} columns",
+            x.len(),
+            self.cols
+        );
         let mut row = vec![0f32; self.cols];
         (0..self.rows)
             .map(|r| {
@@ -147,7 +170,7 @@ impl<'a> QMatrix<'a> {
             .collect()
     }
 
-    /// CPU GEMV for the model's CPU path: y[r] = Σ_i W[r,i]·x[i], f64 accumulation, f32 result.
+    /// CPU GEMV for the model's CPU path: `y[r] = Σ_i W[r,i]·x[i]`, f64 accumulation, f32 result.
     /// Reads the same bytes as the GPU kernels.
     pub fn gemv(&self, x: &[f32], y: &mut [f32]) {
         assert_eq!(x.len(), self.cols);
@@ -203,8 +226,18 @@ fn level(v: f32, s: f32, lo: i32, hi: i32) -> i32 {
 
 /// Quantise a row-major f32 matrix [rows, cols] into `enc` (symmetric, scale = absmax/qmax; see
 /// the module docs). f32 copies; bf16 rounds to nearest even.
-pub fn quantize(enc: Encoding, w: &[f32], rows: usize, cols: usize) -> Result<QMatrix<'static>, QMatrixError> {
-    assert_eq!(w.len(), rows * cols, "quantize: {} values for [{rows}, {cols}]", w.len());
+pub fn quantize(
+    enc: Encoding,
+    w: &[f32],
+    rows: usize,
+    cols: usize,
+) -> Result<QMatrix<'static>, QMatrixError> {
+    assert_eq!(
+        w.len(),
+        rows * cols,
+        "quantize: {} values for [{rows}, {cols}]",
+        w.len()
+    );
     enc.format.require_kernel()?;
     enc.format.check_group_size(enc.group_size)?;
     let rb = enc.bytes_per_row(cols);
@@ -221,11 +254,16 @@ pub fn quantize(enc: Encoding, w: &[f32], rows: usize, cols: usize) -> Result<QM
             }
             Format::Bf16 => {
                 for (i, v) in src.iter().enumerate() {
-                    dst[2 * i..2 * i + 2].copy_from_slice(&bf16::from_f32(*v).to_bits().to_le_bytes());
+                    dst[2 * i..2 * i + 2]
+                        .copy_from_slice(&bf16::from_f32(*v).to_bits().to_le_bytes());
                 }
             }
             Format::Int4 | Format::Int4Grouped => {
-                let gs = if enc.format == Format::Int4 { cols.max(1) } else { enc.group_size };
+                let gs = if enc.format == Format::Int4 {
+                    cols.max(1)
+                } else {
+                    enc.group_size
+                };
                 for g0 in (0..cols).step_by(gs) {
                     let g1 = (g0 + gs).min(cols);
                     let s = symmetric_scale(&src[g0..g1], 7.0);
@@ -247,7 +285,11 @@ pub fn quantize(enc: Encoding, w: &[f32], rows: usize, cols: usize) -> Result<QM
                     scales.push(s);
                     let grp = &mut dst[g * 24..g * 24 + 24];
                     for k in 0..64 {
-                        let u = if g0 + k < g1 { (level(src[g0 + k], s, -4, 3) + 4) as u8 } else { 4 };
+                        let u = if g0 + k < g1 {
+                            (level(src[g0 + k], s, -4, 3) + 4) as u8
+                        } else {
+                            4
+                        };
                         grp[k >> 2] |= (u & 3) << (2 * (k & 3));
                         grp[16 + (k >> 3)] |= ((u >> 2) & 1) << (k & 7);
                     }

@@ -39,13 +39,13 @@ pub enum Format {
 pub enum ScaleLayout {
     /// No scales (f32, bf16).
     None,
-    /// One f32 per row: [O].
+    /// One f32 per row: `[O]`.
     PerRow,
-    /// One f32 per group of `gs` columns: [O][ceil(I/gs)].
+    /// One f32 per group of `gs` columns: `[O][ceil(I/gs)]`.
     PerGroup,
     /// Scales embedded in the row bytes (block formats that carry their own scale bytes).
     Embedded,
-    /// One f32 per 128×128 block: [ceil(O/128)][ceil(I/128)].
+    /// One f32 per 128×128 block: `[ceil(O/128)][ceil(I/128)]`.
     Block128,
 }
 
@@ -67,16 +67,86 @@ pub struct FormatSpec {
 
 /// The registry, in ordinal order. Source of truth together with FORMATS.md.
 pub const REGISTRY: &[FormatSpec] = &[
-    FormatSpec { format: Format::F32, ordinal: 0, name: "f32", scales: ScaleLayout::None, group_sizes: &[], gpu_kernel: true },
-    FormatSpec { format: Format::Int8, ordinal: 1, name: "int8", scales: ScaleLayout::PerRow, group_sizes: &[], gpu_kernel: false },
-    FormatSpec { format: Format::Int4, ordinal: 2, name: "int4", scales: ScaleLayout::PerRow, group_sizes: &[], gpu_kernel: true },
-    FormatSpec { format: Format::Int2, ordinal: 3, name: "int2", scales: ScaleLayout::PerRow, group_sizes: &[], gpu_kernel: false },
-    FormatSpec { format: Format::Int4Grouped, ordinal: 4, name: "int4-grouped", scales: ScaleLayout::PerGroup, group_sizes: &[32, 64, 128], gpu_kernel: true },
-    FormatSpec { format: Format::Int3G64, ordinal: 5, name: "int3-g64", scales: ScaleLayout::PerGroup, group_sizes: &[64], gpu_kernel: true },
-    FormatSpec { format: Format::E8Iq3, ordinal: 6, name: "e8-iq3", scales: ScaleLayout::Embedded, group_sizes: &[256], gpu_kernel: false },
-    FormatSpec { format: Format::Mxfp4, ordinal: 7, name: "mxfp4", scales: ScaleLayout::Embedded, group_sizes: &[32], gpu_kernel: false },
-    FormatSpec { format: Format::Fp8E4m3B128, ordinal: 8, name: "fp8-e4m3-b128", scales: ScaleLayout::Block128, group_sizes: &[128], gpu_kernel: false },
-    FormatSpec { format: Format::Bf16, ordinal: 9, name: "bf16", scales: ScaleLayout::None, group_sizes: &[], gpu_kernel: true },
+    FormatSpec {
+        format: Format::F32,
+        ordinal: 0,
+        name: "f32",
+        scales: ScaleLayout::None,
+        group_sizes: &[],
+        gpu_kernel: true,
+    },
+    FormatSpec {
+        format: Format::Int8,
+        ordinal: 1,
+        name: "int8",
+        scales: ScaleLayout::PerRow,
+        group_sizes: &[],
+        gpu_kernel: false,
+    },
+    FormatSpec {
+        format: Format::Int4,
+        ordinal: 2,
+        name: "int4",
+        scales: ScaleLayout::PerRow,
+        group_sizes: &[],
+        gpu_kernel: true,
+    },
+    FormatSpec {
+        format: Format::Int2,
+        ordinal: 3,
+        name: "int2",
+        scales: ScaleLayout::PerRow,
+        group_sizes: &[],
+        gpu_kernel: false,
+    },
+    FormatSpec {
+        format: Format::Int4Grouped,
+        ordinal: 4,
+        name: "int4-grouped",
+        scales: ScaleLayout::PerGroup,
+        group_sizes: &[32, 64, 128],
+        gpu_kernel: true,
+    },
+    FormatSpec {
+        format: Format::Int3G64,
+        ordinal: 5,
+        name: "int3-g64",
+        scales: ScaleLayout::PerGroup,
+        group_sizes: &[64],
+        gpu_kernel: true,
+    },
+    FormatSpec {
+        format: Format::E8Iq3,
+        ordinal: 6,
+        name: "e8-iq3",
+        scales: ScaleLayout::Embedded,
+        group_sizes: &[256],
+        gpu_kernel: false,
+    },
+    FormatSpec {
+        format: Format::Mxfp4,
+        ordinal: 7,
+        name: "mxfp4",
+        scales: ScaleLayout::Embedded,
+        group_sizes: &[32],
+        gpu_kernel: false,
+    },
+    FormatSpec {
+        format: Format::Fp8E4m3B128,
+        ordinal: 8,
+        name: "fp8-e4m3-b128",
+        scales: ScaleLayout::Block128,
+        group_sizes: &[128],
+        gpu_kernel: false,
+    },
+    FormatSpec {
+        format: Format::Bf16,
+        ordinal: 9,
+        name: "bf16",
+        scales: ScaleLayout::None,
+        group_sizes: &[],
+        gpu_kernel: true,
+    },
 ];
 
 /// Errors of registry lookups.
@@ -93,7 +163,11 @@ pub enum FormatError {
     NoKernel { ordinal: u32, name: &'static str },
     /// A group size that the format does not allow.
     #[error("group size {gs} is not allowed for format {name} (allowed: {allowed:?})")]
-    BadGroupSize { name: &'static str, gs: u32, allowed: &'static [u32] },
+    BadGroupSize {
+        name: &'static str,
+        gs: u32,
+        allowed: &'static [u32],
+    },
 }
 
 impl Format {
@@ -119,12 +193,20 @@ impl Format {
     }
     /// Look up a registry name (exact match).
     pub fn from_name(name: &str) -> Result<Format, FormatError> {
-        REGISTRY.iter().find(|s| s.name == name).map(|s| s.format).ok_or_else(|| {
-            FormatError::UnknownName(
-                name.to_string(),
-                REGISTRY.iter().map(|s| s.name).collect::<Vec<_>>().join(", "),
-            )
-        })
+        REGISTRY
+            .iter()
+            .find(|s| s.name == name)
+            .map(|s| s.format)
+            .ok_or_else(|| {
+                FormatError::UnknownName(
+                    name.to_string(),
+                    REGISTRY
+                        .iter()
+                        .map(|s| s.name)
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                )
+            })
     }
     /// Whether this engine implements the format (GPU kernel and CPU decode).
     pub fn has_kernel(self) -> bool {
@@ -135,7 +217,10 @@ impl Format {
         if self.has_kernel() {
             Ok(())
         } else {
-            Err(FormatError::NoKernel { ordinal: self.ordinal(), name: self.name() })
+            Err(FormatError::NoKernel {
+                ordinal: self.ordinal(),
+                name: self.name(),
+            })
         }
     }
 
@@ -170,7 +255,11 @@ impl Format {
     pub fn check_group_size(self, gs: usize) -> Result<(), FormatError> {
         let s = self.spec();
         if s.scales == ScaleLayout::PerGroup && !s.group_sizes.contains(&(gs as u32)) {
-            return Err(FormatError::BadGroupSize { name: s.name, gs: gs as u32, allowed: s.group_sizes });
+            return Err(FormatError::BadGroupSize {
+                name: s.name,
+                gs: gs as u32,
+                allowed: s.group_sizes,
+            });
         }
         Ok(())
     }
@@ -194,25 +283,45 @@ pub struct Encoding {
 }
 
 impl Encoding {
-    pub const F32: Encoding = Encoding { format: Format::F32, group_size: 0 };
-    pub const BF16: Encoding = Encoding { format: Format::Bf16, group_size: 0 };
+    pub const F32: Encoding = Encoding {
+        format: Format::F32,
+        group_size: 0,
+    };
+    pub const BF16: Encoding = Encoding {
+        format: Format::Bf16,
+        group_size: 0,
+    };
 
     /// Parse a user-facing spelling (see the type docs).
     pub fn parse(s: &str) -> Result<Encoding, FormatError> {
         let e = match s {
             "f32" => Encoding::F32,
             "bf16" => Encoding::BF16,
-            "int4" => Encoding { format: Format::Int4, group_size: 0 },
-            "int3-g64" => Encoding { format: Format::Int3G64, group_size: 64 },
+            "int4" => Encoding {
+                format: Format::Int4,
+                group_size: 0,
+            },
+            "int3-g64" => Encoding {
+                format: Format::Int3G64,
+                group_size: 64,
+            },
             _ => {
                 if let Some(g) = s.strip_prefix("int4-g") {
                     let gs: usize = g.parse().map_err(|_| unknown_spelling(s))?;
                     Format::Int4Grouped.check_group_size(gs)?;
-                    Encoding { format: Format::Int4Grouped, group_size: gs }
+                    Encoding {
+                        format: Format::Int4Grouped,
+                        group_size: gs,
+                    }
                 } else {
                     let f = Format::from_name(s).map_err(|_| unknown_spelling(s))?;
                     f.require_kernel()?;
-                    Encoding { format: f, group_size: 0 }
+                    // a grouped format needs its group size in the spelling (`int4-g64`)
+                    f.check_group_size(0)?;
+                    Encoding {
+                        format: f,
+                        group_size: 0,
+                    }
                 }
             }
         };
