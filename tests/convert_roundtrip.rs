@@ -93,7 +93,7 @@ fn rel_err(w: &[f32], d: &[f32]) -> f64 {
     (num / den).sqrt()
 }
 
-/// Documented per-tensor bounds on ‖W − deq(W)‖/‖W‖ (docs/CONTAINER.md), measured on the
+/// Documented per-tensor bounds on ‖W − deq(W)‖/‖W‖ (FORMATS.md, section Container), measured on the
 /// fixtures' gaussian weights (worst observed values in the doc).
 fn bound(spelling: &str) -> f64 {
     match spelling {

@@ -1,4 +1,4 @@
-//! `inkling-wgpu convert`: write a stamped quantised container (docs/CONTAINER.md).
+//! `inkling-wgpu convert`: write a stamped quantised container (FORMATS.md, section Container).
 use crate::container::{convert, ConvertOptions};
 use crate::formats::Encoding;
 use std::path::PathBuf;

@@ -1,5 +1,5 @@
 //! Stamped quantised containers: `inkling-wgpu convert` writes them, the loader verifies and maps
-//! them (see `docs/CONTAINER.md`).
+//! them (see `FORMATS.md, section Container`).
 //!
 //! - [`writer`]: safetensors shards written by hand (exact tensor order, alignment padding), to
 //!   `*.tmp` files renamed into place when complete.
