@@ -78,12 +78,22 @@ fn linears<'w, 'a>(w: &'w Weights<'a>) -> Vec<(String, Role, &'w QMatrix<'a>)> {
     ];
     for (i, l) in w.layers.iter().enumerate() {
         let a = &l.attn;
-        for (p, m) in [("q", &a.q), ("k", &a.k), ("v", &a.v), ("r", &a.r), ("o", &a.o)] {
+        for (p, m) in [
+            ("q", &a.q),
+            ("k", &a.k),
+            ("v", &a.v),
+            ("r", &a.r),
+            ("o", &a.o),
+        ] {
             v.push((format!("layer {i} attn {p}"), Role::Dense, m));
         }
         match &l.mlp {
             Mlp::Dense(d) => {
-                for (p, m) in [("gate", &d.ffn.gate), ("up", &d.ffn.up), ("down", &d.ffn.down)] {
+                for (p, m) in [
+                    ("gate", &d.ffn.gate),
+                    ("up", &d.ffn.up),
+                    ("down", &d.ffn.down),
+                ] {
                     v.push((format!("layer {i} dense {p}"), Role::Dense, m));
                 }
             }
@@ -122,7 +132,9 @@ fn check_linears(name: &str, dst: &Path, experts: &str, shared: &str, dense: &st
     let src_ck = Checkpoint::open(&fixture(name)).unwrap();
     let src_w = Weights::load(&src_ck).unwrap();
     let ck = Checkpoint::open(dst).unwrap();
-    let c: &Container = ck.container().expect("a converted dir opens as a container");
+    let c: &Container = ck
+        .container()
+        .expect("a converted dir opens as a container");
     let w = Weights::load(&ck).unwrap();
     assert_eq!(
         w.layout,
@@ -149,7 +161,10 @@ fn check_linears(name: &str, dst: &Path, experts: &str, shared: &str, dense: &st
         let q = quantize(target, &s.dequantize(), s.rows, s.cols).unwrap();
         if *role == Role::Copy {
             assert_eq!(g.enc, s.enc, "{what}: copied tensor changed format");
-            assert!(g.data[..] == s.data[..], "{what}: bytes differ from the source");
+            assert!(
+                g.data[..] == s.data[..],
+                "{what}: bytes differ from the source"
+            );
         }
         assert_eq!(g.enc.format, target.format, "{what}: format");
         // A group that spans the whole row decodes the same for every group size, so only the
@@ -159,13 +174,25 @@ fn check_linears(name: &str, dst: &Path, experts: &str, shared: &str, dense: &st
             target.scales_per_row(g.cols),
             "{what}: scales per row"
         );
-        assert!(g.data[..] == q.data[..], "{what}: weight bytes differ from quantize()");
-        assert!(g.scales[..] == q.scales[..], "{what}: scales differ from quantize()");
+        assert!(
+            g.data[..] == q.data[..],
+            "{what}: weight bytes differ from quantize()"
+        );
+        assert!(
+            g.scales[..] == q.scales[..],
+            "{what}: scales differ from quantize()"
+        );
         if let Role::Routed { layer, expert } = *role {
-            let slab = c.expert_slab(layer).unwrap().expect("a slab per sparse layer");
+            let slab = c
+                .expert_slab(layer)
+                .unwrap()
+                .expect("a slab per sparse layer");
             let range = c.expert_bytes(&slab, expert);
             assert!(within(&g.data, range), "{what}: weights outside the slab");
-            assert!(within(&g.scales, range), "{what}: scales outside the slab");
+            assert!(
+                g.scales.is_empty() || within(&g.scales, range),
+                "{what}: scales outside the slab"
+            );
         }
     }
 }
@@ -351,7 +378,11 @@ fn cli_generate_json_on_converted_dirs() {
 fn info_on_source_checkpoints() {
     for (name, dtype) in [("tiny-causal-f32", "f32"), ("tiny-mm-bf16", "bf16")] {
         let out = cli(&["info"], &fixture(name));
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let text = String::from_utf8(out.stdout).unwrap();
         assert!(text.contains("source checkpoint (no stamps)"), "{text}");
         let line = text
@@ -433,7 +464,7 @@ fn corrupted_stamp_is_refused_naming_shard_and_tensor() {
                 assert_eq!(s, &shard.display().to_string(), "{msg}");
                 assert_eq!(t, &tensor, "{msg}");
                 assert_eq!(stamp, "int3-g64", "{msg}");
-                assert!(implied.starts_with("int4-grouped"), "{msg}");
+                assert!(implied.contains("int4-grouped/g64"), "{msg}");
             }
             other => panic!("{name}: expected a wrong-stamp error, got {other:?}"),
         }
@@ -469,7 +500,10 @@ fn converted_names_are_detected_from_tensors_not_config() {
     // transformers names with per-expert matrices.
     let dst = convert_fixture("tiny-mm-bf16", "int4-g64", "bf16", "bf16");
     let cfg = std::fs::read_to_string(dst.join("config.json")).unwrap();
-    assert!(cfg.contains("text_config"), "config.json was copied verbatim");
+    assert!(
+        cfg.contains("text_config"),
+        "config.json was copied verbatim"
+    );
     let ck = Checkpoint::open(&dst).unwrap();
     assert_eq!(
         ck.layout().unwrap(),

@@ -28,7 +28,10 @@ const LAYER: [(&str, &str); 24] = [
     ("attn.k_norm.weight", "self_attn.k_norm.weight"),
     ("attn.k_sconv.weight", "self_attn.k_sconv.conv1d.weight"),
     ("attn.v_sconv.weight", "self_attn.v_sconv.conv1d.weight"),
-    ("attn.rel_logits_proj.proj", "self_attn.rel_logits_proj.proj"),
+    (
+        "attn.rel_logits_proj.proj",
+        "self_attn.rel_logits_proj.proj",
+    ),
     ("attn_sconv.weight", "attn_sconv.conv1d.weight"),
     ("mlp_sconv.weight", "mlp_sconv.conv1d.weight"),
     ("mlp.w13_dn.weight", "mlp.w13_dn.weight"),
@@ -96,6 +99,9 @@ mod tests {
         assert!(LAYER.iter().all(|(_, c)| seen.insert(*c)));
         assert_eq!(released_to_causal("layers.x.attn_norm.weight"), None);
         assert_eq!(released_to_causal("vision.weight"), None);
-        assert_eq!(causal_to_released("model.layers.0.mlp.experts.gate_up_proj"), None);
+        assert_eq!(
+            causal_to_released("model.layers.0.mlp.experts.gate_up_proj"),
+            None
+        );
     }
 }

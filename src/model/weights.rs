@@ -15,9 +15,7 @@
 use super::config::{AttnGeom, GenerationConfig, MlpKind, TextConfig};
 use super::error::{ModelError, Result};
 use super::names::causal_to_released;
-use crate::container::{
-    expert_name, shared_expert_name, Container, Proj, STAMP_KEY, VERSION_KEY,
-};
+use crate::container::{expert_name, shared_expert_name, Container, Proj, STAMP_KEY, VERSION_KEY};
 use crate::formats::{Encoding, QMatrix};
 use half::{bf16, f16};
 use memmap2::Mmap;
@@ -236,6 +234,17 @@ impl Checkpoint {
             tensor: name.into(),
         };
         let &si = self.index.get(name).ok_or_else(missing)?;
+        // A converted container serves every tensor from its own (verified) maps, so that all the
+        // bytes the model reads come from one mapping of each file.
+        if let Some(c) = &self.container {
+            let (shard, t) = c.tensor(name).ok_or_else(missing)?;
+            return Ok(RawTensor {
+                file: &shard.path,
+                dtype: t.dtype,
+                shape: &t.shape,
+                bytes: shard.bytes(t),
+            });
+        }
         let shard = &self.shards[si];
         let info = shard
             .meta
@@ -601,10 +610,7 @@ impl<'a> Weights<'a> {
                 k_norm: ck.load_f32(&an("k_norm.weight"), &[g.head_dim])?,
                 k_sconv: conv(an("k_sconv.conv1d.weight"), kvd)?,
                 v_sconv: conv(an("v_sconv.conv1d.weight"), kvd)?,
-                rel_proj: ck.load_f32(
-                    &an("rel_logits_proj.proj"),
-                    &[g.d_rel, g.rel_extent],
-                )?,
+                rel_proj: ck.load_f32(&an("rel_logits_proj.proj"), &[g.d_rel, g.rel_extent])?,
             };
             let input_norm = ck.load_f32(&nm.layer(i, "input_layernorm.weight"), &[h])?;
             let post_attn_norm =
@@ -639,8 +645,7 @@ impl<'a> Weights<'a> {
                     let router = ck.load_linear(&nm.layer(i, "mlp.gate.weight"), &[e + s, h])?;
                     let router_bias =
                         ck.load_f32(&nm.layer(i, "mlp.gate.e_score_correction_bias"), &[e])?;
-                    let router_scale =
-                        ck.load_f32(&nm.layer(i, "mlp.gate.global_scale"), &[1])?[0];
+                    let router_scale = ck.load_f32(&nm.layer(i, "mlp.gate.global_scale"), &[1])?[0];
                     let routed_store = if ck.has(&nm.get(&expert_name(i, 0, Proj::Gate))) {
                         ExpertStore::PerExpert
                     } else if ck.has(&nm.layer(i, "mlp.experts.w13_weight")) {
