@@ -1,8 +1,7 @@
 //! `inkling-wgpu convert`: a source checkpoint (either layout) → a stamped container.
 //!
-//! The source name mapping here (released layout b → transformers layout a) follows
-//! `tests/fixtures/NOTES-for-rust.md`; it is to be unified with the model loader's mapping
-//! (`src/model/weights.rs`) once both have landed.
+//! Released-layout source names (layout b) are renamed to transformers names (layout a) through
+//! the loader's one mapping, [`crate::model::names::released_to_causal`].
 
 use super::reader::{to_f32, Container, TensorEntry};
 use super::stamp::{SCALES_SUFFIX, SHAPE_KEY, STAMP_KEY};
@@ -12,6 +11,7 @@ use super::{
     VERSION_KEY,
 };
 use crate::formats::{quantize, Encoding, Format};
+use crate::model::names::released_to_causal;
 use anyhow::{bail, Context, Result};
 use safetensors::Dtype;
 use std::path::{Path, PathBuf};
@@ -99,50 +99,6 @@ struct Group {
 enum Class {
     Dense,
     Head,
-}
-
-fn released_to_causal(rest: &str) -> Option<String> {
-    // `rest` is the name after `model.llm.`.
-    let fixed = match rest {
-        "embed.weight" => "model.embed_tokens.weight",
-        "embed_norm.weight" => "model.embed_tokens.embed_norm.weight",
-        "norm.weight" => "model.norm.weight",
-        "unembed.weight" => "lm_head.weight",
-        _ => "",
-    };
-    if !fixed.is_empty() {
-        return Some(fixed.to_string());
-    }
-    let r = rest.strip_prefix("layers.")?;
-    let (n, t) = r.split_once('.')?;
-    let mapped = match t {
-        "attn_norm.weight" => "input_layernorm.weight",
-        "mlp_norm.weight" => "post_attention_layernorm.weight",
-        "attn.wq_du.weight" => "self_attn.q_proj.weight",
-        "attn.wk_dv.weight" => "self_attn.k_proj.weight",
-        "attn.wv_dv.weight" => "self_attn.v_proj.weight",
-        "attn.wr_du.weight" => "self_attn.r_proj.weight",
-        "attn.wo_ud.weight" => "self_attn.o_proj.weight",
-        "attn.q_norm.weight" => "self_attn.q_norm.weight",
-        "attn.k_norm.weight" => "self_attn.k_norm.weight",
-        "attn.k_sconv.weight" => "self_attn.k_sconv.conv1d.weight",
-        "attn.v_sconv.weight" => "self_attn.v_sconv.conv1d.weight",
-        "attn.rel_logits_proj.proj" => "self_attn.rel_logits_proj.proj",
-        "attn_sconv.weight" => "attn_sconv.conv1d.weight",
-        "mlp_sconv.weight" => "mlp_sconv.conv1d.weight",
-        "mlp.w13_dn.weight" => "mlp.w13_dn.weight",
-        "mlp.w2_md.weight" => "mlp.down_proj.weight",
-        "mlp.global_scale" => "mlp.global_scale",
-        "mlp.gate.weight" => "mlp.gate.weight",
-        "mlp.gate.bias" => "mlp.gate.e_score_correction_bias",
-        "mlp.gate.global_scale" => "mlp.gate.global_scale",
-        "mlp.experts.w13_weight" => "mlp.experts.w13_weight",
-        "mlp.experts.w2_weight" => "mlp.experts.down_proj",
-        "mlp.shared_experts.shared_w13_weight" => "mlp.shared_experts.w13_weight",
-        "mlp.shared_experts.shared_w2_weight" => "mlp.shared_experts.down_proj",
-        _ => return None,
-    };
-    Some(format!("model.layers.{n}.{mapped}"))
 }
 
 fn layer_of(name: &str) -> Option<usize> {

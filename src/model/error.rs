@@ -54,6 +54,10 @@ pub enum ModelError {
     },
     #[error("{}: no model.safetensors or model.safetensors.index.json", dir.display())]
     NoWeights { dir: PathBuf },
+    /// A converted container failed verification (stamp, shape map, truncation, slab layout); the
+    /// message names the shard and the tensor.
+    #[error(transparent)]
+    Container(#[from] crate::container::ContainerError),
     #[error("forward called with no tokens")]
     EmptyInput,
     #[error("token id {id} is outside the vocabulary ({vocab} entries)")]

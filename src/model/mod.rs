@@ -1,7 +1,9 @@
 //! The Inkling text model: config, weights, CPU and GPU forward.
 //!
 //! - [`config`]: `config.json` / `generation_config.json` → [`TextConfig`], [`GenerationConfig`].
-//! - [`weights`]: [`Checkpoint`] (mapped safetensors) → [`Weights`] (shared by CPU and GPU paths).
+//! - [`weights`]: [`Checkpoint`] (mapped safetensors, or a converted container verified through
+//!   [`crate::container::Container`]) → [`Weights`] (shared by CPU and GPU paths).
+//! - [`names`]: the one released ↔ transformers tensor-name mapping.
 //! - [`cache`]: KV ring buffers and short-conv states ([`Cache`]).
 //! - [`cpu`]: the CPU forward ([`CpuModel`]), the oracle.
 //! - [`sampling`], [`generate`], [`text`]: the decode loop, sampling and streamed detokenisation.
@@ -10,6 +12,7 @@ pub mod config;
 pub mod cpu;
 pub mod error;
 pub mod generate;
+pub mod names;
 pub mod sampling;
 pub mod text;
 pub mod weights;

@@ -7,10 +7,15 @@
 //! let ck = Checkpoint::open(std::path::Path::new("tests/fixtures/tiny-causal-f32")).unwrap();
 //! let w: Weights<'_> = Weights::load(&ck).unwrap();
 //! ```
-//! All linear weights go through [`Checkpoint::load_linear`]; quantised containers (U8 blobs plus
-//! `NAME.qs` f32 scales, stamped `inkling.fmt` in the shard's `__metadata__`) plug in there.
+//! All linear weights go through [`Checkpoint::load_linear`]. A converted container (shard
+//! metadata `inkling.container` / `inkling.fmt`: U8 blobs plus `NAME.qs` f32 scales, see
+//! `docs/CONTAINER.md`) is opened as a [`Container`], which verifies every stamp at open; its
+//! linears are then the container's verified zero-copy views of the mapped bytes, so the CPU
+//! forward decodes exactly the bytes the GPU path uploads.
 use super::config::{AttnGeom, GenerationConfig, MlpKind, TextConfig};
 use super::error::{ModelError, Result};
+use super::names::causal_to_released;
+use crate::container::{expert_name, shared_expert_name, Container, Proj, STAMP_KEY, VERSION_KEY};
 use crate::formats::{Encoding, QMatrix};
 use half::{bf16, f16};
 use memmap2::Mmap;
@@ -108,6 +113,8 @@ pub struct Checkpoint {
     index: HashMap<String, usize>,
     /// `model.safetensors.index.json` when sharded (for error messages)
     index_file: Option<PathBuf>,
+    /// The verified container, when the shards are a converted one.
+    container: Option<Container>,
 }
 
 impl Checkpoint {
@@ -179,6 +186,17 @@ impl Checkpoint {
         } else {
             return Err(ModelError::NoWeights { dir: dir.into() });
         }
+        // A converted container: open it through the container reader, which verifies every
+        // stamp (and refuses, naming shard and tensor) before anything is trusted.
+        let converted = shards.iter().any(|s| {
+            s.user_metadata()
+                .is_some_and(|m| m.contains_key(VERSION_KEY) || m.contains_key(STAMP_KEY))
+        });
+        let container = if converted {
+            Some(Container::open(dir)?)
+        } else {
+            None
+        };
         Ok(Checkpoint {
             dir: dir.into(),
             config,
@@ -186,7 +204,13 @@ impl Checkpoint {
             shards,
             index,
             index_file,
+            container,
         })
+    }
+
+    /// The verified container when this checkpoint is a converted one (expert slabs, stamps).
+    pub fn container(&self) -> Option<&Container> {
+        self.container.as_ref()
     }
 
     /// Whether a tensor of this name is listed.
@@ -210,6 +234,17 @@ impl Checkpoint {
             tensor: name.into(),
         };
         let &si = self.index.get(name).ok_or_else(missing)?;
+        // A converted container serves every tensor from its own (verified) maps, so that all the
+        // bytes the model reads come from one mapping of each file.
+        if let Some(c) = &self.container {
+            let (shard, t) = c.tensor(name).ok_or_else(missing)?;
+            return Ok(RawTensor {
+                file: &shard.path,
+                dtype: t.dtype,
+                shape: &t.shape,
+                bytes: shard.bytes(t),
+            });
+        }
         let shard = &self.shards[si];
         let info = shard
             .meta
@@ -252,7 +287,16 @@ impl Checkpoint {
     /// (`[rows, cols]`, or `[E, rows, cols]` for stacked experts) as one [`QMatrix`] of
     /// `product(expected[..-1])` rows and `expected[-1]` columns.
     /// F32 and BF16 are borrowed zero-copy from the map; F16 is converted to owned F32.
+    /// In a converted container every linear comes from [`Container::linear`]: the verified
+    /// stamp's encoding over the mapped bytes (U8 blob and `.qs` scales), zero-copy.
     pub fn load_linear(&self, name: &str, expected: &[usize]) -> Result<QMatrix<'_>> {
+        if let Some(c) = &self.container {
+            let cols = *expected.last().unwrap_or(&1);
+            let rows: usize = expected[..expected.len().saturating_sub(1)]
+                .iter()
+                .product();
+            return Ok(c.linear(name, rows, cols)?);
+        }
         let t = self.raw_shaped(name, expected)?;
         let cols = *expected.last().unwrap_or(&1);
         let rows: usize = expected[..expected.len().saturating_sub(1)]
@@ -485,41 +529,57 @@ pub struct Weights<'a> {
     pub lm_head: QMatrix<'a>,
 }
 
-/// Tensor names of one layer in the detected layout.
+/// Tensor names in the detected layout. The loader asks for every tensor by its transformers name
+/// (`model.layers.N.…`, `lm_head.weight`); released names come from the one mapping in
+/// [`super::names`].
 struct Names {
     layout: Layout,
-    prefix: String,
 }
 
 impl Names {
-    fn layer(&self, i: usize, a: &str, b: &str) -> String {
+    /// The name of the transformers tensor `causal` in this checkpoint.
+    fn get(&self, causal: &str) -> String {
         match &self.layout {
-            Layout::Transformers { .. } => format!("{}layers.{i}.{a}", self.prefix),
-            Layout::Released => format!("model.llm.layers.{i}.{b}"),
+            Layout::Transformers { prefix } => match causal.strip_prefix("model.") {
+                Some(rest) => format!("{prefix}{rest}"),
+                None => causal.to_string(),
+            },
+            // A name outside the mapping has no released spelling; asking for it as is makes a
+            // lookup fail with that name.
+            Layout::Released => causal_to_released(causal).unwrap_or_else(|| causal.to_string()),
         }
     }
-    fn top(&self, a: &str, b: &str) -> String {
-        match &self.layout {
-            Layout::Transformers { .. } => format!("{}{a}", self.prefix),
-            Layout::Released => format!("model.llm.{b}"),
-        }
+    /// The name of `model.layers.{i}.{tail}`.
+    fn layer(&self, i: usize, tail: &str) -> String {
+        self.get(&format!("model.layers.{i}.{tail}"))
     }
+}
+
+/// How one layer stores a group of experts (routed or shared), decided by the names present.
+enum ExpertStore {
+    /// Converted container: one `[I, H]` / `[H, I]` matrix per expert and projection.
+    PerExpert,
+    /// Stacked `[n, 2I, H]` gate/up rows interleaved (released `w13`), down `[n, H, I]`.
+    StackedInterleaved { w13: String, down: String },
+    /// Stacked transformers tensors (routed `gate_up_proj` [n, 2I, H] with gate rows first per
+    /// expert; shared `gate_proj`, `up_proj` [n, I, H]), down `[n, H, I]`.
+    Stacked,
 }
 
 impl<'a> Weights<'a> {
     /// Load and shape-check every tensor the text model needs (vision/audio/MTP are ignored).
+    ///
+    /// The layout comes from the tensor names present: released (`model.llm.…`), transformers
+    /// (`model.…` or `model.language_model.…`) with stacked experts, or a converted container
+    /// (transformers names, experts one matrix each: [`crate::container::expert_name`]). In a
+    /// converted container every linear is the verified, zero-copy view of the mapped bytes, and
+    /// each sparse layer's expert slab is checked ([`crate::container::Container::expert_slab`]).
     pub fn load(ck: &'a Checkpoint) -> Result<Weights<'a>> {
         let cfg = ck.config.clone();
         let layout = ck.layout()?;
-        let prefix = match &layout {
-            Layout::Transformers { prefix } => prefix.clone(),
-            Layout::Released => "model.llm.".into(),
-        };
         let nm = Names {
             layout: layout.clone(),
-            prefix,
         };
-        let released = layout == Layout::Released;
         let h = cfg.hidden_size;
         let kk = cfg.conv_kernel_size;
         let conv = |name: String, c: usize| -> Result<ConvWeight> {
@@ -529,84 +589,48 @@ impl<'a> Weights<'a> {
                 w: ck.load_f32(&name, &[c, 1, kk])?,
             })
         };
-        let embed = ck.load_linear(
-            &nm.top("embed_tokens.weight", "embed.weight"),
-            &[cfg.vocab_size, h],
-        )?;
-        let embed_norm = ck.load_f32(
-            &nm.top("embed_tokens.embed_norm.weight", "embed_norm.weight"),
-            &[h],
-        )?;
-        let norm = ck.load_f32(&nm.top("norm.weight", "norm.weight"), &[h])?;
-        let lm_head = ck.load_linear(
-            if released {
-                "model.llm.unembed.weight"
-            } else {
-                "lm_head.weight"
-            },
-            &[cfg.vocab_size, h],
-        )?;
+        let embed = ck.load_linear(&nm.get("model.embed_tokens.weight"), &[cfg.vocab_size, h])?;
+        let embed_norm = ck.load_f32(&nm.get("model.embed_tokens.embed_norm.weight"), &[h])?;
+        let norm = ck.load_f32(&nm.get("model.norm.weight"), &[h])?;
+        let lm_head = ck.load_linear(&nm.get("lm_head.weight"), &[cfg.vocab_size, h])?;
 
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for i in 0..cfg.num_hidden_layers {
             let g = cfg.attn(i);
             let (qd, kvd) = (g.q_dim(), g.kv_dim());
-            let an =
-                |a: &str, b: &str| nm.layer(i, &format!("self_attn.{a}"), &format!("attn.{b}"));
+            let an = |t: &str| nm.layer(i, &format!("self_attn.{t}"));
             let attn = AttnWeights {
                 geom: g,
-                q: ck.load_linear(&an("q_proj.weight", "wq_du.weight"), &[qd, h])?,
-                k: ck.load_linear(&an("k_proj.weight", "wk_dv.weight"), &[kvd, h])?,
-                v: ck.load_linear(&an("v_proj.weight", "wv_dv.weight"), &[kvd, h])?,
-                r: ck.load_linear(
-                    &an("r_proj.weight", "wr_du.weight"),
-                    &[g.heads * g.d_rel, h],
-                )?,
-                o: ck.load_linear(&an("o_proj.weight", "wo_ud.weight"), &[h, qd])?,
-                q_norm: ck.load_f32(&an("q_norm.weight", "q_norm.weight"), &[g.head_dim])?,
-                k_norm: ck.load_f32(&an("k_norm.weight", "k_norm.weight"), &[g.head_dim])?,
-                k_sconv: conv(an("k_sconv.conv1d.weight", "k_sconv.weight"), kvd)?,
-                v_sconv: conv(an("v_sconv.conv1d.weight", "v_sconv.weight"), kvd)?,
-                rel_proj: ck.load_f32(
-                    &an("rel_logits_proj.proj", "rel_logits_proj.proj"),
-                    &[g.d_rel, g.rel_extent],
-                )?,
+                q: ck.load_linear(&an("q_proj.weight"), &[qd, h])?,
+                k: ck.load_linear(&an("k_proj.weight"), &[kvd, h])?,
+                v: ck.load_linear(&an("v_proj.weight"), &[kvd, h])?,
+                r: ck.load_linear(&an("r_proj.weight"), &[g.heads * g.d_rel, h])?,
+                o: ck.load_linear(&an("o_proj.weight"), &[h, qd])?,
+                q_norm: ck.load_f32(&an("q_norm.weight"), &[g.head_dim])?,
+                k_norm: ck.load_f32(&an("k_norm.weight"), &[g.head_dim])?,
+                k_sconv: conv(an("k_sconv.conv1d.weight"), kvd)?,
+                v_sconv: conv(an("v_sconv.conv1d.weight"), kvd)?,
+                rel_proj: ck.load_f32(&an("rel_logits_proj.proj"), &[g.d_rel, g.rel_extent])?,
             };
-            let input_norm = ck.load_f32(
-                &nm.layer(i, "input_layernorm.weight", "attn_norm.weight"),
-                &[h],
-            )?;
-            let post_attn_norm = ck.load_f32(
-                &nm.layer(i, "post_attention_layernorm.weight", "mlp_norm.weight"),
-                &[h],
-            )?;
-            let attn_sconv = conv(
-                nm.layer(i, "attn_sconv.conv1d.weight", "attn_sconv.weight"),
-                h,
-            )?;
-            let mlp_sconv = conv(
-                nm.layer(i, "mlp_sconv.conv1d.weight", "mlp_sconv.weight"),
-                h,
-            )?;
+            let input_norm = ck.load_f32(&nm.layer(i, "input_layernorm.weight"), &[h])?;
+            let post_attn_norm =
+                ck.load_f32(&nm.layer(i, "post_attention_layernorm.weight"), &[h])?;
+            let attn_sconv = conv(nm.layer(i, "attn_sconv.conv1d.weight"), h)?;
+            let mlp_sconv = conv(nm.layer(i, "mlp_sconv.conv1d.weight"), h)?;
             let mlp = match cfg.mlp_layer_types[i] {
                 MlpKind::Dense => {
                     let inter = cfg.intermediate_size;
-                    let (gate, up) = if released {
-                        let w13 =
-                            ck.load_linear(&nm.layer(i, "", "mlp.w13_dn.weight"), &[2 * inter, h])?;
-                        deinterleave(&w13, 0, inter)
+                    let w13 = nm.layer(i, "mlp.w13_dn.weight");
+                    let (gate, up) = if ck.has(&w13) {
+                        deinterleave(&ck.load_linear(&w13, &[2 * inter, h])?, 0, inter)
                     } else {
                         (
-                            ck.load_linear(&nm.layer(i, "mlp.gate_proj.weight", ""), &[inter, h])?,
-                            ck.load_linear(&nm.layer(i, "mlp.up_proj.weight", ""), &[inter, h])?,
+                            ck.load_linear(&nm.layer(i, "mlp.gate_proj.weight"), &[inter, h])?,
+                            ck.load_linear(&nm.layer(i, "mlp.up_proj.weight"), &[inter, h])?,
                         )
                     };
-                    let down = ck.load_linear(
-                        &nm.layer(i, "mlp.down_proj.weight", "mlp.w2_md.weight"),
-                        &[h, inter],
-                    )?;
-                    let gs =
-                        ck.load_f32(&nm.layer(i, "mlp.global_scale", "mlp.global_scale"), &[1])?;
+                    let down = ck.load_linear(&nm.layer(i, "mlp.down_proj.weight"), &[h, inter])?;
+                    let gs = ck.load_f32(&nm.layer(i, "mlp.global_scale"), &[1])?;
                     Mlp::Dense(DenseMlp {
                         ffn: Ffn { gate, up, down },
                         global_scale: gs[0],
@@ -618,66 +642,76 @@ impl<'a> Weights<'a> {
                         cfg.n_shared_experts,
                         cfg.moe_intermediate_size,
                     );
-                    let router = ck.load_linear(
-                        &nm.layer(i, "mlp.gate.weight", "mlp.gate.weight"),
-                        &[e + s, h],
-                    )?;
-                    let router_bias = ck.load_f32(
-                        &nm.layer(i, "mlp.gate.e_score_correction_bias", "mlp.gate.bias"),
-                        &[e],
-                    )?;
-                    let router_scale = ck.load_f32(
-                        &nm.layer(i, "mlp.gate.global_scale", "mlp.gate.global_scale"),
-                        &[1],
-                    )?[0];
-                    let experts = if released {
-                        let w13 = ck.load_linear(
-                            &nm.layer(i, "", "mlp.experts.w13_weight"),
-                            &[e, 2 * inter, h],
-                        )?;
-                        let w2 = ck.load_linear(
-                            &nm.layer(i, "", "mlp.experts.w2_weight"),
-                            &[e, h, inter],
-                        )?;
-                        stacked_interleaved(&w13, &w2, e, inter, h)
+                    let router = ck.load_linear(&nm.layer(i, "mlp.gate.weight"), &[e + s, h])?;
+                    let router_bias =
+                        ck.load_f32(&nm.layer(i, "mlp.gate.e_score_correction_bias"), &[e])?;
+                    let router_scale = ck.load_f32(&nm.layer(i, "mlp.gate.global_scale"), &[1])?[0];
+                    let routed_store = if ck.has(&nm.get(&expert_name(i, 0, Proj::Gate))) {
+                        ExpertStore::PerExpert
+                    } else if ck.has(&nm.layer(i, "mlp.experts.w13_weight")) {
+                        ExpertStore::StackedInterleaved {
+                            w13: nm.layer(i, "mlp.experts.w13_weight"),
+                            down: nm.layer(i, "mlp.experts.down_proj"),
+                        }
                     } else {
-                        let gu = ck.load_linear(
-                            &nm.layer(i, "mlp.experts.gate_up_proj", ""),
-                            &[e, 2 * inter, h],
-                        )?;
-                        let dn = ck.load_linear(
-                            &nm.layer(i, "mlp.experts.down_proj", ""),
-                            &[e, h, inter],
-                        )?;
-                        (0..e)
-                            .map(|x| Ffn {
-                                gate: slice_rows(&gu, x * 2 * inter, x * 2 * inter + inter),
-                                up: slice_rows(&gu, x * 2 * inter + inter, (x + 1) * 2 * inter),
-                                down: slice_rows(&dn, x * h, (x + 1) * h),
-                            })
-                            .collect()
+                        ExpertStore::Stacked
                     };
-                    let shared = if released {
+                    let experts = match routed_store {
+                        ExpertStore::PerExpert => {
+                            if let Some(c) = ck.container() {
+                                // One contiguous, page-aligned range per expert, or refuse.
+                                c.expert_slab(i)?;
+                            }
+                            let name = |x: usize, p: Proj| nm.get(&expert_name(i, x, p));
+                            per_expert(ck, e, inter, h, name)?
+                        }
+                        ExpertStore::StackedInterleaved { w13, down } => {
+                            let w13 = ck.load_linear(&w13, &[e, 2 * inter, h])?;
+                            let w2 = ck.load_linear(&down, &[e, h, inter])?;
+                            stacked_interleaved(&w13, &w2, e, inter, h)
+                        }
+                        ExpertStore::Stacked => {
+                            let gu = ck.load_linear(
+                                &nm.layer(i, "mlp.experts.gate_up_proj"),
+                                &[e, 2 * inter, h],
+                            )?;
+                            let dn = ck.load_linear(
+                                &nm.layer(i, "mlp.experts.down_proj"),
+                                &[e, h, inter],
+                            )?;
+                            (0..e)
+                                .map(|x| Ffn {
+                                    gate: slice_rows(&gu, x * 2 * inter, x * 2 * inter + inter),
+                                    up: slice_rows(&gu, x * 2 * inter + inter, (x + 1) * 2 * inter),
+                                    down: slice_rows(&dn, x * h, (x + 1) * h),
+                                })
+                                .collect()
+                        }
+                    };
+                    let shared = if ck.has(&nm.get(&shared_expert_name(i, 0, Proj::Gate))) {
+                        let name = |x: usize, p: Proj| nm.get(&shared_expert_name(i, x, p));
+                        per_expert(ck, s, inter, h, name)?
+                    } else if ck.has(&nm.layer(i, "mlp.shared_experts.w13_weight")) {
                         let w13 = ck.load_linear(
-                            &nm.layer(i, "", "mlp.shared_experts.shared_w13_weight"),
+                            &nm.layer(i, "mlp.shared_experts.w13_weight"),
                             &[s, 2 * inter, h],
                         )?;
                         let w2 = ck.load_linear(
-                            &nm.layer(i, "", "mlp.shared_experts.shared_w2_weight"),
+                            &nm.layer(i, "mlp.shared_experts.down_proj"),
                             &[s, h, inter],
                         )?;
                         stacked_interleaved(&w13, &w2, s, inter, h)
                     } else {
                         let gp = ck.load_linear(
-                            &nm.layer(i, "mlp.shared_experts.gate_proj", ""),
+                            &nm.layer(i, "mlp.shared_experts.gate_proj"),
                             &[s, inter, h],
                         )?;
                         let up = ck.load_linear(
-                            &nm.layer(i, "mlp.shared_experts.up_proj", ""),
+                            &nm.layer(i, "mlp.shared_experts.up_proj"),
                             &[s, inter, h],
                         )?;
                         let dn = ck.load_linear(
-                            &nm.layer(i, "mlp.shared_experts.down_proj", ""),
+                            &nm.layer(i, "mlp.shared_experts.down_proj"),
                             &[s, h, inter],
                         )?;
                         (0..s)
@@ -718,6 +752,26 @@ impl<'a> Weights<'a> {
             lm_head,
         })
     }
+}
+
+/// `n` experts stored one matrix per expert and projection (`name(expert, proj)`): gate and up
+/// `[inter, h]`, down `[h, inter]`, each borrowed as it lies in the file.
+fn per_expert<'a>(
+    ck: &'a Checkpoint,
+    n: usize,
+    inter: usize,
+    h: usize,
+    name: impl Fn(usize, Proj) -> String,
+) -> Result<Vec<Ffn<'a>>> {
+    (0..n)
+        .map(|x| {
+            Ok(Ffn {
+                gate: ck.load_linear(&name(x, Proj::Gate), &[inter, h])?,
+                up: ck.load_linear(&name(x, Proj::Up), &[inter, h])?,
+                down: ck.load_linear(&name(x, Proj::Down), &[h, inter])?,
+            })
+        })
+        .collect()
 }
 
 /// Interleaved w13 rows `base + (g0, u0, g1, u1, …)` → (gate, up), each `inter` rows.
