@@ -1,9 +1,60 @@
-//! `inkling-wgpu formats` (being built).
+//! `inkling-wgpu formats`: print the weight-format registry (FORMATS.md).
+use crate::formats::{ScaleLayout, REGISTRY};
 use std::process::ExitCode;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {}
 
+/// Bytes-per-row formula as written in FORMATS.md (the doc test checks the doc against the code).
+fn formula(name: &str) -> &'static str {
+    match name {
+        "f32" => "4·I",
+        "int8" | "fp8-e4m3-b128" => "I",
+        "int4" | "int4-grouped" => "ceil(I/2)",
+        "int2" => "ceil(I/4)",
+        "int3-g64" => "ceil(I/64)·24",
+        "e8-iq3" => "ceil(I/256)·98",
+        "mxfp4" => "ceil(I/32)·17",
+        "bf16" => "2·I",
+        _ => "?",
+    }
+}
+
+/// The registry as an aligned text table.
+pub fn table() -> String {
+    let mut out = format!(
+        "{:>7}  {:<14} {:<15} {:>12}  {:<36} {}\n",
+        "ordinal", "name", "bytes/row", "@ I=6144", "scales", "GPU kernel here"
+    );
+    for s in REGISTRY {
+        let gs = s.group_sizes.first().copied().unwrap_or(0) as usize;
+        let scales = match s.scales {
+            ScaleLayout::None => "none".to_string(),
+            ScaleLayout::PerRow => "[O] f32".to_string(),
+            ScaleLayout::PerGroup if s.group_sizes.len() == 1 => {
+                format!("[O][ceil(I/{})] f32", s.group_sizes[0])
+            }
+            ScaleLayout::PerGroup => format!("[O][ceil(I/gs)] f32, gs {:?}", s.group_sizes),
+            ScaleLayout::Embedded => "embedded in rows".to_string(),
+            ScaleLayout::Block128 => "[O/128][I/128] f32".to_string(),
+        };
+        out.push_str(&format!(
+            "{:>7}  {:<14} {:<15} {:>12}  {:<36} {}\n",
+            s.ordinal,
+            s.name,
+            formula(s.name),
+            s.format.bytes_per_row(6144, gs),
+            scales,
+            if s.gpu_kernel { "yes" } else { "no" }
+        ));
+    }
+    out.push_str(
+        "private work-in-progress ordinals start at 100; see FORMATS.md for the exact layouts\n",
+    );
+    out
+}
+
 pub fn run(_args: Args) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`formats` is not built yet")
+    print!("{}", table());
+    Ok(ExitCode::SUCCESS)
 }

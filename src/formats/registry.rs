@@ -212,6 +212,8 @@ impl Encoding {
                 } else {
                     let f = Format::from_name(s).map_err(|_| unknown_spelling(s))?;
                     f.require_kernel()?;
+                    // a grouped format needs its group size in the spelling (`int4-g64`)
+                    f.check_group_size(0)?;
                     Encoding { format: f, group_size: 0 }
                 }
             }

@@ -21,6 +21,34 @@ impl PipelineCache {
             return p.clone();
         }
         let p = Arc::new(make());
-        self.map.lock().unwrap().entry(key.to_string()).or_insert(p).clone()
+        self.map
+            .lock()
+            .unwrap()
+            .entry(key.to_string())
+            .or_insert(p)
+            .clone()
+    }
+}
+
+/// Every instantiation of a WGSL file of `wgsl/` that a device could be handed, as
+/// `(label, source)`: files with a preprocessing step list each variant, others are used as is.
+/// `tests/wgsl_validate.rs` validates all of them with naga, without a device.
+pub fn wgsl_instantiations(file_name: &str, source: &str) -> Vec<(String, String)> {
+    match file_name {
+        "gemv.wgsl" => {
+            let mut v = Vec::new();
+            for enc in crate::gpu::gemv::kernel_encodings() {
+                for sg in [false, true] {
+                    let label = format!(
+                        "gemv.wgsl [{} {}]",
+                        enc.spelling(),
+                        if sg { "subgroup" } else { "shared" }
+                    );
+                    v.push((label, crate::gpu::gemv::wgsl_source(enc, sg)));
+                }
+            }
+            v
+        }
+        _ => vec![(file_name.to_string(), source.to_string())],
     }
 }

@@ -4,3 +4,8 @@ pub mod kernel;
 pub mod ops;
 
 pub use device::{Gpu, GpuError};
+pub mod dispatch;
+pub mod gemv;
+
+pub use dispatch::{gemv_pairs, DispatchError};
+pub use gemv::{GemvArgs, GemvCall, GpuWeights, Reduction};

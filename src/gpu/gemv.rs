@@ -1,0 +1,737 @@
+//! The MoE GEMV kernel (`wgsl/gemv.wgsl`): uploaded weight slabs, pipelines and recorded calls.
+//!
+//! # Problem
+//! For a batch of P pairs `(expert, token, weight_idx)` one [`GemvCall`] computes
+//! `y[p, 0..O] = gamma[weight_idx(p)] · W_{expert(p)} · x[token(p), 0..I]` (gamma omitted when
+//! `weight_idx == 0xFFFFFFFF` or the call has no gamma buffer). All dtypes are f32 except the
+//! weights (any kernel format of FORMATS.md) and the pairs (u32). Accumulation is f32.
+//! A dense GEMV is E = 1 with pairs `(0, t, NO_GAMMA)`.
+//!
+//! # GPU layout and alignment (enforced here on the host)
+//! [`GpuWeights`] holds the E experts of one tensor in one slab. Each row is stored with its
+//! FORMATS.md bytes followed by zero padding up to a whole number of *units*: 16 bytes for f32,
+//! bf16, int4 and int4-grouped, 48 bytes (two 64-column groups) for int3-g64. So every row starts
+//! 16-byte aligned whatever I is (bf16 with odd I, f32 rows of 4·I bytes, int4 rows with a
+//! half-used last byte) and the kernel reads whole `vec4<u32>` words; the kernel masks columns
+//! ≥ I through x, so padding never contributes. Real Inkling shapes (I = 6144, 3072, 4096, 2048)
+//! need no padding in any format. Scales are stored unpadded, `[E][O][scales per row]` f32.
+//!
+//! The slab is split into chunks (one storage binding each) no larger than the adapter's
+//! `max_storage_buffer_binding_size`, `max_buffer_size` and 2³¹ − 1 bytes: by whole experts when
+//! an expert fits, else by rows within each expert. A call issues one dispatch per chunk; the
+//! caller never sees chunks.
+
+use crate::formats::{Encoding, Format, QMatrix};
+use crate::gpu::dispatch::{self, DispatchError};
+use crate::gpu::Gpu;
+use std::sync::Arc;
+
+/// Source of the one GEMV skeleton.
+pub const GEMV_WGSL: &str = include_str!("../../wgsl/gemv.wgsl");
+
+/// `weight_idx` meaning "no per-pair weight".
+pub const NO_GAMMA: u32 = 0xFFFF_FFFF;
+
+/// Threads per row (a row's units are spread over TPR threads; 256 / TPR thread groups per
+/// workgroup).
+const TPR: u32 = 32;
+/// Workgroups per dimension (WebGPU/wgpu limit).
+const MAX_GROUPS_PER_DIM: u32 = 65_535;
+/// Size of the uniform block (`Params` in the WGSL).
+const PARAMS_BYTES: u64 = 64;
+
+/// How a row's partial sums are reduced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Reduction {
+    /// Subgroup shuffles when the device has `SUBGROUP`, else shared memory.
+    Auto,
+    /// Subgroup shuffles (error when the device lacks `SUBGROUP`).
+    Subgroup,
+    /// Shared-memory tree (works everywhere).
+    Shared,
+}
+
+/// Columns per unit and `vec4<u32>` words per unit of a format's row in the GPU slab.
+fn unit_shape(f: Format) -> (u32, u32) {
+    match f {
+        Format::F32 => (4, 1),
+        Format::Bf16 => (8, 1),
+        Format::Int4 | Format::Int4Grouped => (32, 1),
+        Format::Int3G64 => (128, 3),
+        _ => unreachable!("no kernel for {f}"),
+    }
+}
+
+/// Rows each thread handles with one load of x (x reuse in registers; tunable per format).
+fn rows_per_thread(f: Format) -> u32 {
+    match f {
+        Format::F32 => 1,
+        Format::Bf16 => 2,
+        _ => 4,
+    }
+}
+
+/// Rows per workgroup of `enc`'s kernel: (256 / TPR) thread groups × rows per thread.
+pub fn rows_per_workgroup(enc: Encoding) -> u32 {
+    (256 / TPR) * rows_per_thread(enc.format)
+}
+
+/// Padded GPU row stride in bytes for `enc` and `cols` (see the module docs).
+pub fn gpu_row_stride(enc: Encoding, cols: usize) -> usize {
+    let (_, vpu) = unit_shape(enc.format);
+    enc.bytes_per_row(cols).next_multiple_of(16 * vpu as usize)
+}
+
+/// The WGSL of one instantiation: the generated prelude plus the skeleton with the reduction
+/// variant selected (`//!IF SUBGROUP` / `//!ELSE` / `//!END` lines).
+pub fn wgsl_source(enc: Encoding, subgroups: bool) -> String {
+    let (cpu, vpu) = unit_shape(enc.format);
+    let rpt = rows_per_thread(enc.format);
+    let mut out = format!(
+        "// gemv instantiation: {} ({})\nconst FMT: u32 = {}u;\nconst GS: u32 = {}u;\n\
+         const CPU: u32 = {cpu}u;\nconst VPU: u32 = {vpu}u;\nconst XN: u32 = {}u;\n\
+         const TPR: u32 = {TPR}u;\nconst RPT: u32 = {rpt}u;\nconst RPW: u32 = {}u;\n",
+        enc.spelling(),
+        if subgroups {
+            "subgroup reduction"
+        } else {
+            "shared-memory reduction"
+        },
+        enc.format.ordinal(),
+        enc.group_size,
+        cpu.min(64),
+        rows_per_workgroup(enc),
+    );
+    out.push_str(&preprocess(GEMV_WGSL, subgroups));
+    out
+}
+
+/// Keep the lines of the active branch of `//!IF SUBGROUP` / `//!ELSE` / `//!END` blocks.
+fn preprocess(src: &str, subgroups: bool) -> String {
+    let mut out = String::with_capacity(src.len());
+    let mut keep = true;
+    for line in src.lines() {
+        match line.trim() {
+            "//!IF SUBGROUP" => keep = subgroups,
+            "//!ELSE" => keep = !subgroups,
+            "//!END" => keep = true,
+            _ if keep => {
+                out.push_str(line);
+                out.push('\n');
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Every encoding with a GEMV kernel (all allowed group sizes), for validation and smoke runs.
+pub fn kernel_encodings() -> Vec<Encoding> {
+    let mut v = Vec::new();
+    for s in crate::formats::REGISTRY.iter().filter(|s| s.gpu_kernel) {
+        if s.format == Format::Int4Grouped {
+            for &g in s.group_sizes {
+                v.push(Encoding {
+                    format: s.format,
+                    group_size: g as usize,
+                });
+            }
+        } else {
+            let gs = if s.format == Format::Int3G64 { 64 } else { 0 };
+            v.push(Encoding {
+                format: s.format,
+                group_size: gs,
+            });
+        }
+    }
+    v
+}
+
+/// One binding-sized piece of a slab: experts `e0..e1`, rows `r0..r1` of each.
+#[derive(Debug)]
+pub struct WeightChunk {
+    pub weights: wgpu::Buffer,
+    pub scales: wgpu::Buffer,
+    pub e0: u32,
+    pub e1: u32,
+    pub r0: u32,
+    pub r1: u32,
+}
+
+/// The E experts `[O, I]` of one tensor in one encoding, uploaded to the GPU (see module docs).
+/// The encoding travels with the bytes: a [`GemvCall`] refuses an ordinal other than this one.
+#[derive(Debug)]
+pub struct GpuWeights {
+    enc: Encoding,
+    experts: usize,
+    rows: usize,
+    cols: usize,
+    chunks: Vec<WeightChunk>,
+}
+
+impl GpuWeights {
+    /// Upload E matrices of identical shape and encoding as one slab (E = 1 for a dense matrix).
+    pub fn upload(gpu: &Gpu, mats: &[QMatrix]) -> Result<GpuWeights, DispatchError> {
+        Self::upload_with_limit(gpu, mats, default_limit(gpu))
+    }
+
+    /// [`GpuWeights::upload`] with chunks of at most `limit` bytes (tests use a small limit).
+    pub fn upload_with_limit(
+        gpu: &Gpu,
+        mats: &[QMatrix],
+        limit: u64,
+    ) -> Result<GpuWeights, DispatchError> {
+        let first = mats
+            .first()
+            .ok_or_else(|| DispatchError::Shape("no matrices to upload".into()))?;
+        for (i, m) in mats.iter().enumerate() {
+            if m.enc != first.enc || m.rows != first.rows || m.cols != first.cols {
+                return Err(DispatchError::Shape(format!(
+                    "expert {i} is {} [{}, {}], expert 0 is {} [{}, {}]",
+                    m.enc.spelling(),
+                    m.rows,
+                    m.cols,
+                    first.enc.spelling(),
+                    first.rows,
+                    first.cols
+                )));
+            }
+        }
+        let data: Vec<&[u8]> = mats.iter().map(|m| &m.data[..]).collect();
+        let scales: Vec<&[u8]> = mats.iter().map(|m| &m.scales[..]).collect();
+        Self::build(
+            gpu,
+            first.enc,
+            mats.len(),
+            first.rows,
+            first.cols,
+            &data,
+            &scales,
+            limit,
+        )
+    }
+
+    /// Upload straight from raw bytes (e.g. a mapped container): `data` is E·O·row_bytes bytes,
+    /// experts then rows, FORMATS.md layout, any alignment; `scales` is E·(scales of one expert)
+    /// little-endian f32 as bytes (empty for f32/bf16).
+    pub fn from_slab_bytes(
+        gpu: &Gpu,
+        enc: Encoding,
+        experts: usize,
+        rows: usize,
+        cols: usize,
+        data: &[u8],
+        scales: &[u8],
+    ) -> Result<GpuWeights, DispatchError> {
+        Self::from_slab_bytes_with_limit(
+            gpu,
+            enc,
+            experts,
+            rows,
+            cols,
+            data,
+            scales,
+            default_limit(gpu),
+        )
+    }
+
+    /// [`GpuWeights::from_slab_bytes`] with chunks of at most `limit` bytes.
+    #[allow(clippy::too_many_arguments)]
+    pub fn from_slab_bytes_with_limit(
+        gpu: &Gpu,
+        enc: Encoding,
+        experts: usize,
+        rows: usize,
+        cols: usize,
+        data: &[u8],
+        scales: &[u8],
+        limit: u64,
+    ) -> Result<GpuWeights, DispatchError> {
+        dispatch::resolve(enc.format.ordinal())?;
+        enc.format
+            .check_group_size(enc.group_size)
+            .map_err(|e| DispatchError::Shape(e.to_string()))?;
+        let wb = rows * enc.bytes_per_row(cols);
+        let sb = 4 * enc.scale_count(rows, cols);
+        if data.len() != experts * wb || scales.len() != experts * sb {
+            return Err(DispatchError::Shape(format!(
+                "{} slab of {experts}×[{rows}, {cols}] needs {} weight and {} scale bytes, got {} and {}",
+                enc.spelling(),
+                experts * wb,
+                experts * sb,
+                data.len(),
+                scales.len()
+            )));
+        }
+        let d: Vec<&[u8]> = (0..experts).map(|e| &data[e * wb..(e + 1) * wb]).collect();
+        let s: Vec<&[u8]> = (0..experts)
+            .map(|e| &scales[e * sb..(e + 1) * sb])
+            .collect();
+        Self::build(gpu, enc, experts, rows, cols, &d, &s, limit)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn build(
+        gpu: &Gpu,
+        enc: Encoding,
+        experts: usize,
+        rows: usize,
+        cols: usize,
+        data: &[&[u8]],
+        scales: &[&[u8]],
+        limit: u64,
+    ) -> Result<GpuWeights, DispatchError> {
+        dispatch::resolve(enc.format.ordinal())?;
+        if experts == 0 || rows == 0 || cols == 0 {
+            return Err(DispatchError::Shape(format!(
+                "empty weight tensor {experts}×[{rows}, {cols}]"
+            )));
+        }
+        if experts > u32::MAX as usize || rows > u32::MAX as usize || cols > u32::MAX as usize {
+            return Err(DispatchError::Shape("dimensions must fit in u32".into()));
+        }
+        let rb = enc.bytes_per_row(cols);
+        let stride = gpu_row_stride(enc, cols);
+        let spr = enc.scales_per_row(cols);
+        let limit = limit.min(default_limit(gpu));
+        if (stride as u64) > limit {
+            return Err(DispatchError::Shape(format!(
+                "one row of {} [{rows}, {cols}] takes {stride} bytes, more than a binding ({limit} bytes)",
+                enc.spelling()
+            )));
+        }
+        let expert_bytes = (rows * stride) as u64;
+        // (e0, e1, r0, r1) per chunk
+        let mut plan = Vec::new();
+        if expert_bytes <= limit {
+            let per = (limit / expert_bytes).max(1) as usize;
+            for e0 in (0..experts).step_by(per) {
+                plan.push((e0, (e0 + per).min(experts), 0, rows));
+            }
+        } else {
+            let per = (limit / stride as u64) as usize;
+            for e in 0..experts {
+                for r0 in (0..rows).step_by(per) {
+                    plan.push((e, e + 1, r0, (r0 + per).min(rows)));
+                }
+            }
+        }
+        let mut chunks = Vec::with_capacity(plan.len());
+        for (ci, &(e0, e1, r0, r1)) in plan.iter().enumerate() {
+            let n_rows = (e1 - e0) * (r1 - r0);
+            let wbuf = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(&format!("gemv weights {} chunk {ci}", enc.spelling())),
+                size: (n_rows * stride).max(16) as u64,
+                usage: wgpu::BufferUsages::STORAGE
+                    | wgpu::BufferUsages::COPY_DST
+                    | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: true,
+            });
+            {
+                let mut view = wbuf
+                    .get_mapped_range_mut(..)
+                    .map_err(|e| DispatchError::Shape(format!("mapping a weight chunk: {e:?}")))?;
+                let mut k = 0;
+                let mut padded = vec![0u8; stride];
+                for src in &data[e0..e1] {
+                    if rb == stride {
+                        let n = (r1 - r0) * rb;
+                        view.slice(k * stride..k * stride + n)
+                            .copy_from_slice(&src[r0 * rb..r1 * rb]);
+                        k += r1 - r0;
+                    } else {
+                        for r in r0..r1 {
+                            // row bytes, then explicit zero padding up to the unit size
+                            padded[..rb].copy_from_slice(&src[r * rb..(r + 1) * rb]);
+                            view.slice(k * stride..(k + 1) * stride)
+                                .copy_from_slice(&padded);
+                            k += 1;
+                        }
+                    }
+                }
+            }
+            wbuf.unmap();
+            let mut sbytes = Vec::with_capacity(n_rows * spr * 4);
+            for src in &scales[e0..e1] {
+                sbytes.extend_from_slice(&src[r0 * spr * 4..r1 * spr * 4]);
+            }
+            let sbuf = gpu.storage_init(
+                &format!("gemv scales {} chunk {ci}", enc.spelling()),
+                &sbytes,
+            );
+            chunks.push(WeightChunk {
+                weights: wbuf,
+                scales: sbuf,
+                e0: e0 as u32,
+                e1: e1 as u32,
+                r0: r0 as u32,
+                r1: r1 as u32,
+            });
+        }
+        Ok(GpuWeights {
+            enc,
+            experts,
+            rows,
+            cols,
+            chunks,
+        })
+    }
+
+    /// The encoding of the uploaded bytes.
+    pub fn encoding(&self) -> Encoding {
+        self.enc
+    }
+    /// Number of experts E.
+    pub fn experts(&self) -> usize {
+        self.experts
+    }
+    /// Rows O per expert.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+    /// Columns I.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+    /// The binding-sized chunks (normally one).
+    pub fn chunks(&self) -> &[WeightChunk] {
+        &self.chunks
+    }
+    /// FORMATS.md bytes (weights + scales) of ONE expert: what a GEMV over it must read.
+    pub fn expert_bytes(&self) -> u64 {
+        (self.rows * self.enc.bytes_per_row(self.cols)
+            + 4 * self.enc.scale_count(self.rows, self.cols)) as u64
+    }
+}
+
+/// Largest chunk: the binding limit, the buffer limit and 2³¹ − 1 bytes (offsets past 2³¹ break
+/// on several backends), rounded down to 256 bytes.
+pub fn default_limit(gpu: &Gpu) -> u64 {
+    let l = gpu
+        .max_binding()
+        .min(gpu.limits.max_buffer_size)
+        .min((1u64 << 31) - 1);
+    l & !255
+}
+
+/// Buffers and strides of one GEMV problem (see the module docs for the formula).
+///
+/// * `x`: f32; token t's input is `x[t·x_stride + x_offset ..][..I]`; `tokens` = T.
+/// * `pairs`: u32, 3 per pair: `(expert, token, weight_idx)`; `n_pairs` = P (host-known).
+/// * `gamma`: optional f32 per-pair weights indexed by `weight_idx`; without it every pair is
+///   unweighted whatever its `weight_idx`.
+/// * `y`: f32; pair p's output is `y[p·y_stride + y_offset ..][..O]`.
+///
+/// Strides of 0 mean "packed": `x_stride = I`, `y_stride = O`.
+#[derive(Clone, Copy, Debug)]
+pub struct GemvArgs<'a> {
+    pub x: &'a wgpu::Buffer,
+    pub tokens: u32,
+    pub x_stride: u32,
+    pub x_offset: u32,
+    pub pairs: &'a wgpu::Buffer,
+    pub n_pairs: u32,
+    pub gamma: Option<&'a wgpu::Buffer>,
+    pub y: &'a wgpu::Buffer,
+    pub y_stride: u32,
+    pub y_offset: u32,
+    pub reduction: Reduction,
+}
+
+impl<'a> GemvArgs<'a> {
+    /// Packed x and y, no gamma, automatic reduction.
+    pub fn new(
+        x: &'a wgpu::Buffer,
+        tokens: u32,
+        pairs: &'a wgpu::Buffer,
+        n_pairs: u32,
+        y: &'a wgpu::Buffer,
+    ) -> Self {
+        GemvArgs {
+            x,
+            tokens,
+            x_stride: 0,
+            x_offset: 0,
+            pairs,
+            n_pairs,
+            gamma: None,
+            y,
+            y_stride: 0,
+            y_offset: 0,
+            reduction: Reduction::Auto,
+        }
+    }
+    /// With per-pair weights.
+    pub fn gamma(mut self, gamma: &'a wgpu::Buffer) -> Self {
+        self.gamma = Some(gamma);
+        self
+    }
+    /// With a reduction variant.
+    pub fn reduction(mut self, r: Reduction) -> Self {
+        self.reduction = r;
+        self
+    }
+}
+
+/// A GEMV ready to record: pipeline, uniform block and one bind group per weight chunk, all made
+/// once in [`GemvCall::new`]; [`GemvCall::record`] allocates nothing.
+pub struct GemvCall {
+    pipeline: Arc<wgpu::ComputePipeline>,
+    _params: wgpu::Buffer,
+    _dummy: Option<wgpu::Buffer>,
+    parts: Vec<(wgpu::BindGroup, u32, u32)>,
+    subgroups: bool,
+}
+
+impl GemvCall {
+    /// Build a call through the dispatcher: `ordinal` must be in the registry
+    /// ([`DispatchError::UnknownOrdinal`]), have a kernel here ([`DispatchError::NoKernel`]) and be
+    /// the ordinal of `weights`' encoding ([`DispatchError::EncodingMismatch`]).
+    pub fn new(
+        gpu: &Gpu,
+        ordinal: u32,
+        weights: &GpuWeights,
+        args: GemvArgs,
+    ) -> Result<GemvCall, DispatchError> {
+        let enc = dispatch::check(ordinal, weights.encoding())?;
+        let subgroups = match args.reduction {
+            Reduction::Auto => gpu.has_subgroups(),
+            Reduction::Shared => false,
+            Reduction::Subgroup if gpu.has_subgroups() => true,
+            Reduction::Subgroup => {
+                return Err(DispatchError::Shape(
+                    "subgroup reduction asked for, but the device lacks SUBGROUP".into(),
+                ))
+            }
+        };
+        let (o, i) = (weights.rows as u64, weights.cols as u64);
+        let x_stride = if args.x_stride == 0 {
+            i
+        } else {
+            args.x_stride as u64
+        };
+        let y_stride = if args.y_stride == 0 {
+            o
+        } else {
+            args.y_stride as u64
+        };
+        if args.tokens == 0 {
+            return Err(DispatchError::Shape("tokens must be ≥ 1".into()));
+        }
+        let need_x = 4 * ((args.tokens as u64 - 1) * x_stride + args.x_offset as u64 + i);
+        if args.x.size() < need_x {
+            return Err(DispatchError::Shape(format!(
+                "x buffer has {} bytes, needs {need_x}",
+                args.x.size()
+            )));
+        }
+        if args.n_pairs > 0 {
+            let need_y = 4 * ((args.n_pairs as u64 - 1) * y_stride + args.y_offset as u64 + o);
+            if args.y.size() < need_y {
+                return Err(DispatchError::Shape(format!(
+                    "y buffer has {} bytes, needs {need_y}",
+                    args.y.size()
+                )));
+            }
+            if args.pairs.size() < 12 * args.n_pairs as u64 {
+                return Err(DispatchError::Shape(format!(
+                    "pairs buffer has {} bytes, {} pairs need {}",
+                    args.pairs.size(),
+                    args.n_pairs,
+                    12 * args.n_pairs
+                )));
+            }
+        }
+        let pipeline = pipeline(gpu, enc, subgroups);
+        let layout = pipeline.get_bind_group_layout(0);
+        let align = (gpu.limits.min_uniform_buffer_offset_alignment as u64).max(PARAMS_BYTES);
+        let n_chunks = weights.chunks.len() as u64;
+        let params = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("gemv params"),
+            size: align * n_chunks,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let dummy = if args.gamma.is_none() {
+            Some(gpu.storage("gemv no gamma", 4))
+        } else {
+            None
+        };
+        let gamma = args.gamma.or(dummy.as_ref()).unwrap();
+        let spr = enc.scales_per_row(weights.cols) as u32;
+        let row_v = (gpu_row_stride(enc, weights.cols) / 16) as u32;
+        let mut parts = Vec::new();
+        for (k, c) in weights.chunks.iter().enumerate() {
+            let rb = (c.r1 - c.r0).div_ceil(rows_per_workgroup(enc));
+            let p: [u32; 16] = [
+                o as u32,
+                i as u32,
+                args.n_pairs,
+                row_v,
+                c.e0,
+                c.e1,
+                c.r0,
+                c.r1,
+                x_stride as u32,
+                args.x_offset,
+                y_stride as u32,
+                args.y_offset,
+                spr,
+                rb,
+                args.gamma.is_some() as u32,
+                0,
+            ];
+            gpu.queue
+                .write_buffer(&params, k as u64 * align, bytemuck::cast_slice(&p));
+            let bg = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some("gemv"),
+                layout: &layout,
+                entries: &[
+                    wgpu::BindGroupEntry {
+                        binding: 0,
+                        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                            buffer: &params,
+                            offset: k as u64 * align,
+                            size: wgpu::BufferSize::new(PARAMS_BYTES),
+                        }),
+                    },
+                    entry(1, &c.weights),
+                    entry(2, &c.scales),
+                    entry(3, args.x),
+                    entry(4, args.pairs),
+                    entry(5, gamma),
+                    entry(6, args.y),
+                ],
+            });
+            let total = args.n_pairs as u64 * rb as u64;
+            if total == 0 {
+                continue;
+            }
+            let gx = total.min(MAX_GROUPS_PER_DIM as u64) as u32;
+            let gy = total.div_ceil(gx as u64);
+            if gy > MAX_GROUPS_PER_DIM as u64 {
+                return Err(DispatchError::Shape(format!(
+                    "{total} workgroups exceed 65535²"
+                )));
+            }
+            parts.push((bg, gx, gy as u32));
+        }
+        Ok(GemvCall {
+            pipeline,
+            _params: params,
+            _dummy: dummy,
+            parts,
+            subgroups,
+        })
+    }
+
+    /// Whether this call uses the subgroup reduction.
+    pub fn uses_subgroups(&self) -> bool {
+        self.subgroups
+    }
+
+    /// Number of dispatches (one per weight chunk).
+    pub fn dispatches(&self) -> usize {
+        self.parts.len()
+    }
+
+    /// Record the call in its own compute pass.
+    pub fn record(&self, encoder: &mut wgpu::CommandEncoder) {
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some("gemv"),
+            timestamp_writes: None,
+        });
+        self.record_in_pass(&mut pass);
+    }
+
+    /// Record the call in its own compute pass that writes timestamps `begin` and `end` of `qs`.
+    pub fn record_timed(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        qs: &wgpu::QuerySet,
+        begin: u32,
+        end: u32,
+    ) {
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some("gemv timed"),
+            timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                query_set: qs,
+                beginning_of_pass_write_index: Some(begin),
+                end_of_pass_write_index: Some(end),
+            }),
+        });
+        self.record_in_pass(&mut pass);
+    }
+
+    /// Record the dispatches into an open compute pass.
+    pub fn record_in_pass(&self, pass: &mut wgpu::ComputePass<'_>) {
+        pass.set_pipeline(&self.pipeline);
+        for (bg, gx, gy) in &self.parts {
+            pass.set_bind_group(0, bg, &[]);
+            pass.dispatch_workgroups(*gx, *gy, 1);
+        }
+    }
+}
+
+fn entry(binding: u32, buf: &wgpu::Buffer) -> wgpu::BindGroupEntry<'_> {
+    wgpu::BindGroupEntry {
+        binding,
+        resource: buf.as_entire_binding(),
+    }
+}
+
+fn layout_entry(binding: u32, ty: wgpu::BufferBindingType) -> wgpu::BindGroupLayoutEntry {
+    wgpu::BindGroupLayoutEntry {
+        binding,
+        visibility: wgpu::ShaderStages::COMPUTE,
+        ty: wgpu::BindingType::Buffer {
+            ty,
+            has_dynamic_offset: false,
+            min_binding_size: None,
+        },
+        count: None,
+    }
+}
+
+/// The compiled pipeline of one instantiation (cached on the device).
+fn pipeline(gpu: &Gpu, enc: Encoding, subgroups: bool) -> Arc<wgpu::ComputePipeline> {
+    let key = format!(
+        "gemv:{}:{}",
+        enc.spelling(),
+        if subgroups { "sg" } else { "smem" }
+    );
+    gpu.cache.get_or_create(&key, || {
+        let ro = wgpu::BufferBindingType::Storage { read_only: true };
+        let bgl = gpu
+            .device
+            .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                label: Some("gemv"),
+                entries: &[
+                    layout_entry(0, wgpu::BufferBindingType::Uniform),
+                    layout_entry(1, ro),
+                    layout_entry(2, ro),
+                    layout_entry(3, ro),
+                    layout_entry(4, ro),
+                    layout_entry(5, ro),
+                    layout_entry(6, wgpu::BufferBindingType::Storage { read_only: false }),
+                ],
+            });
+        let pl = gpu
+            .device
+            .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: Some("gemv"),
+                bind_group_layouts: &[Some(&bgl)],
+                immediate_size: 0,
+            });
+        let module = gpu.shader(&key, &wgsl_source(enc, subgroups));
+        gpu.device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(&key),
+                layout: Some(&pl),
+                module: &module,
+                entry_point: Some("main"),
+                compilation_options: Default::default(),
+                cache: None,
+            })
+    })
+}

@@ -1,0 +1,439 @@
+//! GPU GEMV parity against the f64 CPU reference on the SAME bytes, through the dispatcher.
+//! Runs on lavapipe in CI: a missing adapter FAILS (no skip).
+
+use inkling_wgpu::formats::{quantize, Encoding, QMatrix};
+use inkling_wgpu::gpu::dispatch::{gemv_pairs_with, DispatchError};
+use inkling_wgpu::gpu::gemv::{
+    kernel_encodings, GemvArgs, GemvCall, GpuWeights, Reduction, NO_GAMMA,
+};
+use inkling_wgpu::gpu::Gpu;
+use std::borrow::Cow;
+
+fn gpu() -> Gpu {
+    Gpu::new().unwrap_or_else(|e| {
+        panic!("GPU tests need an adapter (CI: WGPU_BACKEND=vulkan NODEVICE_SELECT=1 with lavapipe): {e}")
+    })
+}
+
+/// splitmix64
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn f(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+    fn below(&mut self, n: u32) -> u32 {
+        (self.next() % n as u64) as u32
+    }
+    fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.f()).collect()
+    }
+}
+
+fn rel_err(y: &[f32], r: &[f64]) -> f64 {
+    assert_eq!(y.len(), r.len());
+    let num: f64 = y
+        .iter()
+        .zip(r)
+        .map(|(&a, &b)| (a as f64 - b).powi(2))
+        .sum::<f64>()
+        .sqrt();
+    let den: f64 = r.iter().map(|b| b * b).sum::<f64>().sqrt();
+    if den == 0.0 {
+        num
+    } else {
+        num / den
+    }
+}
+
+/// Run one MoE problem and check every pair against the reference.
+#[allow(clippy::too_many_arguments)]
+fn check_problem(
+    gpu: &Gpu,
+    enc: Encoding,
+    mats: &[QMatrix],
+    w: &GpuWeights,
+    x: &[f32],
+    pairs: &[(u32, u32, u32)],
+    gammas: &[f32],
+    red: Reduction,
+) {
+    let (o, i) = (mats[0].rows, mats[0].cols);
+    let y = gemv_pairs_with(gpu, enc.format.ordinal(), w, x, pairs, gammas, red).unwrap();
+    assert_eq!(y.len(), pairs.len() * o);
+    for (p, &(e, t, wi)) in pairs.iter().enumerate() {
+        let g = if wi == NO_GAMMA {
+            1.0
+        } else {
+            gammas[wi as usize] as f64
+        };
+        let r: Vec<f64> = mats[e as usize]
+            .gemv_ref_f64(&x[t as usize * i..(t as usize + 1) * i])
+            .into_iter()
+            .map(|v| v * g)
+            .collect();
+        let got = &y[p * o..(p + 1) * o];
+        assert!(
+            got.iter().all(|v| v.is_finite()),
+            "{} [{o},{i}] {red:?} pair {p}: NaN left (poison)",
+            enc.spelling()
+        );
+        let err = rel_err(got, &r);
+        assert!(
+            err <= 1e-5,
+            "{} [{o},{i}] {red:?} pair {p} = ({e},{t},{wi}): rel err {err:e}",
+            enc.spelling()
+        );
+    }
+}
+
+fn reductions(gpu: &Gpu) -> Vec<Reduction> {
+    let mut v = vec![Reduction::Shared];
+    if gpu.has_subgroups() {
+        v.push(Reduction::Subgroup);
+    }
+    v
+}
+
+#[test]
+fn parity_every_format_odd_shapes_both_reductions() {
+    let gpu = gpu();
+    eprintln!(
+        "adapter: {}; subgroups: {}",
+        gpu.describe(),
+        gpu.has_subgroups()
+    );
+    let mut rng = Rng(0x5eed);
+    let shapes = [
+        (1, 1),
+        (3, 7),
+        (33, 63),
+        (257, 65),
+        (1, 100),
+        (33, 129),
+        (3, 256),
+        (257, 1),
+        (5, 384),
+    ];
+    for enc in kernel_encodings() {
+        for &(o, i) in &shapes {
+            let experts = 3;
+            let tokens = 2;
+            let mats: Vec<QMatrix> = (0..experts)
+                .map(|_| quantize(enc, &rng.vec(o * i), o, i).unwrap())
+                .collect();
+            let w = GpuWeights::upload(&gpu, &mats).unwrap();
+            for red in reductions(&gpu) {
+                let x = rng.vec(tokens * i); // fresh inputs every run
+                let pairs = [(2, 1, NO_GAMMA), (0, 0, 0), (2, 0, 1), (1, 1, NO_GAMMA)];
+                check_problem(&gpu, enc, &mats, &w, &x, &pairs, &[0.75, -1.5], red);
+            }
+        }
+    }
+}
+
+#[test]
+fn many_pairs_one_dispatch() {
+    let gpu = gpu();
+    let mut rng = Rng(42);
+    let (experts, o, i, tokens) = (8, 96, 320, 5);
+    for enc in kernel_encodings() {
+        let mats: Vec<QMatrix> = (0..experts)
+            .map(|_| quantize(enc, &rng.vec(o * i), o, i).unwrap())
+            .collect();
+        let w = GpuWeights::upload(&gpu, &mats).unwrap();
+        // every token routed to 4 experts (repeats across tokens), gammas on, plus unweighted pairs
+        let mut pairs = Vec::new();
+        let mut gammas = Vec::new();
+        for t in 0..tokens {
+            for _ in 0..4 {
+                pairs.push((rng.below(experts), t, gammas.len() as u32));
+                gammas.push(rng.f());
+            }
+            pairs.push((t % experts, t, NO_GAMMA));
+        }
+        pairs.push((3, 0, NO_GAMMA));
+        pairs.push((3, 0, NO_GAMMA)); // the same pair twice
+        let x = rng.vec(tokens as usize * i);
+        for red in reductions(&gpu) {
+            check_problem(&gpu, enc, &mats, &w, &x, &pairs, &gammas, red);
+        }
+    }
+}
+
+#[test]
+fn dense_gemv_is_e1_and_respects_strides_and_offsets() {
+    let gpu = gpu();
+    let mut rng = Rng(9);
+    let (o, i, tokens) = (33, 65, 3);
+    let enc = Encoding::parse("int4-g64").unwrap();
+    let m = quantize(enc, &rng.vec(o * i), o, i).unwrap();
+    let w = GpuWeights::upload(&gpu, std::slice::from_ref(&m)).unwrap();
+    // x tokens at stride 70 starting at element 3; y pairs at stride 40 starting at element 5
+    let (xs, xo, ys, yo) = (70usize, 3usize, 40usize, 5usize);
+    let mut x = vec![f32::NAN; xo + tokens * xs];
+    let xt: Vec<Vec<f32>> = (0..tokens).map(|_| rng.vec(i)).collect();
+    for t in 0..tokens {
+        x[xo + t * xs..xo + t * xs + i].copy_from_slice(&xt[t]);
+    }
+    let xb = gpu.storage_init("x", bytemuck::cast_slice(&x));
+    let pairs: Vec<u32> = (0..tokens as u32).flat_map(|t| [0, t, NO_GAMMA]).collect();
+    let pb = gpu.storage_init("pairs", bytemuck::cast_slice(&pairs));
+    let ylen = yo + tokens * ys;
+    let yb = gpu.storage_init("y", bytemuck::cast_slice(&vec![-7.0f32; ylen]));
+    let mut args = GemvArgs::new(&xb, tokens as u32, &pb, tokens as u32, &yb);
+    args.x_stride = xs as u32;
+    args.x_offset = xo as u32;
+    args.y_stride = ys as u32;
+    args.y_offset = yo as u32;
+    let call = GemvCall::new(&gpu, 4, &w, args).unwrap();
+    for _ in 0..2 {
+        let mut e = gpu.device.create_command_encoder(&Default::default());
+        call.record(&mut e); // recorded twice: the call is reusable
+        gpu.queue.submit([e.finish()]);
+    }
+    let y = gpu.read_f32(&yb, ylen).unwrap();
+    for t in 0..tokens {
+        let r = m.gemv_ref_f64(&xt[t]);
+        assert!(rel_err(&y[yo + t * ys..yo + t * ys + o], &r) <= 1e-5);
+        // untouched gaps
+        assert!(y[yo + t * ys + o..yo + (t + 1) * ys]
+            .iter()
+            .all(|&v| v == -7.0));
+    }
+    assert!(y[..yo].iter().all(|&v| v == -7.0));
+}
+
+#[test]
+fn dispatcher_refuses_unknown_and_kernel_less_ordinals_and_mismatches() {
+    let gpu = gpu();
+    let m = quantize(Encoding::F32, &[1.0; 8], 2, 4).unwrap();
+    let w = GpuWeights::upload(&gpu, &[m]).unwrap();
+    let x = [1.0f32; 4];
+    let pairs = [(0, 0, NO_GAMMA)];
+    for ord in [10u32, 42, 99, 100, u32::MAX] {
+        let e = gemv_pairs_with(&gpu, ord, &w, &x, &pairs, &[], Reduction::Auto).unwrap_err();
+        assert!(
+            matches!(e, DispatchError::UnknownOrdinal(o) if o == ord),
+            "{ord}: {e}"
+        );
+    }
+    for ord in [1u32, 3, 6, 7, 8] {
+        let e = gemv_pairs_with(&gpu, ord, &w, &x, &pairs, &[], Reduction::Auto).unwrap_err();
+        assert!(
+            matches!(e, DispatchError::NoKernel { ordinal, .. } if ordinal == ord),
+            "{ord}: {e}"
+        );
+    }
+    for ord in [2u32, 4, 5, 9] {
+        let e = gemv_pairs_with(&gpu, ord, &w, &x, &pairs, &[], Reduction::Auto).unwrap_err();
+        assert!(
+            matches!(e, DispatchError::EncodingMismatch { ordinal, .. } if ordinal == ord),
+            "{ord}: {e}"
+        );
+    }
+    // the same refusals building a reusable call
+    let xb = gpu.storage_init("x", bytemuck::cast_slice(&x));
+    let pb = gpu.storage_init("p", bytemuck::cast_slice(&[0u32, 0, NO_GAMMA]));
+    let yb = gpu.storage("y", 8);
+    let args = GemvArgs::new(&xb, 1, &pb, 1, &yb);
+    assert!(matches!(
+        GemvCall::new(&gpu, 42, &w, args),
+        Err(DispatchError::UnknownOrdinal(42))
+    ));
+    assert!(matches!(
+        GemvCall::new(&gpu, 6, &w, args),
+        Err(DispatchError::NoKernel { ordinal: 6, .. })
+    ));
+    assert!(matches!(
+        GemvCall::new(&gpu, 9, &w, args),
+        Err(DispatchError::EncodingMismatch { .. })
+    ));
+    assert!(GemvCall::new(&gpu, 0, &w, args).is_ok());
+    // uploads of kernel-less formats are refused by the dispatcher too
+    let e = GpuWeights::from_slab_bytes(
+        &gpu,
+        Encoding {
+            format: inkling_wgpu::formats::Format::Mxfp4,
+            group_size: 32,
+        },
+        1,
+        1,
+        32,
+        &[0; 17],
+        &[],
+    )
+    .unwrap_err();
+    assert!(
+        matches!(e, DispatchError::NoKernel { ordinal: 7, .. }),
+        "{e}"
+    );
+}
+
+/// Same bytes, two interpretations that differ: the dispatcher always runs the weights' own decode.
+#[test]
+fn ordinal_5_runs_int3_and_9_runs_bf16() {
+    let gpu = gpu();
+    let mut rng = Rng(3);
+    // int3-g64 [4, 64] is 24 bytes/row, like int4 [4, 48]
+    let o = 4;
+    let q3 = quantize(
+        Encoding::parse("int3-g64").unwrap(),
+        &rng.vec(o * 64),
+        o,
+        64,
+    )
+    .unwrap();
+    let q4 = QMatrix::new(
+        Encoding::parse("int4").unwrap(),
+        o,
+        48,
+        Cow::Borrowed(&q3.data[..]),
+        Cow::Borrowed(&q3.scales[..]),
+    )
+    .unwrap();
+    let x = rng.vec(64);
+    let r3 = q3.gemv_ref_f64(&x);
+    let r4 = q4.gemv_ref_f64(&x[..48]);
+    assert!(
+        rel_err(&r4.iter().map(|&v| v as f32).collect::<Vec<_>>(), &r3) > 0.1,
+        "test bytes must disagree"
+    );
+    let w3 = GpuWeights::upload(&gpu, std::slice::from_ref(&q3)).unwrap();
+    let w4 = GpuWeights::upload(&gpu, std::slice::from_ref(&q4)).unwrap();
+    let y = gemv_pairs_with(&gpu, 5, &w3, &x, &[(0, 0, NO_GAMMA)], &[], Reduction::Auto).unwrap();
+    assert!(rel_err(&y, &r3) <= 1e-5);
+    let y4 = gemv_pairs_with(
+        &gpu,
+        2,
+        &w4,
+        &x[..48],
+        &[(0, 0, NO_GAMMA)],
+        &[],
+        Reduction::Auto,
+    )
+    .unwrap();
+    assert!(rel_err(&y4, &r4) <= 1e-5);
+    assert!(matches!(
+        gemv_pairs_with(&gpu, 2, &w3, &x, &[(0, 0, NO_GAMMA)], &[], Reduction::Auto),
+        Err(DispatchError::EncodingMismatch { ordinal: 2, .. })
+    ));
+    // bf16 [3, 10] = 20 bytes/row, like f32 [3, 5]
+    let qb = quantize(Encoding::BF16, &rng.vec(30), 3, 10).unwrap();
+    let qf = QMatrix::new(
+        Encoding::F32,
+        3,
+        5,
+        Cow::Borrowed(&qb.data[..]),
+        Cow::Borrowed(&[][..]),
+    )
+    .unwrap();
+    let xb = rng.vec(10);
+    let wb = GpuWeights::upload(&gpu, std::slice::from_ref(&qb)).unwrap();
+    let y = gemv_pairs_with(&gpu, 9, &wb, &xb, &[(0, 0, NO_GAMMA)], &[], Reduction::Auto).unwrap();
+    assert!(rel_err(&y, &qb.gemv_ref_f64(&xb)) <= 1e-5);
+    let rf = qf.gemv_ref_f64(&xb[..5]);
+    assert!(rel_err(&y, &rf) > 0.1);
+    assert!(matches!(
+        gemv_pairs_with(&gpu, 0, &wb, &xb, &[(0, 0, NO_GAMMA)], &[], Reduction::Auto),
+        Err(DispatchError::EncodingMismatch { ordinal: 0, .. })
+    ));
+}
+
+#[test]
+fn from_slab_bytes_accepts_unaligned_input() {
+    let gpu = gpu();
+    let mut rng = Rng(11);
+    let (e, o, i) = (3, 5, 7); // bf16 rows of 14 bytes
+    let mats: Vec<QMatrix> = (0..e)
+        .map(|_| quantize(Encoding::BF16, &rng.vec(o * i), o, i).unwrap())
+        .collect();
+    let mut raw = vec![0u8; 1]; // start the slab at an odd address
+    for m in &mats {
+        raw.extend_from_slice(&m.data);
+    }
+    let w = GpuWeights::from_slab_bytes(&gpu, Encoding::BF16, e, o, i, &raw[1..], &[]).unwrap();
+    let x = rng.vec(i);
+    check_problem(
+        &gpu,
+        Encoding::BF16,
+        &mats,
+        &w,
+        &x,
+        &[(2, 0, NO_GAMMA), (1, 0, NO_GAMMA)],
+        &[],
+        Reduction::Auto,
+    );
+    assert!(GpuWeights::from_slab_bytes(&gpu, Encoding::BF16, e, o, i, &raw, &[]).is_err());
+}
+
+#[test]
+fn chunked_slabs_small_limit() {
+    // splitting logic with a tiny chunk limit: by experts, and by rows inside one expert
+    let gpu = gpu();
+    let mut rng = Rng(77);
+    for (enc, limit) in [
+        ("int4-g32", 4096u64),
+        ("int3-g64", 4096),
+        ("f32", 1 << 15),
+        ("bf16", 3000),
+    ] {
+        let enc = Encoding::parse(enc).unwrap();
+        let (experts, o, i) = (4, 70, 200);
+        let mats: Vec<QMatrix> = (0..experts)
+            .map(|_| quantize(enc, &rng.vec(o * i), o, i).unwrap())
+            .collect();
+        let w = GpuWeights::upload_with_limit(&gpu, &mats, limit).unwrap();
+        assert!(
+            w.chunks().len() > 1,
+            "{}: {} chunks",
+            enc.spelling(),
+            w.chunks().len()
+        );
+        let x = rng.vec(2 * i);
+        let pairs = [
+            (3, 1, NO_GAMMA),
+            (0, 0, 0),
+            (1, 1, NO_GAMMA),
+            (2, 0, NO_GAMMA),
+            (3, 0, 0),
+        ];
+        for red in reductions(&gpu) {
+            check_problem(&gpu, enc, &mats, &w, &x, &pairs, &[0.5], red);
+        }
+    }
+}
+
+#[test]
+fn auto_picks_subgroups_when_available_and_no_gamma_buffer_ignores_weight_idx() {
+    let gpu = gpu();
+    let mut rng = Rng(5);
+    let (o, i) = (40, 96);
+    let m = quantize(Encoding::parse("int3-g64").unwrap(), &rng.vec(o * i), o, i).unwrap();
+    let w = GpuWeights::upload(&gpu, std::slice::from_ref(&m)).unwrap();
+    let x = rng.vec(i);
+    let xb = gpu.storage_init("x", bytemuck::cast_slice(&x));
+    // weight_idx 7 but no gamma buffer: the pair is unweighted (and nothing reads out of bounds)
+    let pb = gpu.storage_init("p", bytemuck::cast_slice(&[0u32, 0, 7]));
+    let yb = gpu.storage_init("y", bytemuck::cast_slice(&vec![f32::NAN; o]));
+    let call = GemvCall::new(&gpu, 5, &w, GemvArgs::new(&xb, 1, &pb, 1, &yb)).unwrap();
+    assert_eq!(call.uses_subgroups(), gpu.has_subgroups());
+    assert_eq!(call.dispatches(), 1);
+    let mut e = gpu.device.create_command_encoder(&Default::default());
+    call.record(&mut e);
+    gpu.queue.submit([e.finish()]);
+    let y = gpu.read_f32(&yb, o).unwrap();
+    assert!(rel_err(&y, &m.gemv_ref_f64(&x)) <= 1e-5);
+    // a too-small output buffer is refused before anything is recorded
+    let small = gpu.storage("y small", 4 * (o as u64 - 1));
+    assert!(matches!(
+        GemvCall::new(&gpu, 5, &w, GemvArgs::new(&xb, 1, &pb, 1, &small)),
+        Err(DispatchError::Shape(_))
+    ));
+}
