@@ -10,6 +10,7 @@ pub mod config;
 pub mod cpu;
 pub mod error;
 pub mod generate;
+pub mod gpu;
 pub mod sampling;
 pub mod text;
 pub mod weights;
@@ -18,6 +19,7 @@ pub use cache::Cache;
 pub use config::{AttnGeom, AttnKind, GenerationConfig, MlpKind, TextConfig};
 pub use cpu::CpuModel;
 pub use error::ModelError;
+pub use gpu::GpuModel;
 pub use weights::{Checkpoint, Layout, Weights};
 
 /// A forward backend (CPU now, GPU later) holding one sequence's state.
