@@ -49,7 +49,10 @@ fn cli_gpu_json_reproduces_transformers_on_both_layouts() {
             let s = &v["stats"];
             assert_eq!(s["backend"], "gpu");
             let adapter = s["adapter"].as_str().unwrap();
-            assert!(!adapter.is_empty() && adapter != "cpu", "adapter: {adapter}");
+            assert!(
+                !adapter.is_empty() && adapter != "cpu",
+                "adapter: {adapter}"
+            );
             let stderr = String::from_utf8_lossy(&out.stderr);
             assert!(
                 stderr.contains("gpu (") && stderr.contains(adapter),

@@ -42,7 +42,10 @@ fn assert_close(a: &[Vec<f32>], b: &[Vec<f32>], tol: f64, what: &str) -> f64 {
         assert_eq!(x.len(), y.len(), "{what}: width of row {t}");
         let e = rel_err(x, y);
         worst = worst.max(e);
-        assert!(e < tol, "{what}: position {t} relative error {e:.3e} ≥ {tol:.0e}");
+        assert!(
+            e < tol,
+            "{what}: position {t} relative error {e:.3e} ≥ {tol:.0e}"
+        );
     }
     worst
 }
@@ -169,7 +172,12 @@ fn chunked_prefill_and_decode_equal_full_recompute() {
         let mut m = GpuModel::new(&gpu, &w, MAX_SEQ).unwrap();
         let full = m.forward_all(&seq).unwrap();
         let cpu = CpuModel::new(&w).forward_all(&seq).unwrap();
-        let e = assert_close(&full, &cpu, 1e-5, &format!("{name} long sequence GPU vs CPU"));
+        let e = assert_close(
+            &full,
+            &cpu,
+            1e-5,
+            &format!("{name} long sequence GPU vs CPU"),
+        );
         eprintln!("{name}: {} tokens, GPU vs CPU worst {e:.3e}", seq.len());
         for sizes in [
             vec![1],
@@ -185,7 +193,12 @@ fn chunked_prefill_and_decode_equal_full_recompute() {
         // forward (last row only) and prefill + decode agree with the full recompute
         m.reset();
         let last = m.forward(&seq).unwrap();
-        assert_close(&[last], &full[full.len() - 1..], 1e-5, &format!("{name} forward"));
+        assert_close(
+            &[last],
+            &full[full.len() - 1..],
+            1e-5,
+            &format!("{name} forward"),
+        );
         let p = 2 * win + 1;
         m.reset();
         let mut got = vec![];
@@ -193,7 +206,12 @@ fn chunked_prefill_and_decode_equal_full_recompute() {
         for &id in &seq[p..] {
             got.push(m.forward(&[id]).unwrap());
         }
-        assert_close(&got, &full[p - 1..], 1e-5, &format!("{name} prefill {p} + decode"));
+        assert_close(
+            &got,
+            &full[p - 1..],
+            1e-5,
+            &format!("{name} prefill {p} + decode"),
+        );
 
         // A model whose submissions hold at most 2 or W−1 tokens splits one call over several
         // submissions: same logits.
@@ -230,10 +248,20 @@ fn window_edges_w_minus_1_w_w_plus_1() {
             for &id in &seq[plen..] {
                 got.push(m.forward(&[id]).unwrap());
             }
-            assert_close(&got, &full, 1e-5, &format!("{name} prompt {plen} (W={win}) + decode"));
+            assert_close(
+                &got,
+                &full,
+                1e-5,
+                &format!("{name} prompt {plen} (W={win}) + decode"),
+            );
             // token by token
             let got = chunked(&mut m, &seq, &[1]);
-            assert_close(&got, &full, 1e-5, &format!("{name} prompt {plen} token by token"));
+            assert_close(
+                &got,
+                &full,
+                1e-5,
+                &format!("{name} prompt {plen} token by token"),
+            );
         }
     }
 }
@@ -267,7 +295,10 @@ fn two_prompts_in_one_process_do_not_leak_state() {
         .unwrap()
         .forward(&r.cases[1].prompt_ids)
         .unwrap();
-    assert_eq!(a, b, "after reset the logits are bit-identical to a fresh model");
+    assert_eq!(
+        a, b,
+        "after reset the logits are bit-identical to a fresh model"
+    );
 }
 
 #[test]
@@ -282,7 +313,11 @@ fn decode_steps_are_built_once_and_reused() {
     for id in 7..30 {
         m.forward(&[id]).unwrap();
     }
-    assert_eq!(m.recorded_steps(), n, "decode steps reuse the T = 1 recording");
+    assert_eq!(
+        m.recorded_steps(),
+        n,
+        "decode steps reuse the T = 1 recording"
+    );
     assert_eq!(m.position(), 3 + 1 + 23);
 }
 
@@ -299,4 +334,39 @@ fn bad_inputs_are_errors() {
     m.forward(&[1, 2, 3, 4, 5, 6, 7, 8]).unwrap();
     let e = m.forward(&[1]).unwrap_err();
     assert!(e.to_string().contains("max_seq"), "{e}");
+}
+
+#[test]
+fn small_bindings_split_embedding_and_weights_without_changing_logits() {
+    use inkling_wgpu::model::GpuModelOptions;
+    let gpu = gpu();
+    for name in FIXTURES {
+        let ck = Checkpoint::open(&fixture(name)).unwrap();
+        let w = Weights::load(&ck).unwrap();
+        let seq = long_seq(&w, 2 * w.config.sliding_window_size + 3);
+        let want = GpuModel::new(&gpu, &w, MAX_SEQ)
+            .unwrap()
+            .forward_all(&seq)
+            .unwrap();
+        // 1 KiB: the embedding table splits into many shards (4–8 rows each) and every weight
+        // slab into several chunks (by experts, and by rows within an expert).
+        let mut m = GpuModel::with_options(
+            &gpu,
+            &w,
+            GpuModelOptions {
+                max_seq: MAX_SEQ,
+                max_chunk: 4,
+                binding_limit: Some(1024),
+            },
+        )
+        .unwrap();
+        let got = m.forward_all(&seq).unwrap();
+        assert_close(&got, &want, 1e-6, &format!("{name} with 1 KiB bindings"));
+        // the last embedding row (last shard) is reachable
+        m.reset();
+        let last_id = w.config.vocab_size as u32 - 1;
+        let a = m.forward(&[last_id]).unwrap();
+        let b = CpuModel::new(&w).forward(&[last_id]).unwrap();
+        assert_close(&[a], &[b], 1e-5, &format!("{name} last vocabulary row"));
+    }
 }

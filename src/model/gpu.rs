@@ -78,8 +78,9 @@ struct Lin {
 }
 
 impl Lin {
-    fn upload(gpu: &Gpu, mats: &[QMatrix<'_>], what: &str) -> Result<Lin> {
-        let w = GpuWeights::upload(gpu, mats).with_context(|| format!("uploading {what}"))?;
+    fn upload(gpu: &Gpu, mats: &[QMatrix<'_>], limit: u64, what: &str) -> Result<Lin> {
+        let w = GpuWeights::upload_with_limit(gpu, mats, limit)
+            .with_context(|| format!("uploading {what}"))?;
         let ordinal = w.encoding().format.ordinal();
         Ok(Lin { w, ordinal })
     }
@@ -119,15 +120,15 @@ struct Experts {
 }
 
 impl Experts {
-    fn upload(gpu: &Gpu, ffns: &[Ffn<'_>], what: &str) -> Result<Option<Experts>> {
+    fn upload(gpu: &Gpu, ffns: &[Ffn<'_>], limit: u64, what: &str) -> Result<Option<Experts>> {
         if ffns.is_empty() {
             return Ok(None);
         }
         let gu: Vec<QMatrix<'static>> = ffns.iter().map(gate_up).collect();
-        let gate_up = Lin::upload(gpu, &gu, &format!("{what} gate_up"))?;
+        let gate_up = Lin::upload(gpu, &gu, limit, &format!("{what} gate_up"))?;
         drop(gu);
         let dn: Vec<QMatrix<'_>> = ffns.iter().map(|f| f.down.clone()).collect();
-        let down = Lin::upload(gpu, &dn, &format!("{what} down"))?;
+        let down = Lin::upload(gpu, &dn, limit, &format!("{what} down"))?;
         Ok(Some(Experts {
             gate_up,
             down,
@@ -136,6 +137,8 @@ impl Experts {
     }
 }
 
+// One per layer, so the size difference between the variants does not matter.
+#[allow(clippy::large_enum_variant)]
 enum MlpGpu {
     Dense {
         ffn: Experts,
@@ -213,6 +216,19 @@ struct Acts {
     readback: wgpu::Buffer,
 }
 
+/// Settings of a [`GpuModel`].
+#[derive(Clone, Copy, Debug)]
+pub struct GpuModelOptions {
+    /// Longest sequence (prompt + generated tokens): the full layers' KV capacity.
+    pub max_seq: usize,
+    /// Most tokens one submission processes (longer calls are split).
+    pub max_chunk: usize,
+    /// Largest weight buffer in bytes (default: the adapter's binding limit, at most 2³¹ − 1).
+    /// Smaller values split the embedding table into more shards and weight slabs into more
+    /// chunks (tests use it to exercise those paths on tiny models).
+    pub binding_limit: Option<u64>,
+}
+
 /// The GPU model: weights, activations, caches and the recorded steps, plus one sequence's state.
 pub struct GpuModel {
     gpu: Gpu,
@@ -265,6 +281,24 @@ impl GpuModel {
         max_seq: usize,
         max_chunk: usize,
     ) -> Result<GpuModel> {
+        Self::with_options(
+            gpu,
+            w,
+            GpuModelOptions {
+                max_seq,
+                max_chunk,
+                binding_limit: None,
+            },
+        )
+    }
+
+    /// The general constructor (see [`GpuModelOptions`]).
+    pub fn with_options(gpu: &Gpu, w: &Weights<'_>, opts: GpuModelOptions) -> Result<GpuModel> {
+        let GpuModelOptions {
+            max_seq,
+            max_chunk,
+            binding_limit,
+        } = opts;
         let cfg = w.config.clone();
         ensure!(max_seq >= 1, "max_seq must be at least 1");
         ensure!(max_chunk >= 1, "max_chunk must be at least 1");
@@ -278,7 +312,7 @@ impl GpuModel {
 
         // Embedding table: raw f32/bf16 bytes in binding-sized shards; other encodings are
         // dequantised to f32.
-        let limit = crate::gpu::gemv::default_limit(gpu);
+        let limit = crate::gpu::gemv::default_limit(gpu).min(binding_limit.unwrap_or(u64::MAX));
         let vocab = cfg.vocab_size;
         let (bf16, raw): (bool, Option<&[u8]>) = match w.embed.enc.format {
             Format::F32 => (false, Some(&w.embed.data)),
@@ -291,7 +325,9 @@ impl GpuModel {
         for r0 in (0..vocab).step_by(rows_per_shard) {
             let r1 = (r0 + rows_per_shard).min(vocab);
             let buf = match raw {
-                Some(bytes) => gpu.storage_init("embed shard", &bytes[r0 * row_bytes..r1 * row_bytes]),
+                Some(bytes) => {
+                    gpu.storage_init("embed shard", &bytes[r0 * row_bytes..r1 * row_bytes])
+                }
                 None => {
                     let mut v = vec![0f32; (r1 - r0) * hid];
                     for (i, row) in v.chunks_exact_mut(hid).enumerate() {
@@ -305,7 +341,7 @@ impl GpuModel {
         let embed_norm = f32_buf(gpu, "embed_norm", &w.embed_norm);
         let norm = f32_buf(gpu, "norm", &w.norm);
         let width = cfg.logits_width();
-        let lm_head = Lin::upload(gpu, &[w.lm_head.rows_view(0, width)], "lm_head")?;
+        let lm_head = Lin::upload(gpu, &[w.lm_head.rows_view(0, width)], limit, "lm_head")?;
 
         // Widest activation of any layer.
         let mut max_qd = 1;
@@ -320,7 +356,14 @@ impl GpuModel {
             max_kvd = max_kvd.max(g.kv_dim());
             max_r = max_r.max(g.heads * g.d_rel);
             let aw = &lw.attn;
-            let lin = |m: &QMatrix<'_>, what: &str| Lin::upload(gpu, &[m.clone()], &format!("layer {i} {what}"));
+            let lin = |m: &QMatrix<'_>, what: &str| {
+                Lin::upload(
+                    gpu,
+                    std::slice::from_ref(m),
+                    limit,
+                    &format!("layer {i} {what}"),
+                )
+            };
             let cache_capacity = match g.window {
                 Some(win) => win,
                 None => max_seq,
@@ -343,8 +386,13 @@ impl GpuModel {
                     let inter = d.ffn.gate.rows;
                     max_gu_rows_x2i = max_gu_rows_x2i.max(2 * inter);
                     MlpGpu::Dense {
-                        ffn: Experts::upload(gpu, std::slice::from_ref(&d.ffn), &format!("layer {i} dense mlp"))?
-                            .expect("one ffn"),
+                        ffn: Experts::upload(
+                            gpu,
+                            std::slice::from_ref(&d.ffn),
+                            limit,
+                            &format!("layer {i} dense mlp"),
+                        )?
+                        .expect("one ffn"),
                         inter: inter as u32,
                         global_scale: d.global_scale,
                     }
@@ -359,9 +407,19 @@ impl GpuModel {
                         bias: f32_buf(gpu, "router bias", &m.router_bias),
                         scale: m.route_scale * m.router_scale,
                         top_k: m.top_k as u32,
-                        routed: Experts::upload(gpu, &m.experts, &format!("layer {i} routed experts"))?
-                            .context("a sparse layer without routed experts")?,
-                        shared: Experts::upload(gpu, &m.shared, &format!("layer {i} shared experts"))?,
+                        routed: Experts::upload(
+                            gpu,
+                            &m.experts,
+                            limit,
+                            &format!("layer {i} routed experts"),
+                        )?
+                        .context("a sparse layer without routed experts")?,
+                        shared: Experts::upload(
+                            gpu,
+                            &m.shared,
+                            limit,
+                            &format!("layer {i} shared experts"),
+                        )?,
                         inter: inter as u32,
                     }
                 }
@@ -518,7 +576,10 @@ impl GpuModel {
 
     fn check(&self, tokens: &[u32]) -> Result<()> {
         ensure!(!tokens.is_empty(), "no tokens to feed");
-        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= self.cfg.vocab_size) {
+        if let Some(&id) = tokens
+            .iter()
+            .find(|&&id| id as usize >= self.cfg.vocab_size)
+        {
             bail!(
                 "token id {id} is outside the vocabulary (vocab_size {})",
                 self.cfg.vocab_size
@@ -689,9 +750,12 @@ impl GpuModel {
             };
             let what = |s: &str| format!("layer {li} {s}");
             // attention block
-            recs.push(Rec::Op(
-                RmsNorm::rows(t, hid, eps).bind(gpu, &a.h, &l.input_norm, &a.xn),
-            ));
+            recs.push(Rec::Op(RmsNorm::rows(t, hid, eps).bind(
+                gpu,
+                &a.h,
+                &l.input_norm,
+                &a.xn,
+            )));
             recs.push(l.q.call(gpu, dense(&a.xn, &a.q), &what("q_proj"))?);
             recs.push(l.k.call(gpu, dense(&a.xn, &a.k_raw), &what("k_proj"))?);
             recs.push(l.v.call(gpu, dense(&a.xn, &a.v_raw), &what("v_proj"))?);
@@ -713,7 +777,9 @@ impl GpuModel {
                 extent: g.rel_extent as u32,
                 window: g.window.map(|w| w as u32),
                 cache_capacity: l.cache_capacity,
-                tau: g.log_scaling.map(|(n_floor, alpha)| (alpha as f32, n_floor as f32)),
+                tau: g
+                    .log_scaling
+                    .map(|(n_floor, alpha)| (alpha as f32, n_floor as f32)),
             };
             recs.push(Rec::Attn(AttentionKernel::new(shape).bind(
                 gpu,
@@ -730,16 +796,23 @@ impl GpuModel {
             recs.push(l.o.call(gpu, dense(&a.attn, &a.o), &what("o_proj"))?);
             recs.push(conv(hid, true, &a.o, 2, &a.h));
             // MLP block
-            recs.push(Rec::Op(
-                RmsNorm::rows(t, hid, eps).bind(gpu, &a.h, &l.post_norm, &a.xn),
-            ));
+            recs.push(Rec::Op(RmsNorm::rows(t, hid, eps).bind(
+                gpu,
+                &a.h,
+                &l.post_norm,
+                &a.xn,
+            )));
             match &l.mlp {
                 MlpGpu::Dense {
                     ffn,
                     inter,
                     global_scale,
                 } => {
-                    recs.push(ffn.gate_up.call(gpu, dense(&a.xn, &a.gu), &what("dense gate_up"))?);
+                    recs.push(ffn.gate_up.call(
+                        gpu,
+                        dense(&a.xn, &a.gu),
+                        &what("dense gate_up"),
+                    )?);
                     recs.push(Rec::Op(Elementwise::silu_mul(
                         gpu,
                         t,
@@ -749,7 +822,10 @@ impl GpuModel {
                         &a.gu,
                         &a.act,
                     )));
-                    recs.push(ffn.down.call(gpu, dense(&a.act, &a.m), &what("dense down"))?);
+                    recs.push(
+                        ffn.down
+                            .call(gpu, dense(&a.act, &a.m), &what("dense down"))?,
+                    );
                     recs.push(Rec::Op(Elementwise::mul_const(
                         gpu,
                         t * hid,
@@ -768,11 +844,7 @@ impl GpuModel {
                 } => {
                     let ns = shared.as_ref().map_or(0, |s| s.n as u32);
                     let ne = routed.n as u32;
-                    recs.push(router.call(
-                        gpu,
-                        dense(&a.xn, &a.router_logits),
-                        &what("router"),
-                    )?);
+                    recs.push(router.call(gpu, dense(&a.xn, &a.router_logits), &what("router"))?);
                     recs.push(Rec::Op(
                         Router::new(RouterShape {
                             tokens: t,
@@ -807,12 +879,14 @@ impl GpuModel {
                             &a.gu,
                             &a.act,
                         )));
-                        recs.push(sh.down.call(
-                            gpu,
-                            GemvArgs::new(&a.act, np, &a.shared_pairs, np, &a.y_shared)
-                                .x_per_pair(true),
-                            &what("shared down"),
-                        )?);
+                        recs.push(
+                            sh.down.call(
+                                gpu,
+                                GemvArgs::new(&a.act, np, &a.shared_pairs, np, &a.y_shared)
+                                    .x_per_pair(true),
+                                &what("shared down"),
+                            )?,
+                        );
                     }
                     let np = t * top_k;
                     recs.push(routed.gate_up.call(
@@ -829,13 +903,15 @@ impl GpuModel {
                         &a.gu,
                         &a.act,
                     )));
-                    recs.push(routed.down.call(
-                        gpu,
-                        GemvArgs::new(&a.act, np, &a.pairs, np, &a.y_routed)
-                            .pair_words(4)
-                            .x_per_pair(true),
-                        &what("routed down"),
-                    )?);
+                    recs.push(
+                        routed.down.call(
+                            gpu,
+                            GemvArgs::new(&a.act, np, &a.pairs, np, &a.y_routed)
+                                .pair_words(4)
+                                .x_per_pair(true),
+                            &what("routed down"),
+                        )?,
+                    );
                     recs.push(Rec::Op(Elementwise::moe_combine(
                         gpu,
                         t,
@@ -844,9 +920,7 @@ impl GpuModel {
                         &a.y_routed,
                         &a.gammas,
                         true,
-                        shared
-                            .as_ref()
-                            .map(|_| (&a.y_shared, &a.shared_gammas, ns)),
+                        shared.as_ref().map(|_| (&a.y_shared, &a.shared_gammas, ns)),
                         true,
                         false,
                         &a.m,

@@ -19,7 +19,7 @@ pub use cache::Cache;
 pub use config::{AttnGeom, AttnKind, GenerationConfig, MlpKind, TextConfig};
 pub use cpu::CpuModel;
 pub use error::ModelError;
-pub use gpu::GpuModel;
+pub use gpu::{GpuModel, GpuModelOptions};
 pub use weights::{Checkpoint, Layout, Weights};
 
 /// A forward backend (CPU now, GPU later) holding one sequence's state.
