@@ -370,3 +370,16 @@ fn small_bindings_split_embedding_and_weights_without_changing_logits() {
         assert_close(&[a], &[b], 1e-5, &format!("{name} last vocabulary row"));
     }
 }
+
+#[test]
+fn a_kv_cache_past_the_binding_limit_is_a_clear_error() {
+    let gpu = gpu();
+    let ck = Checkpoint::open(&fixture("tiny-causal-f32")).unwrap();
+    let w = Weights::load(&ck).unwrap();
+    let kvd = w.config.num_key_value_heads * w.config.head_dim;
+    let too_long = (gpu.max_binding() / (4 * kvd as u64)) as usize + 1;
+    let e = GpuModel::with_chunk(&gpu, &w, too_long, 1)
+        .err()
+        .expect("refused");
+    assert!(e.to_string().contains("max_seq"), "{e}");
+}

@@ -369,6 +369,14 @@ impl GpuModel {
                 None => max_seq,
             } as u32;
             let kv_floats = cache_capacity as usize * g.kv_dim();
+            ensure!(
+                (4 * kv_floats as u64) <= gpu.max_binding(),
+                "layer {i}: a KV cache of {cache_capacity} tokens × {} floats needs {} bytes, more \
+                 than this adapter's largest storage binding ({} bytes); use a shorter max_seq",
+                g.kv_dim(),
+                4 * kv_floats as u64,
+                gpu.max_binding()
+            );
             let conv_w = [
                 f32_buf(gpu, "k_sconv", &aw.k_sconv.w),
                 f32_buf(gpu, "v_sconv", &aw.v_sconv.w),
