@@ -13,7 +13,10 @@
 //   Y[p * y_stride + y_offset + r] = gamma(p) * sum_i W_{expert(p)}[r, i] * X[token(p) * x_stride + x_offset + i]
 // for the rows r0 <= r < r1 of the experts e0 <= e < e1 held by the bound chunk. Pairs whose expert
 // lies outside the chunk are skipped (another chunk's dispatch writes them).
-// PAIRS holds 3 u32 per pair: (expert, token, weight_idx); weight_idx 0xFFFFFFFF = no gamma.
+// PAIRS holds `pair_words` u32 per pair (3, or 4 for the router's 16-byte `Pair`):
+// (expert, token, weight_idx[, pad]); weight_idx 0xFFFFFFFF = no gamma. With `x_per_pair`, pair p
+// reads x row p instead of x row token(p) (the routed down projection reads the activation of its
+// own pair).
 //
 // Weight layout in the bound chunk: row (e, r) starts at vec4 index
 // ((e - e0) * (r1 - r0) + (r - r0)) * row_v; rows are the FORMATS.md bytes padded with zeros to a
@@ -36,7 +39,7 @@ struct Params {
     spr: u32,       // f32 scales per row (0 when the format has none)
     rb: u32,        // row blocks in this chunk: ceil((r1 - r0) / RPW)
     use_gamma: u32, // 0: ignore weight_idx (no gamma buffer bound)
-    _pad1: u32,
+    pair_mode: u32, // bits 0-7: u32 words per pair (3 or 4); bit 8: x row = pair index
 }
 
 @group(0) @binding(0) var<uniform> prm: Params;
@@ -165,9 +168,10 @@ fn main(
     let lane = v % TPR;
     // this thread's group of TPR threads handles rows r_first .. r_first + RPT
     let r_first = prm.r0 + blk * RPW + (v / TPR) * RPT;
-    let e = PAIRS[3u * p];
-    let t = PAIRS[3u * p + 1u];
-    let wi = PAIRS[3u * p + 2u];
+    let pw = prm.pair_mode & 255u;
+    let e = PAIRS[pw * p];
+    let t = select(PAIRS[pw * p + 1u], p, (prm.pair_mode & 256u) != 0u);
+    let wi = PAIRS[pw * p + 2u];
     let in_chunk = e >= prm.e0 && e < prm.e1;
 
     var acc: array<f32, RPT>;

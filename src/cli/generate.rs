@@ -48,17 +48,19 @@ pub struct Args {
     pub json: bool,
 }
 
-fn gpu_backend<'w, 'a>(_w: &'w Weights<'a>) -> anyhow::Result<Box<dyn Forward + 'w>> {
-    match crate::gpu::device::Gpu::new() {
+/// The GPU forward for sequences of up to `max_seq` tokens; a missing adapter is an error that
+/// points at `--device cpu`.
+fn gpu_backend<'w>(w: &Weights<'_>, max_seq: usize) -> anyhow::Result<Box<dyn Forward + 'w>> {
+    let gpu = match crate::gpu::device::Gpu::new() {
         Err(crate::gpu::device::GpuError::NoAdapter { .. }) => {
             bail!("no usable GPU adapter was found; run with `--device cpu` to use the CPU forward")
         }
         Err(e) => bail!("the GPU could not be initialised ({e}); run with `--device cpu` to use the CPU forward"),
-        Ok(gpu) => bail!(
-            "the GPU forward is not built yet on this branch (adapter: {}); run with `--device cpu`",
-            gpu.describe()
-        ),
-    }
+        Ok(gpu) => gpu,
+    };
+    let model = crate::model::GpuModel::new(&gpu, w, max_seq)
+        .with_context(|| format!("building the GPU model on {}", gpu.describe()))?;
+    Ok(Box::new(model))
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -129,7 +131,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 
     let mut backend: Box<dyn Forward + '_> = match args.device {
         Device::Cpu => Box::new(CpuModel::new(&weights)),
-        Device::Gpu => gpu_backend(&weights)?,
+        Device::Gpu => gpu_backend(&weights, prompt.len() + params.max_new_tokens.max(1))?,
     };
 
     let mut stream = tok.as_ref().map(TextStream::new);

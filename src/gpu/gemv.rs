@@ -432,7 +432,9 @@ pub fn default_limit(gpu: &Gpu) -> u64 {
 /// Buffers and strides of one GEMV problem (see the module docs for the formula).
 ///
 /// * `x`: f32; token t's input is `x[t·x_stride + x_offset ..][..I]`; `tokens` = T.
-/// * `pairs`: u32, 3 per pair: `(expert, token, weight_idx)`; `n_pairs` = P (host-known).
+/// * `pairs`: u32, `pair_words` per pair (3: `(expert, token, weight_idx)`, the default; 4: the
+///   router's 16-byte [`crate::gpu::ops::Pair`]); `n_pairs` = P (host-known). With `x_per_pair`,
+///   pair p reads x row p instead of row `token(p)` (needs `tokens ≥ P`).
 /// * `gamma`: optional f32 per-pair weights indexed by `weight_idx`; without it every pair is
 ///   unweighted whatever its `weight_idx`.
 /// * `y`: f32; pair p's output is `y[p·y_stride + y_offset ..][..O]`.
@@ -451,6 +453,10 @@ pub struct GemvArgs<'a> {
     pub y_stride: u32,
     pub y_offset: u32,
     pub reduction: Reduction,
+    /// u32 words per pair: 3 (packed triples) or 4 (16-byte `Pair`).
+    pub pair_words: u32,
+    /// Pair p reads x row p (not row `token(p)`).
+    pub x_per_pair: bool,
 }
 
 impl<'a> GemvArgs<'a> {
@@ -474,7 +480,19 @@ impl<'a> GemvArgs<'a> {
             y_stride: 0,
             y_offset: 0,
             reduction: Reduction::Auto,
+            pair_words: 3,
+            x_per_pair: false,
         }
+    }
+    /// Pairs as the router writes them: 16-byte [`crate::gpu::ops::Pair`] (4 words).
+    pub fn pair_words(mut self, words: u32) -> Self {
+        self.pair_words = words;
+        self
+    }
+    /// Pair p reads x row p instead of x row `token(p)`.
+    pub fn x_per_pair(mut self, on: bool) -> Self {
+        self.x_per_pair = on;
+        self
     }
     /// With per-pair weights.
     pub fn gamma(mut self, gamma: &'a wgpu::Buffer) -> Self {
@@ -533,6 +551,12 @@ impl GemvCall {
         if args.tokens == 0 {
             return Err(DispatchError::Shape("tokens must be ≥ 1".into()));
         }
+        if !(3..=4).contains(&args.pair_words) {
+            return Err(DispatchError::Shape(format!(
+                "pair_words must be 3 or 4, got {}",
+                args.pair_words
+            )));
+        }
         let need_x = 4 * ((args.tokens as u64 - 1) * x_stride + args.x_offset as u64 + i);
         if args.x.size() < need_x {
             return Err(DispatchError::Shape(format!(
@@ -548,12 +572,19 @@ impl GemvCall {
                     args.y.size()
                 )));
             }
-            if args.pairs.size() < 12 * args.n_pairs as u64 {
+            let pb = 4 * args.pair_words as u64;
+            if args.pairs.size() < pb * args.n_pairs as u64 {
                 return Err(DispatchError::Shape(format!(
                     "pairs buffer has {} bytes, {} pairs need {}",
                     args.pairs.size(),
                     args.n_pairs,
-                    12 * args.n_pairs
+                    pb * args.n_pairs as u64
+                )));
+            }
+            if args.x_per_pair && args.tokens < args.n_pairs {
+                return Err(DispatchError::Shape(format!(
+                    "x_per_pair needs an x row per pair: {} rows for {} pairs",
+                    args.tokens, args.n_pairs
                 )));
             }
         }
@@ -594,7 +625,7 @@ impl GemvCall {
                 spr,
                 rb,
                 args.gamma.is_some() as u32,
-                0,
+                args.pair_words | ((args.x_per_pair as u32) << 8),
             ];
             gpu.queue
                 .write_buffer(&params, k as u64 * align, bytemuck::cast_slice(&p));

@@ -12,6 +12,7 @@ pub mod config;
 pub mod cpu;
 pub mod error;
 pub mod generate;
+pub mod gpu;
 pub mod names;
 pub mod sampling;
 pub mod text;
@@ -21,6 +22,7 @@ pub use cache::Cache;
 pub use config::{AttnGeom, AttnKind, GenerationConfig, MlpKind, TextConfig};
 pub use cpu::CpuModel;
 pub use error::ModelError;
+pub use gpu::{GpuModel, GpuModelOptions};
 pub use weights::{Checkpoint, Layout, Weights};
 
 /// A forward backend (CPU now, GPU later) holding one sequence's state.

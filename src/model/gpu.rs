@@ -1,0 +1,991 @@
+//! The GPU forward: the whole Inkling text model on wgpu, one command encoder and one submission
+//! per call (per chunk of at most `max_chunk` tokens).
+//!
+//! [`GpuModel::new`] uploads every weight once (linears through [`GpuWeights`], everything else as
+//! f32 buffers), allocates the activations for a chunk of up to `max_chunk` tokens, the KV caches
+//! (`max_seq` slots on full layers, a ring of W on sliding layers) and the short-conv states. The
+//! recorded step for a given token count T (bind groups, uniforms, GEMV calls) is built on first use
+//! and cached by `(T, head mode)`, so decode (T = 1) allocates nothing per token: a step writes the
+//! ids and the position with `queue.write_buffer`, records one compute pass plus one copy of the
+//! logits into a persistent readback buffer, and submits once.
+//!
+//! Per layer the pass holds: input norm; q/k/v/r GEMVs; k/v short convs; per-head q/k norms;
+//! attention (τ, relative bias, sliding mask, KV append); o_proj; attn_sconv accumulated into the
+//! residual; post-attention norm; then either the dense MLP (one GEMV over gate‖up, silu·up, down,
+//! × global_scale) or the MoE (router GEMV → router kernel → pairs/gammas on the GPU; shared experts
+//! first as their own slab, then the routed experts: one MoE GEMV over the (expert, token) pairs for
+//! gate‖up, silu·up, one for down; combine with the gammas); mlp_sconv accumulated into the
+//! residual. Then the final norm, ÷ `logits_mup_width_multiplier`, and the head over the first
+//! `logits_width()` rows of `lm_head`. Routing never goes through the CPU.
+use super::config::{AttnGeom, TextConfig};
+use super::weights::{Ffn, Mlp, Weights};
+use crate::formats::{Format, QMatrix};
+use crate::gpu::gemv::{GemvArgs, GemvCall, GpuWeights, NO_GAMMA};
+use crate::gpu::ops::{
+    conv::ConvCall, norm::EmbedShard, Argmax, ArgmaxCall, AttentionCall, AttentionKernel,
+    AttentionShape, Elementwise, EmbedNorm, OpCall, PosBuffer, RmsNorm, Router, RouterShape,
+    ShortConvKernel, SiluMulLayout,
+};
+use crate::gpu::Gpu;
+use anyhow::{bail, ensure, Context, Result};
+use std::borrow::Cow;
+use std::collections::HashMap;
+
+/// Default largest chunk of tokens one submission processes.
+pub const DEFAULT_MAX_CHUNK: usize = 64;
+
+/// What the head computes in a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Head {
+    /// No head (an inner chunk of a long prefill).
+    None,
+    /// Logits of the last token only (plus its greedy argmax).
+    Last,
+    /// Logits of every token of the chunk.
+    All,
+}
+
+/// One recorded kernel invocation.
+enum Rec {
+    Op(OpCall),
+    Conv(ConvCall),
+    Attn(AttentionCall),
+    Gemv(GemvCall),
+    Argmax(ArgmaxCall),
+}
+
+impl Rec {
+    fn record_in_pass(&self, pass: &mut wgpu::ComputePass<'_>) {
+        match self {
+            Rec::Op(c) => c.record_in_pass(pass),
+            Rec::Conv(c) => c.record_in_pass(pass),
+            Rec::Attn(c) => c.record_in_pass(pass),
+            Rec::Gemv(c) => c.record_in_pass(pass),
+            Rec::Argmax(c) => c.record_in_pass(pass),
+        }
+    }
+}
+
+/// The recorded step for one token count and head mode.
+struct Step {
+    recs: Vec<Rec>,
+}
+
+/// Dense matrices of one linear, uploaded.
+struct Lin {
+    w: GpuWeights,
+    ordinal: u32,
+}
+
+impl Lin {
+    fn upload(gpu: &Gpu, mats: &[QMatrix<'_>], limit: u64, what: &str) -> Result<Lin> {
+        let w = GpuWeights::upload_with_limit(gpu, mats, limit)
+            .with_context(|| format!("uploading {what}"))?;
+        let ordinal = w.encoding().format.ordinal();
+        Ok(Lin { w, ordinal })
+    }
+
+    fn call(&self, gpu: &Gpu, args: GemvArgs<'_>, what: &str) -> Result<Rec> {
+        Ok(Rec::Gemv(
+            GemvCall::new(gpu, self.ordinal, &self.w, args)
+                .with_context(|| format!("binding the {what} GEMV"))?,
+        ))
+    }
+}
+
+/// `gate` rows then `up` rows of one SwiGLU as one `[2I, H]` matrix (any encoding: rows are
+/// independent, so row bytes and per-row scales simply concatenate).
+fn gate_up(f: &Ffn<'_>) -> QMatrix<'static> {
+    let mut data = Vec::with_capacity(f.gate.data.len() + f.up.data.len());
+    data.extend_from_slice(&f.gate.data);
+    data.extend_from_slice(&f.up.data);
+    let mut scales = Vec::with_capacity(f.gate.scales.len() + f.up.scales.len());
+    scales.extend_from_slice(&f.gate.scales);
+    scales.extend_from_slice(&f.up.scales);
+    QMatrix {
+        enc: f.gate.enc,
+        rows: f.gate.rows + f.up.rows,
+        cols: f.gate.cols,
+        data: Cow::Owned(data),
+        scales: Cow::Owned(scales),
+    }
+}
+
+struct Experts {
+    /// `[2I, H]` per expert (gate rows, then up rows).
+    gate_up: Lin,
+    /// `[H, I]` per expert.
+    down: Lin,
+    n: usize,
+}
+
+impl Experts {
+    fn upload(gpu: &Gpu, ffns: &[Ffn<'_>], limit: u64, what: &str) -> Result<Option<Experts>> {
+        if ffns.is_empty() {
+            return Ok(None);
+        }
+        let gu: Vec<QMatrix<'static>> = ffns.iter().map(gate_up).collect();
+        let gate_up = Lin::upload(gpu, &gu, limit, &format!("{what} gate_up"))?;
+        drop(gu);
+        let dn: Vec<QMatrix<'_>> = ffns.iter().map(|f| f.down.clone()).collect();
+        let down = Lin::upload(gpu, &dn, limit, &format!("{what} down"))?;
+        Ok(Some(Experts {
+            gate_up,
+            down,
+            n: ffns.len(),
+        }))
+    }
+}
+
+// One per layer, so the size difference between the variants does not matter.
+#[allow(clippy::large_enum_variant)]
+enum MlpGpu {
+    Dense {
+        ffn: Experts,
+        inter: u32,
+        global_scale: f32,
+    },
+    Moe {
+        router: Lin,
+        bias: wgpu::Buffer,
+        /// `route_scale × gate.global_scale`.
+        scale: f32,
+        top_k: u32,
+        routed: Experts,
+        shared: Option<Experts>,
+        inter: u32,
+    },
+}
+
+struct LayerGpu {
+    geom: AttnGeom,
+    input_norm: wgpu::Buffer,
+    post_norm: wgpu::Buffer,
+    q: Lin,
+    k: Lin,
+    v: Lin,
+    r: Lin,
+    o: Lin,
+    q_norm: wgpu::Buffer,
+    k_norm: wgpu::Buffer,
+    rel_proj: wgpu::Buffer,
+    /// k_sconv, v_sconv, attn_sconv, mlp_sconv weights `[C, K]`.
+    conv_w: [wgpu::Buffer; 4],
+    /// Their states `[K−1, C]`.
+    conv_state: [wgpu::Buffer; 4],
+    k_cache: wgpu::Buffer,
+    v_cache: wgpu::Buffer,
+    cache_capacity: u32,
+    mlp: MlpGpu,
+}
+
+/// Activation buffers for a chunk of up to `max_chunk` tokens (sized for the widest layer).
+struct Acts {
+    ids: wgpu::Buffer,
+    h: wgpu::Buffer,
+    xn: wgpu::Buffer,
+    q: wgpu::Buffer,
+    k_raw: wgpu::Buffer,
+    v_raw: wgpu::Buffer,
+    k_new: wgpu::Buffer,
+    v_new: wgpu::Buffer,
+    r: wgpu::Buffer,
+    attn: wgpu::Buffer,
+    o: wgpu::Buffer,
+    /// gate‖up outputs `[rows, 2I]` (dense, shared or routed; reused in turn).
+    gu: wgpu::Buffer,
+    /// silu(gate)·up `[rows, I]`.
+    act: wgpu::Buffer,
+    /// Routed down outputs `[T·top_k, H]`.
+    y_routed: wgpu::Buffer,
+    /// Shared down outputs `[T·S, H]`.
+    y_shared: wgpu::Buffer,
+    /// MLP output `[T, H]` (input of mlp_sconv).
+    m: wgpu::Buffer,
+    router_logits: wgpu::Buffer,
+    pairs: wgpu::Buffer,
+    gammas: wgpu::Buffer,
+    shared_gammas: wgpu::Buffer,
+    /// Dense pairs `(0, t, NO_GAMMA)`, t < max_chunk (3 words each).
+    dense_pairs: wgpu::Buffer,
+    /// Shared-expert pairs `(s, t, NO_GAMMA)` at `p = t·S + s` (3 words each).
+    shared_pairs: wgpu::Buffer,
+    hn: wgpu::Buffer,
+    logits: wgpu::Buffer,
+    argmax: wgpu::Buffer,
+    readback: wgpu::Buffer,
+}
+
+/// Settings of a [`GpuModel`].
+#[derive(Clone, Copy, Debug)]
+pub struct GpuModelOptions {
+    /// Longest sequence (prompt + generated tokens): the full layers' KV capacity.
+    pub max_seq: usize,
+    /// Most tokens one submission processes (longer calls are split).
+    pub max_chunk: usize,
+    /// Largest weight buffer in bytes (default: the adapter's binding limit, at most 2³¹ − 1).
+    /// Smaller values split the embedding table into more shards and weight slabs into more
+    /// chunks (tests use it to exercise those paths on tiny models).
+    pub binding_limit: Option<u64>,
+}
+
+/// The GPU model: weights, activations, caches and the recorded steps, plus one sequence's state.
+pub struct GpuModel {
+    gpu: Gpu,
+    cfg: TextConfig,
+    max_seq: usize,
+    max_chunk: usize,
+    pos: usize,
+    /// Conv states may hold a previous sequence's inputs.
+    dirty: bool,
+    embed_shards: Vec<(wgpu::Buffer, u32, u32, bool)>,
+    embed_norm: wgpu::Buffer,
+    norm: wgpu::Buffer,
+    lm_head: Lin,
+    layers: Vec<LayerGpu>,
+    acts: Acts,
+    pos_buf: PosBuffer,
+    steps: HashMap<(u32, Head), Step>,
+}
+
+fn f32_buf(gpu: &Gpu, label: &str, v: &[f32]) -> wgpu::Buffer {
+    gpu.storage_init(label, bytemuck::cast_slice(v))
+}
+
+/// A storage buffer of `floats` f32 (wgpu zero-initialises new buffers).
+fn zeroed(gpu: &Gpu, label: &str, floats: usize) -> wgpu::Buffer {
+    gpu.storage(label, 4 * floats.max(1) as u64)
+}
+
+/// What a step copies into the readback buffer.
+#[derive(Clone, Copy, Debug)]
+enum Readback {
+    None,
+    /// The first `n` bytes of the logits buffer.
+    Logits(u64),
+    /// The greedy id (4 bytes).
+    Argmax,
+}
+
+impl GpuModel {
+    /// Upload `w` and build a model for sequences of up to `max_seq` tokens, processing chunks of
+    /// up to [`DEFAULT_MAX_CHUNK`] tokens per submission.
+    pub fn new(gpu: &Gpu, w: &Weights<'_>, max_seq: usize) -> Result<GpuModel> {
+        Self::with_chunk(gpu, w, max_seq, DEFAULT_MAX_CHUNK)
+    }
+
+    /// [`GpuModel::new`] with an explicit chunk size (tokens per submission).
+    pub fn with_chunk(
+        gpu: &Gpu,
+        w: &Weights<'_>,
+        max_seq: usize,
+        max_chunk: usize,
+    ) -> Result<GpuModel> {
+        Self::with_options(
+            gpu,
+            w,
+            GpuModelOptions {
+                max_seq,
+                max_chunk,
+                binding_limit: None,
+            },
+        )
+    }
+
+    /// The general constructor (see [`GpuModelOptions`]).
+    pub fn with_options(gpu: &Gpu, w: &Weights<'_>, opts: GpuModelOptions) -> Result<GpuModel> {
+        let GpuModelOptions {
+            max_seq,
+            max_chunk,
+            binding_limit,
+        } = opts;
+        let cfg = w.config.clone();
+        ensure!(max_seq >= 1, "max_seq must be at least 1");
+        ensure!(max_chunk >= 1, "max_chunk must be at least 1");
+        let max_chunk = max_chunk.min(max_seq);
+        let hid = cfg.hidden_size;
+        let kk = cfg.conv_kernel_size;
+        ensure!(
+            (1..=8).contains(&kk),
+            "conv_kernel_size {kk} not supported by the GPU short conv (1..=8)"
+        );
+
+        // Embedding table: raw f32/bf16 bytes in binding-sized shards; other encodings are
+        // dequantised to f32.
+        let limit = crate::gpu::gemv::default_limit(gpu).min(binding_limit.unwrap_or(u64::MAX));
+        let vocab = cfg.vocab_size;
+        let (bf16, raw): (bool, Option<&[u8]>) = match w.embed.enc.format {
+            Format::F32 => (false, Some(&w.embed.data)),
+            Format::Bf16 => (true, Some(&w.embed.data)),
+            _ => (false, None),
+        };
+        let row_bytes = if bf16 { 2 * hid } else { 4 * hid };
+        let rows_per_shard = ((limit as usize / row_bytes).max(1)).min(vocab);
+        let mut embed_shards = Vec::new();
+        for r0 in (0..vocab).step_by(rows_per_shard) {
+            let r1 = (r0 + rows_per_shard).min(vocab);
+            let buf = match raw {
+                Some(bytes) => {
+                    gpu.storage_init("embed shard", &bytes[r0 * row_bytes..r1 * row_bytes])
+                }
+                None => {
+                    let mut v = vec![0f32; (r1 - r0) * hid];
+                    for (i, row) in v.chunks_exact_mut(hid).enumerate() {
+                        w.embed.dequantize_row(r0 + i, row);
+                    }
+                    f32_buf(gpu, "embed shard", &v)
+                }
+            };
+            embed_shards.push((buf, r0 as u32, (r1 - r0) as u32, bf16));
+        }
+        let embed_norm = f32_buf(gpu, "embed_norm", &w.embed_norm);
+        let norm = f32_buf(gpu, "norm", &w.norm);
+        let width = cfg.logits_width();
+        let lm_head = Lin::upload(gpu, &[w.lm_head.rows_view(0, width)], limit, "lm_head")?;
+
+        // Widest activation of any layer.
+        let mut max_qd = 1;
+        let mut max_kvd = 1;
+        let mut max_r = 1;
+        let mut max_gu_rows_x2i = 1; // per token: max(2·inter, top_k·2·moe_I, S·2·moe_I)
+        let mut max_topk = 1;
+        let mut layers = Vec::with_capacity(w.layers.len());
+        for (i, lw) in w.layers.iter().enumerate() {
+            let g = lw.attn.geom;
+            max_qd = max_qd.max(g.q_dim());
+            max_kvd = max_kvd.max(g.kv_dim());
+            max_r = max_r.max(g.heads * g.d_rel);
+            let aw = &lw.attn;
+            let lin = |m: &QMatrix<'_>, what: &str| {
+                Lin::upload(
+                    gpu,
+                    std::slice::from_ref(m),
+                    limit,
+                    &format!("layer {i} {what}"),
+                )
+            };
+            let cache_capacity = match g.window {
+                Some(win) => win,
+                None => max_seq,
+            } as u32;
+            let kv_floats = cache_capacity as usize * g.kv_dim();
+            ensure!(
+                (4 * kv_floats as u64) <= gpu.max_binding(),
+                "layer {i}: a KV cache of {cache_capacity} tokens × {} floats needs {} bytes, more \
+                 than this adapter's largest storage binding ({} bytes); use a shorter max_seq",
+                g.kv_dim(),
+                4 * kv_floats as u64,
+                gpu.max_binding()
+            );
+            let conv_w = [
+                f32_buf(gpu, "k_sconv", &aw.k_sconv.w),
+                f32_buf(gpu, "v_sconv", &aw.v_sconv.w),
+                f32_buf(gpu, "attn_sconv", &lw.attn_sconv.w),
+                f32_buf(gpu, "mlp_sconv", &lw.mlp_sconv.w),
+            ];
+            let conv_state = [
+                zeroed(gpu, "k_sconv state", (kk - 1) * g.kv_dim()),
+                zeroed(gpu, "v_sconv state", (kk - 1) * g.kv_dim()),
+                zeroed(gpu, "attn_sconv state", (kk - 1) * hid),
+                zeroed(gpu, "mlp_sconv state", (kk - 1) * hid),
+            ];
+            let mlp = match &lw.mlp {
+                Mlp::Dense(d) => {
+                    let inter = d.ffn.gate.rows;
+                    max_gu_rows_x2i = max_gu_rows_x2i.max(2 * inter);
+                    MlpGpu::Dense {
+                        ffn: Experts::upload(
+                            gpu,
+                            std::slice::from_ref(&d.ffn),
+                            limit,
+                            &format!("layer {i} dense mlp"),
+                        )?
+                        .expect("one ffn"),
+                        inter: inter as u32,
+                        global_scale: d.global_scale,
+                    }
+                }
+                Mlp::Moe(m) => {
+                    let inter = m.experts[0].gate.rows;
+                    let s = m.shared.len();
+                    max_topk = max_topk.max(m.top_k);
+                    max_gu_rows_x2i = max_gu_rows_x2i.max(m.top_k.max(s) * 2 * inter);
+                    MlpGpu::Moe {
+                        router: lin(&m.router, "router")?,
+                        bias: f32_buf(gpu, "router bias", &m.router_bias),
+                        scale: m.route_scale * m.router_scale,
+                        top_k: m.top_k as u32,
+                        routed: Experts::upload(
+                            gpu,
+                            &m.experts,
+                            limit,
+                            &format!("layer {i} routed experts"),
+                        )?
+                        .context("a sparse layer without routed experts")?,
+                        shared: Experts::upload(
+                            gpu,
+                            &m.shared,
+                            limit,
+                            &format!("layer {i} shared experts"),
+                        )?,
+                        inter: inter as u32,
+                    }
+                }
+            };
+            layers.push(LayerGpu {
+                geom: g,
+                input_norm: f32_buf(gpu, "input_norm", &lw.input_norm),
+                post_norm: f32_buf(gpu, "post_attn_norm", &lw.post_attn_norm),
+                q: lin(&aw.q, "q_proj")?,
+                k: lin(&aw.k, "k_proj")?,
+                v: lin(&aw.v, "v_proj")?,
+                r: lin(&aw.r, "r_proj")?,
+                o: lin(&aw.o, "o_proj")?,
+                q_norm: f32_buf(gpu, "q_norm", &aw.q_norm),
+                k_norm: f32_buf(gpu, "k_norm", &aw.k_norm),
+                rel_proj: f32_buf(gpu, "rel_proj", &aw.rel_proj),
+                conv_w,
+                conv_state,
+                k_cache: zeroed(gpu, "k cache", kv_floats),
+                v_cache: zeroed(gpu, "v cache", kv_floats),
+                cache_capacity,
+                mlp,
+            });
+        }
+
+        let t = max_chunk;
+        let s = cfg.n_shared_experts;
+        let n_router = cfg.n_routed_experts + s;
+        let dense_pairs: Vec<u32> = (0..t as u32).flat_map(|ti| [0, ti, NO_GAMMA]).collect();
+        let shared_pairs: Vec<u32> = (0..t as u32)
+            .flat_map(|ti| (0..s as u32).flat_map(move |si| [si, ti, NO_GAMMA]))
+            .collect();
+        let logits_rows = t * width;
+        let acts = Acts {
+            ids: gpu.storage("ids", 4 * t as u64),
+            h: zeroed(gpu, "h", t * hid),
+            xn: zeroed(gpu, "xn", t * hid),
+            q: zeroed(gpu, "q", t * max_qd),
+            k_raw: zeroed(gpu, "k_raw", t * max_kvd),
+            v_raw: zeroed(gpu, "v_raw", t * max_kvd),
+            k_new: zeroed(gpu, "k_new", t * max_kvd),
+            v_new: zeroed(gpu, "v_new", t * max_kvd),
+            r: zeroed(gpu, "r", t * max_r),
+            attn: zeroed(gpu, "attn", t * max_qd),
+            o: zeroed(gpu, "o", t * hid),
+            gu: zeroed(gpu, "gate_up", t * max_gu_rows_x2i),
+            act: zeroed(gpu, "act", t * max_gu_rows_x2i / 2 + 1),
+            y_routed: zeroed(gpu, "y_routed", t * max_topk * hid),
+            y_shared: zeroed(gpu, "y_shared", t * s.max(1) * hid),
+            m: zeroed(gpu, "m", t * hid),
+            router_logits: zeroed(gpu, "router logits", t * n_router.max(1)),
+            pairs: gpu.storage("pairs", 16 * (t * max_topk) as u64),
+            gammas: zeroed(gpu, "gammas", t * max_topk),
+            shared_gammas: zeroed(gpu, "shared gammas", t * s.max(1)),
+            dense_pairs: gpu.storage_init("dense pairs", bytemuck::cast_slice(&dense_pairs)),
+            shared_pairs: gpu.storage_init("shared pairs", bytemuck::cast_slice(&shared_pairs)),
+            hn: zeroed(gpu, "hn", t * hid),
+            logits: zeroed(gpu, "logits", logits_rows),
+            argmax: zeroed(gpu, "argmax", 1),
+            readback: gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("logits readback"),
+                size: (4 * logits_rows as u64).next_multiple_of(4).max(4),
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }),
+        };
+        let pos_buf = PosBuffer::new(gpu, 0);
+        Ok(GpuModel {
+            gpu: gpu.clone(),
+            cfg,
+            max_seq,
+            max_chunk,
+            pos: 0,
+            dirty: false,
+            embed_shards,
+            embed_norm,
+            norm,
+            lm_head,
+            layers,
+            acts,
+            pos_buf,
+            steps: HashMap::new(),
+        })
+    }
+
+    /// The device this model runs on.
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    /// Longest sequence (tokens) the KV caches hold.
+    pub fn max_seq(&self) -> usize {
+        self.max_seq
+    }
+
+    /// Tokens per submission.
+    pub fn max_chunk(&self) -> usize {
+        self.max_chunk
+    }
+
+    /// Tokens consumed so far.
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+
+    /// Number of distinct recorded steps built so far (one per (token count, head mode)).
+    pub fn recorded_steps(&self) -> usize {
+        self.steps.len()
+    }
+
+    /// Forget the sequence: position 0, conv states cleared (KV slots are overwritten before they
+    /// are read, so the caches need no clearing).
+    pub fn reset(&mut self) {
+        self.pos = 0;
+        if self.dirty {
+            let mut enc = self.gpu.device.create_command_encoder(&Default::default());
+            for l in &self.layers {
+                for s in &l.conv_state {
+                    enc.clear_buffer(s, 0, None);
+                }
+            }
+            self.gpu.queue.submit([enc.finish()]);
+            self.dirty = false;
+        }
+    }
+
+    /// Feed `tokens` and return the logits of the last one (`config.logits_width()` values).
+    pub fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let mut out = self.run(tokens, Head::Last)?;
+        Ok(out.pop().expect("one row"))
+    }
+
+    /// Feed `tokens` and return the logits of every one of them.
+    pub fn forward_all(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+        self.run(tokens, Head::All)
+    }
+
+    /// Feed `tokens` and return only the greedy choice after the last one (argmax on the GPU,
+    /// ties to the lowest id; 4 bytes read back).
+    pub fn forward_greedy(&mut self, tokens: &[u32]) -> Result<u32> {
+        self.check(tokens)?;
+        let chunks: Vec<&[u32]> = tokens.chunks(self.max_chunk).collect();
+        let last = chunks.len() - 1;
+        for (ci, c) in chunks.into_iter().enumerate() {
+            if ci == last {
+                self.submit(c, Head::Last, Readback::Argmax)?;
+                let b = self.read_back(4)?;
+                return Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+            }
+            self.submit(c, Head::None, Readback::None)?;
+        }
+        unreachable!("at least one chunk")
+    }
+
+    fn check(&self, tokens: &[u32]) -> Result<()> {
+        ensure!(!tokens.is_empty(), "no tokens to feed");
+        if let Some(&id) = tokens
+            .iter()
+            .find(|&&id| id as usize >= self.cfg.vocab_size)
+        {
+            bail!(
+                "token id {id} is outside the vocabulary (vocab_size {})",
+                self.cfg.vocab_size
+            );
+        }
+        ensure!(
+            self.pos + tokens.len() <= self.max_seq,
+            "sequence of {} tokens exceeds the GPU model's max_seq {}",
+            self.pos + tokens.len(),
+            self.max_seq
+        );
+        Ok(())
+    }
+
+    fn run(&mut self, tokens: &[u32], head: Head) -> Result<Vec<Vec<f32>>> {
+        self.check(tokens)?;
+        let width = self.cfg.logits_width();
+        let chunks: Vec<&[u32]> = tokens.chunks(self.max_chunk).collect();
+        let last = chunks.len() - 1;
+        let mut out = Vec::new();
+        for (ci, c) in chunks.into_iter().enumerate() {
+            let h = match head {
+                Head::All => Head::All,
+                _ if ci == last => Head::Last,
+                _ => Head::None,
+            };
+            let rows = match h {
+                Head::None => 0,
+                Head::Last => 1,
+                Head::All => c.len(),
+            };
+            let bytes = (rows * width * 4) as u64;
+            let rb = if rows > 0 {
+                Readback::Logits(bytes)
+            } else {
+                Readback::None
+            };
+            self.submit(c, h, rb)?;
+            if rows > 0 {
+                let b = self.read_back(bytes)?;
+                let v: Vec<f32> = b
+                    .chunks_exact(4)
+                    .map(|x| f32::from_le_bytes([x[0], x[1], x[2], x[3]]))
+                    .collect();
+                out.extend(v.chunks_exact(width).map(|r| r.to_vec()));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Record and submit one chunk (≤ max_chunk tokens): ids and position writes, one compute
+    /// pass, and the copy of `copy` into the readback buffer, in one submission.
+    fn submit(&mut self, tokens: &[u32], head: Head, copy: Readback) -> Result<()> {
+        let t = tokens.len() as u32;
+        if !self.steps.contains_key(&(t, head)) {
+            let step = self.build_step(t, head)?;
+            self.steps.insert((t, head), step);
+        }
+        let gpu = &self.gpu;
+        gpu.queue
+            .write_buffer(&self.acts.ids, 0, bytemuck::cast_slice(tokens));
+        self.pos_buf.set(&gpu.queue, self.pos as u32);
+        let step = &self.steps[&(t, head)];
+        let mut enc = gpu
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("inkling step"),
+            });
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("inkling forward"),
+                timestamp_writes: None,
+            });
+            for r in &step.recs {
+                r.record_in_pass(&mut pass);
+            }
+        }
+        let a = &self.acts;
+        match copy {
+            Readback::None => {}
+            Readback::Logits(n) => {
+                enc.copy_buffer_to_buffer(&a.logits, 0, &a.readback, 0, n.next_multiple_of(4))
+            }
+            Readback::Argmax => enc.copy_buffer_to_buffer(&a.argmax, 0, &a.readback, 0, 4),
+        }
+        gpu.queue.submit([enc.finish()]);
+        self.pos += tokens.len();
+        self.dirty = true;
+        Ok(())
+    }
+
+    /// Map the first `bytes` of the readback buffer (after the last submission) and copy them out.
+    fn read_back(&self, bytes: u64) -> Result<Vec<u8>> {
+        let size = bytes.next_multiple_of(4);
+        let slice = self.acts.readback.slice(0..size);
+        let (tx, rx) = std::sync::mpsc::channel();
+        slice.map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.gpu
+            .device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| anyhow::anyhow!("GPU poll failed: {e}"))?;
+        rx.recv()
+            .context("GPU readback channel closed")?
+            .map_err(|e| anyhow::anyhow!("GPU readback failed: {e}"))?;
+        let out = slice
+            .get_mapped_range()
+            .map_err(|e| anyhow::anyhow!("GPU readback failed: {e:?}"))?[..bytes as usize]
+            .to_vec();
+        self.acts.readback.unmap();
+        Ok(out)
+    }
+
+    /// Build every call object of a step of `t` tokens.
+    fn build_step(&self, t: u32, head: Head) -> Result<Step> {
+        let gpu = &self.gpu;
+        let a = &self.acts;
+        let cfg = &self.cfg;
+        let hid = cfg.hidden_size as u32;
+        let eps = cfg.rms_norm_eps as f32;
+        let kk = cfg.conv_kernel_size as u32;
+        let mut recs = Vec::new();
+
+        let shards: Vec<EmbedShard<'_>> = self
+            .embed_shards
+            .iter()
+            .map(|(b, r0, n, bf)| EmbedShard {
+                buffer: b,
+                first_row: *r0,
+                n_rows: *n,
+                bf16: *bf,
+            })
+            .collect();
+        recs.push(Rec::Op(
+            EmbedNorm {
+                tokens: t,
+                hidden: hid,
+                eps,
+                ids_off: 0,
+            }
+            .bind(gpu, &a.ids, &shards, &self.embed_norm, &a.h),
+        ));
+
+        fn dense_args<'b>(
+            x: &'b wgpu::Buffer,
+            t: u32,
+            pairs: &'b wgpu::Buffer,
+            y: &'b wgpu::Buffer,
+        ) -> GemvArgs<'b> {
+            GemvArgs::new(x, t, pairs, t, y)
+        }
+        let dense = |x, y| dense_args(x, t, &a.dense_pairs, y);
+        for (li, l) in self.layers.iter().enumerate() {
+            let g = l.geom;
+            let (h, kvh, d) = (g.heads as u32, g.kv_heads as u32, g.head_dim as u32);
+            let kvd = kvh * d;
+            let conv = |ch: u32, acc: bool, x: &wgpu::Buffer, wi: usize, y: &wgpu::Buffer| {
+                Rec::Conv(
+                    ShortConvKernel {
+                        tokens: t,
+                        channels: ch,
+                        kernel: kk,
+                        accumulate: acc,
+                    }
+                    .bind(gpu, x, &l.conv_w[wi], &l.conv_state[wi], y),
+                )
+            };
+            let what = |s: &str| format!("layer {li} {s}");
+            // attention block
+            recs.push(Rec::Op(RmsNorm::rows(t, hid, eps).bind(
+                gpu,
+                &a.h,
+                &l.input_norm,
+                &a.xn,
+            )));
+            recs.push(l.q.call(gpu, dense(&a.xn, &a.q), &what("q_proj"))?);
+            recs.push(l.k.call(gpu, dense(&a.xn, &a.k_raw), &what("k_proj"))?);
+            recs.push(l.v.call(gpu, dense(&a.xn, &a.v_raw), &what("v_proj"))?);
+            recs.push(l.r.call(gpu, dense(&a.xn, &a.r), &what("r_proj"))?);
+            recs.push(conv(kvd, false, &a.k_raw, 0, &a.k_new));
+            recs.push(conv(kvd, false, &a.v_raw, 1, &a.v_new));
+            recs.push(Rec::Op(
+                RmsNorm::rows(t * h, d, eps).bind_inplace(gpu, &a.q, &l.q_norm),
+            ));
+            recs.push(Rec::Op(
+                RmsNorm::rows(t * kvh, d, eps).bind_inplace(gpu, &a.k_new, &l.k_norm),
+            ));
+            let shape = AttentionShape {
+                tokens: t,
+                heads: h,
+                kv_heads: kvh,
+                head_dim: d,
+                d_rel: g.d_rel as u32,
+                extent: g.rel_extent as u32,
+                window: g.window.map(|w| w as u32),
+                cache_capacity: l.cache_capacity,
+                tau: g
+                    .log_scaling
+                    .map(|(n_floor, alpha)| (alpha as f32, n_floor as f32)),
+            };
+            recs.push(Rec::Attn(AttentionKernel::new(shape).bind(
+                gpu,
+                &self.pos_buf,
+                &a.q,
+                &a.k_new,
+                &a.v_new,
+                &a.r,
+                &l.rel_proj,
+                &l.k_cache,
+                &l.v_cache,
+                &a.attn,
+            )));
+            recs.push(l.o.call(gpu, dense(&a.attn, &a.o), &what("o_proj"))?);
+            recs.push(conv(hid, true, &a.o, 2, &a.h));
+            // MLP block
+            recs.push(Rec::Op(RmsNorm::rows(t, hid, eps).bind(
+                gpu,
+                &a.h,
+                &l.post_norm,
+                &a.xn,
+            )));
+            match &l.mlp {
+                MlpGpu::Dense {
+                    ffn,
+                    inter,
+                    global_scale,
+                } => {
+                    recs.push(ffn.gate_up.call(
+                        gpu,
+                        dense(&a.xn, &a.gu),
+                        &what("dense gate_up"),
+                    )?);
+                    recs.push(Rec::Op(Elementwise::silu_mul(
+                        gpu,
+                        t,
+                        *inter,
+                        SiluMulLayout::fused(*inter),
+                        &a.gu,
+                        &a.gu,
+                        &a.act,
+                    )));
+                    recs.push(
+                        ffn.down
+                            .call(gpu, dense(&a.act, &a.m), &what("dense down"))?,
+                    );
+                    recs.push(Rec::Op(Elementwise::mul_const(
+                        gpu,
+                        t * hid,
+                        &a.m,
+                        *global_scale,
+                    )));
+                }
+                MlpGpu::Moe {
+                    router,
+                    bias,
+                    scale,
+                    top_k,
+                    routed,
+                    shared,
+                    inter,
+                } => {
+                    let ns = shared.as_ref().map_or(0, |s| s.n as u32);
+                    let ne = routed.n as u32;
+                    recs.push(router.call(gpu, dense(&a.xn, &a.router_logits), &what("router"))?);
+                    recs.push(Rec::Op(
+                        Router::new(RouterShape {
+                            tokens: t,
+                            n_routed: ne,
+                            n_shared: ns,
+                            top_k: *top_k,
+                            scale: *scale,
+                        })
+                        .bind(
+                            gpu,
+                            &a.router_logits,
+                            bias,
+                            &a.pairs,
+                            &a.gammas,
+                            &a.shared_gammas,
+                        ),
+                    ));
+                    // shared experts first (static pairs), so they do not wait on routing
+                    if let Some(sh) = shared {
+                        let np = t * ns;
+                        recs.push(sh.gate_up.call(
+                            gpu,
+                            GemvArgs::new(&a.xn, t, &a.shared_pairs, np, &a.gu),
+                            &what("shared gate_up"),
+                        )?);
+                        recs.push(Rec::Op(Elementwise::silu_mul(
+                            gpu,
+                            np,
+                            *inter,
+                            SiluMulLayout::fused(*inter),
+                            &a.gu,
+                            &a.gu,
+                            &a.act,
+                        )));
+                        recs.push(
+                            sh.down.call(
+                                gpu,
+                                GemvArgs::new(&a.act, np, &a.shared_pairs, np, &a.y_shared)
+                                    .x_per_pair(true),
+                                &what("shared down"),
+                            )?,
+                        );
+                    }
+                    let np = t * top_k;
+                    recs.push(routed.gate_up.call(
+                        gpu,
+                        GemvArgs::new(&a.xn, t, &a.pairs, np, &a.gu).pair_words(4),
+                        &what("routed gate_up"),
+                    )?);
+                    recs.push(Rec::Op(Elementwise::silu_mul(
+                        gpu,
+                        np,
+                        *inter,
+                        SiluMulLayout::fused(*inter),
+                        &a.gu,
+                        &a.gu,
+                        &a.act,
+                    )));
+                    recs.push(
+                        routed.down.call(
+                            gpu,
+                            GemvArgs::new(&a.act, np, &a.pairs, np, &a.y_routed)
+                                .pair_words(4)
+                                .x_per_pair(true),
+                            &what("routed down"),
+                        )?,
+                    );
+                    recs.push(Rec::Op(Elementwise::moe_combine(
+                        gpu,
+                        t,
+                        hid,
+                        *top_k,
+                        &a.y_routed,
+                        &a.gammas,
+                        true,
+                        shared.as_ref().map(|_| (&a.y_shared, &a.shared_gammas, ns)),
+                        true,
+                        false,
+                        &a.m,
+                    )));
+                }
+            }
+            recs.push(conv(hid, true, &a.m, 3, &a.h));
+        }
+
+        // head
+        let mup = cfg.logits_mup_width_multiplier as f32;
+        match head {
+            Head::None => {}
+            Head::Last => {
+                let mut n = RmsNorm::rows(1, hid, eps);
+                n.x_off = (t - 1) * hid;
+                recs.push(Rec::Op(n.bind(gpu, &a.h, &self.norm, &a.hn)));
+                recs.push(Rec::Op(Elementwise::div_const(gpu, hid, &a.hn, mup)));
+                recs.push(self.lm_head.call(
+                    gpu,
+                    GemvArgs::new(&a.hn, 1, &a.dense_pairs, 1, &a.logits),
+                    "lm_head",
+                )?);
+                recs.push(Rec::Argmax(
+                    Argmax {
+                        vocab: cfg.logits_width() as u32,
+                        out_idx: 0,
+                    }
+                    .bind(gpu, &a.logits, &a.argmax),
+                ));
+            }
+            Head::All => {
+                recs.push(Rec::Op(
+                    RmsNorm::rows(t, hid, eps).bind(gpu, &a.h, &self.norm, &a.hn),
+                ));
+                recs.push(Rec::Op(Elementwise::div_const(gpu, t * hid, &a.hn, mup)));
+                recs.push(self.lm_head.call(gpu, dense(&a.hn, &a.logits), "lm_head")?);
+            }
+        }
+        Ok(Step { recs })
+    }
+}
+
+impl super::Forward for GpuModel {
+    fn forward(&mut self, tokens: &[u32]) -> anyhow::Result<Vec<f32>> {
+        GpuModel::forward(self, tokens)
+    }
+    fn reset(&mut self) {
+        GpuModel::reset(self)
+    }
+    fn position(&self) -> usize {
+        GpuModel::position(self)
+    }
+    fn backend(&self) -> &'static str {
+        "gpu"
+    }
+    fn adapter(&self) -> String {
+        self.gpu.describe()
+    }
+}
