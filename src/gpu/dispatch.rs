@@ -108,7 +108,7 @@ pub fn gemv_pairs_with(
         return Ok(Vec::new());
     }
     let xb = gpu.storage_init("gemv x", bytemuck::cast_slice(x));
-    let flat: Vec<u32> = pairs.iter().flat_map(|&(e, t, wi)| [e, t, wi]).collect();
+    let flat: Vec<u32> = pairs.iter().flat_map(|&(e, t, wi)| [e, t, wi, 0]).collect();
     let pb = gpu.storage_init("gemv pairs", bytemuck::cast_slice(&flat));
     let gb =
         (!gammas.is_empty()).then(|| gpu.storage_init("gemv gamma", bytemuck::cast_slice(gammas)));
