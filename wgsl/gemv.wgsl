@@ -225,7 +225,17 @@ fn main(
         workgroupBarrier();
         if (live) {
             let u_end = min(nu, (t0 + XT) / CPU);
-            for (var u = t0 / CPU + lane; u < u_end; u += TPR) {
+            var u = t0 / CPU + lane;
+            // two units per iteration: their weight loads are independent and issue together
+            for (; u + TPR < u_end; u += 2u * TPR) {
+                let xi = (u * CPU - t0) / 4u;
+                let xj = xi + TPR * (CPU / 4u);
+                for (var rr = 0u; rr < RPT; rr++) {
+                    let a = unit_dot(acc[rr], rowv[rr] + u * VPU, srow[rr], u, xi);
+                    acc[rr] = unit_dot(a, rowv[rr] + (u + TPR) * VPU, srow[rr], u + TPR, xj);
+                }
+            }
+            if (u < u_end) {
                 let xi = (u * CPU - t0) / 4u;
                 for (var rr = 0u; rr < RPT; rr++) {
                     acc[rr] = unit_dot(acc[rr], rowv[rr] + u * VPU, srow[rr], u, xi);

@@ -1,8 +1,8 @@
 //! `inkling-wgpu bench kernels|copy|compare`: GEMV time per dispatch and effective bandwidth, the
 //! device-to-device copy bandwidth to compare it with, and ratio tables of two JSON runs.
 //!
-//! Kernel timing uses GPU timestamp queries (one timed compute pass per dispatch) when the adapter
-//! has TIMESTAMP_QUERY, else wall clock over many dispatches in one submit. A working set of
+//! Kernel timing uses GPU timestamp queries around one compute pass of n back-to-back dispatches
+//! (like CUDA events around back-to-back launches) when the adapter has TIMESTAMP_QUERY, else wall clock over many dispatches in one submit. A working set of
 //! several copies of the weights (> 256 MiB on a real GPU) is rotated so that L2 does not flatter;
 //! on a CPU adapter (lavapipe) or with `--quick` shapes are divided by 4 and one copy is used.
 use crate::formats::Encoding;
@@ -167,24 +167,37 @@ fn time_calls(gpu: &Gpu, calls: &[GemvCall], n: usize) -> anyhow::Result<(f64, &
     gpu.queue.submit([enc.finish()]);
     gpu.device.poll(wgpu::PollType::wait_indefinitely())?;
     if gpu.has_timestamps() {
+        // Like CUDA events around back-to-back launches: one compute pass of `n` dispatches
+        // (rotating over the weight copies) between two GPU timestamps, time / n; median of 5.
+        let reps = 5u32;
         let qs = gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
             label: Some("bench"),
             ty: wgpu::QueryType::Timestamp,
-            count: 2 * n as u32,
+            count: 2 * reps,
         });
         let resolve = gpu.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("bench timestamps"),
-            size: 16 * n as u64,
+            size: 16 * reps as u64,
             usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
             mapped_at_creation: false,
         });
         let mut enc = gpu.device.create_command_encoder(&Default::default());
-        for k in 0..n {
-            calls[k % calls.len()].record_timed(&mut enc, &qs, 2 * k as u32, 2 * k as u32 + 1);
+        for r in 0..reps {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("bench timed"),
+                timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                    query_set: &qs,
+                    beginning_of_pass_write_index: Some(2 * r),
+                    end_of_pass_write_index: Some(2 * r + 1),
+                }),
+            });
+            for k in 0..n {
+                calls[k % calls.len()].record_in_pass(&mut pass);
+            }
         }
-        enc.resolve_query_set(&qs, 0..2 * n as u32, &resolve, 0);
+        enc.resolve_query_set(&qs, 0..2 * reps, &resolve, 0);
         gpu.queue.submit([enc.finish()]);
-        let raw = gpu.read_bytes(&resolve, 0, 16 * n as u64)?;
+        let raw = gpu.read_bytes(&resolve, 0, 16 * reps as u64)?;
         let ts: Vec<u64> = raw
             .chunks_exact(8)
             .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
@@ -195,8 +208,8 @@ fn time_calls(gpu: &Gpu, calls: &[GemvCall], n: usize) -> anyhow::Result<(f64, &
             .map(|p| p[1].saturating_sub(p[0]))
             .collect();
         ticks.sort_unstable();
-        let median = ticks[ticks.len() / 2] as f64 * period * 1e-9;
-        Ok((median, "gpu timestamps, median"))
+        let per = ticks[ticks.len() / 2] as f64 * period * 1e-9 / n as f64;
+        Ok((per, "gpu timestamps around n back-to-back dispatches in one pass, median of 5"))
     } else {
         let t0 = Instant::now();
         for k in 0..n {
