@@ -159,13 +159,20 @@ fn is_cpu(gpu: &Gpu) -> bool {
 
 /// Time `n` recordings of `calls` (rotating); returns seconds per dispatch and how it was measured.
 fn time_calls(gpu: &Gpu, calls: &[GemvCall], n: usize) -> anyhow::Result<(f64, &'static str)> {
-    // warm-up
-    let mut enc = gpu.device.create_command_encoder(&Default::default());
-    for c in calls {
-        c.record(&mut enc);
+    // warm-up: every copy once (first use), then keep the GPU busy for ≥ 0.3 s so that clocks
+    // are up (after the host-side data generation the GPU idles and the first timings are slow)
+    let t_warm = Instant::now();
+    loop {
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        for c in calls {
+            c.record(&mut enc);
+        }
+        gpu.queue.submit([enc.finish()]);
+        gpu.device.poll(wgpu::PollType::wait_indefinitely())?;
+        if t_warm.elapsed().as_secs_f64() > 0.3 || is_cpu(gpu) {
+            break;
+        }
     }
-    gpu.queue.submit([enc.finish()]);
-    gpu.device.poll(wgpu::PollType::wait_indefinitely())?;
     if gpu.has_timestamps() {
         // Like CUDA events around back-to-back launches: one compute pass of `n` dispatches
         // (rotating over the weight copies) between two GPU timestamps, time / n; median of 5.
@@ -366,14 +373,20 @@ fn copy(a: CopyArgs) -> anyhow::Result<ExitCode> {
     let dst = gpu.storage("copy dst", size);
     let n = a.iters.max(1);
     let reps = 5usize;
-    // first use of both buffers (wgpu's lazy zero-fill) and clocks up: untimed copies
+    // first use of both buffers (wgpu's lazy zero-fill) and clocks up: ≥ 0.5 s of untimed copies
     {
-        let mut enc = gpu.device.create_command_encoder(&Default::default());
-        for _ in 0..3 {
-            enc.copy_buffer_to_buffer(&src, 0, &dst, 0, size);
+        let t_warm = Instant::now();
+        loop {
+            let mut enc = gpu.device.create_command_encoder(&Default::default());
+            for _ in 0..3 {
+                enc.copy_buffer_to_buffer(&src, 0, &dst, 0, size);
+            }
+            gpu.queue.submit([enc.finish()]);
+            gpu.device.poll(wgpu::PollType::wait_indefinitely())?;
+            if t_warm.elapsed().as_secs_f64() > 0.5 || is_cpu(&gpu) {
+                break;
+            }
         }
-        gpu.queue.submit([enc.finish()]);
-        gpu.device.poll(wgpu::PollType::wait_indefinitely())?;
     }
     let mut secs = Vec::new();
     let how;

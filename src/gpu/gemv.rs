@@ -104,10 +104,8 @@ pub fn tuning(f: Format) -> Tuning {
         };
     }
     match f {
-        Format::F32 => Tuning { tpr: 32, rpt: 1 },
-        Format::Bf16 => Tuning { tpr: 32, rpt: 2 },
-        Format::Int3G64 => Tuning { tpr: 16, rpt: 2 },
-        _ => Tuning { tpr: 32, rpt: 4 },
+        Format::Int3G64 => Tuning { tpr: 32, rpt: 1 },
+        _ => Tuning { tpr: 16, rpt: 4 },
     }
 }
 
