@@ -185,7 +185,9 @@ fn dense_gemv_is_e1_and_respects_strides_and_offsets() {
         x[xo + t * xs..xo + t * xs + i].copy_from_slice(&xt[t]);
     }
     let xb = gpu.storage_init("x", bytemuck::cast_slice(&x));
-    let pairs: Vec<u32> = (0..tokens as u32).flat_map(|t| [0, t, NO_GAMMA, 0]).collect();
+    let pairs: Vec<u32> = (0..tokens as u32)
+        .flat_map(|t| [0, t, NO_GAMMA, 0])
+        .collect();
     let pb = gpu.storage_init("pairs", bytemuck::cast_slice(&pairs));
     let ylen = yo + tokens * ys;
     let yb = gpu.storage_init("y", bytemuck::cast_slice(&vec![-7.0f32; ylen]));
@@ -432,6 +434,12 @@ fn auto_picks_subgroups_when_available_and_no_gamma_buffer_ignores_weight_idx() 
     gpu.queue.submit([e.finish()]);
     let y = gpu.read_f32(&yb, o).unwrap();
     assert!(rel_err(&y, &m.gemv_ref_f64(&x)) <= 1e-5);
+    // pairs are 16 bytes (the router's `Pair`): a 12-byte pair buffer is refused
+    let pb12 = gpu.storage_init("p12", bytemuck::cast_slice(&[0u32, 0, 7]));
+    assert!(matches!(
+        GemvCall::new(&gpu, 5, &w, GemvArgs::new(&xb, 1, &pb12, 1, &yb)),
+        Err(DispatchError::Shape(_))
+    ));
     // a too-small output buffer is refused before anything is recorded
     let small = gpu.storage("y small", 4 * (o as u64 - 1));
     assert!(matches!(

@@ -216,7 +216,10 @@ fn time_calls(gpu: &Gpu, calls: &[GemvCall], n: usize) -> anyhow::Result<(f64, &
             .collect();
         ticks.sort_unstable();
         let per = ticks[ticks.len() / 2] as f64 * period * 1e-9 / n as f64;
-        Ok((per, "gpu timestamps around n back-to-back dispatches in one pass, median of 5"))
+        Ok((
+            per,
+            "gpu timestamps around n back-to-back dispatches in one pass, median of 5",
+        ))
     } else {
         let t0 = Instant::now();
         for k in 0..n {
@@ -299,53 +302,53 @@ fn kernels(a: KernelArgs) -> anyhow::Result<ExitCode> {
             let pb = gpu.storage_init("pairs", bytemuck::cast_slice(&pairs));
             let y = gpu.storage("y", 4 * (s.experts * o) as u64);
             for tune in &tunes {
-            crate::gpu::gemv::set_tuning_override(*tune);
-            let calls = weights
-                .iter()
-                .map(|w| {
-                    GemvCall::new(
-                        &gpu,
-                        enc.format.ordinal(),
-                        w,
-                        GemvArgs::new(&x, 1, &pb, s.experts as u32, &y),
-                    )
-                })
-                .collect::<Result<Vec<_>, _>>();
-            crate::gpu::gemv::set_tuning_override(None);
-            let calls = calls?;
-            let (t, how) = time_calls(&gpu, &calls, iters)?;
-            method = how;
-            let tl = crate::gpu::gemv::tuning(enc.format);
-            let tl = tune.unwrap_or(tl);
-            let label = if a.tune.is_empty() {
-                enc.spelling()
-            } else {
-                format!("{}@{}:{}", enc.spelling(), tl.tpr, tl.rpt)
-            };
-            let gbs = bytes as f64 / t / 1e9;
-            let frac = a.peak_gbs.map(|p| gbs / p);
-            let shape = if s.experts == 1 {
-                format!("{} [{o}x{i}]", s.label)
-            } else {
-                format!("{} {}x[{o}x{i}]", s.label, s.experts)
-            };
-            if !a.json {
-                println!(
-                    "{:<16} {:<45} {:>3} {:>12} {:>10.1} {:>9.1} {:>7}",
-                    label,
-                    shape,
-                    s.experts,
-                    bytes,
-                    t * 1e6,
-                    gbs,
-                    frac.map(|f| format!("{:.1}%", 100.0 * f))
-                        .unwrap_or_else(|| "-".into())
-                );
-            }
-            results.push(serde_json::json!({
-                "format": label, "shape": shape, "experts": s.experts, "bytes": bytes,
-                "us_per_dispatch": t * 1e6, "gbs": gbs, "frac_peak": frac,
-            }));
+                crate::gpu::gemv::set_tuning_override(*tune);
+                let calls = weights
+                    .iter()
+                    .map(|w| {
+                        GemvCall::new(
+                            &gpu,
+                            enc.format.ordinal(),
+                            w,
+                            GemvArgs::new(&x, 1, &pb, s.experts as u32, &y),
+                        )
+                    })
+                    .collect::<Result<Vec<_>, _>>();
+                crate::gpu::gemv::set_tuning_override(None);
+                let calls = calls?;
+                let (t, how) = time_calls(&gpu, &calls, iters)?;
+                method = how;
+                let tl = crate::gpu::gemv::tuning(enc.format);
+                let tl = tune.unwrap_or(tl);
+                let label = if a.tune.is_empty() {
+                    enc.spelling()
+                } else {
+                    format!("{}@{}:{}", enc.spelling(), tl.tpr, tl.rpt)
+                };
+                let gbs = bytes as f64 / t / 1e9;
+                let frac = a.peak_gbs.map(|p| gbs / p);
+                let shape = if s.experts == 1 {
+                    format!("{} [{o}x{i}]", s.label)
+                } else {
+                    format!("{} {}x[{o}x{i}]", s.label, s.experts)
+                };
+                if !a.json {
+                    println!(
+                        "{:<16} {:<45} {:>3} {:>12} {:>10.1} {:>9.1} {:>7}",
+                        label,
+                        shape,
+                        s.experts,
+                        bytes,
+                        t * 1e6,
+                        gbs,
+                        frac.map(|f| format!("{:.1}%", 100.0 * f))
+                            .unwrap_or_else(|| "-".into())
+                    );
+                }
+                results.push(serde_json::json!({
+                    "format": label, "shape": shape, "experts": s.experts, "bytes": bytes,
+                    "us_per_dispatch": t * 1e6, "gbs": gbs, "frac_peak": frac,
+                }));
             }
         }
     }

@@ -72,7 +72,8 @@ pub fn check(ordinal: u32, weights: Encoding) -> Result<Encoding, DispatchError>
 }
 
 /// One-shot GEMV through the dispatcher: `x` is T×I f32 (row-major), `pairs` are
-/// `(expert, token, weight_idx)` with `weight_idx` indexing `gammas` or [`NO_GAMMA`]; returns P×O
+/// `(expert, token, weight_idx)` (uploaded as 16-byte `Pair`s with a zero pad word) with
+/// `weight_idx` indexing `gammas` or [`NO_GAMMA`]; returns P×O
 /// f32. The output buffer is poisoned with NaN before the dispatch. `reduction` picks the variant.
 pub fn gemv_pairs_with(
     gpu: &Gpu,

@@ -17,14 +17,16 @@
 //! need no padding in any format. Scales are stored unpadded, `[E][O][scales per row]` f32.
 //!
 //! # Kernel shape
-//! 256 threads per workgroup in groups of 32 per row set; each thread handles RPT rows (1 for f32,
-//! 2 for bf16, 4 for the integer formats) with one read of x, so a workgroup covers
-//! [`rows_per_workgroup`] rows of one pair. Units of a row are spread over the 32 threads
-//! (16-byte `vec4<u32>` weight loads, coalesced), x is staged 2048 columns at a time in workgroup
-//! memory (coalesced loads, padded against bank conflicts), scales are applied once per 32-column
-//! unit (grouped formats) or once per row (int4). Reductions: subgroup shuffles inside blocks of
-//! min(subgroup size, 32) lanes then workgroup memory, or a workgroup-memory tree. Workgroups
-//! (pairs × row blocks) are spread over x and y (≤ 65,535 each).
+//! 256 threads per workgroup in groups of TPR threads per row set; each thread handles RPT rows
+//! with one read of x ([`tuning`]: 16 × 4 by default, 32 × 1 for int3-g64, from an H200 sweep), so
+//! a workgroup covers [`rows_per_workgroup`] rows of one pair. The whole x row (up to 16384
+//! columns, as far as the adapter's workgroup memory allows) is staged once per workgroup as vec4,
+//! zero past I and pre-scaled for the int4 decode, padded against bank conflicts; then the hot loop
+//! runs without barriers: two units per iteration, one coalesced 16-byte weight load per row and
+//! unit, the decode by shifts, masks and the f32 magic-number trick, vec4 accumulators. Scales are
+//! applied once per 32-column unit (grouped formats) or once per row (int4). Reductions: subgroup
+//! shuffles inside blocks of min(subgroup size, TPR) lanes then workgroup memory, or a
+//! workgroup-memory tree. Workgroups (pairs × row blocks) are spread over x and y (≤ 65,535 each).
 //!
 //! The slab is split into chunks (one storage binding each) no larger than the adapter's
 //! `max_storage_buffer_binding_size`, `max_buffer_size` and 2³¹ − 1 bytes: by whole experts when
