@@ -642,6 +642,25 @@ pub fn shard_file_sizes(groups: &[OutGroup], max_shard_bytes: usize) -> Vec<u64>
         .collect()
 }
 
+/// Create `dst_dir` and refuse it when it already holds a container (`model*.safetensors` or an
+/// index) unless `force`; returns the files of the previous container.
+pub fn check_destination(dst_dir: &Path, force: bool) -> Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dst_dir).with_context(|| format!("creating {}", dst_dir.display()))?;
+    let previous = previous_conversion(dst_dir);
+    if !previous.is_empty() && !force {
+        bail!(
+            "{} already holds a conversion ({}); pass --force to replace it",
+            dst_dir.display(),
+            previous
+                .iter()
+                .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    Ok(previous)
+}
+
 /// Write a stamped container into `dst_dir`: the groups in order through [`ShardWriter`] (temp
 /// files renamed into place only when every shard is complete), the index when sharded, then
 /// `files` (name, bytes) each through its own temp file; finally reopen and verify it.
@@ -653,19 +672,7 @@ pub fn write_container(
     files: &[(&str, Vec<u8>)],
     opts: &WriteOptions,
 ) -> Result<ConvertSummary> {
-    std::fs::create_dir_all(dst_dir).with_context(|| format!("creating {}", dst_dir.display()))?;
-    let previous = previous_conversion(dst_dir);
-    if !previous.is_empty() && !opts.force {
-        bail!(
-            "{} already holds a conversion ({}); pass --force to replace it",
-            dst_dir.display(),
-            previous
-                .iter()
-                .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-    }
+    let previous = check_destination(dst_dir, opts.force)?;
     let shard_groups = plan_shards(groups, opts.max_shard_bytes);
     let n = shard_groups.len();
     let names = shard_names(n);
@@ -836,6 +843,7 @@ pub fn convert(src_dir: &Path, dst_dir: &Path, opts: &ConvertOptions) -> Result<
             dst_dir.display()
         );
     }
+    check_destination(dst_dir, opts.force)?;
     let plan = plan(&src, opts)?;
     let groups: Vec<OutGroup> = plan
         .iter()

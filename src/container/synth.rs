@@ -163,7 +163,7 @@ impl SynthSpec {
     }
 
     fn sliding(&self, layer: usize) -> bool {
-        (layer + 1) % 6 != 0
+        !(layer + 1).is_multiple_of(6)
     }
 
     fn dense_layer(&self, layer: usize) -> bool {
@@ -188,12 +188,16 @@ impl SynthSpec {
         if self.layers == 0 || self.hidden == 0 || self.vocab == 0 {
             bail!("layers, hidden size and vocab must be positive");
         }
-        if self.dense_layers < self.layers {
-            if self.n_shared == 0 || self.top_k == 0 || self.top_k > self.n_experts {
-                bail!("sparse layers need ≥ 1 shared expert and 1 ≤ top-k ≤ experts");
-            }
+        if self.dense_layers < self.layers
+            && (self.n_shared == 0 || self.top_k == 0 || self.top_k > self.n_experts)
+        {
+            bail!("sparse layers need ≥ 1 shared expert and 1 ≤ top-k ≤ experts");
         }
-        if self.heads % self.kv_heads != 0 || self.swa_heads % self.swa_kv_heads != 0 {
+        if self.kv_heads == 0
+            || self.swa_kv_heads == 0
+            || !self.heads.is_multiple_of(self.kv_heads)
+            || !self.swa_heads.is_multiple_of(self.swa_kv_heads)
+        {
             bail!("KV heads must divide heads");
         }
         Ok(())
