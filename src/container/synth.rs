@@ -727,16 +727,26 @@ fn generate(g: &Gen, seed: u64, threads: usize) -> (Vec<u8>, Vec<u8>) {
     (data, scales)
 }
 
-struct SynthSource<'a> {
-    gens: &'a [Vec<Gen>],
-    seed: u64,
-    threads: usize,
+/// One generated item: its (group, item) position, weight bytes and scale bytes.
+type Generated = ((usize, usize), Vec<u8>, Vec<u8>);
+
+/// Hands out the items that a generator thread produces in plan order, one item ahead of the
+/// writer, so that generation overlaps writing.
+struct SynthSource {
+    rx: std::sync::mpsc::Receiver<Generated>,
 }
 
-impl ItemSource for SynthSource<'_> {
+impl ItemSource for SynthSource {
     fn produce(&mut self, group: usize, item: usize) -> Result<Vec<Cow<'_, [u8]>>> {
-        let g = &self.gens[group][item];
-        let (data, scales) = generate(g, self.seed, self.threads);
+        let Ok((at, data, scales)) = self.rx.recv() else {
+            bail!("synth: the generator thread stopped");
+        };
+        if at != (group, item) {
+            bail!(
+                "synth: generated item {at:?}, the writer asks for {:?}",
+                (group, item)
+            );
+        }
         let mut v = vec![Cow::Owned(data)];
         if !scales.is_empty() {
             v.push(Cow::Owned(scales));
@@ -780,11 +790,6 @@ pub fn synth(spec: &SynthSpec, dst: &Path, opts: &SynthOptions) -> Result<Conver
     } else {
         opts.threads
     };
-    let mut source = SynthSource {
-        gens: &p.gens,
-        seed: spec.seed,
-        threads,
-    };
     let files: Vec<(&str, Vec<u8>)> = vec![
         (
             "config.json",
@@ -803,5 +808,23 @@ pub fn synth(spec: &SynthSpec, dst: &Path, opts: &SynthOptions) -> Result<Conver
         fail_after_bytes: None,
         progress: opts.progress,
     };
-    write_container(dst, &p.groups, &mut source, &files, &wopts)
+    let gens = &p.gens;
+    let seed = spec.seed;
+    std::thread::scope(|sc| {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Generated>(1);
+        sc.spawn(move || {
+            for (gi, group) in gens.iter().enumerate() {
+                for (ii, g) in group.iter().enumerate() {
+                    let (data, scales) = generate(g, seed, threads);
+                    if tx.send(((gi, ii), data, scales)).is_err() {
+                        return; // the writer stopped
+                    }
+                }
+            }
+        });
+        let mut source = SynthSource { rx };
+        let r = write_container(dst, &p.groups, &mut source, &files, &wopts);
+        drop(source);
+        r
+    })
 }
