@@ -5,6 +5,8 @@
 use inkling_wgpu::container::synth::{file_sizes, plan, synth, SynthOptions, SynthSpec};
 use inkling_wgpu::container::{expert_name, shared_expert_name, Container, Proj};
 use inkling_wgpu::formats::Encoding;
+use inkling_wgpu::model::cpu::route;
+use inkling_wgpu::model::weights::Mlp;
 use inkling_wgpu::model::{AttnKind, Checkpoint, CpuModel, MlpKind, TextConfig, Weights};
 use std::path::PathBuf;
 
@@ -170,6 +172,29 @@ fn tiny_container_loads_and_the_cpu_forward_is_finite() {
         assert!(logits.iter().all(|x| x.is_finite()), "{experts}");
         let next = m.forward(&[5]).unwrap();
         assert!(next.iter().all(|x| x.is_finite()));
+        // Routing is spread: over 64 random inputs every expert of a sparse layer is chosen.
+        let Mlp::Moe(moe) = &w.layers[1].mlp else {
+            panic!("layer 1 is sparse")
+        };
+        let mut used = vec![0usize; spec.n_experts];
+        let mut z = 12345u64;
+        for _ in 0..64 {
+            let x: Vec<f32> = (0..spec.hidden)
+                .map(|_| {
+                    z = z
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    ((z >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 3.46
+                })
+                .collect();
+            for id in route(moe, &x).0 {
+                used[id] += 1;
+            }
+        }
+        assert!(
+            used.iter().all(|&n| n > 0),
+            "{experts}: expert use {used:?}"
+        );
         std::fs::remove_dir_all(&dst).ok();
     }
 }
