@@ -9,17 +9,10 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
-/// Write a container of random weights at real shapes, for benchmarks.
-///
-/// Presets: `inkling` (hidden 6144; 64 heads / 8 KV heads on full layers, 64 / 16 on sliding
-/// layers, head_dim 128; 256 routed experts of width 3072, top-6, 2 shared; vocab 201024) and
-/// `inkling-small` (hidden 4096, 32 heads / 8 KV heads, head_dim 128, 256 routed experts of width
-/// 2048, top-6, 2 shared, same vocab; the expert width 2048 — like its sliding-layer head counts
-/// and dense width 16384 — is OUR ASSUMPTION, not a published figure). `tiny` is for tests.
-/// Layer i is sliding unless (i+1) % 6 == 0. The tokenizer is the bundled tiny BPE: token ids past
-/// its vocabulary decode to nothing, which is fine for benchmarks but not for reading text.
+/// Write a container of random weights at real shapes, for benchmarks (the help text is
+/// [`AFTER_HELP`]).
 #[derive(clap::Args, Debug)]
-#[command(verbatim_doc_comment)]
+#[command(after_help = AFTER_HELP)]
 pub struct Args {
     /// inkling, inkling-small or tiny.
     #[arg(long)]
@@ -64,6 +57,22 @@ pub struct Args {
     #[arg(long)]
     pub dry_run: bool,
 }
+
+/// Presets, assumptions and the tokenizer, printed after the options by `synth --help`.
+pub const AFTER_HELP: &str = "\
+Presets:
+  inkling        hidden 6144; full layers 64 heads / 8 KV heads, sliding layers 64 / 16, head_dim 128;
+                 256 routed experts of width 3072, top-6, 2 shared; vocab 201024 (unpadded 200058);
+                 dense width 24576 (only with --dense-layers); window 512, rel_extent 1024, d_rel 16.
+  inkling-small  hidden 4096, 32 heads / 8 KV heads, head_dim 128, 256 routed experts of width 2048,
+                 top-6, 2 shared, the same vocab. The expert width 2048 is OUR ASSUMPTION, as are its
+                 sliding-layer head counts (32 / 8) and dense width 16384.
+  tiny           hidden 64, 8 experts of width 32: for tests.
+Layer i is sliding unless (i+1) % 6 == 0. Weights are random, drawn directly in their stored format
+(values about N(0, 0.02), positive scales, norms about 1, router spread over all experts); the same
+seed writes the same bytes. The written container is laid out exactly like `convert` output.
+The tokenizer is the bundled tiny BPE (a few hundred tokens): ids beyond its vocabulary have no
+text. That is fine for benchmarks, not for reading output.";
 
 fn enc(s: &str, what: &str) -> anyhow::Result<Encoding> {
     parse_encoding(s)?.with_context(|| format!("--{what}: `keep` has no meaning for synth"))
