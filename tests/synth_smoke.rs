@@ -158,7 +158,6 @@ fn refuses_to_overwrite_without_force() {
 /// Needs the loader of converted containers (per-expert tensors, U8 blobs with `.qs` scales) from
 /// the `loadconv` branch; un-ignore once it is merged.
 #[test]
-#[ignore = "needs Weights::load of converted containers (loadconv branch)"]
 fn tiny_container_loads_and_the_cpu_forward_is_finite() {
     for experts in ["int4-g64", "int3-g64"] {
         let spec = tiny(experts);
