@@ -23,6 +23,8 @@ pub enum What {
     Kernels(KernelArgs),
     /// Device-to-device copy bandwidth (copy_buffer_to_buffer).
     Copy(CopyArgs),
+    /// Decode probe: tok/s, per-phase GPU time per token, bytes per token and roofline.
+    Decode(crate::cli::bench_decode::DecodeArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -61,6 +63,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     match args.what {
         What::Kernels(a) => kernels(a),
         What::Copy(a) => copy(a),
+        What::Decode(a) => crate::cli::bench_decode::run(a),
     }
 }
 
