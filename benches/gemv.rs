@@ -11,7 +11,7 @@ fn bench(c: &mut Criterion) {
         .map(|k| ((k * 7919 % 1000) as f32 / 500.0) - 1.0)
         .collect();
     let x = gpu.storage_init("x", bytemuck::cast_slice(&vec![0.5f32; i]));
-    let p = gpu.storage_init("pairs", bytemuck::cast_slice(&[0u32, 0, NO_GAMMA]));
+    let p = gpu.storage_init("pairs", bytemuck::cast_slice(&[0u32, 0, NO_GAMMA, 0]));
     let y = gpu.storage("y", 4 * o as u64);
     let mut g = c.benchmark_group("gemv_1024x1024");
     g.sample_size(10);

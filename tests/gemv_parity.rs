@@ -185,7 +185,9 @@ fn dense_gemv_is_e1_and_respects_strides_and_offsets() {
         x[xo + t * xs..xo + t * xs + i].copy_from_slice(&xt[t]);
     }
     let xb = gpu.storage_init("x", bytemuck::cast_slice(&x));
-    let pairs: Vec<u32> = (0..tokens as u32).flat_map(|t| [0, t, NO_GAMMA]).collect();
+    let pairs: Vec<u32> = (0..tokens as u32)
+        .flat_map(|t| [0, t, NO_GAMMA, 0])
+        .collect();
     let pb = gpu.storage_init("pairs", bytemuck::cast_slice(&pairs));
     let ylen = yo + tokens * ys;
     let yb = gpu.storage_init("y", bytemuck::cast_slice(&vec![-7.0f32; ylen]));
@@ -242,7 +244,7 @@ fn dispatcher_refuses_unknown_and_kernel_less_ordinals_and_mismatches() {
     }
     // the same refusals building a reusable call
     let xb = gpu.storage_init("x", bytemuck::cast_slice(&x));
-    let pb = gpu.storage_init("p", bytemuck::cast_slice(&[0u32, 0, NO_GAMMA]));
+    let pb = gpu.storage_init("p", bytemuck::cast_slice(&[0u32, 0, NO_GAMMA, 0]));
     let yb = gpu.storage("y", 8);
     let args = GemvArgs::new(&xb, 1, &pb, 1, &yb);
     assert!(matches!(
@@ -422,7 +424,7 @@ fn auto_picks_subgroups_when_available_and_no_gamma_buffer_ignores_weight_idx() 
     let x = rng.vec(i);
     let xb = gpu.storage_init("x", bytemuck::cast_slice(&x));
     // weight_idx 7 but no gamma buffer: the pair is unweighted (and nothing reads out of bounds)
-    let pb = gpu.storage_init("p", bytemuck::cast_slice(&[0u32, 0, 7]));
+    let pb = gpu.storage_init("p", bytemuck::cast_slice(&[0u32, 0, 7, 0]));
     let yb = gpu.storage_init("y", bytemuck::cast_slice(&vec![f32::NAN; o]));
     let call = GemvCall::new(&gpu, 5, &w, GemvArgs::new(&xb, 1, &pb, 1, &yb)).unwrap();
     assert_eq!(call.uses_subgroups(), gpu.has_subgroups());
@@ -432,6 +434,12 @@ fn auto_picks_subgroups_when_available_and_no_gamma_buffer_ignores_weight_idx() 
     gpu.queue.submit([e.finish()]);
     let y = gpu.read_f32(&yb, o).unwrap();
     assert!(rel_err(&y, &m.gemv_ref_f64(&x)) <= 1e-5);
+    // pairs are 16 bytes (the router's `Pair`): a 12-byte pair buffer is refused
+    let pb12 = gpu.storage_init("p12", bytemuck::cast_slice(&[0u32, 0, 7]));
+    assert!(matches!(
+        GemvCall::new(&gpu, 5, &w, GemvArgs::new(&xb, 1, &pb12, 1, &yb)),
+        Err(DispatchError::Shape(_))
+    ));
     // a too-small output buffer is refused before anything is recorded
     let small = gpu.storage("y small", 4 * (o as u64 - 1));
     assert!(matches!(

@@ -9,6 +9,7 @@ pub mod formats;
 pub mod generate;
 pub mod info;
 pub mod smoke;
+pub mod synth;
 
 /// Inkling mixture-of-experts language models on any GPU through wgpu.
 #[derive(Parser, Debug)]
@@ -32,6 +33,8 @@ pub enum Command {
     Convert(convert::Args),
     /// Print each tensor's format, the bytes per format and the total resident size.
     Info(info::Args),
+    /// Write a container of random weights at the real Inkling shapes (benchmarks).
+    Synth(synth::Args),
 }
 
 /// Run a parsed command line; the exit code reflects failures the command reports itself.
@@ -43,5 +46,6 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Bench(a) => bench::run(a),
         Command::Convert(a) => convert::run(a),
         Command::Info(a) => info::run(a),
+        Command::Synth(a) => synth::run(a),
     }
 }

@@ -73,7 +73,7 @@ fn problem_error(
 /// Wall-clock GB/s of one expert GEMV of `w` (weights + scales read per dispatch).
 fn gbs(gpu: &Gpu, ordinal: u32, w: &GpuWeights) -> anyhow::Result<f64> {
     let x = gpu.storage_init("x", bytemuck::cast_slice(&vec![0.5f32; w.cols()]));
-    let p = gpu.storage_init("pairs", bytemuck::cast_slice(&[0u32, 0, NO_GAMMA]));
+    let p = gpu.storage_init("pairs", bytemuck::cast_slice(&[0u32, 0, NO_GAMMA, 0]));
     let y = gpu.storage("y", 4 * w.rows() as u64);
     let call = GemvCall::new(gpu, ordinal, w, GemvArgs::new(&x, 1, &p, 1, &y))?;
     let run = |n: usize| -> anyhow::Result<f64> {

@@ -397,42 +397,54 @@ fn planned(job: &Job, src: &Container) -> (Vec<PlannedTensor>, Option<(Encoding,
         }
         JobKind::Matrix { sel, cols, enc } => {
             let enc = resolve(*enc, t.dtype);
-            let rows = sel.count;
-            let mut v = Vec::new();
-            match enc.format {
-                Format::F32 => v.push(PlannedTensor {
-                    name: job.out.clone(),
-                    dtype: Dtype::F32,
-                    shape: vec![rows, *cols],
-                    align: align_first,
-                }),
-                Format::Bf16 => v.push(PlannedTensor {
-                    name: job.out.clone(),
-                    dtype: Dtype::BF16,
-                    shape: vec![rows, *cols],
-                    align: align_first,
-                }),
-                _ => {
-                    v.push(PlannedTensor {
-                        name: job.out.clone(),
-                        dtype: Dtype::U8,
-                        shape: vec![rows, enc.bytes_per_row(*cols)],
-                        align: align_first,
-                    });
-                    let spr = enc.scales_per_row(*cols);
-                    if spr > 0 {
-                        v.push(PlannedTensor {
-                            name: format!("{}{SCALES_SUFFIX}", job.out),
-                            dtype: Dtype::F32,
-                            shape: vec![rows, spr],
-                            align: align_rest,
-                        });
-                    }
-                }
-            }
-            (v, Some((enc, [rows, *cols])))
+            let v = matrix_tensors(&job.out, sel.count, *cols, enc, align_first, align_rest);
+            (v, Some((enc, [sel.count, *cols])))
         }
     }
+}
+
+/// The planned tensors of a matrix `[rows, cols]` written in `enc` under `name`: the plain
+/// `F32`/`BF16` tensor, or the `U8` blob plus its `.qs` companion (FORMATS.md, section Container).
+/// `align_first` applies to the weight, `align_rest` to the scales.
+pub fn matrix_tensors(
+    name: &str,
+    rows: usize,
+    cols: usize,
+    enc: Encoding,
+    align_first: usize,
+    align_rest: usize,
+) -> Vec<PlannedTensor> {
+    let mut v = Vec::new();
+    match enc.format {
+        Format::F32 | Format::Bf16 => v.push(PlannedTensor {
+            name: name.to_string(),
+            dtype: if enc.format == Format::F32 {
+                Dtype::F32
+            } else {
+                Dtype::BF16
+            },
+            shape: vec![rows, cols],
+            align: align_first,
+        }),
+        _ => {
+            v.push(PlannedTensor {
+                name: name.to_string(),
+                dtype: Dtype::U8,
+                shape: vec![rows, enc.bytes_per_row(cols)],
+                align: align_first,
+            });
+            let spr = enc.scales_per_row(cols);
+            if spr > 0 {
+                v.push(PlannedTensor {
+                    name: format!("{name}{SCALES_SUFFIX}"),
+                    dtype: Dtype::F32,
+                    shape: vec![rows, spr],
+                    align: align_rest,
+                });
+            }
+        }
+    }
+    v
 }
 
 /// Read the selected rows of a source tensor as f32.
@@ -469,22 +481,129 @@ fn previous_conversion(dst: &Path) -> Vec<PathBuf> {
     v
 }
 
-/// Convert `src_dir` into a stamped container in `dst_dir`.
-pub fn convert(src_dir: &Path, dst_dir: &Path, opts: &ConvertOptions) -> Result<ConvertSummary> {
-    let src = Container::open(src_dir).map_err(anyhow::Error::from)?;
-    if !src_dir.join("config.json").exists() {
-        bail!("{}: no config.json", src_dir.display());
+/// One output unit of a container: its planned tensors (a weight and, for quantised encodings,
+/// its `.qs` companion; or one copied tensor) and the stamp of a converted matrix.
+#[derive(Clone, Debug)]
+pub struct OutItem {
+    pub tensors: Vec<PlannedTensor>,
+    /// `(encoding, [rows, cols])` of a matrix the writer stamps; `None` for copied tensors.
+    pub stamp: Option<(Encoding, [usize; 2])>,
+}
+
+/// Items never split across shards: one tensor, or one layer's routed experts (the slab).
+#[derive(Clone, Debug, Default)]
+pub struct OutGroup {
+    pub items: Vec<OutItem>,
+}
+
+/// Produces the bytes of each item, one at a time, in plan order.
+pub trait ItemSource {
+    /// The bytes of item `item` of group `group`, one buffer per planned tensor of the item.
+    fn produce(&mut self, group: usize, item: usize) -> Result<Vec<std::borrow::Cow<'_, [u8]>>>;
+}
+
+/// Settings of [`write_container`] shared by `convert` and `synth`.
+#[derive(Clone, Debug)]
+pub struct WriteOptions {
+    /// Replace a previous container in the destination.
+    pub force: bool,
+    /// Start a new shard once one holds this many bytes (a group is never split).
+    pub max_shard_bytes: usize,
+    /// Test hook: fail after writing this many tensor bytes.
+    pub fail_after_bytes: Option<u64>,
+    /// Draw a progress bar on stderr (only when stderr is a terminal).
+    pub progress: bool,
+}
+
+/// Split groups into shards: a new shard starts when the current one would pass `max_shard_bytes`.
+/// Returns the group indices of each shard.
+pub fn plan_shards(groups: &[OutGroup], max_shard_bytes: usize) -> Vec<Vec<usize>> {
+    let mut shards: Vec<Vec<usize>> = vec![vec![]];
+    let mut cur = 0usize;
+    for (gi, g) in groups.iter().enumerate() {
+        let bytes: usize = g
+            .items
+            .iter()
+            .flat_map(|it| &it.tensors)
+            .map(|t| t.nbytes() + t.align)
+            .sum();
+        if cur > 0 && cur + bytes > max_shard_bytes {
+            shards.push(vec![]);
+            cur = 0;
+        }
+        shards.last_mut().unwrap().push(gi);
+        cur += bytes;
     }
+    shards
+}
+
+/// Shard file names for `n` shards.
+pub fn shard_names(n: usize) -> Vec<String> {
+    if n == 1 {
+        vec!["model.safetensors".into()]
+    } else {
+        (1..=n)
+            .map(|i| format!("model-{i:05}-of-{n:05}.safetensors"))
+            .collect()
+    }
+}
+
+/// Metadata of one shard: format, container version, stamps and logical shapes of its items.
+fn shard_metadata<'a>(items: impl Iterator<Item = &'a OutItem>) -> Vec<(String, String)> {
+    let mut stamps = Vec::new();
+    let mut shapes = Vec::new();
+    for it in items {
+        if let Some((enc, shape)) = it.stamp {
+            let name = it.tensors[0].name.clone();
+            stamps.push((name.clone(), enc.format.name().to_string()));
+            if !matches!(enc.format, Format::F32 | Format::Bf16) {
+                shapes.push((name, shape));
+            }
+        }
+    }
+    vec![
+        ("format".to_string(), "pt".to_string()),
+        (VERSION_KEY.to_string(), VERSION.to_string()),
+        (
+            STAMP_KEY.to_string(),
+            json_map(
+                stamps
+                    .iter()
+                    .map(|(k, v)| (k, serde_json::to_string(v).unwrap())),
+            ),
+        ),
+        (
+            SHAPE_KEY.to_string(),
+            json_map(
+                shapes
+                    .iter()
+                    .map(|(k, v)| (k, serde_json::to_string(v).unwrap())),
+            ),
+        ),
+    ]
+}
+
+/// Exact sizes in bytes of the shard files [`write_container`] would write (header included).
+pub fn shard_file_sizes(groups: &[OutGroup], max_shard_bytes: usize) -> Vec<u64> {
+    plan_shards(groups, max_shard_bytes)
+        .iter()
+        .map(|gs| {
+            let items: Vec<&OutItem> = gs.iter().flat_map(|&g| &groups[g].items).collect();
+            let tensors: Vec<PlannedTensor> =
+                items.iter().flat_map(|it| it.tensors.clone()).collect();
+            let (lay, len) = super::writer::layout(&tensors);
+            let hdr = super::writer::header(&lay, &shard_metadata(items.into_iter()));
+            (8 + hdr.len() + len) as u64
+        })
+        .collect()
+}
+
+/// Create `dst_dir` and refuse it when it already holds a container (`model*.safetensors` or an
+/// index) unless `force`; returns the files of the previous container.
+pub fn check_destination(dst_dir: &Path, force: bool) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dst_dir).with_context(|| format!("creating {}", dst_dir.display()))?;
-    let (cs, cd) = (src_dir.canonicalize()?, dst_dir.canonicalize()?);
-    if cs == cd {
-        bail!(
-            "the destination {} is the source directory; the source is never modified",
-            dst_dir.display()
-        );
-    }
     let previous = previous_conversion(dst_dir);
-    if !previous.is_empty() && !opts.force {
+    if !previous.is_empty() && !force {
         bail!(
             "{} already holds a conversion ({}); pass --force to replace it",
             dst_dir.display(),
@@ -495,41 +614,32 @@ pub fn convert(src_dir: &Path, dst_dir: &Path, opts: &ConvertOptions) -> Result<
                 .join(", ")
         );
     }
-    let groups = plan(&src, opts)?;
+    Ok(previous)
+}
 
-    // Split groups into shards.
-    let mut shard_groups: Vec<Vec<&Group>> = vec![vec![]];
-    let mut cur = 0usize;
-    for g in &groups {
-        let bytes: usize = g
-            .jobs
-            .iter()
-            .flat_map(|j| planned(j, &src).0)
-            .map(|t| t.nbytes() + t.align)
-            .sum();
-        if cur > 0 && cur + bytes > opts.max_shard_bytes {
-            shard_groups.push(vec![]);
-            cur = 0;
-        }
-        shard_groups.last_mut().unwrap().push(g);
-        cur += bytes;
-    }
+/// Write a stamped container into `dst_dir`: the groups in order through [`ShardWriter`] (temp
+/// files renamed into place only when every shard is complete), the index when sharded, then
+/// `files` (name, bytes) each through its own temp file; finally reopen and verify it.
+/// Refuses a destination holding a previous container unless `opts.force`.
+pub fn write_container(
+    dst_dir: &Path,
+    groups: &[OutGroup],
+    source: &mut dyn ItemSource,
+    files: &[(&str, Vec<u8>)],
+    opts: &WriteOptions,
+) -> Result<ConvertSummary> {
+    let previous = check_destination(dst_dir, opts.force)?;
+    let shard_groups = plan_shards(groups, opts.max_shard_bytes);
     let n = shard_groups.len();
-    let names: Vec<String> = if n == 1 {
-        vec!["model.safetensors".into()]
-    } else {
-        (1..=n)
-            .map(|i| format!("model-{i:05}-of-{n:05}.safetensors"))
-            .collect()
-    };
+    let names = shard_names(n);
 
     let total_bytes: u64 = groups
         .iter()
-        .flat_map(|g| &g.jobs)
-        .flat_map(|j| planned(j, &src).0)
+        .flat_map(|g| &g.items)
+        .flat_map(|it| &it.tensors)
         .map(|t| t.nbytes() as u64)
         .sum();
-    let total_tensors: usize = groups.iter().map(|g| g.jobs.len()).sum();
+    let total_tensors: usize = groups.iter().map(|g| g.items.len()).sum();
     let pb = if opts.progress && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
         let pb = indicatif::ProgressBar::with_draw_target(
             Some(total_bytes),
@@ -555,71 +665,35 @@ pub fn convert(src_dir: &Path, dst_dir: &Path, opts: &ConvertOptions) -> Result<
     let mut done_tensors = 0usize;
     let result = (|| -> Result<()> {
         for (si, gs) in shard_groups.iter().enumerate() {
-            let jobs: Vec<&Job> = gs.iter().flat_map(|g| &g.jobs).collect();
-            let mut tensors = Vec::new();
-            let mut stamps = Vec::new();
-            let mut shapes = Vec::new();
-            for j in &jobs {
-                let (p, enc) = planned(j, &src);
-                if let Some((enc, shape)) = enc {
-                    stamps.push((j.out.clone(), enc.format.name().to_string()));
-                    if !matches!(enc.format, Format::F32 | Format::Bf16) {
-                        shapes.push((j.out.clone(), shape));
-                    }
-                }
-                tensors.extend(p);
-            }
-            let meta = vec![
-                ("format".to_string(), "pt".to_string()),
-                (VERSION_KEY.to_string(), VERSION.to_string()),
-                (
-                    STAMP_KEY.to_string(),
-                    json_map(
-                        stamps
-                            .iter()
-                            .map(|(k, v)| (k, serde_json::to_string(v).unwrap())),
-                    ),
-                ),
-                (
-                    SHAPE_KEY.to_string(),
-                    json_map(
-                        shapes
-                            .iter()
-                            .map(|(k, v)| (k, serde_json::to_string(v).unwrap())),
-                    ),
-                ),
-            ];
+            let items: Vec<(usize, usize)> = gs
+                .iter()
+                .flat_map(|&g| (0..groups[g].items.len()).map(move |i| (g, i)))
+                .collect();
+            let tensors: Vec<PlannedTensor> = items
+                .iter()
+                .flat_map(|&(g, i)| groups[g].items[i].tensors.clone())
+                .collect();
+            let meta = shard_metadata(items.iter().map(|&(g, i)| &groups[g].items[i]));
             let final_path = dst_dir.join(&names[si]);
             tmps.push(tmp_path(&final_path));
             let mut w = ShardWriter::create(&final_path, &tensors, &meta)?;
             for t in &tensors {
                 weight_map.push((t.name.clone(), names[si].clone()));
             }
-            for j in jobs {
-                let (shard, t) = src.tensor(&j.src).unwrap();
-                let bytes = shard.bytes(t);
-                match &j.kind {
-                    JobKind::Copy => {
-                        if t.dtype == Dtype::F16 {
-                            let v = to_f32(bytes, t.dtype).unwrap();
-                            let b: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-                            w.write(&j.out, &b, &mut budget)?;
-                        } else {
-                            w.write(&j.out, bytes, &mut budget)?;
-                        }
-                        pb.inc(bytes.len() as u64);
-                    }
-                    JobKind::Matrix { sel, cols, enc } => {
-                        let enc = resolve(*enc, t.dtype);
-                        let vals = read_rows(bytes, t, *sel, *cols)
-                            .with_context(|| format!("reading {}", j.src))?;
-                        let q = quantize(enc, &vals, sel.count, *cols)?;
-                        w.write(&j.out, &q.data, &mut budget)?;
-                        if !q.scales.is_empty() {
-                            w.write(&format!("{}{SCALES_SUFFIX}", j.out), &q.scales, &mut budget)?;
-                        }
-                        pb.inc((q.data.len() + q.scales.len()) as u64);
-                    }
+            for (g, i) in items {
+                let item = &groups[g].items[i];
+                let bufs = source.produce(g, i)?;
+                if bufs.len() != item.tensors.len() {
+                    bail!(
+                        "{}: {} buffers for {} planned tensors",
+                        item.tensors[0].name,
+                        bufs.len(),
+                        item.tensors.len()
+                    );
+                }
+                for (t, b) in item.tensors.iter().zip(&bufs) {
+                    w.write(&t.name, b, &mut budget)?;
+                    pb.inc(b.len() as u64);
                 }
                 done_tensors += 1;
                 pb.set_message(format!("{done_tensors}/{total_tensors} tensors"));
@@ -633,11 +707,7 @@ pub fn convert(src_dir: &Path, dst_dir: &Path, opts: &ConvertOptions) -> Result<
             let _ = std::fs::remove_file(t);
         }
         pb.abandon();
-        return Err(e.context(format!(
-            "converting {} into {}",
-            src_dir.display(),
-            dst_dir.display()
-        )));
+        return Err(e);
     }
     pb.finish_and_clear();
 
@@ -664,16 +734,8 @@ pub fn convert(src_dir: &Path, dst_dir: &Path, opts: &ConvertOptions) -> Result<
             serde_json::to_string_pretty(&idx)?.as_bytes(),
         )?;
     }
-    for f in [
-        "config.json",
-        "tokenizer.json",
-        "generation_config.json",
-        "tokenizer_config.json",
-    ] {
-        let p = src_dir.join(f);
-        if p.exists() {
-            write_atomic(&dst_dir.join(f), &std::fs::read(&p)?)?;
-        }
+    for (f, bytes) in files {
+        write_atomic(&dst_dir.join(f), bytes)?;
     }
     // Self-check: the new container opens and every stamp verifies.
     Container::open(dst_dir)
@@ -683,6 +745,103 @@ pub fn convert(src_dir: &Path, dst_dir: &Path, opts: &ConvertOptions) -> Result<
         shards: finals,
         tensors: done_tensors,
         bytes: budget.written,
+    })
+}
+
+/// The conversion's [`ItemSource`]: copies or re-encodes source tensors.
+struct ConvertSource<'a> {
+    src: &'a Container,
+    /// The job behind each item, per group.
+    jobs: Vec<Vec<&'a Job>>,
+}
+
+impl ItemSource for ConvertSource<'_> {
+    fn produce(&mut self, group: usize, item: usize) -> Result<Vec<std::borrow::Cow<'_, [u8]>>> {
+        use std::borrow::Cow;
+        let j = self.jobs[group][item];
+        let (shard, t) = self.src.tensor(&j.src).unwrap();
+        let bytes = shard.bytes(t);
+        Ok(match &j.kind {
+            JobKind::Copy => {
+                if t.dtype == Dtype::F16 {
+                    let v = to_f32(bytes, t.dtype).unwrap();
+                    vec![Cow::Owned(v.iter().flat_map(|x| x.to_le_bytes()).collect())]
+                } else {
+                    vec![Cow::Borrowed(bytes)]
+                }
+            }
+            JobKind::Matrix { sel, cols, enc } => {
+                let enc = resolve(*enc, t.dtype);
+                let vals = read_rows(bytes, t, *sel, *cols)
+                    .with_context(|| format!("reading {}", j.src))?;
+                let q = quantize(enc, &vals, sel.count, *cols)?;
+                let mut v = vec![Cow::Owned(q.data.into_owned())];
+                if !q.scales.is_empty() {
+                    v.push(Cow::Owned(q.scales.into_owned()));
+                }
+                v
+            }
+        })
+    }
+}
+
+/// Convert `src_dir` into a stamped container in `dst_dir`.
+pub fn convert(src_dir: &Path, dst_dir: &Path, opts: &ConvertOptions) -> Result<ConvertSummary> {
+    let src = Container::open(src_dir).map_err(anyhow::Error::from)?;
+    if !src_dir.join("config.json").exists() {
+        bail!("{}: no config.json", src_dir.display());
+    }
+    std::fs::create_dir_all(dst_dir).with_context(|| format!("creating {}", dst_dir.display()))?;
+    let (cs, cd) = (src_dir.canonicalize()?, dst_dir.canonicalize()?);
+    if cs == cd {
+        bail!(
+            "the destination {} is the source directory; the source is never modified",
+            dst_dir.display()
+        );
+    }
+    check_destination(dst_dir, opts.force)?;
+    let plan = plan(&src, opts)?;
+    let groups: Vec<OutGroup> = plan
+        .iter()
+        .map(|g| OutGroup {
+            items: g
+                .jobs
+                .iter()
+                .map(|j| {
+                    let (tensors, stamp) = planned(j, &src);
+                    OutItem { tensors, stamp }
+                })
+                .collect(),
+        })
+        .collect();
+    let mut files = Vec::new();
+    for f in [
+        "config.json",
+        "tokenizer.json",
+        "generation_config.json",
+        "tokenizer_config.json",
+    ] {
+        let p = src_dir.join(f);
+        if p.exists() {
+            files.push((f, std::fs::read(&p)?));
+        }
+    }
+    let mut source = ConvertSource {
+        src: &src,
+        jobs: plan.iter().map(|g| g.jobs.iter().collect()).collect(),
+    };
+    let wopts = WriteOptions {
+        force: opts.force,
+        max_shard_bytes: opts.max_shard_bytes,
+        fail_after_bytes: opts.fail_after_bytes,
+        progress: opts.progress,
+    };
+    write_container(dst_dir, &groups, &mut source, &files, &wopts).map_err(|e| {
+        e.context(format!(
+            "converting {} into {}",
+            src_dir.display(),
+            dst_dir.display()
+        ))
     })
 }
 

@@ -15,6 +15,7 @@
 pub mod convert;
 pub mod reader;
 pub mod stamp;
+pub mod synth;
 pub mod writer;
 
 pub use convert::{convert, ConvertOptions, ConvertSummary};

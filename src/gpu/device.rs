@@ -16,7 +16,10 @@ pub enum GpuError {
     NoAdapter { backends: String },
     /// The adapter refused the device request.
     #[error("the GPU adapter {adapter} refused to open a device: {source}")]
-    RequestDevice { adapter: String, source: wgpu::RequestDeviceError },
+    RequestDevice {
+        adapter: String,
+        source: wgpu::RequestDeviceError,
+    },
     /// A buffer readback failed (device lost, map error).
     #[error("GPU readback failed: {0}")]
     Readback(String),
@@ -58,7 +61,9 @@ impl Gpu {
                 apply_limit_buckets: false,
             })
             .await
-            .map_err(|_| GpuError::NoAdapter { backends: format!("{backends:?}") })?;
+            .map_err(|_| GpuError::NoAdapter {
+                backends: format!("{backends:?}"),
+            })?;
         let info = adapter.get_info();
         let limits = adapter.limits();
         let wanted = wgpu::Features::SUBGROUP
@@ -76,8 +81,18 @@ impl Gpu {
                 trace: wgpu::Trace::Off,
             })
             .await
-            .map_err(|source| GpuError::RequestDevice { adapter: info.name.clone(), source })?;
-        Ok(Gpu { device, queue, info, limits, features, cache: Arc::new(Default::default()) })
+            .map_err(|source| GpuError::RequestDevice {
+                adapter: info.name.clone(),
+                source,
+            })?;
+        Ok(Gpu {
+            device,
+            queue,
+            info,
+            limits,
+            features,
+            cache: Arc::new(Default::default()),
+        })
     }
 
     /// Whether subgroup operations are available.
@@ -99,7 +114,11 @@ impl Gpu {
     pub fn describe(&self) -> String {
         format!(
             "{:?}, {} ({} {}), {:?}",
-            self.info.backend, self.info.name, self.info.driver, self.info.driver_info, self.info.device_type
+            self.info.backend,
+            self.info.name,
+            self.info.driver,
+            self.info.driver_info,
+            self.info.device_type
         )
     }
 
@@ -115,7 +134,10 @@ impl Gpu {
         } else {
             // SAFETY: our kernels index only within the sizes passed in their uniforms, which the
             // host-side code checks against the bound buffer sizes before every dispatch.
-            unsafe { self.device.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked()) }
+            unsafe {
+                self.device
+                    .create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked())
+            }
         }
     }
 
@@ -130,11 +152,14 @@ impl Gpu {
         } else {
             bytes
         };
-        self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some(label),
-            contents,
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
-        })
+        self.device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(label),
+                contents,
+                usage: wgpu::BufferUsages::STORAGE
+                    | wgpu::BufferUsages::COPY_SRC
+                    | wgpu::BufferUsages::COPY_DST,
+            })
     }
 
     /// An uninitialised storage buffer of `size` bytes (rounded up to 4, at least 4).
@@ -142,22 +167,30 @@ impl Gpu {
         self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
             size: size.max(4).next_multiple_of(4),
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         })
     }
 
     /// A uniform buffer initialised from bytes.
     pub fn uniform_init(&self, label: &str, bytes: &[u8]) -> wgpu::Buffer {
-        self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some(label),
-            contents: bytes,
-            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-        })
+        self.device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(label),
+                contents: bytes,
+                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            })
     }
 
     /// Copy `size` bytes from `buf` (at `offset`) back to the host. Blocks until done.
-    pub fn read_bytes(&self, buf: &wgpu::Buffer, offset: u64, size: u64) -> Result<Vec<u8>, GpuError> {
+    pub fn read_bytes(
+        &self,
+        buf: &wgpu::Buffer,
+        offset: u64,
+        size: u64,
+    ) -> Result<Vec<u8>, GpuError> {
         let size4 = size.next_multiple_of(4);
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("readback"),
@@ -190,12 +223,16 @@ impl Gpu {
     /// Read `n` f32 values from the start of `buf`.
     pub fn read_f32(&self, buf: &wgpu::Buffer, n: usize) -> Result<Vec<f32>, GpuError> {
         let b = self.read_bytes(buf, 0, 4 * n as u64)?;
-        Ok(b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+        Ok(b.chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
     }
 
     /// Read `n` u32 values from the start of `buf`.
     pub fn read_u32(&self, buf: &wgpu::Buffer, n: usize) -> Result<Vec<u32>, GpuError> {
         let b = self.read_bytes(buf, 0, 4 * n as u64)?;
-        Ok(b.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+        Ok(b.chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
     }
 }

@@ -72,7 +72,8 @@ pub fn check(ordinal: u32, weights: Encoding) -> Result<Encoding, DispatchError>
 }
 
 /// One-shot GEMV through the dispatcher: `x` is T×I f32 (row-major), `pairs` are
-/// `(expert, token, weight_idx)` with `weight_idx` indexing `gammas` or [`NO_GAMMA`]; returns P×O
+/// `(expert, token, weight_idx)` (uploaded as 16-byte `Pair`s with a zero pad word) with
+/// `weight_idx` indexing `gammas` or [`NO_GAMMA`]; returns P×O
 /// f32. The output buffer is poisoned with NaN before the dispatch. `reduction` picks the variant.
 pub fn gemv_pairs_with(
     gpu: &Gpu,
@@ -108,7 +109,7 @@ pub fn gemv_pairs_with(
         return Ok(Vec::new());
     }
     let xb = gpu.storage_init("gemv x", bytemuck::cast_slice(x));
-    let flat: Vec<u32> = pairs.iter().flat_map(|&(e, t, wi)| [e, t, wi]).collect();
+    let flat: Vec<u32> = pairs.iter().flat_map(|&(e, t, wi)| [e, t, wi, 0]).collect();
     let pb = gpu.storage_init("gemv pairs", bytemuck::cast_slice(&flat));
     let gb =
         (!gammas.is_empty()).then(|| gpu.storage_init("gemv gamma", bytemuck::cast_slice(gammas)));

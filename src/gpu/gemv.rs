@@ -17,14 +17,16 @@
 //! need no padding in any format. Scales are stored unpadded, `[E][O][scales per row]` f32.
 //!
 //! # Kernel shape
-//! 256 threads per workgroup in groups of 32 per row set; each thread handles RPT rows (1 for f32,
-//! 2 for bf16, 4 for the integer formats) with one read of x, so a workgroup covers
-//! [`rows_per_workgroup`] rows of one pair. Units of a row are spread over the 32 threads
-//! (16-byte `vec4<u32>` weight loads, coalesced), x is staged 2048 columns at a time in workgroup
-//! memory (coalesced loads, padded against bank conflicts), scales are applied once per 32-column
-//! unit (grouped formats) or once per row (int4). Reductions: subgroup shuffles inside blocks of
-//! min(subgroup size, 32) lanes then workgroup memory, or a workgroup-memory tree. Workgroups
-//! (pairs × row blocks) are spread over x and y (≤ 65,535 each).
+//! 256 threads per workgroup in groups of TPR threads per row set; each thread handles RPT rows
+//! with one read of x ([`tuning`]: 16 × 4 by default, 32 × 1 for int3-g64, from an H200 sweep), so
+//! a workgroup covers [`rows_per_workgroup`] rows of one pair. The whole x row (up to 16384
+//! columns, as far as the adapter's workgroup memory allows) is staged once per workgroup as vec4,
+//! zero past I and pre-scaled for the int4 decode, padded against bank conflicts; then the hot loop
+//! runs without barriers: two units per iteration, one coalesced 16-byte weight load per row and
+//! unit, the decode by shifts, masks and the f32 magic-number trick, vec4 accumulators. Scales are
+//! applied once per 32-column unit (grouped formats) or once per row (int4). Reductions: subgroup
+//! shuffles inside blocks of min(subgroup size, TPR) lanes then workgroup memory, or a
+//! workgroup-memory tree. Workgroups (pairs × row blocks) are spread over x and y (≤ 65,535 each).
 //!
 //! The slab is split into chunks (one storage binding each) no larger than the adapter's
 //! `max_storage_buffer_binding_size`, `max_buffer_size` and 2³¹ − 1 bytes: by whole experts when
@@ -42,12 +44,10 @@ pub const GEMV_WGSL: &str = include_str!("../../wgsl/gemv.wgsl");
 /// `weight_idx` meaning "no per-pair weight".
 pub const NO_GAMMA: u32 = 0xFFFF_FFFF;
 
-/// Threads per row (a row's units are spread over TPR threads; 256 / TPR thread groups per
-/// workgroup).
-const TPR: u32 = 32;
-/// Columns of x staged in workgroup memory at a time (a multiple of every unit's columns; with
-/// its padding and the reduction array the kernel stays under WebGPU's default 16 KiB).
-const XT: u32 = 2048;
+/// Largest x tile (columns staged in workgroup memory at once); the real tile is the row length
+/// rounded up to 512 columns when it fits the adapter's workgroup memory, so normally the whole x
+/// is staged once per workgroup and the hot loop has no barrier.
+const XT_MAX: u32 = 16384;
 /// Workgroups per dimension (WebGPU/wgpu limit).
 const MAX_GROUPS_PER_DIM: u32 = 65_535;
 /// Size of the uniform block (`Params` in the WGSL).
@@ -75,18 +75,67 @@ fn unit_shape(f: Format) -> (u32, u32) {
     }
 }
 
-/// Rows each thread handles with one load of x (x reuse in registers; tunable per format).
-fn rows_per_thread(f: Format) -> u32 {
+/// Work split of one instantiation: threads per row (a power of two ≤ 256) and rows per thread
+/// (x reuse in registers: RPT rows share every x load from workgroup memory).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Tuning {
+    pub tpr: u32,
+    pub rpt: u32,
+}
+
+/// Benchmark-only override of [`Tuning`] for every format (0 = none): `tpr << 16 | rpt`.
+static TUNING_OVERRIDE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Override the tuning of calls built from now on (`bench kernels --tune`); `None` restores the
+/// defaults. Numbers only: every tuning computes the same sums.
+pub fn set_tuning_override(t: Option<Tuning>) {
+    let v = t.map_or(0, |t| {
+        assert!(t.tpr.is_power_of_two() && t.tpr <= 256 && (1..=8).contains(&t.rpt));
+        (t.tpr << 16) | t.rpt
+    });
+    TUNING_OVERRIDE.store(v, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The tuning of `f`'s kernel (defaults measured on an H200; see BENCHMARKS.md).
+pub fn tuning(f: Format) -> Tuning {
+    let o = TUNING_OVERRIDE.load(std::sync::atomic::Ordering::Relaxed);
+    if o != 0 {
+        return Tuning {
+            tpr: o >> 16,
+            rpt: o & 0xffff,
+        };
+    }
     match f {
-        Format::F32 => 1,
-        Format::Bf16 => 2,
-        _ => 4,
+        Format::Int3G64 => Tuning { tpr: 32, rpt: 1 },
+        _ => Tuning { tpr: 16, rpt: 4 },
     }
 }
 
 /// Rows per workgroup of `enc`'s kernel: (256 / TPR) thread groups × rows per thread.
 pub fn rows_per_workgroup(enc: Encoding) -> u32 {
-    (256 / TPR) * rows_per_thread(enc.format)
+    let t = tuning(enc.format);
+    (256 / t.tpr) * t.rpt
+}
+
+/// Pad period of the x tile in vec4: one pad vec4 per unit (at least every 8 vec4).
+fn pad_period(f: Format) -> u32 {
+    (unit_shape(f).0 / 4).max(8)
+}
+
+/// Workgroup-memory bytes of an instantiation with tile `xt`.
+fn smem_bytes(f: Format, t: Tuning, xt: u32) -> u64 {
+    let v4 = xt / 4;
+    16 * (v4 + v4 / pad_period(f)) as u64 + 4 * 256 * t.rpt as u64
+}
+
+/// The x tile for `cols` columns: the row rounded up to 512 columns, shrunk by 512 until it fits
+/// `smem_limit` bytes of workgroup memory (never below 512).
+fn x_tile(f: Format, t: Tuning, cols: usize, smem_limit: u64) -> u32 {
+    let mut xt = (cols.next_multiple_of(512) as u64).min(XT_MAX as u64) as u32;
+    while xt > 512 && smem_bytes(f, t, xt) > smem_limit {
+        xt -= 512;
+    }
+    xt
 }
 
 /// Padded GPU row stride in bytes for `enc` and `cols` (see the module docs).
@@ -95,27 +144,35 @@ pub fn gpu_row_stride(enc: Encoding, cols: usize) -> usize {
     enc.bytes_per_row(cols).next_multiple_of(16 * vpu as usize)
 }
 
+/// The WGSL of one instantiation with the default tuning and a 2048-column x tile (fits
+/// WebGPU's default 16 KiB of workgroup memory); see [`wgsl_source_tuned`].
+pub fn wgsl_source(enc: Encoding, subgroups: bool) -> String {
+    wgsl_source_tuned(enc, subgroups, tuning(enc.format), 2048)
+}
+
 /// The WGSL of one instantiation: the generated prelude plus the skeleton with the reduction
 /// variant selected (`//!IF SUBGROUP` / `//!ELSE` / `//!END` lines).
-pub fn wgsl_source(enc: Encoding, subgroups: bool) -> String {
+pub fn wgsl_source_tuned(enc: Encoding, subgroups: bool, t: Tuning, xt: u32) -> String {
     let (cpu, vpu) = unit_shape(enc.format);
-    let rpt = rows_per_thread(enc.format);
     let mut out = format!(
-        "// gemv instantiation: {} ({})\nconst FMT: u32 = {}u;\nconst GS: u32 = {}u;\n\
-         const CPU: u32 = {cpu}u;\nconst VPU: u32 = {vpu}u;\nconst XN: u32 = {}u;\n\
-         const TPR: u32 = {TPR}u;\nconst RPT: u32 = {rpt}u;\nconst RPW: u32 = {}u;\n\
-         const XT: u32 = {XT}u;\nconst PP: u32 = {}u;\n",
+        "// gemv instantiation: {} ({}), tpr {} rpt {} xt {xt}\nconst FMT: u32 = {}u;\nconst GS: u32 = {}u;\n\
+         const CPU: u32 = {cpu}u;\nconst VPU: u32 = {vpu}u;\n\
+         const TPR: u32 = {}u;\nconst RPT: u32 = {}u;\nconst RPW: u32 = {}u;\n\
+         const XT: u32 = {xt}u;\nconst PPV: u32 = {}u;\n",
         enc.spelling(),
         if subgroups {
             "subgroup reduction"
         } else {
             "shared-memory reduction"
         },
+        t.tpr,
+        t.rpt,
         enc.format.ordinal(),
         enc.group_size,
-        cpu.min(64),
-        rows_per_workgroup(enc),
-        cpu.max(32),
+        t.tpr,
+        t.rpt,
+        (256 / t.tpr) * t.rpt,
+        pad_period(enc.format),
     );
     out.push_str(&preprocess(GEMV_WGSL, subgroups));
     out
@@ -432,9 +489,9 @@ pub fn default_limit(gpu: &Gpu) -> u64 {
 /// Buffers and strides of one GEMV problem (see the module docs for the formula).
 ///
 /// * `x`: f32; token t's input is `x[t·x_stride + x_offset ..][..I]`; `tokens` = T.
-/// * `pairs`: u32, `pair_words` per pair (3: `(expert, token, weight_idx)`, the default; 4: the
-///   router's 16-byte [`crate::gpu::ops::Pair`]); `n_pairs` = P (host-known). With `x_per_pair`,
-///   pair p reads x row p instead of row `token(p)` (needs `tokens ≥ P`).
+/// * `pairs`: u32, 4 per pair (16 bytes, the GPU router's [`crate::gpu::ops::Pair`]):
+///   `(expert, token, weight_idx, pad)`; `n_pairs` = P (host-known). With `x_per_pair`, pair p
+///   reads x row p instead of row `token(p)` (needs `tokens ≥ P`).
 /// * `gamma`: optional f32 per-pair weights indexed by `weight_idx`; without it every pair is
 ///   unweighted whatever its `weight_idx`.
 /// * `y`: f32; pair p's output is `y[p·y_stride + y_offset ..][..O]`.
@@ -453,8 +510,6 @@ pub struct GemvArgs<'a> {
     pub y_stride: u32,
     pub y_offset: u32,
     pub reduction: Reduction,
-    /// u32 words per pair: 3 (packed triples) or 4 (16-byte `Pair`).
-    pub pair_words: u32,
     /// Pair p reads x row p (not row `token(p)`).
     pub x_per_pair: bool,
 }
@@ -480,14 +535,8 @@ impl<'a> GemvArgs<'a> {
             y_stride: 0,
             y_offset: 0,
             reduction: Reduction::Auto,
-            pair_words: 3,
             x_per_pair: false,
         }
-    }
-    /// Pairs as the router writes them: 16-byte [`crate::gpu::ops::Pair`] (4 words).
-    pub fn pair_words(mut self, words: u32) -> Self {
-        self.pair_words = words;
-        self
     }
     /// Pair p reads x row p instead of x row `token(p)`.
     pub fn x_per_pair(mut self, on: bool) -> Self {
@@ -551,12 +600,6 @@ impl GemvCall {
         if args.tokens == 0 {
             return Err(DispatchError::Shape("tokens must be ≥ 1".into()));
         }
-        if !(3..=4).contains(&args.pair_words) {
-            return Err(DispatchError::Shape(format!(
-                "pair_words must be 3 or 4, got {}",
-                args.pair_words
-            )));
-        }
         let need_x = 4 * ((args.tokens as u64 - 1) * x_stride + args.x_offset as u64 + i);
         if args.x.size() < need_x {
             return Err(DispatchError::Shape(format!(
@@ -572,13 +615,12 @@ impl GemvCall {
                     args.y.size()
                 )));
             }
-            let pb = 4 * args.pair_words as u64;
-            if args.pairs.size() < pb * args.n_pairs as u64 {
+            if args.pairs.size() < 16 * args.n_pairs as u64 {
                 return Err(DispatchError::Shape(format!(
-                    "pairs buffer has {} bytes, {} pairs need {}",
+                    "pairs buffer has {} bytes, {} pairs need {} (16 bytes per pair)",
                     args.pairs.size(),
                     args.n_pairs,
-                    pb * args.n_pairs as u64
+                    16 * args.n_pairs as u64
                 )));
             }
             if args.x_per_pair && args.tokens < args.n_pairs {
@@ -588,7 +630,10 @@ impl GemvCall {
                 )));
             }
         }
-        let pipeline = pipeline(gpu, enc, subgroups);
+        let tune = tuning(enc.format);
+        let smem = gpu.limits.max_compute_workgroup_storage_size as u64;
+        let xt = x_tile(enc.format, tune, weights.cols, smem);
+        let pipeline = pipeline(gpu, enc, subgroups, tune, xt);
         let layout = pipeline.get_bind_group_layout(0);
         let align = (gpu.limits.min_uniform_buffer_offset_alignment as u64).max(PARAMS_BYTES);
         let n_chunks = weights.chunks.len() as u64;
@@ -608,7 +653,7 @@ impl GemvCall {
         let row_v = (gpu_row_stride(enc, weights.cols) / 16) as u32;
         let mut parts = Vec::new();
         for (k, c) in weights.chunks.iter().enumerate() {
-            let rb = (c.r1 - c.r0).div_ceil(rows_per_workgroup(enc));
+            let rb = (c.r1 - c.r0).div_ceil((256 / tune.tpr) * tune.rpt);
             let p: [u32; 16] = [
                 o as u32,
                 i as u32,
@@ -625,7 +670,7 @@ impl GemvCall {
                 spr,
                 rb,
                 args.gamma.is_some() as u32,
-                args.pair_words | ((args.x_per_pair as u32) << 8),
+                (args.x_per_pair as u32) << 8,
             ];
             gpu.queue
                 .write_buffer(&params, k as u64 * align, bytemuck::cast_slice(&p));
@@ -740,11 +785,19 @@ fn layout_entry(binding: u32, ty: wgpu::BufferBindingType) -> wgpu::BindGroupLay
 }
 
 /// The compiled pipeline of one instantiation (cached on the device).
-fn pipeline(gpu: &Gpu, enc: Encoding, subgroups: bool) -> Arc<wgpu::ComputePipeline> {
+fn pipeline(
+    gpu: &Gpu,
+    enc: Encoding,
+    subgroups: bool,
+    t: Tuning,
+    xt: u32,
+) -> Arc<wgpu::ComputePipeline> {
     let key = format!(
-        "gemv:{}:{}",
+        "gemv:{}:{}:{}x{}:{xt}",
         enc.spelling(),
-        if subgroups { "sg" } else { "smem" }
+        if subgroups { "sg" } else { "smem" },
+        t.tpr,
+        t.rpt
     );
     gpu.cache.get_or_create(&key, || {
         let ro = wgpu::BufferBindingType::Storage { read_only: true };
@@ -769,7 +822,7 @@ fn pipeline(gpu: &Gpu, enc: Encoding, subgroups: bool) -> Arc<wgpu::ComputePipel
                 bind_group_layouts: &[Some(&bgl)],
                 immediate_size: 0,
             });
-        let module = gpu.shader(&key, &wgsl_source(enc, subgroups));
+        let module = gpu.shader(&key, &wgsl_source_tuned(enc, subgroups, t, xt));
         gpu.device
             .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                 label: Some(&key),

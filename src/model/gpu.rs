@@ -259,9 +259,9 @@ struct Acts {
     pairs: wgpu::Buffer,
     gammas: wgpu::Buffer,
     shared_gammas: wgpu::Buffer,
-    /// Dense pairs `(0, t, NO_GAMMA)`, t < max_chunk (3 words each).
+    /// Dense pairs `(0, t, NO_GAMMA)`, t < max_chunk (16-byte pairs).
     dense_pairs: wgpu::Buffer,
-    /// Shared-expert pairs `(s, t, NO_GAMMA)` at `p = t·S + s` (3 words each).
+    /// Shared-expert pairs `(s, t, NO_GAMMA)` at `p = t·S + s` (16-byte pairs).
     shared_pairs: wgpu::Buffer,
     hn: wgpu::Buffer,
     logits: wgpu::Buffer,
@@ -582,9 +582,9 @@ impl GpuModel {
         let t = max_chunk;
         let s = cfg.n_shared_experts;
         let n_router = cfg.n_routed_experts + s;
-        let dense_pairs: Vec<u32> = (0..t as u32).flat_map(|ti| [0, ti, NO_GAMMA]).collect();
+        let dense_pairs: Vec<u32> = (0..t as u32).flat_map(|ti| [0, ti, NO_GAMMA, 0]).collect();
         let shared_pairs: Vec<u32> = (0..t as u32)
-            .flat_map(|ti| (0..s as u32).flat_map(move |si| [si, ti, NO_GAMMA]))
+            .flat_map(|ti| (0..s as u32).flat_map(move |si| [si, ti, NO_GAMMA, 0]))
             .collect();
         let logits_rows = t * width;
         let acts = Acts {
@@ -1169,7 +1169,7 @@ impl GpuModel {
                     marks.at(&recs, Phase::Routed);
                     recs.push(routed.gate_up.call(
                         gpu,
-                        GemvArgs::new(&a.xn, t, &a.pairs, np, &a.gu).pair_words(4),
+                        GemvArgs::new(&a.xn, t, &a.pairs, np, &a.gu),
                         &what("routed gate_up"),
                     )?);
                     recs.push(Rec::Op(Elementwise::silu_mul(
@@ -1181,15 +1181,11 @@ impl GpuModel {
                         &a.gu,
                         &a.act,
                     )));
-                    recs.push(
-                        routed.down.call(
-                            gpu,
-                            GemvArgs::new(&a.act, np, &a.pairs, np, &a.y_routed)
-                                .pair_words(4)
-                                .x_per_pair(true),
-                            &what("routed down"),
-                        )?,
-                    );
+                    recs.push(routed.down.call(
+                        gpu,
+                        GemvArgs::new(&a.act, np, &a.pairs, np, &a.y_routed).x_per_pair(true),
+                        &what("routed down"),
+                    )?);
                     marks.at(&recs, Phase::Other);
                     recs.push(Rec::Op(Elementwise::moe_combine(
                         gpu,

@@ -1,0 +1,163 @@
+//! `inkling-wgpu synth`: a stamped container with random weights at the real Inkling shapes
+//! (see [`crate::container::synth`]).
+use super::convert::parse_encoding;
+use super::info::human;
+use crate::container::synth::{file_sizes, synth, SynthOptions, SynthSpec};
+use crate::formats::Encoding;
+use anyhow::{bail, Context};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+/// Write a container of random weights at real shapes, for benchmarks (the help text is
+/// [`AFTER_HELP`]).
+#[derive(clap::Args, Debug)]
+#[command(after_help = AFTER_HELP)]
+pub struct Args {
+    /// inkling, inkling-small or tiny.
+    #[arg(long)]
+    pub preset: String,
+    /// Number of layers (num_hidden_layers).
+    #[arg(long)]
+    pub layers: usize,
+    /// Routed experts: int4, int4-g32, int4-g64, int4-g128, int3-g64, bf16 or f32.
+    #[arg(long)]
+    pub experts: String,
+    /// Shared experts (same spellings).
+    #[arg(long, default_value = "bf16")]
+    pub shared: String,
+    /// Attention projections and dense MLPs (same spellings).
+    #[arg(long, default_value = "bf16")]
+    pub dense: String,
+    /// The output head lm_head (same spellings).
+    #[arg(long, default_value = "bf16")]
+    pub head: String,
+    /// Make the first N layers dense MLPs (width 24576 for inkling) instead of sparse.
+    #[arg(long, default_value_t = 0)]
+    pub dense_layers: usize,
+    /// Random seed; the same seed writes the same bytes.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Vocabulary size (default: the preset's; smaller for quick tests).
+    #[arg(long)]
+    pub vocab: Option<usize>,
+    /// Destination directory.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Replace a previous container in the destination.
+    #[arg(long)]
+    pub force: bool,
+    /// Largest shard size in MiB (a layer's expert slab is never split).
+    #[arg(long, default_value_t = 4096)]
+    pub max_shard_mib: usize,
+    /// Generator threads (0: all cores).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+    /// Only print the planned size; write nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+/// Presets, assumptions and the tokenizer, printed after the options by `synth --help`.
+pub const AFTER_HELP: &str = "\
+Presets:
+  inkling        hidden 6144; full layers 64 heads / 8 KV heads, sliding layers 64 / 16, head_dim 128;
+                 256 routed experts of width 3072, top-6, 2 shared; vocab 201024 (unpadded 200058);
+                 dense width 24576 (only with --dense-layers); window 512, rel_extent 1024, d_rel 16.
+  inkling-small  hidden 4096, 32 heads / 8 KV heads, head_dim 128, 256 routed experts of width 2048,
+                 top-6, 2 shared, the same vocab. The expert width 2048 is OUR ASSUMPTION, as are its
+                 sliding-layer head counts (32 / 8) and dense width 16384.
+  tiny           hidden 64, 8 experts of width 32: for tests.
+Layer i is sliding unless (i+1) % 6 == 0. Weights are random, drawn directly in their stored format
+(values about N(0, 0.02), positive scales, norms about 1, router spread over all experts); the same
+seed writes the same bytes. The written container is laid out exactly like `convert` output.
+The tokenizer is the bundled tiny BPE (a few hundred tokens): ids beyond its vocabulary have no
+text. That is fine for benchmarks, not for reading output.";
+
+fn enc(s: &str, what: &str) -> anyhow::Result<Encoding> {
+    parse_encoding(s)?.with_context(|| format!("--{what}: `keep` has no meaning for synth"))
+}
+
+/// Free bytes on the file system holding `dir` (its nearest existing ancestor), from `df -Pk`;
+/// `None` when that cannot be told.
+fn free_bytes(dir: &Path) -> Option<u64> {
+    let mut d = dir.to_path_buf();
+    while !d.exists() {
+        d = d.parent()?.to_path_buf();
+        if d.as_os_str().is_empty() {
+            d = PathBuf::from(".");
+        }
+    }
+    let out = std::process::Command::new("df")
+        .arg("-Pk")
+        .arg(&d)
+        .output()
+        .ok()?;
+    let text = String::from_utf8(out.stdout).ok()?;
+    let kb: u64 = text
+        .lines()
+        .nth(1)?
+        .split_whitespace()
+        .nth(3)?
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
+}
+
+pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+    let mut spec = SynthSpec::preset(&a.preset, a.layers)?;
+    if let Some(v) = a.vocab {
+        spec = spec.with_vocab(v);
+    }
+    spec.experts = enc(&a.experts, "experts")?;
+    spec.shared = enc(&a.shared, "shared")?;
+    spec.dense = enc(&a.dense, "dense")?;
+    spec.head = enc(&a.head, "head")?;
+    spec.dense_layers = a.dense_layers.min(a.layers);
+    spec.seed = a.seed;
+    let max_shard_bytes = a.max_shard_mib.max(1) << 20;
+    let sizes = file_sizes(&spec, max_shard_bytes)?;
+    let total: u64 = sizes.iter().sum();
+    eprintln!(
+        "synth {} · {} layers · experts {} · shared {} · dense {} · head {}: {} ({total} bytes) in {} shard(s)",
+        a.preset,
+        spec.layers,
+        spec.experts.spelling(),
+        spec.shared.spelling(),
+        spec.dense.spelling(),
+        spec.head.spelling(),
+        human(total),
+        sizes.len()
+    );
+    if a.dry_run {
+        return Ok(ExitCode::SUCCESS);
+    }
+    if let Some(free) = free_bytes(&a.out) {
+        if free < total {
+            bail!(
+                "{} has {} free, the container needs {}",
+                a.out.display(),
+                human(free),
+                human(total)
+            );
+        }
+    }
+    let t0 = Instant::now();
+    let opts = SynthOptions {
+        force: a.force,
+        max_shard_bytes,
+        progress: true,
+        threads: a.threads,
+    };
+    let s = synth(&spec, &a.out, &opts)?;
+    let secs = t0.elapsed().as_secs_f64();
+    eprintln!(
+        "wrote {} tensors, {} in {} shard(s) into {} in {secs:.1} s ({:.2} GB/s)",
+        s.tensors,
+        human(s.bytes),
+        s.shards.len(),
+        a.out.display(),
+        s.bytes as f64 / secs / 1e9
+    );
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,830 @@
+//! `inkling-wgpu synth`: a stamped container with random weights at the real Inkling shapes,
+//! written through the same writer as `convert` ([`super::convert::write_container`]), so that
+//! benchmarks and the expert cache see real shapes, slabs and shards without a real checkpoint.
+//!
+//! Weights are drawn directly in their stored form, never quantised from f32: for `int4`/`int4-gN`
+//! uniform nibbles 1..=15 (levels −7..7) and for `int3-g64` uniform levels 1..=7 (−3..3), with
+//! positive scales in 0.75..1.25 × the scale that gives values a standard deviation of 0.02; `bf16`
+//! and `f32` matrices are near-gaussian N(0, 0.02) (a sum of four uniforms). Norms are about 1,
+//! convolutions small, router rows N(0, 1/hidden) so that its logits have unit spread and routing is
+//! spread over the experts, global scales 1. Every tensor is generated in fixed chunks of rows,
+//! each seeded from (seed, tensor name, chunk index), on all cores: the bytes depend on the seed
+//! only, never on the thread count.
+//!
+//! Presets (`--preset`):
+//! - `inkling`: the released Inkling geometry (hidden 6144; full layers 64 heads / 8 KV heads,
+//!   sliding layers 64 / 16, head_dim 128; 256 routed experts of width 3072, top-6, 2 shared;
+//!   vocab 201024, unpadded 200058).
+//! - `inkling-small`: hidden 4096, 32 heads / 8 KV heads on every layer, head_dim 128, 256 routed
+//!   experts of width 2048, top-6, 2 shared, the same vocab. **The expert width 2048, the sliding
+//!   head counts and the dense width 16384 are our assumption**, not published figures.
+//! - `tiny`: a few-kilobyte model for tests.
+use super::convert::{
+    matrix_tensors, shard_file_sizes, write_container, ConvertSummary, ItemSource, OutGroup,
+    OutItem, WriteOptions,
+};
+use super::writer::PlannedTensor;
+use super::{
+    expert_name, shared_expert_name, Proj, EXPERT_PROJS, PART_ALIGN, SLAB_ALIGN, TENSOR_ALIGN,
+};
+use crate::formats::{Encoding, Format};
+use anyhow::{bail, Result};
+use safetensors::Dtype;
+use std::borrow::Cow;
+use std::path::Path;
+
+/// The bundled tokenizer written into every synthetic container (the tiny fixture's BPE; ids past
+/// its vocabulary decode to nothing, which is fine for benchmarks).
+pub const TOKENIZER_JSON: &[u8] =
+    include_bytes!("../../tests/fixtures/tiny-causal-f32/tokenizer.json");
+const TOKENIZER_CONFIG_JSON: &[u8] =
+    include_bytes!("../../tests/fixtures/tiny-causal-f32/tokenizer_config.json");
+
+/// Standard deviation of the values of every projection matrix.
+pub const WEIGHT_STD: f32 = 0.02;
+
+/// The model geometry and encodings of a synthetic container.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SynthSpec {
+    pub hidden: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub swa_heads: usize,
+    pub swa_kv_heads: usize,
+    pub swa_head_dim: usize,
+    pub window: usize,
+    pub rel_extent: usize,
+    pub d_rel: usize,
+    pub conv_kernel: usize,
+    pub n_experts: usize,
+    pub expert_width: usize,
+    pub top_k: usize,
+    pub n_shared: usize,
+    pub vocab: usize,
+    pub unpadded_vocab: usize,
+    /// Width of a dense MLP.
+    pub dense_width: usize,
+    /// The first `dense_layers` layers have a dense MLP, the rest are sparse.
+    pub dense_layers: usize,
+    pub route_scale: f64,
+    pub mup: f64,
+    /// Routed experts.
+    pub experts: Encoding,
+    /// Shared experts.
+    pub shared: Encoding,
+    /// Attention projections and dense MLPs.
+    pub dense: Encoding,
+    /// `lm_head`.
+    pub head: Encoding,
+    pub seed: u64,
+}
+
+impl SynthSpec {
+    /// A preset: `inkling`, `inkling-small` or `tiny`, with `layers` layers, all sparse, routed
+    /// experts `int4-g64`, everything else bf16, seed 0.
+    pub fn preset(name: &str, layers: usize) -> Result<SynthSpec> {
+        let int4g64 = Encoding {
+            format: Format::Int4Grouped,
+            group_size: 64,
+        };
+        let base = SynthSpec {
+            hidden: 6144,
+            layers,
+            heads: 64,
+            kv_heads: 8,
+            head_dim: 128,
+            swa_heads: 64,
+            swa_kv_heads: 16,
+            swa_head_dim: 128,
+            window: 512,
+            rel_extent: 1024,
+            d_rel: 16,
+            conv_kernel: 4,
+            n_experts: 256,
+            expert_width: 3072,
+            top_k: 6,
+            n_shared: 2,
+            vocab: 201024,
+            unpadded_vocab: 200058,
+            dense_width: 24576,
+            dense_layers: 0,
+            route_scale: 8.0,
+            mup: 24.0,
+            experts: int4g64,
+            shared: Encoding::BF16,
+            dense: Encoding::BF16,
+            head: Encoding::BF16,
+            seed: 0,
+        };
+        Ok(match name {
+            "inkling" => base,
+            "inkling-small" => SynthSpec {
+                hidden: 4096,
+                heads: 32,
+                kv_heads: 8,
+                swa_heads: 32,
+                swa_kv_heads: 8,
+                expert_width: 2048,
+                dense_width: 16384,
+                ..base
+            },
+            "tiny" => SynthSpec {
+                hidden: 64,
+                heads: 4,
+                kv_heads: 2,
+                head_dim: 16,
+                swa_heads: 4,
+                swa_kv_heads: 2,
+                swa_head_dim: 16,
+                window: 8,
+                rel_extent: 16,
+                d_rel: 4,
+                n_experts: 8,
+                expert_width: 32,
+                top_k: 2,
+                n_shared: 1,
+                vocab: 512,
+                unpadded_vocab: 500,
+                dense_width: 96,
+                mup: 4.0,
+                ..base
+            },
+            other => bail!("unknown preset `{other}` (inkling, inkling-small, tiny)"),
+        })
+    }
+
+    /// Set the vocabulary size (and the unpadded size to the same value when it would exceed it).
+    pub fn with_vocab(mut self, vocab: usize) -> Self {
+        self.vocab = vocab;
+        self.unpadded_vocab = self.unpadded_vocab.min(vocab);
+        self
+    }
+
+    fn sliding(&self, layer: usize) -> bool {
+        !(layer + 1).is_multiple_of(6)
+    }
+
+    fn dense_layer(&self, layer: usize) -> bool {
+        layer < self.dense_layers
+    }
+
+    /// (heads, kv_heads, head_dim, rel_extent) of a layer.
+    fn attn(&self, layer: usize) -> (usize, usize, usize, usize) {
+        if self.sliding(layer) {
+            (
+                self.swa_heads,
+                self.swa_kv_heads,
+                self.swa_head_dim,
+                self.window,
+            )
+        } else {
+            (self.heads, self.kv_heads, self.head_dim, self.rel_extent)
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.layers == 0 || self.hidden == 0 || self.vocab == 0 {
+            bail!("layers, hidden size and vocab must be positive");
+        }
+        if self.dense_layers < self.layers
+            && (self.n_shared == 0 || self.top_k == 0 || self.top_k > self.n_experts)
+        {
+            bail!("sparse layers need ≥ 1 shared expert and 1 ≤ top-k ≤ experts");
+        }
+        if self.kv_heads == 0
+            || self.swa_kv_heads == 0
+            || !self.heads.is_multiple_of(self.kv_heads)
+            || !self.swa_heads.is_multiple_of(self.swa_kv_heads)
+        {
+            bail!("KV heads must divide heads");
+        }
+        Ok(())
+    }
+
+    /// `config.json`: a flat `InklingForCausalLM` config (explicit `layer_types` and
+    /// `mlp_layer_types`) that `crate::model::TextConfig` parses.
+    pub fn config_json(&self) -> serde_json::Value {
+        let layer_types: Vec<&str> = (0..self.layers)
+            .map(|i| {
+                if self.sliding(i) {
+                    "hybrid_sliding"
+                } else {
+                    "hybrid"
+                }
+            })
+            .collect();
+        let mlp_types: Vec<&str> = (0..self.layers)
+            .map(|i| {
+                if self.dense_layer(i) {
+                    "dense"
+                } else {
+                    "sparse"
+                }
+            })
+            .collect();
+        serde_json::json!({
+            "architectures": ["InklingForCausalLM"],
+            "model_type": "inkling_text",
+            "_synthetic": format!(
+                "inkling-wgpu synth: random weights (seed {}), experts {}, shared {}, dense {}, head {}",
+                self.seed,
+                self.experts.spelling(),
+                self.shared.spelling(),
+                self.dense.spelling(),
+                self.head.spelling()
+            ),
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+            "pad_token_id": 0,
+            "conv_kernel_size": self.conv_kernel,
+            "d_rel": self.d_rel,
+            "dtype": "bfloat16",
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "hidden_size": self.hidden,
+            "intermediate_size": self.dense_width,
+            "moe_intermediate_size": self.expert_width,
+            "layer_types": layer_types,
+            "mlp_layer_types": mlp_types,
+            "logits_mup_width_multiplier": self.mup,
+            "max_position_embeddings": 131072,
+            "n_routed_experts": self.n_experts,
+            "n_shared_experts": self.n_shared,
+            "num_experts_per_tok": self.top_k,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": self.kv_heads,
+            "num_hidden_layers": self.layers,
+            "rel_extent": self.rel_extent,
+            "rms_norm_eps": 1e-6,
+            "route_scale": self.route_scale,
+            "shared_expert_sink": true,
+            "sliding_window_size": self.window,
+            "swa_head_dim": self.swa_head_dim,
+            "swa_num_attention_heads": self.swa_heads,
+            "swa_num_key_value_heads": self.swa_kv_heads,
+            "transformers_version": "5.24.0",
+            "unpadded_vocab_size": self.unpadded_vocab,
+            "vocab_size": self.vocab,
+        })
+    }
+
+    /// `generation_config.json`: greedy.
+    pub fn generation_config_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "bos_token_id": 1,
+            "eos_token_id": [2],
+            "pad_token_id": 0,
+            "do_sample": false,
+            "transformers_version": "5.24.0",
+        })
+    }
+}
+
+/// How the values of one tensor are drawn.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Dist {
+    pub mean: f32,
+    pub std: f32,
+}
+
+const fn dist(mean: f32, std: f32) -> Dist {
+    Dist { mean, std }
+}
+
+/// One tensor to generate: a stamped matrix (`stamped`) or a plain `F32`/`BF16` tensor.
+#[derive(Clone, Debug)]
+struct Gen {
+    name: String,
+    rows: usize,
+    cols: usize,
+    enc: Encoding,
+    dist: Dist,
+}
+
+/// The planned output of a synthetic container: groups of items in file order, and what to draw.
+pub struct SynthPlan {
+    pub groups: Vec<OutGroup>,
+    gens: Vec<Vec<Gen>>,
+}
+
+impl SynthPlan {
+    /// Every planned tensor (weights and `.qs` scales; no padding).
+    pub fn tensors(&self) -> impl Iterator<Item = &PlannedTensor> {
+        self.groups
+            .iter()
+            .flat_map(|g| &g.items)
+            .flat_map(|i| &i.tensors)
+    }
+    /// Sum of the tensor bytes (no header, no padding).
+    pub fn tensor_bytes(&self) -> u64 {
+        self.tensors().map(|t| t.nbytes() as u64).sum()
+    }
+}
+
+/// (sort key, group, generators) of a unit of the plan; the key orders units like `convert`.
+type Keyed = ((u8, usize, u8, String), OutGroup, Vec<Gen>);
+
+fn single(keyed: &mut Vec<Keyed>, (s, l, sub): (u8, usize, u8), item: OutItem, g: Gen) {
+    keyed.push((
+        (s, l, sub, g.name.clone()),
+        OutGroup { items: vec![item] },
+        vec![g],
+    ));
+}
+
+/// Build the plan: tensor names, shapes, encodings and alignments exactly as `convert` lays out a
+/// converted checkpoint (embeddings, then each layer's tensors by name followed by its expert
+/// slab, then `lm_head` and the final norm).
+pub fn plan(spec: &SynthSpec) -> Result<SynthPlan> {
+    spec.validate()?;
+    let h = spec.hidden;
+    let mut keyed: Vec<Keyed> = Vec::new();
+    let plain = |name: String, shape: Vec<usize>, dtype: Dtype, d: Dist| {
+        let cols = *shape.last().unwrap();
+        let rows = shape.iter().product::<usize>() / cols;
+        let enc = if dtype == Dtype::BF16 {
+            Encoding::BF16
+        } else {
+            Encoding::F32
+        };
+        let item = OutItem {
+            tensors: vec![PlannedTensor {
+                name: name.clone(),
+                dtype,
+                shape,
+                align: TENSOR_ALIGN,
+            }],
+            stamp: None,
+        };
+        (
+            item,
+            Gen {
+                name,
+                rows,
+                cols,
+                enc,
+                dist: d,
+            },
+        )
+    };
+    let matrix = |name: String, rows: usize, cols: usize, enc: Encoding, d: Dist| {
+        let item = OutItem {
+            tensors: matrix_tensors(&name, rows, cols, enc, TENSOR_ALIGN, TENSOR_ALIGN),
+            stamp: Some((enc, [rows, cols])),
+        };
+        (
+            item,
+            Gen {
+                name,
+                rows,
+                cols,
+                enc,
+                dist: d,
+            },
+        )
+    };
+    let w = dist(0.0, WEIGHT_STD);
+    let norm = dist(1.0, 0.02);
+    let mut push = |section: u8, layer: usize, sub: u8, (item, g): (OutItem, Gen)| {
+        single(&mut keyed, (section, layer, sub), item, g)
+    };
+    push(
+        0,
+        0,
+        0,
+        plain(
+            "model.embed_tokens.weight".into(),
+            vec![spec.vocab, h],
+            Dtype::BF16,
+            w,
+        ),
+    );
+    push(
+        0,
+        0,
+        0,
+        plain(
+            "model.embed_tokens.embed_norm.weight".into(),
+            vec![h],
+            Dtype::F32,
+            norm,
+        ),
+    );
+    push(
+        2,
+        0,
+        0,
+        matrix("lm_head.weight".into(), spec.vocab, h, spec.head, w),
+    );
+    push(
+        2,
+        0,
+        0,
+        plain("model.norm.weight".into(), vec![h], Dtype::F32, norm),
+    );
+    let conv = dist(0.0, 0.05);
+    let mut slabs: Vec<Keyed> = Vec::new();
+    for l in 0..spec.layers {
+        let (heads, kvh, hd, rel) = spec.attn(l);
+        let (qd, kvd) = (heads * hd, kvh * hd);
+        let n = |t: &str| format!("model.layers.{l}.{t}");
+        let d = spec.dense;
+        push(1, l, 0, matrix(n("self_attn.q_proj.weight"), qd, h, d, w));
+        push(1, l, 0, matrix(n("self_attn.k_proj.weight"), kvd, h, d, w));
+        push(1, l, 0, matrix(n("self_attn.v_proj.weight"), kvd, h, d, w));
+        push(
+            1,
+            l,
+            0,
+            matrix(n("self_attn.r_proj.weight"), heads * spec.d_rel, h, d, w),
+        );
+        push(1, l, 0, matrix(n("self_attn.o_proj.weight"), h, qd, d, w));
+        for t in ["self_attn.q_norm.weight", "self_attn.k_norm.weight"] {
+            push(1, l, 0, plain(n(t), vec![hd], Dtype::F32, norm));
+        }
+        for t in [
+            "self_attn.k_sconv.conv1d.weight",
+            "self_attn.v_sconv.conv1d.weight",
+        ] {
+            push(
+                1,
+                l,
+                0,
+                plain(n(t), vec![kvd, 1, spec.conv_kernel], Dtype::F32, conv),
+            );
+        }
+        push(
+            1,
+            l,
+            0,
+            plain(
+                n("self_attn.rel_logits_proj.proj"),
+                vec![spec.d_rel, rel],
+                Dtype::F32,
+                w,
+            ),
+        );
+        for t in ["input_layernorm.weight", "post_attention_layernorm.weight"] {
+            push(1, l, 0, plain(n(t), vec![h], Dtype::F32, norm));
+        }
+        for t in ["attn_sconv.conv1d.weight", "mlp_sconv.conv1d.weight"] {
+            push(
+                1,
+                l,
+                0,
+                plain(n(t), vec![h, 1, spec.conv_kernel], Dtype::F32, conv),
+            );
+        }
+        if spec.dense_layer(l) {
+            let i = spec.dense_width;
+            push(1, l, 0, matrix(n("mlp.gate_proj.weight"), i, h, d, w));
+            push(1, l, 0, matrix(n("mlp.up_proj.weight"), i, h, d, w));
+            push(1, l, 0, matrix(n("mlp.down_proj.weight"), h, i, d, w));
+            push(
+                1,
+                l,
+                0,
+                plain(n("mlp.global_scale"), vec![1], Dtype::F32, dist(1.0, 0.0)),
+            );
+            continue;
+        }
+        let (e_n, s_n, i) = (spec.n_experts, spec.n_shared, spec.expert_width);
+        push(
+            1,
+            l,
+            0,
+            plain(
+                n("mlp.gate.weight"),
+                vec![e_n + s_n, h],
+                Dtype::BF16,
+                dist(0.0, 1.0 / (h as f32).sqrt()),
+            ),
+        );
+        push(
+            1,
+            l,
+            0,
+            plain(
+                n("mlp.gate.e_score_correction_bias"),
+                vec![e_n],
+                Dtype::F32,
+                dist(0.0, 0.01),
+            ),
+        );
+        push(
+            1,
+            l,
+            0,
+            plain(
+                n("mlp.gate.global_scale"),
+                vec![1],
+                Dtype::F32,
+                dist(1.0, 0.0),
+            ),
+        );
+        let shape = |p: Proj| match p {
+            Proj::Down => (h, i),
+            _ => (i, h),
+        };
+        for s in 0..s_n {
+            for p in EXPERT_PROJS {
+                let (r, c) = shape(p);
+                push(
+                    1,
+                    l,
+                    0,
+                    matrix(shared_expert_name(l, s, p), r, c, spec.shared, w),
+                );
+            }
+        }
+        // The slab: each expert page-aligned, its parts on 256 bytes.
+        let mut group = OutGroup::default();
+        let mut gens = Vec::new();
+        for e in 0..e_n {
+            for (k, p) in EXPERT_PROJS.into_iter().enumerate() {
+                let (r, c) = shape(p);
+                let name = expert_name(l, e, p);
+                let first = if k == 0 { SLAB_ALIGN } else { PART_ALIGN };
+                group.items.push(OutItem {
+                    tensors: matrix_tensors(&name, r, c, spec.experts, first, PART_ALIGN),
+                    stamp: Some((spec.experts, [r, c])),
+                });
+                gens.push(Gen {
+                    name,
+                    rows: r,
+                    cols: c,
+                    enc: spec.experts,
+                    dist: w,
+                });
+            }
+        }
+        slabs.push(((1, l, 1, String::new()), group, gens));
+    }
+    keyed.extend(slabs);
+    keyed.sort_by(|a, b| a.0.cmp(&b.0));
+    let (groups, gens) = keyed.into_iter().map(|(_, g, v)| (g, v)).unzip();
+    Ok(SynthPlan { groups, gens })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Random numbers
+
+fn splitmix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+fn fnv1a(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// wyrand: fast, good enough for weights.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng(splitmix(seed))
+    }
+    #[inline]
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0xa076_1d64_78bd_642f);
+        let t = (self.0 as u128).wrapping_mul((self.0 ^ 0xe703_7ed1_a0b4_28db) as u128);
+        ((t >> 64) ^ t) as u64
+    }
+    /// Uniform in [0, 1).
+    #[inline]
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 * (1.0 / (1u64 << 24) as f32)
+    }
+    /// Approximately N(0, 1): the sum of four 16-bit uniforms, centred and scaled.
+    #[inline]
+    fn normal(&mut self) -> f32 {
+        let r = self.next();
+        let s = (r & 0xffff) + ((r >> 16) & 0xffff) + ((r >> 32) & 0xffff) + (r >> 48);
+        // mean 4 · 32767.5, variance 4 · (65536² − 1)/12
+        (s as f32 - 131_070.0) * (1.0 / 37_837.2)
+    }
+}
+
+/// Rows per generation chunk, so that a chunk is about 1 MiB of output.
+fn chunk_rows(row_bytes: usize) -> usize {
+    ((1 << 20) / row_bytes.max(1)).max(1)
+}
+
+/// Standard deviation of a level drawn uniformly from −q..=q.
+fn level_std(q: usize) -> f32 {
+    let q = q as f32;
+    (q * (q + 1.0) / 3.0).sqrt()
+}
+
+/// Fill rows `[r0, r0 + data.len()/row_bytes)` of `g` (weight bytes and, for quantised
+/// encodings, f32 scale bytes) from `rng`.
+fn fill_chunk(g: &Gen, rng: &mut Rng, data: &mut [u8], scales: &mut [u8]) {
+    let cols = g.cols;
+    let d = g.dist;
+    match g.enc.format {
+        Format::F32 => {
+            for b in data.chunks_exact_mut(4) {
+                b.copy_from_slice(&(d.mean + d.std * rng.normal()).to_le_bytes());
+            }
+        }
+        Format::Bf16 => {
+            for b in data.chunks_exact_mut(2) {
+                let v = half::bf16::from_f32(d.mean + d.std * rng.normal());
+                b.copy_from_slice(&v.to_bits().to_le_bytes());
+            }
+        }
+        Format::Int4 | Format::Int4Grouped => {
+            // Nibbles 1..=15: levels −7..=7, symmetric about zero.
+            let rb = g.enc.bytes_per_row(cols);
+            for row in data.chunks_exact_mut(rb) {
+                for chunk in row.chunks_mut(4) {
+                    let r = rng.next();
+                    for (k, b) in chunk.iter_mut().enumerate() {
+                        let lo = 1 + ((((r >> (16 * k)) & 0xff) * 15) >> 8) as u8;
+                        let hi = 1 + ((((r >> (16 * k + 8)) & 0xff) * 15) >> 8) as u8;
+                        *b = lo | hi << 4;
+                    }
+                }
+                if cols % 2 == 1 {
+                    row[rb - 1] &= 0x0f;
+                }
+            }
+            fill_scales(rng, scales, d.std / level_std(7));
+        }
+        Format::Int3G64 => {
+            // Levels 1..=7 (u − 4 in −3..=3); tail padding u = 4.
+            let rb = g.enc.bytes_per_row(cols);
+            for row in data.chunks_exact_mut(rb) {
+                for (gi, grp) in row.chunks_exact_mut(24).enumerate() {
+                    grp.fill(0);
+                    let mut r = 0u64;
+                    for k in 0..64 {
+                        let u = if gi * 64 + k < cols {
+                            if k % 8 == 0 {
+                                r = rng.next();
+                            }
+                            1 + ((((r >> (8 * (k % 8))) & 0xff) * 7) >> 8) as u8
+                        } else {
+                            4
+                        };
+                        grp[k >> 2] |= (u & 3) << (2 * (k & 3));
+                        grp[16 + (k >> 3)] |= (u >> 2) << (k & 7);
+                    }
+                }
+            }
+            fill_scales(rng, scales, d.std / level_std(3));
+        }
+        other => unreachable!("synth has no generator for {other:?}"),
+    }
+}
+
+/// Positive scales uniform in 0.75..1.25 × `base`.
+fn fill_scales(rng: &mut Rng, scales: &mut [u8], base: f32) {
+    for b in scales.chunks_exact_mut(4) {
+        let s = base * (0.75 + 0.5 * rng.unit());
+        b.copy_from_slice(&s.to_le_bytes());
+    }
+}
+
+/// Generate one tensor's weight bytes and scale bytes, chunk by chunk on `threads` threads.
+fn generate(g: &Gen, seed: u64, threads: usize) -> (Vec<u8>, Vec<u8>) {
+    let rb = g.enc.bytes_per_row(g.cols);
+    let spr = g.enc.scales_per_row(g.cols);
+    let mut data = vec![0u8; g.rows * rb];
+    let mut scales = vec![0u8; g.rows * spr * 4];
+    let cr = chunk_rows(rb);
+    let tseed = splitmix(seed ^ fnv1a(&g.name));
+    let mut scale_chunks = scales.chunks_mut((cr * spr * 4).max(1));
+    let mut jobs: Vec<(usize, &mut [u8], &mut [u8])> = data
+        .chunks_mut(cr * rb)
+        .enumerate()
+        .map(|(i, d)| (i, d, scale_chunks.next().unwrap_or_default()))
+        .collect();
+    let run = |jobs: &mut [(usize, &mut [u8], &mut [u8])]| {
+        for (i, d, s) in jobs.iter_mut() {
+            let mut rng = Rng::new(tseed ^ splitmix(*i as u64 + 1));
+            fill_chunk(g, &mut rng, d, s);
+        }
+    };
+    let threads = threads.clamp(1, jobs.len().max(1));
+    if threads == 1 {
+        run(&mut jobs);
+    } else {
+        let per = jobs.len().div_ceil(threads);
+        std::thread::scope(|sc| {
+            for part in jobs.chunks_mut(per) {
+                sc.spawn(move || run(part));
+            }
+        });
+    }
+    (data, scales)
+}
+
+/// One generated item: its (group, item) position, weight bytes and scale bytes.
+type Generated = ((usize, usize), Vec<u8>, Vec<u8>);
+
+/// Hands out the items that a generator thread produces in plan order, one item ahead of the
+/// writer, so that generation overlaps writing.
+struct SynthSource {
+    rx: std::sync::mpsc::Receiver<Generated>,
+}
+
+impl ItemSource for SynthSource {
+    fn produce(&mut self, group: usize, item: usize) -> Result<Vec<Cow<'_, [u8]>>> {
+        let Ok((at, data, scales)) = self.rx.recv() else {
+            bail!("synth: the generator thread stopped");
+        };
+        if at != (group, item) {
+            bail!(
+                "synth: generated item {at:?}, the writer asks for {:?}",
+                (group, item)
+            );
+        }
+        let mut v = vec![Cow::Owned(data)];
+        if !scales.is_empty() {
+            v.push(Cow::Owned(scales));
+        }
+        Ok(v)
+    }
+}
+
+/// Settings of [`synth`] beyond the model spec.
+#[derive(Clone, Debug)]
+pub struct SynthOptions {
+    pub force: bool,
+    pub max_shard_bytes: usize,
+    pub progress: bool,
+    /// Generator threads (0: all cores).
+    pub threads: usize,
+}
+
+impl Default for SynthOptions {
+    fn default() -> Self {
+        SynthOptions {
+            force: false,
+            max_shard_bytes: 4 << 30,
+            progress: false,
+            threads: 0,
+        }
+    }
+}
+
+/// Exact sizes of the files [`synth`] writes for `spec` (shards with headers and padding).
+pub fn file_sizes(spec: &SynthSpec, max_shard_bytes: usize) -> Result<Vec<u64>> {
+    Ok(shard_file_sizes(&plan(spec)?.groups, max_shard_bytes))
+}
+
+/// Write a synthetic container for `spec` into `dst` (config.json, generation_config.json,
+/// tokenizer.json, tokenizer_config.json and the shards), verified after writing.
+pub fn synth(spec: &SynthSpec, dst: &Path, opts: &SynthOptions) -> Result<ConvertSummary> {
+    let p = plan(spec)?;
+    let threads = if opts.threads == 0 {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        opts.threads
+    };
+    let files: Vec<(&str, Vec<u8>)> = vec![
+        (
+            "config.json",
+            serde_json::to_vec_pretty(&spec.config_json())?,
+        ),
+        (
+            "generation_config.json",
+            serde_json::to_vec_pretty(&spec.generation_config_json())?,
+        ),
+        ("tokenizer.json", TOKENIZER_JSON.to_vec()),
+        ("tokenizer_config.json", TOKENIZER_CONFIG_JSON.to_vec()),
+    ];
+    let wopts = WriteOptions {
+        force: opts.force,
+        max_shard_bytes: opts.max_shard_bytes,
+        fail_after_bytes: None,
+        progress: opts.progress,
+    };
+    let gens = &p.gens;
+    let seed = spec.seed;
+    std::thread::scope(|sc| {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Generated>(1);
+        sc.spawn(move || {
+            for (gi, group) in gens.iter().enumerate() {
+                for (ii, g) in group.iter().enumerate() {
+                    let (data, scales) = generate(g, seed, threads);
+                    if tx.send(((gi, ii), data, scales)).is_err() {
+                        return; // the writer stopped
+                    }
+                }
+            }
+        });
+        let mut source = SynthSource { rx };
+        let r = write_container(dst, &p.groups, &mut source, &files, &wopts);
+        drop(source);
+        r
+    })
+}
