@@ -5,7 +5,7 @@
 //! roofline (those bytes at the copy bandwidth, measured like `bench copy` or `--peak-gbs`) and the
 //! fraction of it reached.
 use crate::gpu::Gpu;
-use crate::model::profile::{default_copy_bytes, measure_copy_gbs, DecodeReport};
+use crate::model::profile::DecodeReport;
 use crate::model::{Checkpoint, GpuModel, Weights};
 use anyhow::{ensure, Context};
 use std::path::PathBuf;
@@ -41,7 +41,9 @@ pub fn probe_prompt(width: usize) -> Vec<u32> {
         .collect()
 }
 
-/// The copy bandwidth to divide by: `peak` when given, else measured once like `bench copy`.
+/// The copy bandwidth to divide by: `peak` when given, else measured once by `bench copy`'s
+/// method ([`super::bench::measure_copy`]: the faster of `copy_buffer_to_buffer` and a
+/// compute-shader copy, bytes read + written, `mib` MiB, default 1024 or 64 on a CPU adapter).
 pub fn copy_bandwidth(
     gpu: &Gpu,
     peak: Option<f64>,
@@ -50,11 +52,17 @@ pub fn copy_bandwidth(
     Ok(match peak {
         Some(p) => (p, "--peak-gbs".into()),
         None => {
-            let bytes = mib.map_or_else(|| default_copy_bytes(gpu), |m| m << 20);
-            let g = measure_copy_gbs(gpu, bytes, 20)?;
+            let cpu = gpu.info.device_type == wgpu::DeviceType::Cpu;
+            let mib = mib.unwrap_or(if cpu { 64 } else { 1024 });
+            let c = super::bench::measure_copy(gpu, mib, 20)?;
             (
-                g,
-                format!("measured: copy_buffer_to_buffer {} MiB × 20", bytes >> 20),
+                c.ceiling,
+                format!(
+                    "bench copy: {} MiB × 20, copy_buffer_to_buffer {:.1} / shader copy {:.1} GB/s",
+                    c.bytes >> 20,
+                    c.gbs_cmd,
+                    c.gbs_shader
+                ),
             )
         }
     })

@@ -7,9 +7,6 @@
 //! step resolves its queries into a GPU buffer; the host reads them back only when that buffer is
 //! full and at [`crate::model::GpuModel::take_profile`]. The kernels and their order are the same as
 //! in the normal single-pass step, so the tokens are the same.
-use crate::gpu::Gpu;
-use std::time::Instant;
-
 /// A phase of the decode step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Phase {
@@ -202,37 +199,5 @@ impl DecodeReport {
             100.0 * self.frac_roofline()
         ));
         s
-    }
-}
-
-/// Device-to-device copy bandwidth in GB/s, counting read + write (2 × size), measured the way
-/// `bench copy` does: `iters` `copy_buffer_to_buffer` of `size` bytes in one submission after one
-/// warm-up copy, wall clock.
-pub fn measure_copy_gbs(gpu: &Gpu, size: u64, iters: usize) -> anyhow::Result<f64> {
-    let size = size.min(gpu.limits.max_buffer_size).max(4) & !3;
-    let src = gpu.storage("copy src", size);
-    let dst = gpu.storage("copy dst", size);
-    let run = |n: usize| -> anyhow::Result<f64> {
-        let t0 = Instant::now();
-        let mut enc = gpu.device.create_command_encoder(&Default::default());
-        for _ in 0..n {
-            enc.copy_buffer_to_buffer(&src, 0, &dst, 0, size);
-        }
-        gpu.queue.submit([enc.finish()]);
-        gpu.device.poll(wgpu::PollType::wait_indefinitely())?;
-        Ok(t0.elapsed().as_secs_f64())
-    };
-    run(1)?;
-    let n = iters.max(1);
-    let t = run(n)?;
-    Ok(2.0 * size as f64 * n as f64 / t / 1e9)
-}
-
-/// The copy size `bench copy` uses by default: 1 GiB, 64 MiB on a CPU adapter.
-pub fn default_copy_bytes(gpu: &Gpu) -> u64 {
-    if gpu.info.device_type == wgpu::DeviceType::Cpu {
-        64 << 20
-    } else {
-        1 << 30
     }
 }
