@@ -29,7 +29,7 @@ pub struct DecodeArgs {
     /// Size of the copy measured for the bandwidth, MiB (default 1024, 64 on CPU adapters).
     #[arg(long)]
     pub copy_mib: Option<u64>,
-    /// Print one JSON object instead of text.
+    /// Print one JSON object on stdout (the text report goes to stderr).
     #[arg(long)]
     pub json: bool,
 }
@@ -120,6 +120,7 @@ pub fn run(a: DecodeArgs) -> anyhow::Result<ExitCode> {
         v["prompt_tokens"] = PROBE_PROMPT.into();
         v["tokens_match"] = tokens_match.into();
         v["timestamps"] = gpu.has_timestamps().into();
+        eprintln!("{}", report.text());
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         println!("{}", report.text());
