@@ -147,6 +147,7 @@ impl DecodeReport {
             "bytes_per_token": self.profile.bytes_per_token(),
             "phases_ms": phases,
             "gpu_ms_per_token": self.profile.total_ms(),
+            "wall_ms_per_token": if self.decode_tok_s > 0.0 { 1e3 / self.decode_tok_s } else { 0.0 },
             "copy_gbs": self.copy_gbs,
             "copy_source": self.copy_source,
         })
@@ -187,6 +188,13 @@ impl DecodeReport {
                 ));
             }
             _ => s.push_str("  per-phase times unavailable: this adapter lacks TIMESTAMP_QUERY\n"),
+        }
+        if let (Some(total), true) = (p.total_ms(), self.decode_tok_s > 0.0) {
+            let wall = 1e3 / self.decode_tok_s;
+            s.push_str(&format!(
+                "  wall {wall:.4} ms/token: {:.4} ms/token outside the GPU's passes (submission, readback, host)\n",
+                (wall - total).max(0.0)
+            ));
         }
         s.push_str(&format!(
             "  decode {:.1} tok/s{} | {:.0} bytes/token | copy {:.1} GB/s ({}) | roofline {:.1} tok/s | {:.1}% of roofline",
