@@ -482,7 +482,7 @@ pub fn measure_copy(gpu: &Gpu, mib: u64, n: usize) -> anyhow::Result<CopyMeasure
     let src = gpu.storage("copy src", size);
     let dst = gpu.storage("copy dst", size);
 
-    let (t_cmd, how) = time_reps(&gpu, n, &|enc| {
+    let (t_cmd, how) = time_reps(gpu, n, &|enc| {
         enc.copy_buffer_to_buffer(&src, 0, &dst, 0, size)
     })?;
 
@@ -521,7 +521,7 @@ pub fn measure_copy(gpu: &Gpu, mib: u64, n: usize) -> anyhow::Result<CopyMeasure
             },
         ],
     });
-    let (t_shader, _) = time_reps(&gpu, n, &|enc| {
+    let (t_shader, _) = time_reps(gpu, n, &|enc| {
         let mut pass = enc.begin_compute_pass(&Default::default());
         pass.set_pipeline(&pipeline);
         pass.set_bind_group(0, &bind, &[]);
