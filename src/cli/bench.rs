@@ -23,6 +23,8 @@ pub enum What {
     Kernels(KernelArgs),
     /// Device-to-device copy bandwidth (copy_buffer_to_buffer).
     Copy(CopyArgs),
+    /// Decode probe: tok/s, per-phase GPU time per token, bytes per token and roofline.
+    Decode(crate::cli::bench_decode::DecodeArgs),
     /// Ratio table of two `bench kernels --json` files (A/B GB/s), rows matched by format and shape.
     Compare(CompareArgs),
 }
@@ -78,6 +80,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     match args.what {
         What::Kernels(a) => kernels(a),
         What::Copy(a) => copy(a),
+        What::Decode(a) => crate::cli::bench_decode::run(a),
         What::Compare(a) => compare(a),
     }
 }
@@ -455,23 +458,31 @@ fn time_reps(
     Ok((secs[secs.len() / 2].max(1e-12), how))
 }
 
-/// Device-to-device copy bandwidth, two ways: `copy_buffer_to_buffer` and a compute-shader copy
-/// (`wgsl/copy.wgsl`, vec4<u32> loads and stores). Both count bytes read + written (2× the bytes
-/// copied), as PyTorch reports a copy. The ceiling other figures are compared with is the higher
-/// of the two: on NVIDIA's Vulkan driver `copy_buffer_to_buffer` runs far below the memory's speed
-/// (measured on an H200: about 850 GB/s against about 4200 GB/s for the shader copy).
-fn copy(a: CopyArgs) -> anyhow::Result<ExitCode> {
-    let gpu = Gpu::new()?;
-    let mib = a.mib.unwrap_or(if is_cpu(&gpu) { 64 } else { 1024 });
+/// What [`measure_copy`] found.
+pub struct CopyMeasure {
+    /// Bytes per copy.
+    pub bytes: u64,
+    /// GB/s (read + write) of `copy_buffer_to_buffer`.
+    pub gbs_cmd: f64,
+    /// GB/s (read + write) of the compute-shader copy.
+    pub gbs_shader: f64,
+    /// The faster of the two: the ceiling other figures are compared with.
+    pub ceiling: f64,
+    /// How it was timed.
+    pub how: &'static str,
+}
+
+/// Time `n` copies of `mib` MiB both ways (see [`copy`]); `bench decode` and `generate --profile`
+/// take their roofline's bandwidth from it.
+pub fn measure_copy(gpu: &Gpu, mib: u64, n: usize) -> anyhow::Result<CopyMeasure> {
     let size = (mib << 20)
         .min(gpu.limits.max_buffer_size)
         .min(gpu.max_binding())
         & !255;
     let src = gpu.storage("copy src", size);
     let dst = gpu.storage("copy dst", size);
-    let n = a.iters.max(1);
 
-    let (t_cmd, how) = time_reps(&gpu, n, &|enc| {
+    let (t_cmd, how) = time_reps(gpu, n, &|enc| {
         enc.copy_buffer_to_buffer(&src, 0, &dst, 0, size)
     })?;
 
@@ -510,7 +521,7 @@ fn copy(a: CopyArgs) -> anyhow::Result<ExitCode> {
             },
         ],
     });
-    let (t_shader, _) = time_reps(&gpu, n, &|enc| {
+    let (t_shader, _) = time_reps(gpu, n, &|enc| {
         let mut pass = enc.begin_compute_pass(&Default::default());
         pass.set_pipeline(&pipeline);
         pass.set_bind_group(0, &bind, &[]);
@@ -521,6 +532,31 @@ fn copy(a: CopyArgs) -> anyhow::Result<ExitCode> {
     let gbs_cmd = bytes / t_cmd / 1e9;
     let gbs_shader = bytes / t_shader / 1e9;
     let ceiling = gbs_cmd.max(gbs_shader);
+    Ok(CopyMeasure {
+        bytes: size,
+        gbs_cmd,
+        gbs_shader,
+        ceiling,
+        how,
+    })
+}
+
+/// Device-to-device copy bandwidth, two ways: `copy_buffer_to_buffer` and a compute-shader copy
+/// (`wgsl/copy.wgsl`, vec4<u32> loads and stores). Both count bytes read + written (2× the bytes
+/// copied), as PyTorch reports a copy. The ceiling other figures are compared with is the higher
+/// of the two: on NVIDIA's Vulkan driver `copy_buffer_to_buffer` runs far below the memory's speed
+/// (measured on an H200: about 850 GB/s against about 4200 GB/s for the shader copy).
+fn copy(a: CopyArgs) -> anyhow::Result<ExitCode> {
+    let gpu = Gpu::new()?;
+    let mib = a.mib.unwrap_or(if is_cpu(&gpu) { 64 } else { 1024 });
+    let n = a.iters.max(1);
+    let CopyMeasure {
+        bytes: size,
+        gbs_cmd,
+        gbs_shader,
+        ceiling,
+        how,
+    } = measure_copy(&gpu, mib, n)?;
     if a.json {
         let doc = serde_json::json!({
             "adapter": gpu.info.name, "backend": format!("{:?}", gpu.info.backend),

@@ -2,7 +2,7 @@
 use crate::model::generate::{generate, GenOutput, GenerateParams};
 use crate::model::sampling::SamplingParams;
 use crate::model::text::{load_tokenizer, tokenizer_eos_ids, TextStream};
-use crate::model::{Checkpoint, CpuModel, Forward, Weights};
+use crate::model::{Checkpoint, CpuModel, Forward, GpuModel, Weights};
 use anyhow::{bail, Context};
 use std::io::Write;
 use std::path::PathBuf;
@@ -46,11 +46,18 @@ pub struct Args {
     /// Print one JSON object on stdout instead of streamed text.
     #[arg(long)]
     pub json: bool,
+    /// Profile the decode steps (GPU only): per-phase GPU time per token from timestamp queries,
+    /// decode tok/s, bytes per token and the roofline (on stderr; under "profile" with --json).
+    #[arg(long)]
+    pub profile: bool,
+    /// Copy bandwidth in GB/s for the roofline (default: measured once like `bench copy`).
+    #[arg(long)]
+    pub peak_gbs: Option<f64>,
 }
 
 /// The GPU forward for sequences of up to `max_seq` tokens; a missing adapter is an error that
 /// points at `--device cpu`.
-fn gpu_backend<'w>(w: &Weights<'_>, max_seq: usize) -> anyhow::Result<Box<dyn Forward + 'w>> {
+fn gpu_backend(w: &Weights<'_>, max_seq: usize) -> anyhow::Result<GpuModel> {
     let gpu = match crate::gpu::device::Gpu::new() {
         Err(crate::gpu::device::GpuError::NoAdapter { .. }) => {
             bail!("no usable GPU adapter was found; run with `--device cpu` to use the CPU forward")
@@ -60,7 +67,7 @@ fn gpu_backend<'w>(w: &Weights<'_>, max_seq: usize) -> anyhow::Result<Box<dyn Fo
     };
     let model = crate::model::GpuModel::new(&gpu, w, max_seq)
         .with_context(|| format!("building the GPU model on {}", gpu.describe()))?;
-    Ok(Box::new(model))
+    Ok(model)
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -129,9 +136,26 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         eos_ids: eos,
     };
 
-    let mut backend: Box<dyn Forward + '_> = match args.device {
-        Device::Cpu => Box::new(CpuModel::new(&weights)),
-        Device::Gpu => gpu_backend(&weights, prompt.len() + params.max_new_tokens.max(1))?,
+    if args.profile && args.device != Device::Gpu {
+        bail!("--profile times the GPU forward; use it with --device gpu");
+    }
+    let mut cpu_model;
+    let mut gpu_model = None;
+    let backend: &mut dyn Forward = match args.device {
+        Device::Cpu => {
+            cpu_model = CpuModel::new(&weights);
+            &mut cpu_model
+        }
+        Device::Gpu => {
+            let m = gpu_model.insert(gpu_backend(
+                &weights,
+                prompt.len() + params.max_new_tokens.max(1),
+            )?);
+            if args.profile {
+                m.start_profile();
+            }
+            m
+        }
     };
 
     let mut stream = tok.as_ref().map(TextStream::new);
@@ -153,7 +177,25 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         Ok(())
     };
-    let out: GenOutput = generate(backend.as_mut(), &prompt, &params, &mut on_token)?;
+    let out: GenOutput = generate(backend, &prompt, &params, &mut on_token)?;
+    let (backend_name, adapter) = (backend.backend(), backend.adapter());
+    let report = match gpu_model.as_mut() {
+        Some(m) if args.profile => {
+            let profile = m.take_profile()?;
+            let (copy_gbs, copy_source) =
+                super::bench_decode::copy_bandwidth(m.gpu(), args.peak_gbs, None)?;
+            Some(crate::model::profile::DecodeReport {
+                adapter: adapter.clone(),
+                model: dir.display().to_string(),
+                decode_tok_s: out.stats.decode_tok_s,
+                tok_s_profiled: true,
+                profile,
+                copy_gbs,
+                copy_source,
+            })
+        }
+        _ => None,
+    };
     if let Some(s) = stream.as_mut() {
         let tail = s.finish()?;
         text.push_str(&tail);
@@ -165,7 +207,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     let s = &out.stats;
     if json {
-        let v = serde_json::json!({
+        let mut v = serde_json::json!({
             "prompt_ids": prompt,
             "generated_ids": out.generated_ids,
             "text": text,
@@ -176,10 +218,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 "prefill_s": s.prefill_s,
                 "ttft_s": s.ttft_s,
                 "decode_tok_s": s.decode_tok_s,
-                "backend": backend.backend(),
-                "adapter": backend.adapter(),
+                "backend": backend_name,
+                "adapter": adapter,
             }
         });
+        if let Some(r) = &report {
+            v["profile"] = r.to_json();
+        }
         println!("{v}");
     } else {
         println!();
@@ -192,8 +237,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         s.generated_tokens,
         s.decode_tok_s,
         out.finish_reason.as_str(),
-        backend.backend(),
-        backend.adapter()
+        backend_name,
+        adapter
     );
+    if let Some(r) = &report {
+        eprintln!("{}", r.text());
+    }
     Ok(ExitCode::SUCCESS)
 }

@@ -3,6 +3,7 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 pub mod bench;
+pub mod bench_decode;
 pub mod convert;
 pub mod formats;
 pub mod generate;

@@ -71,13 +71,21 @@ pub fn generate(
             stats,
         });
     }
+    // Greedy decoding asks the backend for the argmax only (the GPU reads back 4 bytes).
+    let greedy = params.sampling.temperature <= 0.0;
+    let mut next = |model: &mut dyn Forward, tokens: &[u32]| -> anyhow::Result<u32> {
+        if greedy {
+            model.forward_greedy(tokens)
+        } else {
+            Ok(sample(&model.forward(tokens)?, &params.sampling, &mut rng))
+        }
+    };
     let t0 = Instant::now();
-    let mut logits = model.forward(prompt)?;
+    let mut id = next(model, prompt)?;
     stats.prefill_s = t0.elapsed().as_secs_f64();
     let mut finish = FinishReason::Length;
     let mut t_first = None;
     loop {
-        let id = sample(&logits, &params.sampling, &mut rng);
         out.push(id);
         if t_first.is_none() {
             stats.ttft_s = t0.elapsed().as_secs_f64();
@@ -91,7 +99,7 @@ pub fn generate(
         if out.len() >= params.max_new_tokens {
             break;
         }
-        logits = model.forward(&[id])?;
+        id = next(model, &[id])?;
     }
     stats.generated_tokens = out.len();
     if let Some(t1) = t_first {

@@ -18,6 +18,7 @@
 //! residual. Then the final norm, ÷ `logits_mup_width_multiplier`, and the head over the first
 //! `logits_width()` rows of `lm_head`. Routing never goes through the CPU.
 use super::config::{AttnGeom, TextConfig};
+use super::profile::{DecodeProfile, Phase};
 use super::weights::{Ffn, Mlp, Weights};
 use crate::formats::{Format, QMatrix};
 use crate::gpu::gemv::{GemvArgs, GemvCall, GpuWeights, NO_GAMMA};
@@ -30,6 +31,7 @@ use crate::gpu::Gpu;
 use anyhow::{bail, ensure, Context, Result};
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::ops::Range;
 
 /// Default largest chunk of tokens one submission processes.
 pub const DEFAULT_MAX_CHUNK: usize = 64;
@@ -69,6 +71,57 @@ impl Rec {
 /// The recorded step for one token count and head mode.
 struct Step {
     recs: Vec<Rec>,
+    /// Consecutive runs of `recs` by phase (profile mode records each as its own timed pass).
+    segs: Vec<(Phase, Range<usize>)>,
+}
+
+/// Phase boundaries while a step is built: `(phase, index of its first rec)`.
+#[derive(Default)]
+struct Marks(Vec<(Phase, usize)>);
+
+impl Marks {
+    fn at(&mut self, recs: &[Rec], p: Phase) {
+        self.0.push((p, recs.len()));
+    }
+
+    /// Non-empty runs, adjacent runs of one phase merged.
+    fn segments(self, n: usize) -> Vec<(Phase, Range<usize>)> {
+        let mut out: Vec<(Phase, Range<usize>)> = Vec::new();
+        for (i, &(p, start)) in self.0.iter().enumerate() {
+            let end = self.0.get(i + 1).map_or(n, |m| m.1);
+            if end <= start {
+                continue;
+            }
+            match out.last_mut() {
+                Some((q, r)) if *q == p && r.end == start => r.end = end,
+                _ => out.push((p, start..end)),
+            }
+        }
+        out
+    }
+}
+
+/// Timestamp queries of profile mode: one query set for one step, resolved into slots of a GPU
+/// buffer that is read back when full and at the end.
+struct Timestamps {
+    qs: wgpu::QuerySet,
+    /// Queries the set holds (2 per segment).
+    queries: u32,
+    resolve: wgpu::Buffer,
+    /// Bytes per slot (a multiple of the resolve alignment).
+    stride: u64,
+    slots: u64,
+    /// The step key of each filled slot.
+    pending: Vec<(u32, Head)>,
+    ticks: [u64; 7],
+    span_ticks: u64,
+}
+
+/// Profile-mode state (see [`super::profile`]).
+struct Profiler {
+    steps: usize,
+    bytes_sum: f64,
+    ts: Option<Timestamps>,
 }
 
 /// Dense matrices of one linear, uploaded.
@@ -246,6 +299,9 @@ pub struct GpuModel {
     acts: Acts,
     pos_buf: PosBuffer,
     steps: HashMap<(u32, Head), Step>,
+    /// Bytes a one-token step reads apart from the KV caches (see [`GpuModel::decode_bytes`]).
+    static_decode_bytes: u64,
+    prof: Option<Profiler>,
 }
 
 fn f32_buf(gpu: &Gpu, label: &str, v: &[f32]) -> wgpu::Buffer {
@@ -255,6 +311,76 @@ fn f32_buf(gpu: &Gpu, label: &str, v: &[f32]) -> wgpu::Buffer {
 /// A storage buffer of `floats` f32 (wgpu zero-initialises new buffers).
 fn zeroed(gpu: &Gpu, label: &str, floats: usize) -> wgpu::Buffer {
     gpu.storage(label, 4 * floats.max(1) as u64)
+}
+
+/// Bytes a one-token step reads apart from the KV caches: one embedding row, every norm, conv
+/// weight and conv state, rel_proj, every dense linear (q/k/v/r/o, router and its bias, dense MLPs),
+/// `top_k` routed experts and every shared expert per sparse layer, and the head's `lm_head` rows.
+fn static_decode_bytes(
+    embed_row: u64,
+    embed_norm: &wgpu::Buffer,
+    norm: &wgpu::Buffer,
+    lm_head: &Lin,
+    layers: &[LayerGpu],
+) -> u64 {
+    let lin = |l: &Lin| l.w.expert_bytes() * l.w.experts() as u64;
+    let ffn = |e: &Experts| e.gate_up.w.expert_bytes() + e.down.w.expert_bytes();
+    let mut b = embed_row + embed_norm.size() + norm.size() + lin(lm_head);
+    for l in layers {
+        b += l.input_norm.size() + l.post_norm.size();
+        b += [&l.q, &l.k, &l.v, &l.r, &l.o]
+            .into_iter()
+            .map(lin)
+            .sum::<u64>();
+        b += l.q_norm.size() + l.k_norm.size() + l.rel_proj.size();
+        b += l.conv_w.iter().map(|x| x.size()).sum::<u64>();
+        b += l.conv_state.iter().map(|x| x.size()).sum::<u64>();
+        b += match &l.mlp {
+            MlpGpu::Dense { ffn: f, .. } => ffn(f),
+            MlpGpu::Moe {
+                router,
+                bias,
+                top_k,
+                routed,
+                shared,
+                ..
+            } => {
+                lin(router)
+                    + bias.size()
+                    + *top_k as u64 * ffn(routed)
+                    + shared.as_ref().map_or(0, |s| s.n as u64 * ffn(s))
+            }
+        };
+    }
+    b
+}
+
+/// Read back the filled slots of `ts` and add them to its sums.
+fn flush_timestamps(
+    gpu: &Gpu,
+    ts: &mut Timestamps,
+    steps: &HashMap<(u32, Head), Step>,
+) -> Result<()> {
+    if ts.pending.is_empty() {
+        return Ok(());
+    }
+    let raw = gpu.read_bytes(&ts.resolve, 0, ts.pending.len() as u64 * ts.stride)?;
+    for (slot, key) in ts.pending.iter().enumerate() {
+        let segs = &steps[key].segs;
+        let base = slot * ts.stride as usize;
+        let t = |q: usize| {
+            let o = base + 8 * q;
+            u64::from_le_bytes(raw[o..o + 8].try_into().expect("8 bytes"))
+        };
+        for (i, (ph, _)) in segs.iter().enumerate() {
+            ts.ticks[ph.index()] += t(2 * i + 1).saturating_sub(t(2 * i));
+        }
+        if !segs.is_empty() {
+            ts.span_ticks += t(2 * segs.len() - 1).saturating_sub(t(0));
+        }
+    }
+    ts.pending.clear();
+    Ok(())
 }
 
 /// What a step copies into the readback buffer.
@@ -495,7 +621,11 @@ impl GpuModel {
             }),
         };
         let pos_buf = PosBuffer::new(gpu, 0);
+        let static_decode_bytes =
+            static_decode_bytes(row_bytes as u64, &embed_norm, &norm, &lm_head, &layers);
         Ok(GpuModel {
+            static_decode_bytes,
+            prof: None,
             gpu: gpu.clone(),
             cfg,
             max_seq,
@@ -536,6 +666,64 @@ impl GpuModel {
     /// Number of distinct recorded steps built so far (one per (token count, head mode)).
     pub fn recorded_steps(&self) -> usize {
         self.steps.len()
+    }
+
+    /// Bytes a one-token step at position `pos` must read: [`static_decode_bytes`] plus, per
+    /// layer, the K and V cache entries it attends over (`min(pos + 1, capacity)` of each).
+    pub fn decode_bytes(&self, pos: usize) -> u64 {
+        let kv: u64 = self
+            .layers
+            .iter()
+            .map(|l| {
+                let n = (pos as u64 + 1).min(l.cache_capacity as u64);
+                2 * n * l.geom.kv_dim() as u64 * 4
+            })
+            .sum();
+        self.static_decode_bytes + kv
+    }
+
+    /// Whether profile mode can time phases (the adapter has `TIMESTAMP_QUERY`).
+    pub fn has_timestamps(&self) -> bool {
+        self.gpu.has_timestamps()
+    }
+
+    /// Enter profile mode (dropping anything accumulated so far): from now on every one-token step
+    /// is counted, with its bytes, and, with `TIMESTAMP_QUERY`, recorded as one timed compute pass
+    /// per phase run. The kernels are the same, so the results are too.
+    pub fn start_profile(&mut self) {
+        self.prof = Some(Profiler {
+            steps: 0,
+            bytes_sum: 0.0,
+            ts: None,
+        });
+    }
+
+    /// Leave profile mode and return what it accumulated (reads the timestamps back).
+    pub fn take_profile(&mut self) -> Result<DecodeProfile> {
+        let Some(mut p) = self.prof.take() else {
+            return Ok(DecodeProfile::default());
+        };
+        let mut out = DecodeProfile {
+            steps: p.steps,
+            bytes_sum: p.bytes_sum,
+            phase_s: None,
+            span_s: None,
+        };
+        if self.has_timestamps() {
+            let period = self.gpu.queue.get_timestamp_period() as f64 * 1e-9;
+            let mut phase_s = [0f64; 7];
+            let mut span_s = 0.0;
+            if let Some(ts) = p.ts.as_mut() {
+                flush_timestamps(&self.gpu, ts, &self.steps)?;
+                for (o, &t) in phase_s.iter_mut().zip(&ts.ticks) {
+                    *o = t as f64 * period;
+                }
+                span_s = ts.span_ticks as f64 * period;
+            }
+            out.phase_s = Some(phase_s);
+            out.span_s = Some(span_s);
+        }
+        Ok(out)
     }
 
     /// Forget the sequence: position 0, conv states cleared (KV slots are overwritten before they
@@ -656,7 +844,75 @@ impl GpuModel {
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                 label: Some("inkling step"),
             });
-        {
+        // profile mode: one-token steps are counted and, with timestamps, timed per phase
+        let profiled = t == 1 && self.prof.is_some();
+        let mut timed_slot = None;
+        if profiled {
+            let bytes = self.decode_bytes(self.pos);
+            let prof = self.prof.as_mut().expect("profiling");
+            prof.steps += 1;
+            prof.bytes_sum += bytes as f64;
+            if gpu.has_timestamps() {
+                let need = 2 * step.segs.len() as u32;
+                ensure!(
+                    need <= wgpu::QUERY_SET_MAX_QUERIES,
+                    "profile mode: {} phase passes per step exceed the {} queries of a query set",
+                    step.segs.len(),
+                    wgpu::QUERY_SET_MAX_QUERIES
+                );
+                if prof.ts.as_ref().is_none_or(|ts| ts.queries < need) {
+                    let mut old = prof.ts.take();
+                    let (ticks, span_ticks) = match old.as_mut() {
+                        Some(ts) => {
+                            flush_timestamps(gpu, ts, &self.steps)?;
+                            (ts.ticks, ts.span_ticks)
+                        }
+                        None => ([0; 7], 0),
+                    };
+                    let stride =
+                        (8 * need as u64).next_multiple_of(wgpu::QUERY_RESOLVE_BUFFER_ALIGNMENT);
+                    let slots = ((16u64 << 20) / stride).clamp(1, 4096);
+                    prof.ts = Some(Timestamps {
+                        qs: gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
+                            label: Some("decode profile"),
+                            ty: wgpu::QueryType::Timestamp,
+                            count: need,
+                        }),
+                        queries: need,
+                        resolve: gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                            label: Some("decode profile timestamps"),
+                            size: slots * stride,
+                            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                            mapped_at_creation: false,
+                        }),
+                        stride,
+                        slots,
+                        pending: Vec::new(),
+                        ticks,
+                        span_ticks,
+                    });
+                }
+                let ts = prof.ts.as_mut().expect("created");
+                if ts.pending.len() as u64 == ts.slots {
+                    flush_timestamps(gpu, ts, &self.steps)?;
+                }
+                timed_slot = Some(ts.pending.len() as u64);
+                for (i, (ph, range)) in step.segs.iter().enumerate() {
+                    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                        label: Some(ph.key()),
+                        timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                            query_set: &ts.qs,
+                            beginning_of_pass_write_index: Some(2 * i as u32),
+                            end_of_pass_write_index: Some(2 * i as u32 + 1),
+                        }),
+                    });
+                    for r in &step.recs[range.clone()] {
+                        r.record_in_pass(&mut pass);
+                    }
+                }
+            }
+        }
+        if timed_slot.is_none() {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some("inkling forward"),
                 timestamp_writes: None,
@@ -664,6 +920,12 @@ impl GpuModel {
             for r in &step.recs {
                 r.record_in_pass(&mut pass);
             }
+        }
+        if let (Some(slot), Some(ts)) = (timed_slot, self.prof.as_mut().and_then(|p| p.ts.as_mut()))
+        {
+            let n = 2 * step.segs.len() as u32;
+            enc.resolve_query_set(&ts.qs, 0..n, &ts.resolve, slot * ts.stride);
+            ts.pending.push((t, head));
         }
         let a = &self.acts;
         match copy {
@@ -711,6 +973,8 @@ impl GpuModel {
         let eps = cfg.rms_norm_eps as f32;
         let kk = cfg.conv_kernel_size as u32;
         let mut recs = Vec::new();
+        let mut marks = Marks::default();
+        marks.at(&recs, Phase::Other);
 
         let shards: Vec<EmbedShard<'_>> = self
             .embed_shards
@@ -758,6 +1022,7 @@ impl GpuModel {
             };
             let what = |s: &str| format!("layer {li} {s}");
             // attention block
+            marks.at(&recs, Phase::Attention);
             recs.push(Rec::Op(RmsNorm::rows(t, hid, eps).bind(
                 gpu,
                 &a.h,
@@ -804,6 +1069,7 @@ impl GpuModel {
             recs.push(l.o.call(gpu, dense(&a.attn, &a.o), &what("o_proj"))?);
             recs.push(conv(hid, true, &a.o, 2, &a.h));
             // MLP block
+            marks.at(&recs, Phase::Other);
             recs.push(Rec::Op(RmsNorm::rows(t, hid, eps).bind(
                 gpu,
                 &a.h,
@@ -816,6 +1082,7 @@ impl GpuModel {
                     inter,
                     global_scale,
                 } => {
+                    marks.at(&recs, Phase::Dense);
                     recs.push(ffn.gate_up.call(
                         gpu,
                         dense(&a.xn, &a.gu),
@@ -852,6 +1119,7 @@ impl GpuModel {
                 } => {
                     let ns = shared.as_ref().map_or(0, |s| s.n as u32);
                     let ne = routed.n as u32;
+                    marks.at(&recs, Phase::Router);
                     recs.push(router.call(gpu, dense(&a.xn, &a.router_logits), &what("router"))?);
                     recs.push(Rec::Op(
                         Router::new(RouterShape {
@@ -872,6 +1140,7 @@ impl GpuModel {
                     ));
                     // shared experts first (static pairs), so they do not wait on routing
                     if let Some(sh) = shared {
+                        marks.at(&recs, Phase::Shared);
                         let np = t * ns;
                         recs.push(sh.gate_up.call(
                             gpu,
@@ -897,6 +1166,7 @@ impl GpuModel {
                         );
                     }
                     let np = t * top_k;
+                    marks.at(&recs, Phase::Routed);
                     recs.push(routed.gate_up.call(
                         gpu,
                         GemvArgs::new(&a.xn, t, &a.pairs, np, &a.gu),
@@ -916,6 +1186,7 @@ impl GpuModel {
                         GemvArgs::new(&a.act, np, &a.pairs, np, &a.y_routed).x_per_pair(true),
                         &what("routed down"),
                     )?);
+                    marks.at(&recs, Phase::Other);
                     recs.push(Rec::Op(Elementwise::moe_combine(
                         gpu,
                         t,
@@ -931,11 +1202,13 @@ impl GpuModel {
                     )));
                 }
             }
+            marks.at(&recs, Phase::Other);
             recs.push(conv(hid, true, &a.m, 3, &a.h));
         }
 
         // head
         let mup = cfg.logits_mup_width_multiplier as f32;
+        marks.at(&recs, Phase::Head);
         match head {
             Head::None => {}
             Head::Last => {
@@ -964,13 +1237,17 @@ impl GpuModel {
                 recs.push(self.lm_head.call(gpu, dense(&a.hn, &a.logits), "lm_head")?);
             }
         }
-        Ok(Step { recs })
+        let segs = marks.segments(recs.len());
+        Ok(Step { recs, segs })
     }
 }
 
 impl super::Forward for GpuModel {
     fn forward(&mut self, tokens: &[u32]) -> anyhow::Result<Vec<f32>> {
         GpuModel::forward(self, tokens)
+    }
+    fn forward_greedy(&mut self, tokens: &[u32]) -> anyhow::Result<u32> {
+        GpuModel::forward_greedy(self, tokens)
     }
     fn reset(&mut self) {
         GpuModel::reset(self)

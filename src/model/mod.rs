@@ -14,6 +14,7 @@ pub mod error;
 pub mod generate;
 pub mod gpu;
 pub mod names;
+pub mod profile;
 pub mod sampling;
 pub mod text;
 pub mod weights;
@@ -30,6 +31,12 @@ pub trait Forward {
     /// Feed `tokens` (prefill chunk or one decode token); logits of the last one
     /// (`config.logits_width()` values).
     fn forward(&mut self, tokens: &[u32]) -> anyhow::Result<Vec<f32>>;
+    /// Feed `tokens` and return only the greedy choice after the last one (ties to the lowest id).
+    /// Backends that can pick it without handing back the logits (the GPU: argmax on the device,
+    /// 4 bytes read back) override this; the default is the argmax of [`Forward::forward`].
+    fn forward_greedy(&mut self, tokens: &[u32]) -> anyhow::Result<u32> {
+        Ok(sampling::argmax(&self.forward(tokens)?))
+    }
     /// Forget the sequence.
     fn reset(&mut self);
     /// Tokens consumed so far.

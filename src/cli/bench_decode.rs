@@ -1,0 +1,129 @@
+//! `inkling-wgpu bench decode`: a fixed synthetic decode probe on the GPU forward. A prompt of 16
+//! fixed ids, then `--tokens` greedy decode steps (argmax on the GPU), timed by wall clock; then the
+//! same run again in profile mode for the per-phase GPU time per token (timestamp queries), checked
+//! to choose the same tokens. Prints decode tok/s, the phases, the bytes a step must read, the
+//! roofline (those bytes at the copy bandwidth, measured like `bench copy` or `--peak-gbs`) and the
+//! fraction of it reached.
+use crate::gpu::Gpu;
+use crate::model::profile::DecodeReport;
+use crate::model::{Checkpoint, GpuModel, Weights};
+use anyhow::{ensure, Context};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+/// Prompt length of the probe.
+pub const PROBE_PROMPT: usize = 16;
+
+#[derive(clap::Args, Debug)]
+pub struct DecodeArgs {
+    /// Checkpoint or container directory (default: the bundled tiny model).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Decode steps timed after the prompt.
+    #[arg(long, default_value_t = 64)]
+    pub tokens: usize,
+    /// Copy bandwidth in GB/s (read + write, as `bench copy` reports it) instead of measuring it.
+    #[arg(long)]
+    pub peak_gbs: Option<f64>,
+    /// Size of the copy measured for the bandwidth, MiB (default 1024, 64 on CPU adapters).
+    #[arg(long)]
+    pub copy_mib: Option<u64>,
+    /// Print one JSON object on stdout (the text report goes to stderr).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The probe's prompt: 16 fixed ids below `width`.
+pub fn probe_prompt(width: usize) -> Vec<u32> {
+    (0..PROBE_PROMPT as u64)
+        .map(|i| ((i * 2654435761 + 17) % width.max(1) as u64) as u32)
+        .collect()
+}
+
+/// The copy bandwidth to divide by: `peak` when given, else measured once by `bench copy`'s
+/// method ([`super::bench::measure_copy`]: the faster of `copy_buffer_to_buffer` and a
+/// compute-shader copy, bytes read + written, `mib` MiB, default 1024 or 64 on a CPU adapter).
+pub fn copy_bandwidth(
+    gpu: &Gpu,
+    peak: Option<f64>,
+    mib: Option<u64>,
+) -> anyhow::Result<(f64, String)> {
+    Ok(match peak {
+        Some(p) => (p, "--peak-gbs".into()),
+        None => {
+            let cpu = gpu.info.device_type == wgpu::DeviceType::Cpu;
+            let mib = mib.unwrap_or(if cpu { 64 } else { 1024 });
+            let c = super::bench::measure_copy(gpu, mib, 20)?;
+            (
+                c.ceiling,
+                format!(
+                    "bench copy: {} MiB × 20, copy_buffer_to_buffer {:.1} / shader copy {:.1} GB/s",
+                    c.bytes >> 20,
+                    c.gbs_cmd,
+                    c.gbs_shader
+                ),
+            )
+        }
+    })
+}
+
+/// Prompt, then `steps` greedy decode steps; returns the ids and the decode seconds.
+fn probe(m: &mut GpuModel, prompt: &[u32], steps: usize) -> anyhow::Result<(Vec<u32>, f64)> {
+    m.reset();
+    let mut id = m.forward_greedy(prompt)?;
+    let mut ids = vec![id];
+    let t0 = Instant::now();
+    for _ in 0..steps {
+        id = m.forward_greedy(&[id])?;
+        ids.push(id);
+    }
+    Ok((ids, t0.elapsed().as_secs_f64()))
+}
+
+pub fn run(a: DecodeArgs) -> anyhow::Result<ExitCode> {
+    ensure!(a.tokens >= 1, "--tokens must be at least 1");
+    let dir = a.model.clone().unwrap_or_else(crate::bundled_model_dir);
+    let ck = Checkpoint::open(&dir)?;
+    let w = Weights::load(&ck)?;
+    let gpu = Gpu::new()?;
+    let prompt = probe_prompt(w.config.logits_width());
+    let mut m = GpuModel::new(&gpu, &w, PROBE_PROMPT + a.tokens + 1)
+        .with_context(|| format!("building the GPU model on {}", gpu.describe()))?;
+    drop(w);
+
+    // warm-up (pipelines, recorded steps), then the timed run, then the profiled run
+    probe(&mut m, &prompt, a.tokens.min(4))?;
+    let (ids, secs) = probe(&mut m, &prompt, a.tokens)?;
+    m.reset();
+    m.start_profile();
+    let (ids_prof, _) = probe(&mut m, &prompt, a.tokens)?;
+    let profile = m.take_profile()?;
+    let tokens_match = ids == ids_prof;
+    ensure!(
+        tokens_match,
+        "profile mode chose different tokens: {ids:?} vs {ids_prof:?}"
+    );
+
+    let (copy_gbs, copy_source) = copy_bandwidth(&gpu, a.peak_gbs, a.copy_mib)?;
+    let report = DecodeReport {
+        adapter: gpu.describe(),
+        model: dir.display().to_string(),
+        decode_tok_s: a.tokens as f64 / secs,
+        tok_s_profiled: false,
+        profile,
+        copy_gbs,
+        copy_source,
+    };
+    if a.json {
+        let mut v = report.to_json();
+        v["prompt_tokens"] = PROBE_PROMPT.into();
+        v["tokens_match"] = tokens_match.into();
+        v["timestamps"] = gpu.has_timestamps().into();
+        eprintln!("{}", report.text());
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        println!("{}", report.text());
+    }
+    Ok(ExitCode::SUCCESS)
+}

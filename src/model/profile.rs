@@ -1,0 +1,211 @@
+//! Decode profiling: per-phase GPU time per token from timestamp queries, the bytes a decode step
+//! must read, and the roofline those bytes give against the copy bandwidth.
+//!
+//! [`crate::model::GpuModel::start_profile`] switches the model into profile mode: every decode
+//! step (one token) is then recorded as one compute pass per phase run, each pass writing a
+//! timestamp at its beginning and end (plain `TIMESTAMP_QUERY`, no timestamps inside passes). Each
+//! step resolves its queries into a GPU buffer; the host reads them back only when that buffer is
+//! full and at [`crate::model::GpuModel::take_profile`]. The kernels and their order are the same as
+//! in the normal single-pass step, so the tokens are the same.
+/// A phase of the decode step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Phase {
+    /// Input norm, q/k/v/r GEMVs, k/v convs, q/k norms, attention, o_proj, attn_sconv.
+    Attention,
+    /// Router GEMV and the top-k / gamma kernel.
+    Router,
+    /// Routed experts: gate_up GEMV, silu·up, down GEMV.
+    Routed,
+    /// Shared experts: gate_up GEMV, silu·up, down GEMV.
+    Shared,
+    /// The dense MLP of a dense layer (not one of the six phases the issue names; dense layers
+    /// have no router or experts).
+    Dense,
+    /// Final norm, ÷ mup, lm_head GEMV, argmax.
+    Head,
+    /// Everything else: embedding + norm, post-attention norm, MoE combine, mlp_sconv.
+    Other,
+}
+
+impl Phase {
+    pub const ALL: [Phase; 7] = [
+        Phase::Attention,
+        Phase::Router,
+        Phase::Routed,
+        Phase::Shared,
+        Phase::Dense,
+        Phase::Head,
+        Phase::Other,
+    ];
+
+    pub fn index(self) -> usize {
+        Phase::ALL.iter().position(|&p| p == self).expect("listed")
+    }
+
+    /// JSON key.
+    pub fn key(self) -> &'static str {
+        match self {
+            Phase::Attention => "attention",
+            Phase::Router => "router",
+            Phase::Routed => "routed_experts",
+            Phase::Shared => "shared_experts",
+            Phase::Dense => "dense_mlp",
+            Phase::Head => "head",
+            Phase::Other => "other",
+        }
+    }
+}
+
+/// What a profiled run accumulated over its decode steps (one token each).
+#[derive(Clone, Debug, Default)]
+pub struct DecodeProfile {
+    /// Decode steps counted.
+    pub steps: usize,
+    /// Sum over the steps of the bytes each had to read ([`crate::model::GpuModel::decode_bytes`]).
+    pub bytes_sum: f64,
+    /// Per-phase GPU seconds summed over the steps, in [`Phase::ALL`] order; `None` without
+    /// `TIMESTAMP_QUERY`.
+    pub phase_s: Option<[f64; 7]>,
+    /// GPU seconds from the first pass's beginning to the last pass's end, summed over the steps.
+    pub span_s: Option<f64>,
+}
+
+impl DecodeProfile {
+    /// Mean bytes read per decode step.
+    pub fn bytes_per_token(&self) -> f64 {
+        if self.steps == 0 {
+            0.0
+        } else {
+            self.bytes_sum / self.steps as f64
+        }
+    }
+
+    /// Per-phase milliseconds per decode token.
+    pub fn phase_ms(&self) -> Option<[f64; 7]> {
+        let n = self.steps.max(1) as f64;
+        self.phase_s.map(|p| p.map(|s| 1e3 * s / n))
+    }
+
+    /// GPU milliseconds per decode token (first pass begin → last pass end).
+    pub fn total_ms(&self) -> Option<f64> {
+        let n = self.steps.max(1) as f64;
+        self.span_s.map(|s| 1e3 * s / n)
+    }
+}
+
+/// The figures `generate --profile` and `bench decode` print.
+#[derive(Clone, Debug)]
+pub struct DecodeReport {
+    pub adapter: String,
+    pub model: String,
+    /// Decode tokens per second (wall clock).
+    pub decode_tok_s: f64,
+    /// Whether `decode_tok_s` comes from the profiled run (one pass per phase) itself.
+    pub tok_s_profiled: bool,
+    pub profile: DecodeProfile,
+    /// Copy bandwidth (bytes read + written per second, as `bench copy` counts), GB/s.
+    pub copy_gbs: f64,
+    /// Where `copy_gbs` comes from.
+    pub copy_source: String,
+}
+
+impl DecodeReport {
+    /// Tokens per second if every step ran at the copy bandwidth.
+    pub fn roofline_tok_s(&self) -> f64 {
+        let b = self.profile.bytes_per_token();
+        if b > 0.0 {
+            self.copy_gbs * 1e9 / b
+        } else {
+            0.0
+        }
+    }
+
+    pub fn frac_roofline(&self) -> f64 {
+        let r = self.roofline_tok_s();
+        if r > 0.0 {
+            self.decode_tok_s / r
+        } else {
+            0.0
+        }
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        let phases = self.profile.phase_ms().map(|p| {
+            let mut m = serde_json::Map::new();
+            for ph in Phase::ALL {
+                m.insert(ph.key().into(), p[ph.index()].into());
+            }
+            serde_json::Value::Object(m)
+        });
+        serde_json::json!({
+            "adapter": self.adapter,
+            "model": self.model,
+            "decode_tok_s": self.decode_tok_s,
+            "decode_steps": self.profile.steps,
+            "roofline_tok_s": self.roofline_tok_s(),
+            "frac_roofline": self.frac_roofline(),
+            "bytes_per_token": self.profile.bytes_per_token(),
+            "phases_ms": phases,
+            "gpu_ms_per_token": self.profile.total_ms(),
+            "wall_ms_per_token": if self.decode_tok_s > 0.0 { 1e3 / self.decode_tok_s } else { 0.0 },
+            "copy_gbs": self.copy_gbs,
+            "copy_source": self.copy_source,
+        })
+    }
+
+    /// The human-readable report (several lines, no trailing newline).
+    pub fn text(&self) -> String {
+        let mut s = String::new();
+        let p = &self.profile;
+        s.push_str(&format!(
+            "decode profile: {} ({}), {} decode steps\n",
+            self.model, self.adapter, p.steps
+        ));
+        match (p.phase_ms(), p.total_ms()) {
+            (Some(ph), Some(total)) => {
+                s.push_str("  phase            GPU ms/token   share\n");
+                for x in Phase::ALL {
+                    let v = ph[x.index()];
+                    let share = if total > 0.0 { 100.0 * v / total } else { 0.0 };
+                    s.push_str(&format!("  {:<16} {:>12.4} {:>6.1}%\n", x.key(), v, share));
+                }
+                let gaps = (total - ph.iter().sum::<f64>()).max(0.0);
+                s.push_str(&format!(
+                    "  {:<16} {:>12.4} {:>6.1}%\n",
+                    "(between passes)",
+                    gaps,
+                    if total > 0.0 {
+                        100.0 * gaps / total
+                    } else {
+                        0.0
+                    }
+                ));
+                s.push_str(&format!(
+                    "  {:<16} {:>12.4}   (GPU tok/s {:.1})\n",
+                    "total",
+                    total,
+                    if total > 0.0 { 1e3 / total } else { 0.0 }
+                ));
+            }
+            _ => s.push_str("  per-phase times unavailable: this adapter lacks TIMESTAMP_QUERY\n"),
+        }
+        if let (Some(total), true) = (p.total_ms(), self.decode_tok_s > 0.0) {
+            let wall = 1e3 / self.decode_tok_s;
+            s.push_str(&format!(
+                "  wall {wall:.4} ms/token: {:.4} ms/token outside the GPU's passes (submission, readback, host)\n",
+                (wall - total).max(0.0)
+            ));
+        }
+        s.push_str(&format!(
+            "  decode {:.1} tok/s{} | {:.0} bytes/token | copy {:.1} GB/s ({}) | roofline {:.1} tok/s | {:.1}% of roofline",
+            self.decode_tok_s,
+            if self.tok_s_profiled { " (profiled run)" } else { "" },
+            p.bytes_per_token(),
+            self.copy_gbs,
+            self.copy_source,
+            self.roofline_tok_s(),
+            100.0 * self.frac_roofline()
+        ));
+        s
+    }
+}
