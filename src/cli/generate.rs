@@ -29,13 +29,13 @@ pub struct Args {
     #[arg(long)]
     pub max_tokens: Option<usize>,
     /// Sampling temperature; 0 = greedy (default: generation_config.json when it sets do_sample, else 0).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub temperature: Option<f32>,
     /// Keep only the k most likely tokens (0 = off).
     #[arg(long)]
     pub top_k: Option<usize>,
-    /// Nucleus sampling mass (1 = off).
-    #[arg(long)]
+    /// Nucleus sampling mass in (0, 1] (1 = off).
+    #[arg(long, allow_negative_numbers = true)]
     pub top_p: Option<f32>,
     /// PRNG seed for sampling.
     #[arg(long, default_value_t = 0)]
@@ -60,7 +60,14 @@ pub struct Args {
 fn gpu_backend(w: &Weights<'_>, max_seq: usize) -> anyhow::Result<GpuModel> {
     let gpu = match crate::gpu::device::Gpu::new() {
         Err(crate::gpu::device::GpuError::NoAdapter { .. }) => {
-            bail!("no usable GPU adapter was found; run with `--device cpu` to use the CPU forward")
+            let env = std::env::var("WGPU_BACKEND").ok();
+            let hint = match env.as_deref() {
+                Some(b) => format!(
+                    " with WGPU_BACKEND={b:?} (this build has vulkan, metal and dx12; GL is not built)"
+                ),
+                None => String::new(),
+            };
+            bail!("no usable GPU adapter was found{hint}; install a Vulkan or Metal driver (on Linux without a GPU: Mesa's lavapipe, `mesa-vulkan-drivers`) or run with `--device cpu` to use the CPU forward")
         }
         Err(e) => bail!("the GPU could not be initialised ({e}); run with `--device cpu` to use the CPU forward"),
         Ok(gpu) => gpu,
@@ -111,6 +118,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     } else {
         0.0
     });
+    if !temperature.is_finite() || temperature < 0.0 {
+        bail!("--temperature must be a finite number ≥ 0 (0 = greedy), got {temperature}");
+    }
+    if let Some(p) = args.top_p {
+        if !(p > 0.0 && p <= 1.0) {
+            bail!("--top-p must be in (0, 1] (1 = off), got {p}");
+        }
+    }
     let params = GenerateParams {
         max_new_tokens: args.max_tokens.or(gen_cfg.max_new_tokens).unwrap_or(64),
         sampling: SamplingParams {

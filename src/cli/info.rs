@@ -36,6 +36,7 @@ pub fn report(c: &Container, summary: bool) -> String {
     let mut per: BTreeMap<String, (usize, u64)> = BTreeMap::new();
     let mut total = 0u64;
     let mut padding = 0u64;
+    let mut unstamped = Vec::new();
     for s in &c.shards {
         for t in &s.tensors {
             if is_pad(&t.name) {
@@ -54,6 +55,14 @@ pub fn report(c: &Container, summary: bool) -> String {
                         .map(|(_, q)| q.len())
                         .unwrap_or(0);
                     (enc.spelling(), (t.len() + qs) as u64, vec![rows, cols])
+                }
+                None if c.is_converted() && t.dtype == safetensors::Dtype::U8 => {
+                    unstamped.push(t.name.clone());
+                    (
+                        "u8 (unstamped)".to_string(),
+                        t.len() as u64,
+                        t.shape.clone(),
+                    )
                 }
                 None => (
                     format!("{:?}", t.dtype).to_lowercase(),
@@ -77,10 +86,16 @@ pub fn report(c: &Container, summary: bool) -> String {
         "{}: {} shard(s), {}\n",
         c.dir.display(),
         c.shards.len(),
-        if c.is_converted() {
-            "converted container (stamps verified)"
+        if !c.is_converted() {
+            "source checkpoint (no stamps)".to_string()
+        } else if unstamped.is_empty() {
+            "converted container (stamps verified)".to_string()
         } else {
-            "source checkpoint (no stamps)"
+            format!(
+                "converted container: stamps verified, but {} U8 tensor(s) carry no stamp; their format is inferred at load from config.json's shapes and refused when the bytes allow several (first: {})",
+                unstamped.len(),
+                unstamped[0]
+            )
         }
     ));
     for (f, (n, b)) in &per {

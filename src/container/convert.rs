@@ -785,14 +785,55 @@ impl ItemSource for ConvertSource<'_> {
     }
 }
 
+/// `p` made absolute with every existing prefix canonicalised (symbolic links resolved), so that a
+/// destination that does not exist yet can be compared with the source.
+fn resolve_path(p: &Path) -> Result<PathBuf> {
+    let mut existing = if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        std::env::current_dir()?.join(p)
+    };
+    let mut rest = Vec::new();
+    while !existing.exists() {
+        match (
+            existing.file_name().map(|n| n.to_os_string()),
+            existing.parent(),
+        ) {
+            (Some(name), Some(parent)) => {
+                rest.push(name);
+                existing = parent.to_path_buf();
+            }
+            _ => break,
+        }
+    }
+    let mut out = existing.canonicalize()?;
+    for name in rest.into_iter().rev() {
+        out.push(name);
+    }
+    Ok(out)
+}
+
 /// Convert `src_dir` into a stamped container in `dst_dir`.
 pub fn convert(src_dir: &Path, dst_dir: &Path, opts: &ConvertOptions) -> Result<ConvertSummary> {
     let src = Container::open(src_dir).map_err(anyhow::Error::from)?;
     if !src_dir.join("config.json").exists() {
         bail!("{}: no config.json", src_dir.display());
     }
+    let (cs, cd) = (src_dir.canonicalize()?, resolve_path(dst_dir)?);
+    if cd != cs && cd.starts_with(&cs) {
+        bail!(
+            "the destination {} lies inside the source directory {}; the source is never modified",
+            dst_dir.display(),
+            src_dir.display()
+        );
+    }
+    if !src_dir.join("tokenizer.json").exists() {
+        eprintln!(
+            "warning: {} has no tokenizer.json; the converted model will need --prompt-ids",
+            src_dir.display()
+        );
+    }
     std::fs::create_dir_all(dst_dir).with_context(|| format!("creating {}", dst_dir.display()))?;
-    let (cs, cd) = (src_dir.canonicalize()?, dst_dir.canonicalize()?);
     if cs == cd {
         bail!(
             "the destination {} is the source directory; the source is never modified",

@@ -1,0 +1,117 @@
+//! Bad command-line values get a clear error and a non-zero exit (found by a fresh-user review).
+use std::path::PathBuf;
+use std::process::Command;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_inkling-wgpu"))
+}
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+fn run_err(args: &[&str]) -> String {
+    let out = bin().args(args).output().unwrap();
+    assert!(!out.status.success(), "{args:?} should fail");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn sampling_values_out_of_range_are_refused() {
+    let m = fixture("tiny-causal-f32");
+    let m = m.to_str().unwrap();
+    for t in ["-1", "nan", "inf"] {
+        let e = run_err(&[
+            "generate",
+            "--model",
+            m,
+            "--prompt-ids",
+            "5,6",
+            "--device",
+            "cpu",
+            "--temperature",
+            t,
+        ]);
+        assert!(
+            e.contains("--temperature must be a finite number"),
+            "{t}: {e}"
+        );
+    }
+    for p in ["0", "2", "-0.5", "nan"] {
+        let e = run_err(&[
+            "generate",
+            "--model",
+            m,
+            "--prompt-ids",
+            "5,6",
+            "--device",
+            "cpu",
+            "--temperature",
+            "0.8",
+            "--top-p",
+            p,
+        ]);
+        assert!(e.contains("--top-p must be in (0, 1]"), "{p}: {e}");
+    }
+}
+
+#[test]
+fn no_adapter_names_the_backend_and_suggests_cpu() {
+    let out = bin()
+        .env("WGPU_BACKEND", "gl")
+        .args([
+            "generate",
+            "--model",
+            fixture("tiny-causal-f32").to_str().unwrap(),
+            "--prompt-ids",
+            "5,6",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        e.contains("WGPU_BACKEND=\"gl\"") && e.contains("GL is not built"),
+        "{e}"
+    );
+    assert!(e.contains("--device cpu"), "{e}");
+}
+
+#[test]
+fn convert_refuses_a_destination_inside_the_source() {
+    let tmp = std::env::temp_dir().join(format!("inkling-cli-validation-{}", std::process::id()));
+    let src = tmp.join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    for f in std::fs::read_dir(fixture("tiny-causal-f32")).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, src.join(f.file_name().unwrap())).unwrap();
+    }
+    let dst = src.join("sub");
+    let e = run_err(&[
+        "convert",
+        "--model",
+        src.to_str().unwrap(),
+        "--out",
+        dst.to_str().unwrap(),
+    ]);
+    assert!(e.contains("lies inside the source directory"), "{e}");
+    assert!(!dst.exists(), "nothing may be created inside the source");
+    std::fs::remove_dir_all(&tmp).unwrap();
+}
+
+#[test]
+fn a_missing_model_dir_is_named_once() {
+    let e = run_err(&[
+        "generate",
+        "--model",
+        "/nonexistent/inkling",
+        "--prompt-ids",
+        "1",
+        "--device",
+        "cpu",
+    ]);
+    assert!(e.contains("/nonexistent/inkling"), "{e}");
+    assert_eq!(e.matches("No such file or directory").count(), 1, "{e}");
+}
