@@ -107,7 +107,7 @@ impl Gpu {
 
     /// Largest storage-buffer binding in bytes (128 MiB on lavapipe).
     pub fn max_binding(&self) -> u64 {
-        self.limits.max_storage_buffer_binding_size as u64
+        self.limits.max_storage_buffer_binding_size
     }
 
     /// One line naming the adapter: `backend, name (driver driver_info)`.
@@ -145,7 +145,7 @@ impl Gpu {
     pub fn storage_init(&self, label: &str, bytes: &[u8]) -> wgpu::Buffer {
         // wgpu requires a non-zero size that is a multiple of 4 for mapped-at-creation buffers.
         let mut padded;
-        let contents = if bytes.is_empty() || bytes.len() % 4 != 0 {
+        let contents = if bytes.is_empty() || !bytes.len().is_multiple_of(4) {
             padded = bytes.to_vec();
             padded.resize(bytes.len().max(4).next_multiple_of(4), 0);
             &padded[..]
