@@ -383,3 +383,101 @@ fn a_kv_cache_past_the_binding_limit_is_a_clear_error() {
         .expect("refused");
     assert!(e.to_string().contains("max_seq"), "{e}");
 }
+
+#[test]
+fn pipelined_greedy_stop_on_eos_then_second_prompt_matches_reference() {
+    // `generate` at temperature 0 runs the GPU's pipelined greedy decode (one step in flight). A
+    // run stopped on an EOS leaves a speculative step behind (the cache one step ahead); the next
+    // prompt in the same process must still give the reference tokens.
+    let gpu = gpu();
+    for name in FIXTURES {
+        let ck = Checkpoint::open(&fixture(name)).unwrap();
+        let w = Weights::load(&ck).unwrap();
+        let r = reference(name);
+        for chunk in [64, 3] {
+            let mut m = GpuModel::with_chunk(&gpu, &w, MAX_SEQ, chunk).unwrap();
+            let n = r.cases.len();
+            for (ci, c) in r.cases.iter().enumerate() {
+                if c.generated_ids.len() < 2 {
+                    continue;
+                }
+                // stop early: the second generated id as the only EOS
+                let stop = c.generated_ids[1];
+                let k = c.generated_ids.iter().position(|&x| x == stop).unwrap();
+                let out = generate(
+                    &mut m,
+                    &c.prompt_ids,
+                    &greedy(vec![stop], c.max_new_tokens + 8),
+                    &mut |_| Ok(()),
+                )
+                .unwrap();
+                assert_eq!(out.finish_reason, FinishReason::Eos, "{name} case {ci}");
+                assert_eq!(out.generated_ids, c.generated_ids[..=k], "{name} case {ci}");
+                // the speculative step fed the EOS too: position counts it
+                assert_eq!(
+                    m.position(),
+                    c.prompt_ids.len() + k + 1,
+                    "{name} case {ci}: position one step ahead"
+                );
+                let c2 = &r.cases[(ci + 1) % n];
+                let out = generate(
+                    &mut m,
+                    &c2.prompt_ids,
+                    &greedy(r.eos.clone(), c2.max_new_tokens),
+                    &mut |_| Ok(()),
+                )
+                .unwrap();
+                assert_eq!(
+                    out.generated_ids,
+                    c2.generated_ids,
+                    "{name} chunk {chunk}: case {} after case {ci} stopped on EOS",
+                    (ci + 1) % n
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn pipelined_greedy_respects_max_seq_and_profile_mode() {
+    let gpu = gpu();
+    let name = "tiny-mm-bf16";
+    let ck = Checkpoint::open(&fixture(name)).unwrap();
+    let w = Weights::load(&ck).unwrap();
+    let r = reference(name);
+    let c = &r.cases[0];
+    let p = c.prompt_ids.len();
+    // room for the prompt and 3 fed ids: 4 ids, then the same error as the unpipelined loop
+    let mut m = GpuModel::new(&gpu, &w, p + 3).unwrap();
+    let mut ids = Vec::new();
+    let e = m
+        .greedy_stream(&c.prompt_ids, 100, &mut |id| {
+            ids.push(id);
+            Ok(true)
+        })
+        .unwrap_err();
+    assert!(e.to_string().contains("max_seq"), "{e}");
+    assert_eq!(ids.len(), 4);
+    let want: Vec<u32> = c.generated_ids.iter().copied().take(4).collect();
+    assert_eq!(ids[..want.len()], want[..]);
+    assert_eq!(m.position(), p + 3);
+    // max_new reached: nothing speculated, position as in the unpipelined loop
+    m.reset();
+    let mut ids = Vec::new();
+    assert!(m
+        .greedy_stream(&c.prompt_ids, 2, &mut |id| {
+            ids.push(id);
+            Ok(true)
+        })
+        .unwrap());
+    assert_eq!(ids.len(), 2);
+    assert_eq!(m.position(), p + 1);
+    // profile mode runs unpipelined: greedy_stream declines without feeding anything
+    m.reset();
+    m.start_profile();
+    assert!(!m
+        .greedy_stream(&c.prompt_ids, 2, &mut |_| Ok(true))
+        .unwrap());
+    assert_eq!(m.position(), 0);
+    m.take_profile().unwrap();
+}

@@ -68,9 +68,22 @@ pub fn copy_bandwidth(
     })
 }
 
-/// Prompt, then `steps` greedy decode steps; returns the ids and the decode seconds.
+/// Prompt, then `steps` greedy decode steps; returns the ids and the decode seconds. Pipelined
+/// ([`GpuModel::greedy_stream`]: one step in flight) except in profile mode, which times one step
+/// per submission.
 fn probe(m: &mut GpuModel, prompt: &[u32], steps: usize) -> anyhow::Result<(Vec<u32>, f64)> {
     m.reset();
+    let mut ids = Vec::with_capacity(steps + 1);
+    let mut t0 = None;
+    let streamed = m.greedy_stream(prompt, steps + 1, &mut |id| {
+        ids.push(id);
+        t0.get_or_insert_with(Instant::now);
+        Ok(true)
+    })?;
+    if streamed {
+        let secs = t0.map_or(0.0, |t| t.elapsed().as_secs_f64());
+        return Ok((ids, secs));
+    }
     let mut id = m.forward_greedy(prompt)?;
     let mut ids = vec![id];
     let t0 = Instant::now();

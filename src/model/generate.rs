@@ -71,8 +71,37 @@ pub fn generate(
             stats,
         });
     }
-    // Greedy decoding asks the backend for the argmax only (the GPU reads back 4 bytes).
+    // Greedy decoding asks the backend for the argmax only (the GPU reads back 4 bytes), through
+    // its pipelined path when it has one (the GPU: one step in flight, no host round trip between
+    // steps).
     let greedy = params.sampling.temperature <= 0.0;
+    if greedy {
+        let t0 = Instant::now();
+        let mut finish = FinishReason::Length;
+        let mut t_first = None;
+        let mut prefill_s = 0.0;
+        let mut ttft_s = 0.0;
+        let streamed = model.greedy_stream(prompt, params.max_new_tokens, &mut |id| {
+            out.push(id);
+            if t_first.is_none() {
+                // the prompt's forward ends with the first id's readback
+                prefill_s = t0.elapsed().as_secs_f64();
+                ttft_s = prefill_s;
+                t_first = Some(Instant::now());
+            }
+            if params.eos_ids.contains(&id) {
+                finish = FinishReason::Eos;
+                return Ok(false);
+            }
+            on_token(id)?;
+            Ok(out.len() < params.max_new_tokens)
+        })?;
+        if streamed {
+            stats.prefill_s = prefill_s;
+            stats.ttft_s = ttft_s;
+            return Ok(finish_output(out, finish, stats, t_first));
+        }
+    }
     let mut next = |model: &mut dyn Forward, tokens: &[u32]| -> anyhow::Result<u32> {
         if greedy {
             model.forward_greedy(tokens)
@@ -101,6 +130,15 @@ pub fn generate(
         }
         id = next(model, &[id])?;
     }
+    Ok(finish_output(out, finish, stats, t_first))
+}
+
+fn finish_output(
+    out: Vec<u32>,
+    finish: FinishReason,
+    mut stats: GenStats,
+    t_first: Option<Instant>,
+) -> GenOutput {
     stats.generated_tokens = out.len();
     if let Some(t1) = t_first {
         let dt = t1.elapsed().as_secs_f64();
@@ -111,9 +149,9 @@ pub fn generate(
             0.0
         };
     }
-    Ok(GenOutput {
+    GenOutput {
         generated_ids: out,
         finish_reason: finish,
         stats,
-    })
+    }
 }

@@ -47,6 +47,13 @@ enum Head {
     All,
 }
 
+/// Key of a recorded step: token count, head mode, and whether the embedding reads its id from
+/// the previous step's argmax on the device (the pipelined greedy decode) instead of `ids`.
+type StepKey = (u32, Head, bool);
+
+/// Readback buffers of the pipelined greedy decode (a ring: step k copies its id into slot k % 2).
+const RING: usize = 2;
+
 /// One recorded kernel invocation.
 enum Rec {
     Op(OpCall),
@@ -112,7 +119,7 @@ struct Timestamps {
     stride: u64,
     slots: u64,
     /// The step key of each filled slot.
-    pending: Vec<(u32, Head)>,
+    pending: Vec<StepKey>,
     ticks: [u64; 7],
     span_ticks: u64,
 }
@@ -267,6 +274,11 @@ struct Acts {
     logits: wgpu::Buffer,
     argmax: wgpu::Buffer,
     readback: wgpu::Buffer,
+    /// The pipelined greedy decode's ring of 8-byte readback buffers for the argmax id.
+    ring: [wgpu::Buffer; RING],
+    /// `[p, 0, 0, 0]` for every position p < max_seq: a chained step copies its position from here
+    /// into the position uniform on the device (no host write per step).
+    positions: wgpu::Buffer,
 }
 
 /// Settings of a [`GpuModel`].
@@ -298,7 +310,9 @@ pub struct GpuModel {
     layers: Vec<LayerGpu>,
     acts: Acts,
     pos_buf: PosBuffer,
-    steps: HashMap<(u32, Head), Step>,
+    steps: HashMap<StepKey, Step>,
+    /// Set by a ring buffer's `map_async` callback: 1 = mapped, 2 = failed.
+    map_flag: std::sync::Arc<std::sync::atomic::AtomicU8>,
     /// Bytes a one-token step reads apart from the KV caches (see [`GpuModel::decode_bytes`]).
     static_decode_bytes: u64,
     prof: Option<Profiler>,
@@ -356,11 +370,7 @@ fn static_decode_bytes(
 }
 
 /// Read back the filled slots of `ts` and add them to its sums.
-fn flush_timestamps(
-    gpu: &Gpu,
-    ts: &mut Timestamps,
-    steps: &HashMap<(u32, Head), Step>,
-) -> Result<()> {
+fn flush_timestamps(gpu: &Gpu, ts: &mut Timestamps, steps: &HashMap<StepKey, Step>) -> Result<()> {
     if ts.pending.is_empty() {
         return Ok(());
     }
@@ -391,6 +401,8 @@ enum Readback {
     Logits(u64),
     /// The greedy id (4 bytes).
     Argmax,
+    /// The greedy id into ring slot `n` of the pipelined decode.
+    Ring(usize),
 }
 
 impl GpuModel {
@@ -619,6 +631,18 @@ impl GpuModel {
                 usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             }),
+            ring: std::array::from_fn(|_| {
+                gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("greedy id ring"),
+                    size: 8,
+                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                })
+            }),
+            positions: {
+                let v: Vec<u32> = (0..max_seq as u32).flat_map(|p| [p, 0, 0, 0]).collect();
+                gpu.storage_init("positions", bytemuck::cast_slice(&v))
+            },
         };
         let pos_buf = PosBuffer::new(gpu, 0);
         let static_decode_bytes =
@@ -640,6 +664,7 @@ impl GpuModel {
             acts,
             pos_buf,
             steps: HashMap::new(),
+            map_flag: Default::default(),
         })
     }
 
@@ -828,22 +853,53 @@ impl GpuModel {
 
     /// Record and submit one chunk (≤ max_chunk tokens): ids and position writes, one compute
     /// pass, and the copy of `copy` into the readback buffer, in one submission.
-    fn submit(&mut self, tokens: &[u32], head: Head, copy: Readback) -> Result<()> {
-        let t = tokens.len() as u32;
-        if !self.steps.contains_key(&(t, head)) {
-            let step = self.build_step(t, head)?;
-            self.steps.insert((t, head), step);
+    fn submit(
+        &mut self,
+        tokens: &[u32],
+        head: Head,
+        copy: Readback,
+    ) -> Result<wgpu::SubmissionIndex> {
+        self.submit_keyed(Some(tokens), head, copy)
+    }
+
+    /// [`GpuModel::submit`]; `tokens == None` is a chained one-token step: its id is the previous
+    /// step's argmax (read on the device) and its position is copied on the device from
+    /// `positions`, so nothing is written from the host.
+    fn submit_keyed(
+        &mut self,
+        tokens: Option<&[u32]>,
+        head: Head,
+        copy: Readback,
+    ) -> Result<wgpu::SubmissionIndex> {
+        let chained = tokens.is_none();
+        let n_tok = tokens.map_or(1, |t| t.len());
+        let t = n_tok as u32;
+        let key = (t, head, chained);
+        if !self.steps.contains_key(&key) {
+            let step = self.build_step(t, head, chained)?;
+            self.steps.insert(key, step);
         }
         let gpu = &self.gpu;
-        gpu.queue
-            .write_buffer(&self.acts.ids, 0, bytemuck::cast_slice(tokens));
-        self.pos_buf.set(&gpu.queue, self.pos as u32);
-        let step = &self.steps[&(t, head)];
         let mut enc = gpu
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                 label: Some("inkling step"),
             });
+        match tokens {
+            Some(tokens) => {
+                gpu.queue
+                    .write_buffer(&self.acts.ids, 0, bytemuck::cast_slice(tokens));
+                self.pos_buf.set(&gpu.queue, self.pos as u32);
+            }
+            None => enc.copy_buffer_to_buffer(
+                &self.acts.positions,
+                16 * self.pos as u64,
+                &self.pos_buf.buffer,
+                0,
+                16,
+            ),
+        }
+        let step = &self.steps[&key];
         // profile mode: one-token steps are counted and, with timestamps, timed per phase
         let profiled = t == 1 && self.prof.is_some();
         let mut timed_slot = None;
@@ -925,7 +981,7 @@ impl GpuModel {
         {
             let n = 2 * step.segs.len() as u32;
             enc.resolve_query_set(&ts.qs, 0..n, &ts.resolve, slot * ts.stride);
-            ts.pending.push((t, head));
+            ts.pending.push(key);
         }
         let a = &self.acts;
         match copy {
@@ -934,11 +990,115 @@ impl GpuModel {
                 enc.copy_buffer_to_buffer(&a.logits, 0, &a.readback, 0, n.next_multiple_of(4))
             }
             Readback::Argmax => enc.copy_buffer_to_buffer(&a.argmax, 0, &a.readback, 0, 4),
+            Readback::Ring(slot) => enc.copy_buffer_to_buffer(&a.argmax, 0, &a.ring[slot], 0, 4),
         }
-        gpu.queue.submit([enc.finish()]);
-        self.pos += tokens.len();
+        let idx = gpu.queue.submit([enc.finish()]);
+        self.pos += n_tok;
         self.dirty = true;
-        Ok(())
+        Ok(idx)
+    }
+
+    /// Wait for submission `idx` only (later ones keep running), then read the id in ring `slot`.
+    fn read_ring(&self, slot: usize, idx: wgpu::SubmissionIndex) -> Result<u32> {
+        use std::sync::atomic::Ordering;
+        let buf = &self.acts.ring[slot];
+        let slice = buf.slice(0..8);
+        self.map_flag.store(0, Ordering::Release);
+        let flag = self.map_flag.clone();
+        slice.map_async(wgpu::MapMode::Read, move |r| {
+            flag.store(if r.is_ok() { 1 } else { 2 }, Ordering::Release);
+        });
+        self.gpu
+            .device
+            .poll(wgpu::PollType::Wait {
+                submission_index: Some(idx),
+                timeout: None,
+            })
+            .map_err(|e| anyhow::anyhow!("GPU poll failed: {e}"))?;
+        // the callback fires during the poll that sees the submission done; poll again if not
+        while self.map_flag.load(Ordering::Acquire) == 0 {
+            self.gpu
+                .device
+                .poll(wgpu::PollType::Poll)
+                .map_err(|e| anyhow::anyhow!("GPU poll failed: {e}"))?;
+            std::thread::yield_now();
+        }
+        ensure!(
+            self.map_flag.load(Ordering::Acquire) == 1,
+            "GPU readback of the greedy id failed"
+        );
+        let id = {
+            let m = slice
+                .get_mapped_range()
+                .map_err(|e| anyhow::anyhow!("GPU readback failed: {e:?}"))?;
+            u32::from_le_bytes([m[0], m[1], m[2], m[3]])
+        };
+        buf.unmap();
+        Ok(id)
+    }
+
+    /// Greedy decode with one step in flight: feed `prompt`, then hand each greedy id to `on_id`
+    /// in order while it returns `true`, at most `max_new` ids. Each decode step after the prompt
+    /// is *chained*: recorded once, its embedding reads the previous step's argmax on the device
+    /// and its position is copied on the device, so step k + 1 is submitted before step k's id is
+    /// mapped (a ring of two 8-byte readback buffers), and the GPU does not wait for the host.
+    ///
+    /// Returns `Ok(false)` without doing anything in profile mode (profiling times one step per
+    /// submission; callers fall back to [`GpuModel::forward_greedy`]), else `Ok(true)`.
+    ///
+    /// When `on_id` stops the run (e.g. on an EOS), the step speculatively submitted behind that
+    /// id has already fed it: the cache is left one step ahead, holding the prompt and *every*
+    /// id handed out, and [`GpuModel::position`] counts it (prompt + ids handed out). That step's
+    /// own argmax is discarded. At `max_new` no step is speculated, so position is then
+    /// prompt + ids − 1, as with the unpipelined loop. Either way the state is a consistent
+    /// prefix of the sequence, and [`GpuModel::reset`] (which every new prompt goes through)
+    /// clears the conv states; KV slots are overwritten before they are read.
+    pub fn greedy_stream(
+        &mut self,
+        prompt: &[u32],
+        max_new: usize,
+        on_id: &mut dyn FnMut(u32) -> Result<bool>,
+    ) -> Result<bool> {
+        if self.prof.is_some() {
+            return Ok(false);
+        }
+        self.check(prompt)?;
+        if max_new == 0 {
+            return Ok(true);
+        }
+        let chunks = prompt.len().div_ceil(self.max_chunk);
+        let mut cur = None;
+        for (ci, c) in prompt.chunks(self.max_chunk).enumerate() {
+            if ci + 1 == chunks {
+                cur = Some((0, self.submit(c, Head::Last, Readback::Ring(0))?));
+            } else {
+                self.submit(c, Head::None, Readback::None)?;
+            }
+        }
+        let (mut slot, mut idx) = cur.expect("at least one chunk");
+        let mut n = 0;
+        loop {
+            // the step that feeds id n (not known to the host yet), if it may be needed
+            let spec = if n + 1 < max_new && self.pos < self.max_seq {
+                let s = (slot + 1) % RING;
+                Some((s, self.submit_keyed(None, Head::Last, Readback::Ring(s))?))
+            } else {
+                None
+            };
+            let id = self.read_ring(slot, idx)?;
+            n += 1;
+            if !on_id(id)? || n >= max_new {
+                return Ok(true);
+            }
+            match spec {
+                Some(s) => (slot, idx) = s,
+                // past max_seq: the same error as the unpipelined path
+                None => {
+                    self.check(&[id])?;
+                    unreachable!("a step was not speculated only past max_seq");
+                }
+            }
+        }
     }
 
     /// Map the first `bytes` of the readback buffer (after the last submission) and copy them out.
@@ -965,7 +1125,7 @@ impl GpuModel {
     }
 
     /// Build every call object of a step of `t` tokens.
-    fn build_step(&self, t: u32, head: Head) -> Result<Step> {
+    fn build_step(&self, t: u32, head: Head, chained: bool) -> Result<Step> {
         let gpu = &self.gpu;
         let a = &self.acts;
         let cfg = &self.cfg;
@@ -993,7 +1153,13 @@ impl GpuModel {
                 eps,
                 ids_off: 0,
             }
-            .bind(gpu, &a.ids, &shards, &self.embed_norm, &a.h),
+            .bind(
+                gpu,
+                if chained { &a.argmax } else { &a.ids },
+                &shards,
+                &self.embed_norm,
+                &a.h,
+            ),
         ));
 
         fn dense_args<'b>(
@@ -1254,6 +1420,14 @@ impl super::Forward for GpuModel {
     }
     fn position(&self) -> usize {
         GpuModel::position(self)
+    }
+    fn greedy_stream(
+        &mut self,
+        prompt: &[u32],
+        max_new: usize,
+        on_id: &mut dyn FnMut(u32) -> anyhow::Result<bool>,
+    ) -> anyhow::Result<bool> {
+        GpuModel::greedy_stream(self, prompt, max_new, on_id)
     }
     fn backend(&self) -> &'static str {
         "gpu"

@@ -37,6 +37,19 @@ pub trait Forward {
     fn forward_greedy(&mut self, tokens: &[u32]) -> anyhow::Result<u32> {
         Ok(sampling::argmax(&self.forward(tokens)?))
     }
+    /// Pipelined greedy decode: feed `prompt`, then hand each greedy id to `on_id` in order
+    /// (feeding it back) while `on_id` returns `true`, at most `max_new` ids. Returns `Ok(false)`,
+    /// having fed nothing, when the backend has no such path (the default; callers then loop over
+    /// [`Forward::forward_greedy`]). The GPU keeps one step in flight, so after a stop the state
+    /// may be one token ahead (see [`crate::model::GpuModel::greedy_stream`]); `position()` says so.
+    fn greedy_stream(
+        &mut self,
+        _prompt: &[u32],
+        _max_new: usize,
+        _on_id: &mut dyn FnMut(u32) -> anyhow::Result<bool>,
+    ) -> anyhow::Result<bool> {
+        Ok(false)
+    }
     /// Forget the sequence.
     fn reset(&mut self);
     /// Tokens consumed so far.
