@@ -383,3 +383,40 @@ fn written_shards_are_valid_safetensors_with_aligned_data() {
     assert_eq!(st.tensor("w").unwrap().data().len(), 256);
     assert_eq!(st.tensor("w.qs").unwrap().data().len(), 32);
 }
+
+#[test]
+fn info_does_not_claim_verified_stamps_for_an_unstamped_blob() {
+    // A converted container (it has a stamp map) in which the U8 blob `w` carries no stamp.
+    let d = make(
+        "info-unstamped",
+        G64,
+        4,
+        64,
+        &[("inkling.fmt", "{}"), ("inkling.shape", r#"{"w":[4,64]}"#)],
+        None,
+    );
+    let c = Container::open(&d).unwrap();
+    let text = inkling_wgpu::cli::info::report(&c, false);
+    assert!(!text.contains("(stamps verified)"), "{text}");
+    assert!(
+        text.contains("1 U8 tensor(s) carry no stamp") && text.contains("(first: w)"),
+        "{text}"
+    );
+    // With the stamp, info says the stamps are verified.
+    let d = make(
+        "info-stamped",
+        G64,
+        4,
+        64,
+        &[
+            ("inkling.fmt", r#"{"w":"int4-grouped"}"#),
+            ("inkling.shape", r#"{"w":[4,64]}"#),
+        ],
+        None,
+    );
+    let text = inkling_wgpu::cli::info::report(&Container::open(&d).unwrap(), false);
+    assert!(
+        text.contains("converted container (stamps verified)"),
+        "{text}"
+    );
+}
