@@ -179,7 +179,53 @@ struct Experts {
     n: usize,
 }
 
+/// The inputs of one expert-FFN recording: x rows `[tokens, H]` and `n_pairs` (expert, token)
+/// pairs in a 16-byte `Pair` buffer.
+struct FfnIo<'b> {
+    x: &'b wgpu::Buffer,
+    tokens: u32,
+    pairs: &'b wgpu::Buffer,
+    n_pairs: u32,
+}
+
 impl Experts {
+    /// Records `y[p] = down_e(silu(gate_e x_t) · up_e x_t)` for every pair p = (e, t): the gate_up
+    /// GEMV into `gu` `[P, 2I]`, silu·up into `act` `[P, I]`, then the down GEMV in which pair p
+    /// reads activation row p (`x_per_pair`). Shared and routed experts both go through here.
+    #[allow(clippy::too_many_arguments)]
+    fn record_ffn(
+        &self,
+        gpu: &Gpu,
+        recs: &mut Vec<Rec>,
+        io: FfnIo<'_>,
+        inter: u32,
+        (gu, act): (&wgpu::Buffer, &wgpu::Buffer),
+        y: &wgpu::Buffer,
+        what: &str,
+    ) -> Result<()> {
+        let np = io.n_pairs;
+        recs.push(self.gate_up.call(
+            gpu,
+            GemvArgs::new(io.x, io.tokens, io.pairs, np, gu),
+            &format!("{what} gate_up"),
+        )?);
+        recs.push(Rec::Op(Elementwise::silu_mul(
+            gpu,
+            np,
+            inter,
+            SiluMulLayout::fused(inter),
+            gu,
+            gu,
+            act,
+        )));
+        recs.push(self.down.call(
+            gpu,
+            GemvArgs::new(act, np, io.pairs, np, y).x_per_pair(true),
+            &format!("{what} down"),
+        )?);
+        Ok(())
+    }
+
     fn upload(gpu: &Gpu, ffns: &[Ffn<'_>], limit: u64, what: &str) -> Result<Option<Experts>> {
         if ffns.is_empty() {
             return Ok(None);
@@ -1308,50 +1354,39 @@ impl GpuModel {
                     if let Some(sh) = shared {
                         marks.at(&recs, Phase::Shared);
                         let np = t * ns;
-                        recs.push(sh.gate_up.call(
+                        let io = FfnIo {
+                            x: &a.xn,
+                            tokens: t,
+                            pairs: &a.shared_pairs,
+                            n_pairs: np,
+                        };
+                        sh.record_ffn(
                             gpu,
-                            GemvArgs::new(&a.xn, t, &a.shared_pairs, np, &a.gu),
-                            &what("shared gate_up"),
-                        )?);
-                        recs.push(Rec::Op(Elementwise::silu_mul(
-                            gpu,
-                            np,
+                            &mut recs,
+                            io,
                             *inter,
-                            SiluMulLayout::fused(*inter),
-                            &a.gu,
-                            &a.gu,
-                            &a.act,
-                        )));
-                        recs.push(
-                            sh.down.call(
-                                gpu,
-                                GemvArgs::new(&a.act, np, &a.shared_pairs, np, &a.y_shared)
-                                    .x_per_pair(true),
-                                &what("shared down"),
-                            )?,
-                        );
+                            (&a.gu, &a.act),
+                            &a.y_shared,
+                            &what("shared"),
+                        )?;
                     }
                     let np = t * top_k;
                     marks.at(&recs, Phase::Routed);
-                    recs.push(routed.gate_up.call(
+                    let io = FfnIo {
+                        x: &a.xn,
+                        tokens: t,
+                        pairs: &a.pairs,
+                        n_pairs: np,
+                    };
+                    routed.record_ffn(
                         gpu,
-                        GemvArgs::new(&a.xn, t, &a.pairs, np, &a.gu),
-                        &what("routed gate_up"),
-                    )?);
-                    recs.push(Rec::Op(Elementwise::silu_mul(
-                        gpu,
-                        np,
+                        &mut recs,
+                        io,
                         *inter,
-                        SiluMulLayout::fused(*inter),
-                        &a.gu,
-                        &a.gu,
-                        &a.act,
-                    )));
-                    recs.push(routed.down.call(
-                        gpu,
-                        GemvArgs::new(&a.act, np, &a.pairs, np, &a.y_routed).x_per_pair(true),
-                        &what("routed down"),
-                    )?);
+                        (&a.gu, &a.act),
+                        &a.y_routed,
+                        &what("routed"),
+                    )?;
                     marks.at(&recs, Phase::Other);
                     recs.push(Rec::Op(Elementwise::moe_combine(
                         gpu,
