@@ -1,5 +1,5 @@
 //! Attention with a KV cache: one prefill, chunks and token by token must all equal the full recompute.
-mod ops_util;
+use crate::ops_util;
 use inkling_wgpu::gpu::ops::{AttentionKernel, AttentionShape, PosBuffer};
 use inkling_wgpu::gpu::Gpu;
 use ops_util::*;

@@ -14,25 +14,25 @@ fn validate(name: &str, src: &str) {
 
 #[test]
 fn norm_wgsl_validates() {
-    validate("norm.wgsl", include_str!("../wgsl/norm.wgsl"));
+    validate("norm.wgsl", include_str!("../../wgsl/norm.wgsl"));
 }
 
 #[test]
 fn conv_wgsl_validates() {
-    validate("conv.wgsl", include_str!("../wgsl/conv.wgsl"));
+    validate("conv.wgsl", include_str!("../../wgsl/conv.wgsl"));
 }
 
 #[test]
 fn attention_wgsl_validates() {
-    validate("attention.wgsl", include_str!("../wgsl/attention.wgsl"));
+    validate("attention.wgsl", include_str!("../../wgsl/attention.wgsl"));
 }
 
 #[test]
 fn router_wgsl_validates() {
-    validate("router.wgsl", include_str!("../wgsl/router.wgsl"));
+    validate("router.wgsl", include_str!("../../wgsl/router.wgsl"));
 }
 
 #[test]
 fn elementwise_wgsl_validates() {
-    validate("elementwise.wgsl", include_str!("../wgsl/elementwise.wgsl"));
+    validate("elementwise.wgsl", include_str!("../../wgsl/elementwise.wgsl"));
 }

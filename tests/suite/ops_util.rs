@@ -1,5 +1,5 @@
 //! Shared helpers for the `ops_*` GPU kernel tests (not a test target itself).
-#![allow(dead_code)]
+
 
 use inkling_wgpu::gpu::Gpu;
 

@@ -3,7 +3,7 @@
 //! the CPU), cache consistency (prefill+decode, chunked prefill, window edges, chunks split over
 //! several submissions), reset between prompts, step reuse. Needs a GPU adapter (lavapipe on CI:
 //! `WGPU_BACKEND=vulkan NODEVICE_SELECT=1`); without one the tests FAIL, they never skip.
-mod model_common;
+use crate::model_common;
 use inkling_wgpu::gpu::Gpu;
 use inkling_wgpu::model::generate::{generate, FinishReason, GenerateParams};
 use inkling_wgpu::model::sampling::SamplingParams;

@@ -1,5 +1,5 @@
 //! Shared helpers of the model tests (fixture paths, reference.json, reference logits).
-#![allow(dead_code)]
+
 use std::path::PathBuf;
 
 pub const FIXTURES: [&str; 3] = [

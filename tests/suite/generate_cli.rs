@@ -1,5 +1,5 @@
 //! `inkling-wgpu generate` end to end on the CPU device, against transformers' tokens.
-mod model_common;
+use crate::model_common;
 use model_common::*;
 use std::process::Command;
 

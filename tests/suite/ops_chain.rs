@@ -1,6 +1,6 @@
 //! Calls built once and recorded into ONE compute pass, reused over several steps: argmax writes the
 //! token id that the embedding gather of the same submission reads (no CPU round trip).
-mod ops_util;
+use crate::ops_util;
 use inkling_wgpu::gpu::ops::{Argmax, EmbedNorm, EmbedShard};
 use ops_util::*;
 

@@ -3,7 +3,7 @@
 //! and sum to at most the step's GPU span, `bench decode --json` has every key, and its
 //! bytes_per_token equals a count by hand. No speed thresholds. Needs a GPU adapter (lavapipe on
 //! CI); fails without one.
-mod model_common;
+use crate::model_common;
 use inkling_wgpu::formats::QMatrix;
 use inkling_wgpu::gpu::Gpu;
 use inkling_wgpu::model::weights::{Ffn, Mlp};

@@ -1,5 +1,5 @@
 //! silu·up (three layouts), residual adds, scaling, MoE combine, argmax (V = 201024, last index).
-mod ops_util;
+use crate::ops_util;
 use inkling_wgpu::gpu::ops::{Argmax, Elementwise, SiluMulLayout};
 use ops_util::*;
 

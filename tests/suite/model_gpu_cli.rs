@@ -1,6 +1,6 @@
 //! `inkling-wgpu generate --device gpu --json --temperature 0` reproduces transformers' tokens on
 //! both tensor-name layouts. Needs a GPU adapter (lavapipe on CI); fails without one.
-mod model_common;
+use crate::model_common;
 use model_common::*;
 use std::process::Command;
 

@@ -4,7 +4,7 @@
 //! conversion of a BF16 source reproduces transformers' tokens and the unconverted model's logits
 //! bit for bit; `generate --device cpu --json` and `info` work on converted and source
 //! directories; a corrupted stamp is refused through `Checkpoint::open`, naming shard and tensor.
-mod model_common;
+use crate::model_common;
 use inkling_wgpu::container::{convert, Container, ContainerError, ConvertOptions, STAMP_KEY};
 use inkling_wgpu::formats::{quantize, Encoding, QMatrix};
 use inkling_wgpu::model::generate::{generate, GenerateParams};

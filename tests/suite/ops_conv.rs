@@ -1,5 +1,5 @@
 //! Short convolution: chunked (1, 2, 3 tokens, K = 4 and 3) equals the full sequence; reset does not leak.
-mod ops_util;
+use crate::ops_util;
 use inkling_wgpu::gpu::ops::ShortConvKernel;
 use inkling_wgpu::gpu::Gpu;
 use ops_util::*;

@@ -1,5 +1,5 @@
 //! RMSNorm rows (wide, many rows), per-head in place, embedding gather + embed_norm (f32 and bf16 shards).
-mod ops_util;
+use crate::ops_util;
 use inkling_wgpu::gpu::ops::{EmbedNorm, EmbedShard, RmsNorm};
 use ops_util::*;
 

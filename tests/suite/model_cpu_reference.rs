@@ -1,7 +1,7 @@
 //! The CPU forward against transformers 5.24.0 on every fixture: greedy continuation through EOS,
 //! teacher-forced logits within 1e-4 relative, cache consistency (prefill+decode, chunked
 //! prefill, window edges, two prompts in one process) and seeded sampling.
-mod model_common;
+use crate::model_common;
 use inkling_wgpu::model::generate::{generate, FinishReason, GenerateParams};
 use inkling_wgpu::model::sampling::SamplingParams;
 use inkling_wgpu::model::{Checkpoint, CpuModel, GenerationConfig, Weights};

@@ -1,6 +1,6 @@
 //! Bad checkpoints give errors that name the file and the tensor or field; nothing panics.
 //! Every bad copy is built in a scratch directory; the fixtures are never modified.
-mod model_common;
+use crate::model_common;
 use inkling_wgpu::model::{Checkpoint, CpuModel, Weights};
 use model_common::*;
 use safetensors::tensor::TensorView;

@@ -1,5 +1,5 @@
 //! Router: E = 300 routed + 2 shared, top-6; experts past the workgroup size are selectable; ties → lower.
-mod ops_util;
+use crate::ops_util;
 use inkling_wgpu::gpu::ops::{Pair, Router, RouterShape};
 use ops_util::*;
 

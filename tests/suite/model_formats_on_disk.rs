@@ -1,5 +1,5 @@
 //! Unaligned tensor data in a safetensors file, and F16 checkpoints.
-mod model_common;
+use crate::model_common;
 use half::f16;
 use inkling_wgpu::model::{Checkpoint, CpuModel, Weights};
 use model_common::*;

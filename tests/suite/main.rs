@@ -1,0 +1,36 @@
+//! The integration test suite: one binary (one link of wgpu) for every test module.
+
+#[allow(dead_code)]
+mod model_common;
+#[allow(dead_code)]
+mod ops_util;
+
+mod cli_validation;
+mod container_stamp;
+mod convert_roundtrip;
+mod decode_profile;
+mod formats_doc;
+mod formats_quant;
+mod gemv_cli;
+mod gemv_large;
+mod gemv_parity;
+mod generate_cli;
+mod model_bad_inputs;
+mod model_config;
+mod model_container;
+mod model_cpu_reference;
+mod model_formats_on_disk;
+mod model_gpu_cli;
+mod model_gpu_pairs;
+mod model_gpu_reference;
+mod model_sampling;
+mod ops_attention;
+mod ops_chain;
+mod ops_conv;
+mod ops_elementwise;
+mod ops_norm;
+mod ops_router;
+mod ops_wgsl_validate;
+mod synth_smoke;
+mod tokenizer_o200k;
+mod wgsl_validate;
