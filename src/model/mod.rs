@@ -5,18 +5,22 @@
 //!   [`crate::container::Container`]) → [`Weights`] (shared by CPU and GPU paths).
 //! - [`names`]: the one released ↔ transformers tensor-name mapping.
 //! - [`cache`]: KV ring buffers and short-conv states ([`Cache`]).
+//! - [`expert_cache`]: slot bookkeeping of a GPU expert cache (which routed experts are resident).
+//! - [`usage`]: the per-model routing-count file that ranks the expert cache's pinned hot set.
 //! - [`cpu`]: the CPU forward ([`CpuModel`]), the oracle.
 //! - [`sampling`], [`generate`], [`text`]: the decode loop, sampling and streamed detokenisation.
 pub mod cache;
 pub mod config;
 pub mod cpu;
 pub mod error;
+pub mod expert_cache;
 pub mod generate;
 pub mod gpu;
 pub mod names;
 pub mod profile;
 pub mod sampling;
 pub mod text;
+pub mod usage;
 pub mod weights;
 
 pub use cache::Cache;

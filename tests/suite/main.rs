@@ -9,6 +9,7 @@ mod cli_validation;
 mod container_stamp;
 mod convert_roundtrip;
 mod decode_profile;
+mod expert_cache;
 mod formats_doc;
 mod formats_quant;
 mod gemv_cli;
