@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # What the numbers in BENCHMARKS.md and the issue notes came from: run on the device tool's NVIDIA H200
 # (Vulkan through the NVIDIA driver), with the release binary built on an x86-64 host and carried in .dev/.
-# Usage (on the device machine, from the repo root): tools/h200_run.sh STEP...  (steps: smoke bench generate convert)
+# Usage (on the device machine, from the repo root): tools/h200_run.sh STEP...  (steps: smoke bench generate convert stream)
+# stream: LAYERS (default 10) layers of synth inkling-small int4-g64, generated with 100%, 50% and 25% of the
+# routed experts as GPU slots, warm page cache then cold (pages dropped with posix_fadvise DONTNEED).
 set -uo pipefail
 for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
 export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
@@ -42,5 +44,34 @@ for step in "$@"; do
           $BIN generate --model /tmp/conv-$e --prompt-ids 5,6,7,8,9,10,11,12 --max-tokens 16 --temperature 0 --device $dev --json
         done
       done ;;
+    stream)
+      L=${LAYERS:-10}; D=${STREAM_DIR:-/tmp/small}; total=$((L * 256))
+      ids=1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16
+      df -h /tmp | tail -1
+      /usr/bin/time -f "synth %e s" $BIN synth --preset inkling-small --layers "$L" --experts int4-g64 --out "$D" --force | tail -1
+      du -sh "$D"
+      cold() { python3 -c "
+import os, sys
+d = sys.argv[1]
+for f in os.listdir(d):
+    fd = os.open(os.path.join(d, f), os.O_RDONLY); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED); os.close(fd)
+" "$D"; grep -E '^(Cached|MemFree)' /proc/meminfo | tr -s ' \n' ' '; echo; }
+      run() { # tag slots [extra...]
+        local tag=$1 slots=$2; shift 2
+        local t0=$(date +%s.%N)
+        $BIN generate --model "$D" --prompt-ids "$ids" --max-tokens 32 --temperature 0 --json --expert-slots "$slots" "$@" > "$OUT/stream-$tag.json" 2> "$OUT/stream-$tag.err"
+        echo "[$tag] rc=$? wall $(python3 -c "import time;print(round(time.time()-$t0,1))") s"
+        python3 -c "
+import json;d=json.load(open('$OUT/stream-$tag.json'));s=d['stats']
+print('  ids', d['generated_ids']); print('  decode %.2f tok/s  prefill %.2f s' % (s['decode_tok_s'], s['prefill_s'])); print('  experts', json.dumps(s['experts']))"
+        tail -3 "$OUT/stream-$tag.err"
+      }
+      run warm-100 $total --usage-file off
+      run warm-50 $((total / 2)) --usage-file off
+      run warm-25 $((total / 4)) --usage-file off
+      cold; run cold-25 $((total / 4)) --usage-file off
+      cold; run cold-50 $((total / 4 * 2)) --usage-file off
+      run hot-write-25 $((total / 4)) --usage-file "$OUT/usage.json"
+      run hot-read-25 $((total / 4)) --usage-file "$OUT/usage.json" --profile --peak-gbs 4171.7 ;;
   esac
 done

@@ -127,6 +127,7 @@ pub fn run(a: DecodeArgs) -> anyhow::Result<ExitCode> {
         profile,
         copy_gbs,
         copy_source,
+        stream: None,
     };
     if a.json {
         let mut v = report.to_json();

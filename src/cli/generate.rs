@@ -2,7 +2,8 @@
 use crate::model::generate::{generate, GenOutput, GenerateParams};
 use crate::model::sampling::SamplingParams;
 use crate::model::text::{load_tokenizer, tokenizer_eos_ids, TextStream};
-use crate::model::{Checkpoint, CpuModel, Forward, GpuModel, Weights};
+use crate::model::usage::{self, Usage};
+use crate::model::{Checkpoint, CpuModel, Forward, GpuModel, GpuModelOptions, Placement, Weights};
 use anyhow::{bail, Context};
 use std::io::Write;
 use std::path::PathBuf;
@@ -53,11 +54,55 @@ pub struct Args {
     /// Copy bandwidth in GB/s for the roofline (default: measured once like `bench copy`).
     #[arg(long)]
     pub peak_gbs: Option<f64>,
+    /// GPU memory budget in GiB, or `auto`. The dense part (attention, norms, convs, router,
+    /// shared experts, embeddings, head) and the KV cache stay resident; the rest of the budget
+    /// becomes expert slots and routed experts stream from the mapped container into them. A
+    /// budget that holds every expert runs fully resident. `auto` (the default) runs fully
+    /// resident: wgpu exposes no portable way to read the adapter's free memory.
+    #[arg(long, default_value = "auto", value_parser = parse_gpu_mem)]
+    pub gpu_mem: GpuMem,
+    /// Exactly N expert slots instead of a budget in GiB (N ≥ every routed expert = resident).
+    #[arg(long, conflicts_with = "gpu_mem")]
+    pub expert_slots: Option<usize>,
+    /// The usage file: routing counts per (layer, expert) that rank the pinned hot set of expert
+    /// slots at start-up and are updated after each streamed run. Default:
+    /// `<model>/inkling-wgpu.usage.json`; `off` neither reads nor writes one. Delete it freely;
+    /// one that is corrupt or belongs to another model is ignored with a warning.
+    #[arg(long)]
+    pub usage_file: Option<String>,
+    /// Test hook: fail the GPU step of the routed experts of LAYER in the step feeding position
+    /// POS (streaming only), to exercise the CPU fallback.
+    #[arg(long, hide = true, value_name = "POS:LAYER")]
+    pub inject_gpu_failure: Option<String>,
+}
+
+/// `--gpu-mem`: `auto` or a positive number of GiB.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum GpuMem {
+    Auto,
+    GiB(f64),
+}
+
+fn parse_gpu_mem(s: &str) -> Result<GpuMem, String> {
+    if s.eq_ignore_ascii_case("auto") {
+        return Ok(GpuMem::Auto);
+    }
+    match s.trim_end_matches(['G', 'g']).parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(GpuMem::GiB(v)),
+        _ => Err(format!(
+            "expected `auto` or a positive number of GiB (e.g. 24 or 7.5), got {s:?}"
+        )),
+    }
 }
 
 /// The GPU forward for sequences of up to `max_seq` tokens; a missing adapter is an error that
 /// points at `--device cpu`.
-fn gpu_backend(w: &Weights<'_>, max_seq: usize) -> anyhow::Result<GpuModel> {
+fn gpu_backend<'w>(
+    w: &'w Weights<'w>,
+    max_seq: usize,
+    placement: Placement,
+    usage: Option<Usage>,
+) -> anyhow::Result<GpuModel<'w>> {
     let gpu = match crate::gpu::device::Gpu::new() {
         Err(crate::gpu::device::GpuError::NoAdapter { .. }) => {
             let env = std::env::var("WGPU_BACKEND").ok();
@@ -72,7 +117,12 @@ fn gpu_backend(w: &Weights<'_>, max_seq: usize) -> anyhow::Result<GpuModel> {
         Err(e) => bail!("the GPU could not be initialised ({e}); run with `--device cpu` to use the CPU forward"),
         Ok(gpu) => gpu,
     };
-    let model = crate::model::GpuModel::new(&gpu, w, max_seq)
+    let opts = GpuModelOptions {
+        max_seq,
+        max_chunk: crate::model::gpu::DEFAULT_MAX_CHUNK,
+        binding_limit: None,
+    };
+    let model = GpuModel::with_placement(&gpu, w, opts, placement, usage)
         .with_context(|| format!("building the GPU model on {}", gpu.describe()))?;
     Ok(model)
 }
@@ -154,6 +204,43 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.profile && args.device != Device::Gpu {
         bail!("--profile times the GPU forward; use it with --device gpu");
     }
+    let placement = match (args.expert_slots, args.gpu_mem) {
+        (Some(n), _) => Placement::Slots(n),
+        (None, GpuMem::GiB(g)) => Placement::GpuMem((g * (1u64 << 30) as f64) as u64),
+        (None, GpuMem::Auto) => Placement::Resident,
+    };
+    if placement != Placement::Resident && args.device != Device::Gpu {
+        bail!("--gpu-mem / --expert-slots place experts on the GPU; use them with --device gpu");
+    }
+    let cfg = &ck.config;
+    let usage_path = match args.usage_file.as_deref() {
+        Some("off") => None,
+        Some(p) => Some(PathBuf::from(p)),
+        None => Some(dir.join(usage::USAGE_FILE)),
+    };
+    let fingerprint = if placement != Placement::Resident {
+        Some(usage::fingerprint(&dir)?)
+    } else {
+        None
+    };
+    let (n_layers, n_experts) = (cfg.num_hidden_layers, cfg.n_routed_experts);
+    let hot = match (&usage_path, &fingerprint) {
+        (Some(p), Some(fp)) => usage::load_or_warn(p, fp, n_layers, n_experts),
+        _ => None,
+    };
+    let usage_seed = fingerprint
+        .as_deref()
+        .map(|fp| hot.unwrap_or_else(|| Usage::new(fp, n_layers, n_experts)));
+    let inject = match args.inject_gpu_failure.as_deref() {
+        None => None,
+        Some(s) => {
+            let (a, b) = s
+                .split_once(':')
+                .context("--inject-gpu-failure takes POS:LAYER")?;
+            Some((a.parse::<usize>()?, b.parse::<usize>()?))
+        }
+    };
+
     let mut cpu_model;
     let mut gpu_model = None;
     let backend: &mut dyn Forward = match args.device {
@@ -165,7 +252,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             let m = gpu_model.insert(gpu_backend(
                 &weights,
                 prompt.len() + params.max_new_tokens.max(1),
+                placement,
+                usage_seed,
             )?);
+            if let Some((pos, layer)) = inject {
+                m.inject_routed_failure(pos, layer)?;
+            }
             if args.profile {
                 m.start_profile();
             }
@@ -207,10 +299,19 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 profile,
                 copy_gbs,
                 copy_source,
+                stream: m.stream_stats(),
             })
         }
         _ => None,
     };
+    let experts = gpu_model.as_ref().and_then(|m| m.stream_stats());
+    if let (Some(m), Some(path)) = (gpu_model.as_ref(), usage_path.as_ref()) {
+        if let Some(u) = m.usage() {
+            if let Err(e) = u.save(path) {
+                eprintln!("warning: could not write the usage file: {e}");
+            }
+        }
+    }
     if let Some(s) = stream.as_mut() {
         let tail = s.finish()?;
         text.push_str(&tail);
@@ -235,6 +336,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 "decode_tok_s": s.decode_tok_s,
                 "backend": backend_name,
                 "adapter": adapter,
+                "experts": match &experts {
+                    Some(x) => x.to_json(),
+                    None => serde_json::json!({ "resident": true }),
+                },
             }
         });
         if let Some(r) = &report {
@@ -255,6 +360,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         backend_name,
         adapter
     );
+    if let Some(x) = &experts {
+        eprintln!("{}", x.line());
+    }
     if let Some(r) = &report {
         eprintln!("{}", r.text());
     }

@@ -372,22 +372,7 @@ impl GpuWeights {
                 enc.spelling()
             )));
         }
-        let expert_bytes = (rows * stride) as u64;
-        // (e0, e1, r0, r1) per chunk
-        let mut plan = Vec::new();
-        if expert_bytes <= limit {
-            let per = (limit / expert_bytes).max(1) as usize;
-            for e0 in (0..experts).step_by(per) {
-                plan.push((e0, (e0 + per).min(experts), 0, rows));
-            }
-        } else {
-            let per = (limit / stride as u64) as usize;
-            for e in 0..experts {
-                for r0 in (0..rows).step_by(per) {
-                    plan.push((e, e + 1, r0, (r0 + per).min(rows)));
-                }
-            }
-        }
+        let plan = chunk_plan(experts, rows, stride, limit);
         let mut chunks = Vec::with_capacity(plan.len());
         for (ci, &(e0, e1, r0, r1)) in plan.iter().enumerate() {
             let n_rows = (e1 - e0) * (r1 - r0);
@@ -449,6 +434,173 @@ impl GpuWeights {
         })
     }
 
+    /// A slab of `experts` zeroed expert slots `[rows, cols]` in `enc`, to be filled later one
+    /// expert at a time with [`GpuWeights::write_expert`] (the expert-cache slot pool). Chunks of
+    /// at most `limit` bytes, laid out exactly as an uploaded slab, so a [`GemvCall`] over it is
+    /// a GEMV over whatever experts the slots hold.
+    pub fn empty_with_limit(
+        gpu: &Gpu,
+        enc: Encoding,
+        experts: usize,
+        rows: usize,
+        cols: usize,
+        limit: u64,
+    ) -> Result<GpuWeights, DispatchError> {
+        dispatch::resolve(enc.format.ordinal())?;
+        enc.format
+            .check_group_size(enc.group_size)
+            .map_err(|e| DispatchError::Shape(e.to_string()))?;
+        if experts == 0 || rows == 0 || cols == 0 {
+            return Err(DispatchError::Shape(format!(
+                "empty weight tensor {experts}×[{rows}, {cols}]"
+            )));
+        }
+        if experts > u32::MAX as usize || rows > u32::MAX as usize || cols > u32::MAX as usize {
+            return Err(DispatchError::Shape("dimensions must fit in u32".into()));
+        }
+        let stride = gpu_row_stride(enc, cols);
+        let spr = enc.scales_per_row(cols);
+        let limit = limit.min(default_limit(gpu));
+        if (stride as u64) > limit {
+            return Err(DispatchError::Shape(format!(
+                "one row of {} [{rows}, {cols}] takes {stride} bytes, more than a binding ({limit} bytes)",
+                enc.spelling()
+            )));
+        }
+        let chunks = chunk_plan(experts, rows, stride, limit)
+            .into_iter()
+            .enumerate()
+            .map(|(ci, (e0, e1, r0, r1))| {
+                let n_rows = (e1 - e0) * (r1 - r0);
+                let usage = wgpu::BufferUsages::STORAGE
+                    | wgpu::BufferUsages::COPY_DST
+                    | wgpu::BufferUsages::COPY_SRC;
+                WeightChunk {
+                    weights: gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                        label: Some(&format!("expert slots {} chunk {ci}", enc.spelling())),
+                        size: (n_rows * stride).max(16) as u64,
+                        usage,
+                        mapped_at_creation: false,
+                    }),
+                    scales: gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                        label: Some(&format!("expert slot scales {} chunk {ci}", enc.spelling())),
+                        size: (n_rows * spr * 4).max(16) as u64,
+                        usage,
+                        mapped_at_creation: false,
+                    }),
+                    e0: e0 as u32,
+                    e1: e1 as u32,
+                    r0: r0 as u32,
+                    r1: r1 as u32,
+                }
+            })
+            .collect();
+        Ok(GpuWeights {
+            enc,
+            experts,
+            rows,
+            cols,
+            chunks,
+        })
+    }
+
+    /// Overwrite expert slot `e` with one expert's FORMATS.md bytes through `queue.write_buffer`
+    /// (so the write lands before the next submission's commands and after every earlier
+    /// submission's). `data` is the expert's `rows` rows as consecutive pieces of whole rows
+    /// (e.g. gate rows then up rows); `scales` likewise (little-endian f32 bytes, empty for
+    /// f32/bf16). Returns the bytes read from `data` and `scales`.
+    ///
+    /// Errors: `e` out of range, or pieces that do not add up to `rows` whole rows.
+    pub fn write_expert(
+        &self,
+        queue: &wgpu::Queue,
+        e: usize,
+        data: &[&[u8]],
+        scales: &[&[u8]],
+    ) -> Result<u64, DispatchError> {
+        let enc = self.enc;
+        let rb = enc.bytes_per_row(self.cols);
+        let sb = 4 * enc.scales_per_row(self.cols);
+        let stride = gpu_row_stride(enc, self.cols);
+        if e >= self.experts {
+            return Err(DispatchError::Shape(format!(
+                "expert slot {e} out of range (the slab has {})",
+                self.experts
+            )));
+        }
+        let total: usize = data.iter().map(|d| d.len()).sum();
+        let total_s: usize = scales.iter().map(|d| d.len()).sum();
+        if total != self.rows * rb
+            || total_s != self.rows * sb
+            || data.iter().any(|d| d.len() % rb != 0)
+            || (sb > 0 && scales.iter().any(|d| d.len() % sb != 0))
+        {
+            return Err(DispatchError::Shape(format!(
+                "{} expert [{}, {}] needs {} weight and {} scale bytes in whole rows, got {total} and {total_s}",
+                enc.spelling(),
+                self.rows,
+                self.cols,
+                self.rows * rb,
+                self.rows * sb
+            )));
+        }
+        // (first row, bytes) of every piece
+        let pieces = |ps: &[&[u8]], per: usize| -> Vec<(usize, usize)> {
+            let mut r = 0;
+            ps.iter()
+                .enumerate()
+                .map(|(i, p)| {
+                    let at = (r, i);
+                    r += p.len().checked_div(per).unwrap_or(0);
+                    at
+                })
+                .collect()
+        };
+        let dp = pieces(data, rb);
+        let sp = pieces(scales, sb);
+        let mut padded = Vec::new();
+        for c in self
+            .chunks
+            .iter()
+            .filter(|c| (c.e0..c.e1).contains(&(e as u32)))
+        {
+            let (r0, r1) = (c.r0 as usize, c.r1 as usize);
+            let base_row = (e - c.e0 as usize) * (r1 - r0);
+            for &(pr0, i) in &dp {
+                let pr1 = pr0 + data[i].len() / rb;
+                let (a, b) = (pr0.max(r0), pr1.min(r1));
+                if a >= b {
+                    continue;
+                }
+                let src = &data[i][(a - pr0) * rb..(b - pr0) * rb];
+                let off = ((base_row + a - r0) * stride) as u64;
+                if rb == stride {
+                    queue.write_buffer(&c.weights, off, src);
+                } else {
+                    padded.clear();
+                    padded.resize((b - a) * stride, 0);
+                    for (k, row) in src.chunks_exact(rb).enumerate() {
+                        padded[k * stride..k * stride + rb].copy_from_slice(row);
+                    }
+                    queue.write_buffer(&c.weights, off, &padded);
+                }
+            }
+            if sb == 0 {
+                continue;
+            }
+            for &(pr0, i) in &sp {
+                let pr1 = pr0 + scales[i].len() / sb;
+                let (a, b) = (pr0.max(r0), pr1.min(r1));
+                if a >= b {
+                    continue;
+                }
+                let src = &scales[i][(a - pr0) * sb..(b - pr0) * sb];
+                queue.write_buffer(&c.scales, ((base_row + a - r0) * sb) as u64, src);
+            }
+        }
+        Ok((total + total_s) as u64)
+    }
+
     /// The encoding of the uploaded bytes.
     pub fn encoding(&self) -> Encoding {
         self.enc
@@ -474,6 +626,32 @@ impl GpuWeights {
         (self.rows * self.enc.bytes_per_row(self.cols)
             + 4 * self.enc.scale_count(self.rows, self.cols)) as u64
     }
+}
+
+/// `(e0, e1, r0, r1)` of every binding-sized chunk of a slab: whole experts per chunk when one
+/// expert fits `limit`, else each expert split by rows.
+fn chunk_plan(
+    experts: usize,
+    rows: usize,
+    stride: usize,
+    limit: u64,
+) -> Vec<(usize, usize, usize, usize)> {
+    let expert_bytes = (rows * stride) as u64;
+    let mut plan = Vec::new();
+    if expert_bytes <= limit {
+        let per = (limit / expert_bytes).max(1) as usize;
+        for e0 in (0..experts).step_by(per) {
+            plan.push((e0, (e0 + per).min(experts), 0, rows));
+        }
+    } else {
+        let per = (limit / stride as u64) as usize;
+        for e in 0..experts {
+            for r0 in (0..rows).step_by(per) {
+                plan.push((e, e + 1, r0, (r0 + per).min(rows)));
+            }
+        }
+    }
+    plan
 }
 
 /// Largest chunk: the binding limit, the buffer limit and 2³¹ − 1 bytes (offsets past 2³¹ break

@@ -43,6 +43,12 @@ fn linear_rows(m: &QMatrix<'_>, x: &[f32]) -> Vec<f32> {
     y
 }
 
+/// One SwiGLU expert FFN on one token: `down(silu(gate x) · up x)`, `x` `[H]` → `[H]` (f32,
+/// dequantised from the expert's own bytes; transformers' `InklingMLP` / expert forward).
+pub fn expert_ffn(f: &Ffn<'_>, x: &[f32]) -> Vec<f32> {
+    ffn(f, x)
+}
+
 fn ffn(f: &Ffn<'_>, x: &[f32]) -> Vec<f32> {
     let mut g = vec![0f32; f.gate.rows];
     let mut u = vec![0f32; f.up.rows];

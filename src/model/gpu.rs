@@ -18,10 +18,13 @@
 //! residual. Then the final norm, ÷ `logits_mup_width_multiplier`, and the head over the first
 //! `logits_width()` rows of `lm_head`. Routing never goes through the CPU.
 use super::config::{AttnGeom, TextConfig};
+use super::expert_cache::{Assign, ExpertCache};
 use super::profile::{DecodeProfile, Phase};
+use super::stream::{Placement, StreamStats};
+use super::usage::Usage;
 use super::weights::{Ffn, Mlp, Weights};
 use crate::formats::{Format, QMatrix};
-use crate::gpu::gemv::{GemvArgs, GemvCall, GpuWeights, NO_GAMMA};
+use crate::gpu::gemv::{gpu_row_stride, GemvArgs, GemvCall, GpuWeights, NO_GAMMA};
 use crate::gpu::ops::{
     conv::ConvCall, norm::EmbedShard, Argmax, ArgmaxCall, AttentionCall, AttentionKernel,
     AttentionShape, Elementwise, EmbedNorm, OpCall, PosBuffer, RmsNorm, Router, RouterShape,
@@ -32,6 +35,8 @@ use anyhow::{bail, ensure, Context, Result};
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::ops::Range;
+
+const GIB: f64 = (1u64 << 30) as f64;
 
 /// Default largest chunk of tokens one submission processes.
 pub const DEFAULT_MAX_CHUNK: usize = 64;
@@ -61,6 +66,9 @@ enum Rec {
     Attn(AttentionCall),
     Gemv(GemvCall),
     Argmax(ArgmaxCall),
+    /// Streaming mode: the routed experts of this layer go here (placed by the host between
+    /// submissions; see [`super::stream`]). Never recorded into a pass.
+    Routed(usize),
 }
 
 impl Rec {
@@ -71,6 +79,7 @@ impl Rec {
             Rec::Attn(c) => c.record_in_pass(pass),
             Rec::Gemv(c) => c.record_in_pass(pass),
             Rec::Argmax(c) => c.record_in_pass(pass),
+            Rec::Routed(_) => {}
         }
     }
 }
@@ -257,7 +266,10 @@ enum MlpGpu {
         /// `route_scale × gate.global_scale`.
         scale: f32,
         top_k: u32,
-        routed: Experts,
+        /// `None` when the routed experts stream through the expert slots.
+        routed: Option<Experts>,
+        /// Weight + scale bytes of one routed expert (gate, up and down).
+        expert_bytes: u64,
         shared: Option<Experts>,
         inter: u32,
     },
@@ -340,8 +352,25 @@ pub struct GpuModelOptions {
     pub binding_limit: Option<u64>,
 }
 
+/// GPU side of expert streaming: the slot pool and the buffers of one routed part.
+struct StreamGpu<'w> {
+    /// The slot pool: `slots` experts of gate‖up `[2I, H]` and down `[H, I]`.
+    pool: Experts,
+    inter: u32,
+    /// Compacted pairs of one part, `(slot, token, weight_idx, 0)`.
+    part_pairs: wgpu::Buffer,
+    /// Down outputs of one part `[P, H]`, copied to the pairs' rows of `y_routed`.
+    y_part: wgpu::Buffer,
+    /// Recorded part FFNs by `(tokens, pairs)`.
+    part_calls: HashMap<(u32, u32), Vec<Rec>>,
+    host: super::stream::StreamState<'w>,
+}
+
 /// The GPU model: weights, activations, caches and the recorded steps, plus one sequence's state.
-pub struct GpuModel {
+///
+/// `'w` is the lifetime of the mapped weights a streaming model reads its routed experts from
+/// ([`GpuModel::with_placement`]); a fully resident model borrows nothing (`GpuModel<'static>`).
+pub struct GpuModel<'w> {
     gpu: Gpu,
     cfg: TextConfig,
     max_seq: usize,
@@ -362,6 +391,7 @@ pub struct GpuModel {
     /// Bytes a one-token step reads apart from the KV caches (see [`GpuModel::decode_bytes`]).
     static_decode_bytes: u64,
     prof: Option<Profiler>,
+    stream: Option<StreamGpu<'w>>,
 }
 
 fn f32_buf(gpu: &Gpu, label: &str, v: &[f32]) -> wgpu::Buffer {
@@ -401,13 +431,13 @@ fn static_decode_bytes(
                 router,
                 bias,
                 top_k,
-                routed,
+                expert_bytes,
                 shared,
                 ..
             } => {
                 lin(router)
                     + bias.size()
-                    + *top_k as u64 * ffn(routed)
+                    + *top_k as u64 * expert_bytes
                     + shared.as_ref().map_or(0, |s| s.n as u64 * ffn(s))
             }
         };
@@ -451,10 +481,10 @@ enum Readback {
     Ring(usize),
 }
 
-impl GpuModel {
+impl GpuModel<'static> {
     /// Upload `w` and build a model for sequences of up to `max_seq` tokens, processing chunks of
     /// up to [`DEFAULT_MAX_CHUNK`] tokens per submission.
-    pub fn new(gpu: &Gpu, w: &Weights<'_>, max_seq: usize) -> Result<GpuModel> {
+    pub fn new(gpu: &Gpu, w: &Weights<'_>, max_seq: usize) -> Result<GpuModel<'static>> {
         Self::with_chunk(gpu, w, max_seq, DEFAULT_MAX_CHUNK)
     }
 
@@ -464,7 +494,7 @@ impl GpuModel {
         w: &Weights<'_>,
         max_seq: usize,
         max_chunk: usize,
-    ) -> Result<GpuModel> {
+    ) -> Result<GpuModel<'static>> {
         Self::with_options(
             gpu,
             w,
@@ -476,8 +506,23 @@ impl GpuModel {
         )
     }
 
-    /// The general constructor (see [`GpuModelOptions`]).
-    pub fn with_options(gpu: &Gpu, w: &Weights<'_>, opts: GpuModelOptions) -> Result<GpuModel> {
+    /// The general constructor of a fully resident model (see [`GpuModelOptions`]).
+    pub fn with_options(
+        gpu: &Gpu,
+        w: &Weights<'_>,
+        opts: GpuModelOptions,
+    ) -> Result<GpuModel<'static>> {
+        Self::build(gpu, w, opts, None)
+    }
+
+    /// Build everything; `slots = Some(n)` leaves the routed experts off the GPU and allocates a
+    /// pool of `n` expert slots instead (the caller attaches the host state).
+    fn build(
+        gpu: &Gpu,
+        w: &Weights<'_>,
+        opts: GpuModelOptions,
+        slots: Option<usize>,
+    ) -> Result<GpuModel<'static>> {
         let GpuModelOptions {
             max_seq,
             max_chunk,
@@ -593,19 +638,30 @@ impl GpuModel {
                     let inter = m.experts[0].gate.rows;
                     let s = m.shared.len();
                     max_topk = max_topk.max(m.top_k);
+                    let f0 = &m.experts[0];
+                    let expert_bytes = [&f0.gate, &f0.up, &f0.down]
+                        .iter()
+                        .map(|q| (q.data.len() + q.scales.len()) as u64)
+                        .sum();
                     max_gu_rows_x2i = max_gu_rows_x2i.max(m.top_k.max(s) * 2 * inter);
                     MlpGpu::Moe {
                         router: lin(&m.router, "router")?,
                         bias: f32_buf(gpu, "router bias", &m.router_bias),
                         scale: m.route_scale * m.router_scale,
                         top_k: m.top_k as u32,
-                        routed: Experts::upload(
-                            gpu,
-                            &m.experts,
-                            limit,
-                            &format!("layer {i} routed experts"),
-                        )?
-                        .context("a sparse layer without routed experts")?,
+                        routed: match slots {
+                            Some(_) => None,
+                            None => Some(
+                                Experts::upload(
+                                    gpu,
+                                    &m.experts,
+                                    limit,
+                                    &format!("layer {i} routed experts"),
+                                )?
+                                .context("a sparse layer without routed experts")?,
+                            ),
+                        },
+                        expert_bytes,
                         shared: Experts::upload(
                             gpu,
                             &m.shared,
@@ -693,7 +749,51 @@ impl GpuModel {
         let pos_buf = PosBuffer::new(gpu, 0);
         let static_decode_bytes =
             static_decode_bytes(row_bytes as u64, &embed_norm, &norm, &lm_head, &layers);
+        let stream = match slots {
+            None => None,
+            Some(n) => {
+                let (f0, inter) = w
+                    .layers
+                    .iter()
+                    .find_map(|l| match &l.mlp {
+                        Mlp::Moe(m) => Some((&m.experts[0], m.experts[0].gate.rows)),
+                        Mlp::Dense(_) => None,
+                    })
+                    .context("expert streaming needs a sparse layer")?;
+                let enc = f0.gate.enc;
+                let gu = GpuWeights::empty_with_limit(gpu, enc, n, 2 * inter, hid, limit)
+                    .context("allocating the expert slots (gate_up)")?;
+                let dn = GpuWeights::empty_with_limit(gpu, enc, n, hid, inter, limit)
+                    .context("allocating the expert slots (down)")?;
+                let ordinal = enc.format.ordinal();
+                let p = max_chunk * max_topk;
+                Some(StreamGpu {
+                    pool: Experts {
+                        gate_up: Lin { w: gu, ordinal },
+                        down: Lin { w: dn, ordinal },
+                        n,
+                    },
+                    inter: inter as u32,
+                    part_pairs: gpu.storage("expert part pairs", 16 * p as u64),
+                    y_part: zeroed(gpu, "expert part outputs", p * hid),
+                    part_calls: HashMap::new(),
+                    host: super::stream::StreamState {
+                        experts: Vec::new(),
+                        cache: ExpertCache::new(cfg.num_hidden_layers, cfg.n_routed_experts, n)
+                            .map_err(|e| anyhow::anyhow!("{e}"))?,
+                        usage: Usage::new("", cfg.num_hidden_layers, cfg.n_routed_experts),
+                        stats: StreamStats {
+                            slots: n,
+                            ..Default::default()
+                        },
+                        fail_at: None,
+                        warned: false,
+                    },
+                })
+            }
+        };
         Ok(GpuModel {
+            stream,
             static_decode_bytes,
             prof: None,
             gpu: gpu.clone(),
@@ -712,6 +812,179 @@ impl GpuModel {
             steps: HashMap::new(),
             map_flag: Default::default(),
         })
+    }
+}
+
+impl<'w> GpuModel<'w> {
+    /// A model whose routed experts are placed by `placement`: resident (as [`GpuModel::with_options`])
+    /// or streamed from `w`'s mapped bytes through a pool of expert slots (see [`super::stream`]).
+    ///
+    /// `usage` is the routing-count table the model records into (and, loaded from a usage file,
+    /// ranks the pinned hot set with: up to half the slots when there are at least twice
+    /// `top_k` of them). Errors: a budget below the resident part plus one expert slot.
+    pub fn with_placement(
+        gpu: &Gpu,
+        w: &'w Weights<'w>,
+        opts: GpuModelOptions,
+        placement: Placement,
+        usage: Option<Usage>,
+    ) -> Result<GpuModel<'w>> {
+        let cfg = &w.config;
+        let sparse: Vec<usize> = (0..w.layers.len())
+            .filter(|&i| matches!(w.layers[i].mlp, Mlp::Moe(_)))
+            .collect();
+        let total = sparse.len() * cfg.n_routed_experts;
+        let slot_bytes = Self::slot_bytes(w);
+        let slots = match placement {
+            Placement::Resident => None,
+            Placement::Slots(n) => {
+                ensure!(n >= 1, "--expert-slots must be at least 1");
+                (n < total).then_some(n)
+            }
+            Placement::GpuMem(b) => {
+                let est = Self::resident_bytes_estimate(w, opts);
+                let free = b.saturating_sub(est);
+                let n = (free / slot_bytes.max(1)) as usize;
+                ensure!(
+                    n >= 1,
+                    "a GPU memory budget of {:.2} GiB holds no expert slot: the resident part \
+                     (dense weights, shared experts, KV cache) needs about {:.2} GiB and one expert \
+                     slot {:.1} MiB",
+                    b as f64 / GIB,
+                    est as f64 / GIB,
+                    slot_bytes as f64 / (1u64 << 20) as f64
+                );
+                (n < total).then_some(n)
+            }
+        };
+        let mut m: GpuModel<'w> = GpuModel::build(gpu, w, opts, slots)?;
+        if let Some(sg) = m.stream.as_mut() {
+            let h = &mut sg.host;
+            h.experts = w
+                .layers
+                .iter()
+                .map(|l| match &l.mlp {
+                    Mlp::Moe(x) => &x.experts[..],
+                    Mlp::Dense(_) => &[][..],
+                })
+                .collect();
+            let max_topk = w
+                .layers
+                .iter()
+                .filter_map(|l| match &l.mlp {
+                    Mlp::Moe(x) => Some(x.top_k),
+                    Mlp::Dense(_) => None,
+                })
+                .max()
+                .unwrap_or(1);
+            if let Some(u) = usage {
+                let n = sg.pool.n;
+                let max_pinned = if n >= 2 * max_topk { n / 2 } else { 0 };
+                let t0 = std::time::Instant::now();
+                let loads = h.cache.pin(&u.ranked(), max_pinned);
+                for (layer, a) in &loads {
+                    h.stats.startup_bytes +=
+                        upload_expert(&m.gpu, &sg.pool, h.experts[*layer], *a)?;
+                }
+                h.stats.pinned = loads.len();
+                h.stats.startup_s = t0.elapsed().as_secs_f64();
+                h.usage = u;
+            }
+        }
+        Ok(m)
+    }
+
+    /// GPU bytes of one expert slot (gate‖up and down, padded rows, scales).
+    pub fn slot_bytes(w: &Weights<'_>) -> u64 {
+        let Some(f) = w.layers.iter().find_map(|l| match &l.mlp {
+            Mlp::Moe(m) => Some(&m.experts[0]),
+            Mlp::Dense(_) => None,
+        }) else {
+            return 0;
+        };
+        let mat = |rows: usize, q: &QMatrix<'_>| {
+            (rows * gpu_row_stride(q.enc, q.cols) + 4 * q.enc.scale_count(rows, q.cols)) as u64
+        };
+        mat(2 * f.gate.rows, &f.gate) + mat(f.down.rows, &f.down)
+    }
+
+    /// Bytes of routed experts in the model, as they sit in the container.
+    pub fn routed_bytes(w: &Weights<'_>) -> u64 {
+        w.layers
+            .iter()
+            .map(|l| match &l.mlp {
+                Mlp::Moe(m) => m
+                    .experts
+                    .iter()
+                    .flat_map(|f| [&f.gate, &f.up, &f.down])
+                    .map(|q| (q.data.len() + q.scales.len()) as u64)
+                    .sum(),
+                Mlp::Dense(_) => 0,
+            })
+            .sum()
+    }
+
+    /// An estimate of the GPU bytes of everything but the routed experts: dense linears, shared
+    /// experts, router, embedding table, head, norms and conv weights as stored, the KV caches
+    /// and conv states for `opts.max_seq`, and the activations of a `max_chunk` chunk.
+    pub fn resident_bytes_estimate(w: &Weights<'_>, opts: GpuModelOptions) -> u64 {
+        let cfg = &w.config;
+        let q = |m: &QMatrix<'_>| (m.data.len() + m.scales.len()) as u64;
+        let ffn = |f: &Ffn<'_>| q(&f.gate) + q(&f.up) + q(&f.down);
+        let v = |x: &[f32]| 4 * x.len() as u64;
+        let hid = cfg.hidden_size as u64;
+        let embed = match w.embed.enc.format {
+            Format::F32 | Format::Bf16 => q(&w.embed),
+            _ => 4 * hid * cfg.vocab_size as u64,
+        };
+        let mut b = embed + q(&w.lm_head) + v(&w.embed_norm) + v(&w.norm);
+        for (i, l) in w.layers.iter().enumerate() {
+            let a = &l.attn;
+            b += q(&a.q) + q(&a.k) + q(&a.v) + q(&a.r) + q(&a.o);
+            b += v(&a.q_norm) + v(&a.k_norm) + v(&a.rel_proj) + v(&l.input_norm);
+            b += v(&l.post_attn_norm) + v(&a.k_sconv.w) + v(&a.v_sconv.w);
+            b += v(&l.attn_sconv.w) + v(&l.mlp_sconv.w);
+            let g = cfg.attn(i);
+            let cap = g.window.unwrap_or(opts.max_seq) as u64;
+            b += 2 * 4 * cap * g.kv_dim() as u64;
+            b += 4 * (cfg.conv_kernel_size as u64) * (2 * g.kv_dim() as u64 + 2 * hid);
+            b += match &l.mlp {
+                Mlp::Dense(d) => ffn(&d.ffn),
+                Mlp::Moe(m) => q(&m.router) + m.shared.iter().map(ffn).sum::<u64>(),
+            };
+        }
+        // activations: a generous bound of 64 rows of the widest vectors per chunk token
+        b + 4 * 64 * hid * opts.max_chunk.min(opts.max_seq) as u64
+    }
+
+    /// Counters of expert streaming (`None` when the routed experts are resident).
+    pub fn stream_stats(&self) -> Option<StreamStats> {
+        self.stream.as_ref().map(|s| {
+            let c = s.host.cache.counters();
+            StreamStats {
+                hits: c.hits,
+                misses: c.misses,
+                ..s.host.stats
+            }
+        })
+    }
+
+    /// The routing counts recorded so far (streaming only), for the usage file.
+    pub fn usage(&self) -> Option<&Usage> {
+        self.stream.as_ref().map(|s| &s.host.usage)
+    }
+
+    /// Test hook: make the GPU part of `layer`'s routed experts fail in the step that feeds
+    /// position `pos` (streaming only; the layer is then recomputed on the CPU). Errors when
+    /// the model is fully resident.
+    #[doc(hidden)]
+    pub fn inject_routed_failure(&mut self, pos: usize, layer: usize) -> Result<()> {
+        let s = self
+            .stream
+            .as_mut()
+            .context("failure injection needs a streaming model")?;
+        s.host.fail_at = Some((pos, layer));
+        Ok(())
     }
 
     /// The device this model runs on.
@@ -925,7 +1198,7 @@ impl GpuModel {
             let step = self.build_step(t, head, chained)?;
             self.steps.insert(key, step);
         }
-        let gpu = &self.gpu;
+        let gpu = &self.gpu.clone();
         let mut enc = gpu
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
@@ -946,15 +1219,17 @@ impl GpuModel {
             ),
         }
         let step = &self.steps[&key];
+        let n_segs = step.segs.len();
         // profile mode: one-token steps are counted and, with timestamps, timed per phase
         let profiled = t == 1 && self.prof.is_some();
+        let streaming = self.stream.is_some();
         let mut timed_slot = None;
         if profiled {
             let bytes = self.decode_bytes(self.pos);
             let prof = self.prof.as_mut().expect("profiling");
             prof.steps += 1;
             prof.bytes_sum += bytes as f64;
-            if gpu.has_timestamps() {
+            if gpu.has_timestamps() && !streaming {
                 let need = 2 * step.segs.len() as u32;
                 ensure!(
                     need <= wgpu::QUERY_SET_MAX_QUERIES,
@@ -1014,7 +1289,9 @@ impl GpuModel {
                 }
             }
         }
-        if timed_slot.is_none() {
+        if streaming {
+            enc = self.record_streamed(key, enc)?;
+        } else if timed_slot.is_none() {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some("inkling forward"),
                 timestamp_writes: None,
@@ -1025,7 +1302,7 @@ impl GpuModel {
         }
         if let (Some(slot), Some(ts)) = (timed_slot, self.prof.as_mut().and_then(|p| p.ts.as_mut()))
         {
-            let n = 2 * step.segs.len() as u32;
+            let n = 2 * n_segs as u32;
             enc.resolve_query_set(&ts.qs, 0..n, &ts.resolve, slot * ts.stride);
             ts.pending.push(key);
         }
@@ -1105,7 +1382,7 @@ impl GpuModel {
         max_new: usize,
         on_id: &mut dyn FnMut(u32) -> Result<bool>,
     ) -> Result<bool> {
-        if self.prof.is_some() {
+        if self.prof.is_some() || self.stream.is_some() {
             return Ok(false);
         }
         self.check(prompt)?;
@@ -1328,9 +1605,10 @@ impl GpuModel {
                     routed,
                     shared,
                     inter,
+                    ..
                 } => {
                     let ns = shared.as_ref().map_or(0, |s| s.n as u32);
-                    let ne = routed.n as u32;
+                    let ne = cfg.n_routed_experts as u32;
                     marks.at(&recs, Phase::Router);
                     recs.push(router.call(gpu, dense(&a.xn, &a.router_logits), &what("router"))?);
                     recs.push(Rec::Op(
@@ -1372,21 +1650,26 @@ impl GpuModel {
                     }
                     let np = t * top_k;
                     marks.at(&recs, Phase::Routed);
-                    let io = FfnIo {
-                        x: &a.xn,
-                        tokens: t,
-                        pairs: &a.pairs,
-                        n_pairs: np,
-                    };
-                    routed.record_ffn(
-                        gpu,
-                        &mut recs,
-                        io,
-                        *inter,
-                        (&a.gu, &a.act),
-                        &a.y_routed,
-                        &what("routed"),
-                    )?;
+                    match routed {
+                        Some(routed) => {
+                            let io = FfnIo {
+                                x: &a.xn,
+                                tokens: t,
+                                pairs: &a.pairs,
+                                n_pairs: np,
+                            };
+                            routed.record_ffn(
+                                gpu,
+                                &mut recs,
+                                io,
+                                *inter,
+                                (&a.gu, &a.act),
+                                &a.y_routed,
+                                &what("routed"),
+                            )?;
+                        }
+                        None => recs.push(Rec::Routed(li)),
+                    }
                     marks.at(&recs, Phase::Other);
                     recs.push(Rec::Op(Elementwise::moe_combine(
                         gpu,
@@ -1443,7 +1726,249 @@ impl GpuModel {
     }
 }
 
-impl super::Forward for GpuModel {
+/// Upload routed expert `a.expert` (of `experts`, one layer's) into slot `a.slot` of the pool;
+/// returns the bytes read from the mapped weights.
+fn upload_expert(gpu: &Gpu, pool: &Experts, experts: &[Ffn<'_>], a: Assign) -> Result<u64> {
+    let f = experts
+        .get(a.expert as usize)
+        .with_context(|| format!("routed expert {} does not exist", a.expert))?;
+    let (gu, gus, dn, dns) = super::stream::expert_pieces(f);
+    let mut n = pool
+        .gate_up
+        .w
+        .write_expert(&gpu.queue, a.slot as usize, &gu, &gus)
+        .context("uploading an expert's gate_up into its slot")?;
+    n += pool
+        .down
+        .w
+        .write_expert(&gpu.queue, a.slot as usize, &[dn], &[dns])
+        .context("uploading an expert's down into its slot")?;
+    Ok(n)
+}
+
+/// One layer's routed experts on the GPU through the slot pool (see [`super::stream`]):
+/// rounds from the cache, each round's hits then loads as their own submissions.
+#[allow(clippy::too_many_arguments)]
+fn routed_streamed(
+    gpu: &Gpu,
+    a: &Acts,
+    sg: &mut StreamGpu<'_>,
+    layer: usize,
+    t: u32,
+    hid: u32,
+    pairs: &[[u32; 4]],
+    fail: bool,
+) -> Result<()> {
+    let mut experts: Vec<u32> = pairs.iter().map(|p| p[0]).collect();
+    experts.sort_unstable();
+    experts.dedup();
+    let rounds = sg
+        .host
+        .cache
+        .plan_layer(layer, &experts)
+        .map_err(|e| anyhow::anyhow!("layer {layer}: {e}"))?;
+    for round in rounds {
+        for part in super::stream::round_parts(&round.assign) {
+            if part[0].load {
+                if fail {
+                    bail!("injected GPU failure (layer {layer} expert upload)");
+                }
+                let t0 = std::time::Instant::now();
+                for &x in &part {
+                    sg.host.stats.bytes_read +=
+                        upload_expert(gpu, &sg.pool, sg.host.experts[layer], x)?;
+                    sg.host.stats.uploads += 1;
+                }
+                let dt = t0.elapsed().as_secs_f64();
+                sg.host.stats.upload_s += dt;
+                sg.host.stats.stall_s += dt;
+            }
+            let slot_of: HashMap<u32, u32> = part.iter().map(|x| (x.expert, x.slot)).collect();
+            let mut compact: Vec<[u32; 4]> = Vec::new();
+            let mut rows: Vec<usize> = Vec::new();
+            for (p, pr) in pairs.iter().enumerate() {
+                if let Some(&slot) = slot_of.get(&pr[0]) {
+                    compact.push([slot, pr[1], pr[2], 0]);
+                    rows.push(p);
+                }
+            }
+            let n = compact.len() as u32;
+            gpu.queue
+                .write_buffer(&sg.part_pairs, 0, bytemuck::cast_slice(&compact));
+            if !sg.part_calls.contains_key(&(t, n)) {
+                let mut recs = Vec::new();
+                sg.pool.record_ffn(
+                    gpu,
+                    &mut recs,
+                    FfnIo {
+                        x: &a.xn,
+                        tokens: t,
+                        pairs: &sg.part_pairs,
+                        n_pairs: n,
+                    },
+                    sg.inter,
+                    (&a.gu, &a.act),
+                    &sg.y_part,
+                    "streamed routed",
+                )?;
+                sg.part_calls.insert((t, n), recs);
+            }
+            let mut enc = gpu
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("streamed experts"),
+                });
+            {
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some("streamed experts"),
+                    timestamp_writes: None,
+                });
+                for r in &sg.part_calls[&(t, n)] {
+                    r.record_in_pass(&mut pass);
+                }
+            }
+            let row = 4 * hid as u64;
+            for (j, &p) in rows.iter().enumerate() {
+                enc.copy_buffer_to_buffer(
+                    &sg.y_part,
+                    j as u64 * row,
+                    &a.y_routed,
+                    p as u64 * row,
+                    row,
+                );
+            }
+            gpu.queue.submit([enc.finish()]);
+        }
+    }
+    Ok(())
+}
+
+impl GpuModel<'_> {
+    /// Streaming mode: record the step's recs into `enc`, cutting it at every routed-expert marker
+    /// (submit, read the router's pairs back, place and run the routed experts, go on); returns
+    /// the encoder holding the rest of the step.
+    fn record_streamed(
+        &mut self,
+        key: StepKey,
+        mut enc: wgpu::CommandEncoder,
+    ) -> Result<wgpu::CommandEncoder> {
+        let t = key.0;
+        let pos = self.pos;
+        let hid = self.cfg.hidden_size as u32;
+        let GpuModel {
+            gpu,
+            acts: a,
+            steps,
+            stream,
+            layers,
+            ..
+        } = self;
+        let sg = stream.as_mut().expect("streaming");
+        let recs = &steps[&key].recs;
+        let mut i = 0;
+        loop {
+            let j = recs[i..]
+                .iter()
+                .position(|r| matches!(r, Rec::Routed(_)))
+                .map_or(recs.len(), |k| i + k);
+            {
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some("inkling forward (streamed)"),
+                    timestamp_writes: None,
+                });
+                for r in &recs[i..j] {
+                    r.record_in_pass(&mut pass);
+                }
+            }
+            if j == recs.len() {
+                return Ok(enc);
+            }
+            let Rec::Routed(li) = recs[j] else {
+                unreachable!("a routed marker")
+            };
+            let MlpGpu::Moe { top_k, .. } = &layers[li].mlp else {
+                unreachable!("a routed marker sits in a sparse layer")
+            };
+            let np = (t * top_k) as usize;
+            gpu.queue.submit([enc.finish()]);
+            let t0 = std::time::Instant::now();
+            let raw = gpu.read_bytes(&a.pairs, 0, 16 * np as u64);
+            sg.host.stats.stall_s += t0.elapsed().as_secs_f64();
+            let fail = match sg.host.fail_at {
+                Some((p, l)) if l == li && (pos..pos + t as usize).contains(&p) => {
+                    sg.host.fail_at = None;
+                    true
+                }
+                _ => false,
+            };
+            let res = raw.map_err(anyhow::Error::from).and_then(|raw| {
+                let pairs: Vec<[u32; 4]> = bytemuck::pod_collect_to_vec(&raw);
+                for p in &pairs {
+                    sg.host.usage.record(li, p[0]);
+                }
+                routed_streamed(gpu, a, sg, li, t, hid, &pairs, fail)
+            });
+            if let Err(e) = res {
+                routed_on_cpu(gpu, a, sg, li, t, hid, np, &e)?;
+            }
+            enc = gpu
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("inkling step (continued)"),
+                });
+            i = j + 1;
+        }
+    }
+}
+
+/// The CPU fallback of one layer's routed experts after a GPU failure: read the layer's MoE
+/// input and pairs back, compute every pair's expert FFN on the CPU from the mapped bytes
+/// ([`super::cpu::expert_ffn`]), and write the rows of `y_routed`. Warns once per model.
+#[allow(clippy::too_many_arguments)]
+fn routed_on_cpu(
+    gpu: &Gpu,
+    a: &Acts,
+    sg: &mut StreamGpu<'_>,
+    layer: usize,
+    t: u32,
+    hid: u32,
+    np: usize,
+    why: &anyhow::Error,
+) -> Result<()> {
+    if !sg.host.warned {
+        eprintln!(
+            "warning: the GPU step of layer {layer}'s routed experts failed ({why:#}); \
+             recomputing it on the CPU from the mapped weights (further fallbacks are counted in the stats)"
+        );
+        sg.host.warned = true;
+    }
+    sg.host.stats.cpu_fallbacks += 1;
+    let h = hid as usize;
+    let ctx = || format!("CPU fallback of layer {layer}: the GPU is unreachable");
+    let x = gpu.read_f32(&a.xn, t as usize * h).with_context(ctx)?;
+    let raw = gpu
+        .read_bytes(&a.pairs, 0, 16 * np as u64)
+        .with_context(ctx)?;
+    let pairs: Vec<[u32; 4]> = bytemuck::pod_collect_to_vec(&raw);
+    let experts = sg.host.experts[layer];
+    let mut y = Vec::with_capacity(np * h);
+    for pr in &pairs {
+        let (e, tok) = (pr[0] as usize, pr[1] as usize);
+        let f = experts.get(e).with_context(|| {
+            format!("layer {layer}: the router chose expert {e}, which does not exist")
+        })?;
+        ensure!(
+            tok < t as usize,
+            "layer {layer}: a pair names token {tok} of {t}"
+        );
+        y.extend(super::cpu::expert_ffn(f, &x[tok * h..(tok + 1) * h]));
+    }
+    gpu.queue
+        .write_buffer(&a.y_routed, 0, bytemuck::cast_slice(&y));
+    Ok(())
+}
+
+impl super::Forward for GpuModel<'_> {
     fn forward(&mut self, tokens: &[u32]) -> anyhow::Result<Vec<f32>> {
         GpuModel::forward(self, tokens)
     }

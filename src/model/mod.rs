@@ -19,6 +19,7 @@ pub mod gpu;
 pub mod names;
 pub mod profile;
 pub mod sampling;
+pub mod stream;
 pub mod text;
 pub mod usage;
 pub mod weights;
@@ -28,6 +29,7 @@ pub use config::{AttnGeom, AttnKind, GenerationConfig, MlpKind, TextConfig};
 pub use cpu::CpuModel;
 pub use error::ModelError;
 pub use gpu::{GpuModel, GpuModelOptions};
+pub use stream::{Placement, StreamStats};
 pub use weights::{Checkpoint, Layout, Weights};
 
 /// A forward backend (CPU now, GPU later) holding one sequence's state.

@@ -107,9 +107,18 @@ pub struct DecodeReport {
     pub copy_gbs: f64,
     /// Where `copy_gbs` comes from.
     pub copy_source: String,
+    /// Expert streaming counters (`None` when the routed experts are resident).
+    pub stream: Option<crate::model::StreamStats>,
 }
 
 impl DecodeReport {
+    /// Host milliseconds per decode token stalled on expert placement (routing readback + miss
+    /// uploads; `None` when resident). Averaged over every step of the run, prefill included.
+    pub fn upload_stall_ms(&self) -> Option<f64> {
+        self.stream
+            .map(|x| 1e3 * x.stall_s / self.profile.steps.max(1) as f64)
+    }
+
     /// Tokens per second if every step ran at the copy bandwidth.
     pub fn roofline_tok_s(&self) -> f64 {
         let b = self.profile.bytes_per_token();
@@ -150,6 +159,8 @@ impl DecodeReport {
             "wall_ms_per_token": if self.decode_tok_s > 0.0 { 1e3 / self.decode_tok_s } else { 0.0 },
             "copy_gbs": self.copy_gbs,
             "copy_source": self.copy_source,
+            "upload_stall_ms_per_token": self.upload_stall_ms(),
+            "experts": self.stream.map(|x| x.to_json()),
         })
     }
 
@@ -187,7 +198,16 @@ impl DecodeReport {
                     if total > 0.0 { 1e3 / total } else { 0.0 }
                 ));
             }
+            _ if self.stream.is_some() => s.push_str(
+                "  per-phase GPU times unavailable while experts stream (each layer is its own submission)\n",
+            ),
             _ => s.push_str("  per-phase times unavailable: this adapter lacks TIMESTAMP_QUERY\n"),
+        }
+        if let Some(ms) = self.upload_stall_ms() {
+            s.push_str(&format!(
+                "  {:<16} {:>12.4}   (host: routing readbacks + expert uploads)\n",
+                "upload stall", ms
+            ));
         }
         if let (Some(total), true) = (p.total_ms(), self.decode_tok_s > 0.0) {
             let wall = 1e3 / self.decode_tok_s;

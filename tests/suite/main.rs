@@ -25,6 +25,7 @@ mod model_gpu_cli;
 mod model_gpu_pairs;
 mod model_gpu_reference;
 mod model_sampling;
+mod model_stream;
 mod ops_attention;
 mod ops_chain;
 mod ops_conv;

@@ -1,6 +1,5 @@
 //! Shared helpers for the `ops_*` GPU kernel tests (not a test target itself).
 
-
 use inkling_wgpu::gpu::Gpu;
 
 /// The GPU, or a clear failure (never a skip).

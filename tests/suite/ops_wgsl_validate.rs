@@ -34,5 +34,8 @@ fn router_wgsl_validates() {
 
 #[test]
 fn elementwise_wgsl_validates() {
-    validate("elementwise.wgsl", include_str!("../../wgsl/elementwise.wgsl"));
+    validate(
+        "elementwise.wgsl",
+        include_str!("../../wgsl/elementwise.wgsl"),
+    );
 }

@@ -1,0 +1,164 @@
+//! Expert streaming: routed experts that do not fit the GPU live in the mapped container (disk or
+//! page cache) and are placed into a fixed pool of GPU expert slots when the router asks for them.
+//!
+//! The dense part (attention, norms, convolutions, router, shared experts, embeddings, head) and
+//! the KV caches stay resident ([`crate::model::GpuModel`]). Every routed expert of the model has
+//! the same shape, so one pool of `slots` experts (a gate‖up slab `[slots, 2I, H]` and a down slab
+//! `[slots, H, I]`, in the experts' own encoding) serves every layer; a GEMV over the pool whose
+//! pairs name *slots* is a GEMV over whichever experts the slots hold.
+//!
+//! Per sparse layer, the step is cut at the routed experts: the submission up to there ends with
+//! a copy of the router's (expert, token) pairs, which the host reads back (the only routing
+//! readback; the fully resident engine has none). [`ExpertCache::plan_layer`] then splits the
+//! layer's distinct experts into *rounds* of at most the slots that may be handed out at once, so a
+//! slot handed out in a round is never overwritten before that round's dispatch. Round 0 runs its
+//! hits first, in their own submission, so the GPU computes them while the host copies the misses
+//! from the mapped bytes (`queue.write_buffer`, one contiguous expert range per miss); each part's
+//! pairs are compacted, its outputs copied back to the pairs' rows of `y_routed`, and the step goes
+//! on with the MoE combine exactly as when resident.
+//!
+//! If the GPU part of a layer fails (an injected failure in tests, a failed readback), the layer's
+//! routed experts are recomputed on the CPU from the same mapped bytes and written into
+//! `y_routed`, with one warning: the token stays right.
+use super::expert_cache::{Assign, ExpertCache};
+use super::usage::Usage;
+use super::weights::Ffn;
+
+/// Where the routed experts live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Placement {
+    /// Every routed expert resident on the GPU (uploaded once; no uploads after start-up).
+    #[default]
+    Resident,
+    /// A total GPU memory budget in bytes (`--gpu-mem`): the resident part is estimated
+    /// ([`crate::model::GpuModel::resident_bytes_estimate`]) and the rest becomes expert slots; a
+    /// budget that holds every expert means [`Placement::Resident`].
+    GpuMem(u64),
+    /// Exactly this many expert slots (`--expert-slots`; tests use it to go down to one layer's
+    /// top-k). At least as many slots as routed experts in the model means resident.
+    Slots(usize),
+}
+
+/// Counters of a streaming run (all zero when resident).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StreamStats {
+    /// Expert slots in the pool.
+    pub slots: usize,
+    /// Of those, pinned by the hot set.
+    pub pinned: usize,
+    /// Distinct (layer, expert) requests that found their expert resident.
+    pub hits: u64,
+    /// Distinct requests that had to upload it.
+    pub misses: u64,
+    /// Bytes read from the mapped container for uploads after start-up (weights + scales).
+    pub bytes_read: u64,
+    /// Uploads after start-up.
+    pub uploads: u64,
+    /// Host seconds spent copying misses from the mapped bytes into the upload queue.
+    pub upload_s: f64,
+    /// Host seconds the step stood still on expert placement: waiting for the router's pairs,
+    /// plus copying misses (the GPU is idle behind the routing readback while this runs, but for
+    /// round 0's hits).
+    pub stall_s: f64,
+    /// Bytes and seconds of the hot-set load at start-up.
+    pub startup_bytes: u64,
+    pub startup_s: f64,
+    /// Layers whose routed experts were recomputed on the CPU after a GPU failure.
+    pub cpu_fallbacks: u64,
+}
+
+impl StreamStats {
+    /// Hits over requests (1.0 when nothing was requested).
+    pub fn hit_rate(&self) -> f64 {
+        let n = self.hits + self.misses;
+        if n == 0 {
+            1.0
+        } else {
+            self.hits as f64 / n as f64
+        }
+    }
+
+    /// Upload bandwidth, GB/s (bytes read after start-up over the time copying them).
+    pub fn upload_gbs(&self) -> f64 {
+        if self.upload_s > 0.0 {
+            self.bytes_read as f64 / self.upload_s / 1e9
+        } else {
+            0.0
+        }
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "slots": self.slots,
+            "pinned": self.pinned,
+            "hits": self.hits,
+            "misses": self.misses,
+            "hit_rate": self.hit_rate(),
+            "bytes_read": self.bytes_read,
+            "uploads": self.uploads,
+            "upload_s": self.upload_s,
+            "upload_gbs": self.upload_gbs(),
+            "stall_s": self.stall_s,
+            "startup_bytes": self.startup_bytes,
+            "startup_s": self.startup_s,
+            "cpu_fallbacks": self.cpu_fallbacks,
+        })
+    }
+
+    /// One line for the stats output.
+    pub fn line(&self) -> String {
+        format!(
+            "experts: {} slots ({} pinned) | hit rate {:.1}% ({} hits, {} misses) | read {:.2} GB in {} uploads at {:.2} GB/s | stalled {:.3} s{}",
+            self.slots,
+            self.pinned,
+            100.0 * self.hit_rate(),
+            self.hits,
+            self.misses,
+            self.bytes_read as f64 / 1e9,
+            self.uploads,
+            self.upload_gbs(),
+            self.stall_s,
+            if self.cpu_fallbacks > 0 {
+                format!(" | {} layer(s) recomputed on the CPU", self.cpu_fallbacks)
+            } else {
+                String::new()
+            }
+        )
+    }
+}
+
+/// `(gate‖up weight pieces, their scale pieces, down weights, down scales)` of one expert.
+pub(crate) type ExpertPieces<'a> = ([&'a [u8]; 2], [&'a [u8]; 2], &'a [u8], &'a [u8]);
+
+/// Pieces of one routed expert's bytes in the mapped weights: gate rows then up rows (the
+/// gate‖up slot), and down (the down slot), each with its scales.
+pub(crate) fn expert_pieces<'a>(f: &'a Ffn<'_>) -> ExpertPieces<'a> {
+    (
+        [&f.gate.data[..], &f.up.data[..]],
+        [&f.gate.scales[..], &f.up.scales[..]],
+        &f.down.data[..],
+        &f.down.scales[..],
+    )
+}
+
+/// The host-side state of streaming (the GPU buffers live in the model).
+pub(crate) struct StreamState<'w> {
+    /// Routed experts per layer (empty for dense layers), borrowed from the mapped weights.
+    pub experts: Vec<&'w [Ffn<'w>]>,
+    pub cache: ExpertCache,
+    pub usage: Usage,
+    pub stats: StreamStats,
+    /// Injected failure: the routed experts of `layer` in the step that feeds position `pos`.
+    pub fail_at: Option<(usize, usize)>,
+    pub warned: bool,
+}
+
+/// Parts of one round: hits (no upload) and loads, each `(assigns)`; empty parts dropped.
+pub(crate) fn round_parts(assign: &[Assign]) -> Vec<Vec<Assign>> {
+    let hits: Vec<Assign> = assign.iter().copied().filter(|a| !a.load).collect();
+    let loads: Vec<Assign> = assign.iter().copied().filter(|a| a.load).collect();
+    [hits, loads]
+        .into_iter()
+        .filter(|p| !p.is_empty())
+        .collect()
+}

@@ -1,0 +1,355 @@
+//! Expert streaming (`GpuModel::with_placement`): routed experts placed into a small pool of GPU
+//! slots from the mapped weights give the same greedy tokens as the fully resident GPU model, the
+//! CPU oracle and transformers; an injected GPU failure falls back to the CPU for that layer and
+//! keeps the tokens; a budget that holds everything is resident; the usage file ranks a pinned
+//! hot set; the CLI reports the streaming stats and survives a corrupt usage file. Needs a GPU
+//! adapter (lavapipe on CI); without one the tests FAIL, they never skip.
+use crate::model_common;
+use inkling_wgpu::container::{convert, ConvertOptions};
+use inkling_wgpu::formats::Encoding;
+use inkling_wgpu::gpu::Gpu;
+use inkling_wgpu::model::generate::{generate, GenerateParams};
+use inkling_wgpu::model::sampling::SamplingParams;
+use inkling_wgpu::model::usage::{self, Usage};
+use inkling_wgpu::model::weights::Mlp;
+use inkling_wgpu::model::{
+    Checkpoint, CpuModel, Forward, GpuModel, GpuModelOptions, Placement, Weights,
+};
+use model_common::*;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+fn gpu() -> Gpu {
+    static GPU: OnceLock<Gpu> = OnceLock::new();
+    GPU.get_or_init(|| {
+        Gpu::new().unwrap_or_else(|e| {
+            panic!(
+                "the streaming tests need a GPU adapter and none was found: {e}. On CI/lavapipe \
+                 run with WGPU_BACKEND=vulkan NODEVICE_SELECT=1 and Mesa's lavapipe installed."
+            )
+        })
+    })
+    .clone()
+}
+
+fn opts() -> GpuModelOptions {
+    GpuModelOptions {
+        max_seq: 96,
+        max_chunk: 64,
+        binding_limit: None,
+    }
+}
+
+fn greedy_ids(m: &mut dyn Forward, prompt: &[u32], eos: &[u32], max: usize) -> Vec<u32> {
+    let p = GenerateParams {
+        max_new_tokens: max,
+        sampling: SamplingParams::default(),
+        seed: 0,
+        eos_ids: eos.to_vec(),
+    };
+    generate(m, prompt, &p, &mut |_| Ok(()))
+        .unwrap()
+        .generated_ids
+}
+
+/// (top_k, routed experts in the whole model)
+fn sizes(w: &Weights<'_>) -> (usize, usize) {
+    let mut k = 0;
+    let mut total = 0;
+    for l in &w.layers {
+        if let Mlp::Moe(m) = &l.mlp {
+            k = k.max(m.top_k);
+            total += m.experts.len();
+        }
+    }
+    (k, total)
+}
+
+fn convert_experts(name: &str, experts: &str) -> PathBuf {
+    let dst = scratch(&format!("stream-{name}-{experts}"));
+    let opts = ConvertOptions {
+        experts: Some(Encoding::parse(experts).unwrap()),
+        shared: Some(Encoding::parse("bf16").unwrap()),
+        dense: Some(Encoding::parse("bf16").unwrap()),
+        ..Default::default()
+    };
+    convert(&fixture(name), &dst, &opts).unwrap();
+    dst
+}
+
+/// Streamed at several slot counts (down to one layer's top-k, and one slot) = resident = CPU,
+/// and on the source fixtures = transformers' tokens.
+fn check_dir(dir: &Path, reference_ids: Option<&[u32]>, prompt: &[u32], eos: &[u32], max: usize) {
+    let g = gpu();
+    let ck = Checkpoint::open(dir).unwrap();
+    let w = Weights::load(&ck).unwrap();
+    let (k, total) = sizes(&w);
+    assert!(
+        total > k,
+        "{}: the fixture must have more experts than top-k",
+        dir.display()
+    );
+    let cpu = greedy_ids(&mut CpuModel::new(&w), prompt, eos, max);
+    let mut resident = GpuModel::with_options(&g, &w, opts()).unwrap();
+    let res = greedy_ids(&mut resident, prompt, eos, max);
+    assert_eq!(res, cpu, "{}: resident GPU vs CPU", dir.display());
+    if let Some(r) = reference_ids {
+        assert_eq!(res, r, "{}: resident GPU vs transformers", dir.display());
+    }
+    for slots in [1, k, k + 1, total - 1] {
+        let mut m =
+            GpuModel::with_placement(&g, &w, opts(), Placement::Slots(slots), None).unwrap();
+        let ids = greedy_ids(&mut m, prompt, eos, max);
+        assert_eq!(ids, cpu, "{}: {slots} slots vs CPU", dir.display());
+        let s = m.stream_stats().expect("streaming");
+        assert_eq!(s.slots, slots);
+        assert!(
+            s.misses > 0 && s.uploads == s.misses,
+            "{slots} slots: {s:?}"
+        );
+        assert!(s.bytes_read > 0, "{slots} slots: {s:?}");
+        assert_eq!(s.cpu_fallbacks, 0);
+        if slots == 1 {
+            assert_eq!(
+                s.hits + s.misses,
+                s.misses,
+                "one slot for several layers: no hits"
+            );
+        }
+        // every expert request of every token of every sparse layer was counted
+        let u = m.usage().unwrap();
+        let recorded: u64 = u.counts.iter().flatten().sum();
+        let sparse = w
+            .layers
+            .iter()
+            .filter(|l| matches!(l.mlp, Mlp::Moe(_)))
+            .count();
+        let fed = prompt.len() + ids.len() - 1;
+        assert_eq!(
+            recorded as usize,
+            sparse * k * fed,
+            "{slots} slots: usage counts"
+        );
+    }
+}
+
+#[test]
+fn streamed_experts_give_the_resident_cpu_and_transformers_tokens() {
+    for name in FIXTURES {
+        let r = reference(name);
+        let c = &r.cases[0];
+        check_dir(
+            &fixture(name),
+            Some(&c.generated_ids),
+            &c.prompt_ids,
+            &r.eos,
+            c.max_new_tokens,
+        );
+    }
+}
+
+#[test]
+fn streamed_int4_g32_and_int3_containers_equal_resident_and_cpu() {
+    for (name, enc) in [
+        ("tiny-causal-f32", "int4-g32"),
+        ("tiny-mm-bf16", "int3-g64"),
+    ] {
+        let dir = convert_experts(name, enc);
+        let r = reference(name);
+        let c = &r.cases[0];
+        check_dir(&dir, None, &c.prompt_ids, &r.eos, c.max_new_tokens);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
+
+#[test]
+fn injected_gpu_failure_mid_generation_keeps_the_reference_tokens() {
+    let g = gpu();
+    let name = "tiny-causal-f32";
+    let r = reference(name);
+    let c = &r.cases[0];
+    let ck = Checkpoint::open(&fixture(name)).unwrap();
+    let w = Weights::load(&ck).unwrap();
+    let (k, _) = sizes(&w);
+    let layer = w
+        .layers
+        .iter()
+        .position(|l| matches!(l.mlp, Mlp::Moe(_)))
+        .unwrap();
+    // in the prefill (several tokens at once) and in a decode step
+    for pos in [1, c.prompt_ids.len() + 2] {
+        let mut m = GpuModel::with_placement(&g, &w, opts(), Placement::Slots(k), None).unwrap();
+        m.inject_routed_failure(pos, layer).unwrap();
+        let ids = greedy_ids(&mut m, &c.prompt_ids, &r.eos, c.max_new_tokens);
+        assert_eq!(ids, c.generated_ids, "failure at position {pos}");
+        assert_eq!(m.stream_stats().unwrap().cpu_fallbacks, 1, "position {pos}");
+    }
+    // a resident model has no streamed layer to fail
+    let mut m = GpuModel::with_options(&g, &w, opts()).unwrap();
+    assert!(m.inject_routed_failure(1, layer).is_err());
+}
+
+#[test]
+fn a_budget_that_holds_everything_is_resident_and_a_tiny_one_is_refused() {
+    let g = gpu();
+    let ck = Checkpoint::open(&fixture("tiny-causal-f32")).unwrap();
+    let w = Weights::load(&ck).unwrap();
+    let (_, total) = sizes(&w);
+    let m = GpuModel::with_placement(&g, &w, opts(), Placement::GpuMem(1 << 40), None).unwrap();
+    assert!(m.stream_stats().is_none(), "1 TiB holds every expert");
+    let m = GpuModel::with_placement(&g, &w, opts(), Placement::Slots(total), None).unwrap();
+    assert!(m.stream_stats().is_none(), "a slot per expert is resident");
+    // the resident part plus three slots: streams with exactly three
+    let est = GpuModel::resident_bytes_estimate(&w, opts());
+    let slot = GpuModel::slot_bytes(&w);
+    let b = est + 3 * slot + slot / 2;
+    let m = GpuModel::with_placement(&g, &w, opts(), Placement::GpuMem(b), None).unwrap();
+    assert_eq!(m.stream_stats().unwrap().slots, 3);
+    let e = GpuModel::with_placement(&g, &w, opts(), Placement::GpuMem(1000), None)
+        .err()
+        .expect("a 1000-byte budget must be refused");
+    assert!(format!("{e:#}").contains("holds no expert slot"), "{e:#}");
+    let e = GpuModel::with_placement(&g, &w, opts(), Placement::Slots(0), None)
+        .err()
+        .expect("zero slots must be refused");
+    assert!(format!("{e:#}").contains("at least 1"), "{e:#}");
+}
+
+#[test]
+fn the_usage_file_pins_a_hot_set_and_tokens_do_not_change() {
+    let g = gpu();
+    let name = "tiny-causal-f32";
+    let r = reference(name);
+    let c = &r.cases[0];
+    let dir = fixture(name);
+    let ck = Checkpoint::open(&dir).unwrap();
+    let w = Weights::load(&ck).unwrap();
+    let (k, _) = sizes(&w);
+    let fp = usage::fingerprint(&dir).unwrap();
+    let (nl, ne) = (w.config.num_hidden_layers, w.config.n_routed_experts);
+    let slots = 2 * k + 1;
+    let mut m = GpuModel::with_placement(
+        &g,
+        &w,
+        opts(),
+        Placement::Slots(slots),
+        Some(Usage::new(&fp, nl, ne)),
+    )
+    .unwrap();
+    let first = greedy_ids(&mut m, &c.prompt_ids, &r.eos, c.max_new_tokens);
+    let cold = m.stream_stats().unwrap();
+    assert_eq!(cold.pinned, 0);
+    let tmp = scratch("usage");
+    let path = tmp.join(usage::USAGE_FILE);
+    m.usage().unwrap().save(&path).unwrap();
+    let hot = usage::load_or_warn(&path, &fp, nl, ne).expect("the file just written");
+    assert_eq!(hot.counts, m.usage().unwrap().counts);
+    let mut m2 =
+        GpuModel::with_placement(&g, &w, opts(), Placement::Slots(slots), Some(hot)).unwrap();
+    let second = greedy_ids(&mut m2, &c.prompt_ids, &r.eos, c.max_new_tokens);
+    assert_eq!(second, first);
+    assert_eq!(second, c.generated_ids);
+    let warm = m2.stream_stats().unwrap();
+    assert_eq!(warm.pinned, slots / 2, "{warm:?}");
+    assert!(warm.startup_bytes > 0);
+    // counts accumulate across runs
+    let total = |u: &Usage| u.counts.iter().flatten().sum::<u64>();
+    assert_eq!(
+        total(m2.usage().unwrap()),
+        2 * total(m.usage().unwrap()),
+        "the second run adds to the loaded counts"
+    );
+    std::fs::remove_dir_all(&tmp).ok();
+}
+
+fn cli(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_inkling-wgpu"))
+        .args(args)
+        .env("NODEVICE_SELECT", "1")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn cli_streams_reports_stats_and_survives_a_corrupt_usage_file() {
+    let dir = copy_fixture("tiny-causal-f32", "stream-cli");
+    let d = dir.to_str().unwrap();
+    let base = [
+        "generate",
+        "--model",
+        d,
+        "--prompt",
+        "Once upon a time",
+        "--max-tokens",
+        "12",
+        "--json",
+    ];
+    let run = |extra: &[&str]| {
+        let mut a: Vec<&str> = base.to_vec();
+        a.extend_from_slice(extra);
+        let out = cli(&a);
+        assert!(
+            out.status.success(),
+            "{extra:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        (v, String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (resident, _) = run(&[]);
+    assert_eq!(resident["stats"]["experts"]["resident"], true);
+    let usage_path = dir.join(usage::USAGE_FILE);
+    assert!(!usage_path.exists(), "a resident run writes no usage file");
+
+    let (streamed, err) = run(&["--expert-slots", "2"]);
+    assert_eq!(streamed["generated_ids"], resident["generated_ids"]);
+    let x = &streamed["stats"]["experts"];
+    assert_eq!(x["slots"], 2);
+    assert!(x["misses"].as_u64().unwrap() > 0, "{x}");
+    assert!(x["bytes_read"].as_u64().unwrap() > 0, "{x}");
+    assert!(x["hit_rate"].as_f64().is_some(), "{x}");
+    assert!(err.contains("experts: 2 slots"), "{err}");
+    assert!(
+        usage_path.exists(),
+        "the streamed run writes the usage file"
+    );
+
+    // a corrupt usage file: warned about, ignored, replaced
+    std::fs::write(&usage_path, b"{ not json").unwrap();
+    let (again, err) = run(&["--expert-slots", "5"]);
+    assert_eq!(again["generated_ids"], resident["generated_ids"]);
+    assert!(err.contains("warning: ignoring usage file"), "{err}");
+    assert!(
+        serde_json::from_slice::<serde_json::Value>(&std::fs::read(&usage_path).unwrap()).is_ok()
+    );
+
+    // --gpu-mem in GiB: a huge budget is resident; a bad value is a clear error
+    let (big, _) = run(&["--gpu-mem", "1024"]);
+    assert_eq!(big["stats"]["experts"]["resident"], true);
+    let out = cli(&[
+        "generate",
+        "--model",
+        d,
+        "--prompt",
+        "x",
+        "--gpu-mem",
+        "lots",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("positive number of GiB"));
+
+    // the failure hook through the CLI: same tokens, one warning
+    let (failed, err) = run(&[
+        "--expert-slots",
+        "2",
+        "--inject-gpu-failure",
+        "3:1",
+        "--usage-file",
+        "off",
+    ]);
+    assert_eq!(failed["generated_ids"], resident["generated_ids"]);
+    assert_eq!(failed["stats"]["experts"]["cpu_fallbacks"], 1);
+    assert_eq!(err.matches("recomputing it on the CPU").count(), 1, "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
