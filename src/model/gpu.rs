@@ -1893,7 +1893,7 @@ impl GpuModel<'_> {
             gpu.queue.submit([enc.finish()]);
             let t0 = std::time::Instant::now();
             let raw = gpu.read_bytes(&a.pairs, 0, 16 * np as u64);
-            sg.host.stats.stall_s += t0.elapsed().as_secs_f64();
+            sg.host.stats.routing_wait_s += t0.elapsed().as_secs_f64();
             let fail = match sg.host.fail_at {
                 Some((p, l)) if l == li && (pos..pos + t as usize).contains(&p) => {
                     sg.host.fail_at = None;

@@ -112,8 +112,10 @@ pub struct DecodeReport {
 }
 
 impl DecodeReport {
-    /// Host milliseconds per decode token stalled on expert placement (routing readback + miss
-    /// uploads; `None` when resident). Averaged over every step of the run, prefill included.
+    /// Milliseconds per decode token the GPU stood still on expert uploads ([`StreamStats::stall_s`];
+    /// `None` when resident), over every step of the run (prefill included) per decode step.
+    ///
+    /// [`StreamStats::stall_s`]: crate::model::StreamStats::stall_s
     pub fn upload_stall_ms(&self) -> Option<f64> {
         self.stream
             .map(|x| 1e3 * x.stall_s / self.profile.steps.max(1) as f64)
@@ -205,7 +207,7 @@ impl DecodeReport {
         }
         if let Some(ms) = self.upload_stall_ms() {
             s.push_str(&format!(
-                "  {:<16} {:>12.4}   (host: routing readbacks + expert uploads)\n",
+                "  {:<16} {:>12.4}   (host copying misses while the GPU waits)\n",
                 "upload stall", ms
             ));
         }

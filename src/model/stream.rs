@@ -56,10 +56,12 @@ pub struct StreamStats {
     pub uploads: u64,
     /// Host seconds spent copying misses from the mapped bytes into the upload queue.
     pub upload_s: f64,
-    /// Host seconds the step stood still on expert placement: waiting for the router's pairs,
-    /// plus copying misses (the GPU is idle behind the routing readback while this runs, but for
-    /// round 0's hits).
+    /// Seconds the GPU stood still on uploads: the host copies a round's misses into the upload
+    /// queue while only that round's hits (if any) run, and the misses' dispatch waits for it.
     pub stall_s: f64,
+    /// Host seconds waiting for the router's pairs of each streamed layer (this includes the GPU
+    /// computing that layer up to its router, so it is not all idle time).
+    pub routing_wait_s: f64,
     /// Bytes and seconds of the hot-set load at start-up.
     pub startup_bytes: u64,
     pub startup_s: f64,
@@ -99,6 +101,7 @@ impl StreamStats {
             "upload_s": self.upload_s,
             "upload_gbs": self.upload_gbs(),
             "stall_s": self.stall_s,
+            "routing_wait_s": self.routing_wait_s,
             "startup_bytes": self.startup_bytes,
             "startup_s": self.startup_s,
             "cpu_fallbacks": self.cpu_fallbacks,
@@ -108,7 +111,7 @@ impl StreamStats {
     /// One line for the stats output.
     pub fn line(&self) -> String {
         format!(
-            "experts: {} slots ({} pinned) | hit rate {:.1}% ({} hits, {} misses) | read {:.2} GB in {} uploads at {:.2} GB/s | stalled {:.3} s{}",
+            "experts: {} slots ({} pinned) | hit rate {:.1}% ({} hits, {} misses) | read {:.3} GB in {} uploads at {:.2} GB/s | stalled on uploads {:.3} s | routing readbacks {:.3} s{}",
             self.slots,
             self.pinned,
             100.0 * self.hit_rate(),
@@ -118,6 +121,7 @@ impl StreamStats {
             self.uploads,
             self.upload_gbs(),
             self.stall_s,
+            self.routing_wait_s,
             if self.cpu_fallbacks > 0 {
                 format!(" | {} layer(s) recomputed on the CPU", self.cpu_fallbacks)
             } else {
