@@ -94,6 +94,15 @@ fn probe(m: &mut GpuModel, prompt: &[u32], steps: usize) -> anyhow::Result<(Vec<
     Ok((ids, t0.elapsed().as_secs_f64()))
 }
 
+/// The host side of the timed (pipelined) decode steps, one line.
+fn host_line(h: &crate::model::HostTimes) -> String {
+    let [r, f, s, w] = h.per_step_ms();
+    format!(
+        "  host per decode step ({} steps): record {r:.4} ms | finish {f:.4} ms | submit {s:.4} ms | waiting for the id {w:.4} ms",
+        h.steps
+    )
+}
+
 pub fn run(a: DecodeArgs) -> anyhow::Result<ExitCode> {
     ensure!(a.tokens >= 1, "--tokens must be at least 1");
     let dir = a.model.clone().unwrap_or_else(crate::bundled_model_dir);
@@ -107,7 +116,9 @@ pub fn run(a: DecodeArgs) -> anyhow::Result<ExitCode> {
 
     // warm-up (pipelines, recorded steps), then the timed run, then the profiled run
     probe(&mut m, &prompt, a.tokens.min(4))?;
+    m.reset_host_times();
     let (ids, secs) = probe(&mut m, &prompt, a.tokens)?;
+    let host = m.host_times();
     m.reset();
     m.start_profile();
     let (ids_prof, _) = probe(&mut m, &prompt, a.tokens)?;
@@ -134,10 +145,16 @@ pub fn run(a: DecodeArgs) -> anyhow::Result<ExitCode> {
         v["prompt_tokens"] = PROBE_PROMPT.into();
         v["tokens_match"] = tokens_match.into();
         v["timestamps"] = gpu.has_timestamps().into();
+        let [r, f, sub, wait] = host.per_step_ms();
+        v["host_ms_per_step"] = serde_json::json!({
+            "record": r, "finish": f, "submit": sub, "wait_for_id": wait,
+        });
         eprintln!("{}", report.text());
+        eprintln!("{}", host_line(&host));
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         println!("{}", report.text());
+        println!("{}", host_line(&host));
     }
     Ok(ExitCode::SUCCESS)
 }

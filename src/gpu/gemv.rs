@@ -601,6 +601,78 @@ impl GpuWeights {
         Ok((total + total_s) as u64)
     }
 
+    /// [`GpuWeights::write_expert`] through staging views the caller fills (in parallel with
+    /// [`run_staged`]): one [`StagedCopy`] per piece of at most `max_copy` bytes is pushed onto
+    /// `out`. Rows that need padding (a row length that is not a whole number of units) are
+    /// written at once instead. The data reach the GPU at the next submission after the copies
+    /// ran and were dropped. Returns the bytes read from `data` and `scales`.
+    pub fn stage_expert<'s>(
+        &self,
+        queue: &wgpu::Queue,
+        e: usize,
+        data: &[&'s [u8]],
+        scales: &[&'s [u8]],
+        max_copy: usize,
+        out: &mut Vec<StagedCopy<'s>>,
+    ) -> Result<u64, DispatchError> {
+        let enc = self.enc;
+        let rb = enc.bytes_per_row(self.cols);
+        if rb != gpu_row_stride(enc, self.cols) {
+            return self.write_expert(queue, e, data, scales);
+        }
+        let sb = 4 * enc.scales_per_row(self.cols);
+        let total: usize = data.iter().map(|d| d.len()).sum();
+        let total_s: usize = scales.iter().map(|d| d.len()).sum();
+        if e >= self.experts
+            || total != self.rows * rb
+            || total_s != self.rows * sb
+            || data.iter().any(|d| d.len() % rb != 0)
+            || (sb > 0 && scales.iter().any(|d| d.len() % sb != 0))
+        {
+            // the same checks and errors as the direct path
+            return self.write_expert(queue, e, data, scales);
+        }
+        let max_copy = max_copy.max(4) & !3;
+        let mut stage =
+            |buf: &wgpu::Buffer, off: u64, src: &'s [u8]| -> Result<(), DispatchError> {
+                for (k, part) in src.chunks(max_copy).enumerate() {
+                    let size = wgpu::BufferSize::new(part.len() as u64)
+                        .ok_or_else(|| DispatchError::Shape("empty expert piece".into()))?;
+                    let view = queue
+                        .write_buffer_with(buf, off + (k * max_copy) as u64, size)
+                        .ok_or_else(|| {
+                            DispatchError::Shape("the queue refused a staging buffer".into())
+                        })?;
+                    out.push(StagedCopy { view, src: part });
+                }
+                Ok(())
+            };
+        for c in self
+            .chunks
+            .iter()
+            .filter(|c| (c.e0..c.e1).contains(&(e as u32)))
+        {
+            let (r0, r1) = (c.r0 as usize, c.r1 as usize);
+            let base_row = (e - c.e0 as usize) * (r1 - r0);
+            for (ps, per, buf) in [(data, rb, &c.weights), (scales, sb, &c.scales)] {
+                if per == 0 {
+                    continue;
+                }
+                let mut pr0 = 0;
+                for p in ps {
+                    let pr1 = pr0 + p.len() / per;
+                    let (a, b) = (pr0.max(r0), pr1.min(r1));
+                    if a < b {
+                        let src = &p[(a - pr0) * per..(b - pr0) * per];
+                        stage(buf, ((base_row + a - r0) * per) as u64, src)?;
+                    }
+                    pr0 = pr1;
+                }
+            }
+        }
+        Ok((total + total_s) as u64)
+    }
+
     /// The encoding of the uploaded bytes.
     pub fn encoding(&self) -> Encoding {
         self.enc
@@ -626,6 +698,57 @@ impl GpuWeights {
         (self.rows * self.enc.bytes_per_row(self.cols)
             + 4 * self.enc.scale_count(self.rows, self.cols)) as u64
     }
+}
+
+/// One pending copy of [`GpuWeights::stage_expert`]: a staging view of the queue and the bytes
+/// it must receive. `Send`, so the copies of several experts can run on several threads.
+pub struct StagedCopy<'s> {
+    view: wgpu::QueueWriteBufferView,
+    src: &'s [u8],
+}
+
+impl StagedCopy<'_> {
+    /// Bytes to copy.
+    pub fn len(&self) -> usize {
+        self.src.len()
+    }
+
+    /// Whether there is nothing to copy.
+    pub fn is_empty(&self) -> bool {
+        self.src.is_empty()
+    }
+
+    /// Copy the bytes into the staging view (reading a mapped file here is where the page
+    /// cache or the disk is read); dropping the view queues the GPU-side copy.
+    pub fn run(mut self) {
+        self.view.copy_from_slice(self.src);
+    }
+}
+
+/// Run staged copies on up to `threads` threads (inline when there is little to copy), so the
+/// reads of several experts (page cache or NVMe) and their copies proceed in parallel.
+pub fn run_staged(copies: Vec<StagedCopy<'_>>, threads: usize) {
+    let total: usize = copies.iter().map(|c| c.len()).sum();
+    let threads = threads.clamp(1, copies.len().max(1));
+    if threads == 1 || total < (4 << 20) {
+        copies.into_iter().for_each(StagedCopy::run);
+        return;
+    }
+    // largest first onto the least loaded thread
+    let mut copies = copies;
+    copies.sort_by_key(|c| std::cmp::Reverse(c.len()));
+    let mut bins: Vec<(usize, Vec<StagedCopy<'_>>)> =
+        (0..threads).map(|_| (0, Vec::new())).collect();
+    for c in copies {
+        let b = bins.iter_mut().min_by_key(|b| b.0).expect("threads ≥ 1");
+        b.0 += c.len();
+        b.1.push(c);
+    }
+    std::thread::scope(|s| {
+        for (_, bin) in bins {
+            s.spawn(move || bin.into_iter().for_each(StagedCopy::run));
+        }
+    });
 }
 
 /// `(e0, e1, r0, r1)` of every binding-sized chunk of a slab: whole experts per chunk when one

@@ -24,7 +24,9 @@ use super::stream::{Placement, StreamStats};
 use super::usage::Usage;
 use super::weights::{Ffn, Mlp, Weights};
 use crate::formats::{Format, QMatrix};
-use crate::gpu::gemv::{gpu_row_stride, GemvArgs, GemvCall, GpuWeights, NO_GAMMA};
+use crate::gpu::gemv::{
+    gpu_row_stride, run_staged, GemvArgs, GemvCall, GpuWeights, StagedCopy, NO_GAMMA,
+};
 use crate::gpu::ops::{
     conv::ConvCall, norm::EmbedShard, Argmax, ArgmaxCall, AttentionCall, AttentionKernel,
     AttentionShape, Elementwise, EmbedNorm, OpCall, PosBuffer, RmsNorm, Router, RouterShape,
@@ -352,6 +354,29 @@ pub struct GpuModelOptions {
     pub binding_limit: Option<u64>,
 }
 
+/// Host seconds spent per phase of the one-token steps (see [`GpuModel::host_times`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct HostTimes {
+    /// One-token steps counted.
+    pub steps: u64,
+    /// Writing ids/position and recording the compute pass(es).
+    pub record_s: f64,
+    /// `CommandEncoder::finish` (wgpu encodes the recorded pass into a backend command buffer).
+    pub finish_s: f64,
+    /// `Queue::submit`.
+    pub submit_s: f64,
+    /// Waiting for the greedy id of a pipelined step (map + poll).
+    pub wait_s: f64,
+}
+
+impl HostTimes {
+    /// Milliseconds per step: (record, finish, submit, wait).
+    pub fn per_step_ms(&self) -> [f64; 4] {
+        let n = self.steps.max(1) as f64;
+        [self.record_s, self.finish_s, self.submit_s, self.wait_s].map(|x| 1e3 * x / n)
+    }
+}
+
 /// GPU side of expert streaming: the slot pool and the buffers of one routed part.
 struct StreamGpu<'w> {
     /// The slot pool: `slots` experts of gate‖up `[2I, H]` and down `[H, I]`.
@@ -392,6 +417,7 @@ pub struct GpuModel<'w> {
     static_decode_bytes: u64,
     prof: Option<Profiler>,
     stream: Option<StreamGpu<'w>>,
+    host: HostTimes,
 }
 
 fn f32_buf(gpu: &Gpu, label: &str, v: &[f32]) -> wgpu::Buffer {
@@ -793,6 +819,7 @@ impl GpuModel<'static> {
             }
         };
         Ok(GpuModel {
+            host: HostTimes::default(),
             stream,
             static_decode_bytes,
             prof: None,
@@ -882,10 +909,12 @@ impl<'w> GpuModel<'w> {
                 let max_pinned = if n >= 2 * max_topk { n / 2 } else { 0 };
                 let t0 = std::time::Instant::now();
                 let loads = h.cache.pin(&u.ranked(), max_pinned);
+                let mut copies = Vec::new();
                 for (layer, a) in &loads {
                     h.stats.startup_bytes +=
-                        upload_expert(&m.gpu, &sg.pool, h.experts[*layer], *a)?;
+                        stage_expert(&m.gpu, &sg.pool, h.experts[*layer], *a, &mut copies)?;
                 }
+                run_staged(copies, upload_threads());
                 h.stats.pinned = loads.len();
                 h.stats.startup_s = t0.elapsed().as_secs_f64();
                 h.usage = u;
@@ -1053,7 +1082,8 @@ impl<'w> GpuModel<'w> {
             phase_s: None,
             span_s: None,
         };
-        if self.has_timestamps() {
+        // streaming steps are several submissions and carry no timestamps
+        if self.has_timestamps() && self.stream.is_none() {
             let period = self.gpu.queue.get_timestamp_period() as f64 * 1e-9;
             let mut phase_s = [0f64; 7];
             let mut span_s = 0.0;
@@ -1218,6 +1248,7 @@ impl<'w> GpuModel<'w> {
                 16,
             ),
         }
+        let t_rec = std::time::Instant::now();
         let step = &self.steps[&key];
         let n_segs = step.segs.len();
         // profile mode: one-token steps are counted and, with timestamps, timed per phase
@@ -1315,14 +1346,43 @@ impl<'w> GpuModel<'w> {
             Readback::Argmax => enc.copy_buffer_to_buffer(&a.argmax, 0, &a.readback, 0, 4),
             Readback::Ring(slot) => enc.copy_buffer_to_buffer(&a.argmax, 0, &a.ring[slot], 0, 4),
         }
-        let idx = gpu.queue.submit([enc.finish()]);
+        let t_fin = std::time::Instant::now();
+        let cb = enc.finish();
+        let t_sub = std::time::Instant::now();
+        let idx = gpu.queue.submit([cb]);
+        if t == 1 {
+            let h = &mut self.host;
+            h.steps += 1;
+            h.record_s += (t_fin - t_rec).as_secs_f64();
+            h.finish_s += (t_sub - t_fin).as_secs_f64();
+            h.submit_s += t_sub.elapsed().as_secs_f64();
+        }
         self.pos += n_tok;
         self.dirty = true;
         Ok(idx)
     }
 
+    /// Host time per phase of the one-token steps since the model was built or
+    /// [`GpuModel::reset_host_times`] (the record/finish/submit split tells whether a decode step is
+    /// bound by the host or by the GPU).
+    pub fn host_times(&self) -> HostTimes {
+        self.host
+    }
+
+    /// Start counting [`GpuModel::host_times`] afresh.
+    pub fn reset_host_times(&mut self) {
+        self.host = HostTimes::default();
+    }
+
     /// Wait for submission `idx` only (later ones keep running), then read the id in ring `slot`.
-    fn read_ring(&self, slot: usize, idx: wgpu::SubmissionIndex) -> Result<u32> {
+    fn read_ring(&mut self, slot: usize, idx: wgpu::SubmissionIndex) -> Result<u32> {
+        let t0 = std::time::Instant::now();
+        let r = self.read_ring_inner(slot, idx);
+        self.host.wait_s += t0.elapsed().as_secs_f64();
+        r
+    }
+
+    fn read_ring_inner(&self, slot: usize, idx: wgpu::SubmissionIndex) -> Result<u32> {
         use std::sync::atomic::Ordering;
         let buf = &self.acts.ring[slot];
         let slice = buf.slice(0..8);
@@ -1726,24 +1786,40 @@ impl<'w> GpuModel<'w> {
     }
 }
 
-/// Upload routed expert `a.expert` (of `experts`, one layer's) into slot `a.slot` of the pool;
-/// returns the bytes read from the mapped weights.
-fn upload_expert(gpu: &Gpu, pool: &Experts, experts: &[Ffn<'_>], a: Assign) -> Result<u64> {
+/// Stage routed expert `a.expert` for slot `a.slot` (the copies are pushed onto `copies`, run
+/// by the caller); returns the bytes it reads from the mapped weights.
+fn stage_expert<'s>(
+    gpu: &Gpu,
+    pool: &Experts,
+    experts: &'s [Ffn<'s>],
+    a: Assign,
+    copies: &mut Vec<StagedCopy<'s>>,
+) -> Result<u64> {
     let f = experts
         .get(a.expert as usize)
         .with_context(|| format!("routed expert {} does not exist", a.expert))?;
     let (gu, gus, dn, dns) = super::stream::expert_pieces(f);
+    let s = a.slot as usize;
     let mut n = pool
         .gate_up
         .w
-        .write_expert(&gpu.queue, a.slot as usize, &gu, &gus)
-        .context("uploading an expert's gate_up into its slot")?;
+        .stage_expert(&gpu.queue, s, &gu, &gus, UPLOAD_PIECE, copies)
+        .context("staging an expert's gate_up for its slot")?;
     n += pool
         .down
         .w
-        .write_expert(&gpu.queue, a.slot as usize, &[dn], &[dns])
-        .context("uploading an expert's down into its slot")?;
+        .stage_expert(&gpu.queue, s, &[dn], &[dns], UPLOAD_PIECE, copies)
+        .context("staging an expert's down for its slot")?;
     Ok(n)
+}
+
+/// Largest single staged copy of an expert upload (pieces split so that one or two misses still
+/// spread over the upload threads).
+const UPLOAD_PIECE: usize = 1 << 20;
+
+/// Threads copying misses from the mapped weights: the cores, at most 8.
+fn upload_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(8))
 }
 
 /// One layer's routed experts on the GPU through the slot pool (see [`super::stream`]):
@@ -1774,14 +1850,19 @@ fn routed_streamed(
                     bail!("injected GPU failure (layer {layer} expert upload)");
                 }
                 let t0 = std::time::Instant::now();
+                let mut copies = Vec::new();
                 for &x in &part {
                     sg.host.stats.bytes_read +=
-                        upload_expert(gpu, &sg.pool, sg.host.experts[layer], x)?;
+                        stage_expert(gpu, &sg.pool, sg.host.experts[layer], x, &mut copies)?;
                     sg.host.stats.uploads += 1;
                 }
+                run_staged(copies, upload_threads());
                 let dt = t0.elapsed().as_secs_f64();
                 sg.host.stats.upload_s += dt;
                 sg.host.stats.stall_s += dt;
+                if t == 1 {
+                    sg.host.stats.decode_stall_s += dt;
+                }
             }
             let slot_of: HashMap<u32, u32> = part.iter().map(|x| (x.expert, x.slot)).collect();
             let mut compact: Vec<[u32; 4]> = Vec::new();

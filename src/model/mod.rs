@@ -28,7 +28,7 @@ pub use cache::Cache;
 pub use config::{AttnGeom, AttnKind, GenerationConfig, MlpKind, TextConfig};
 pub use cpu::CpuModel;
 pub use error::ModelError;
-pub use gpu::{GpuModel, GpuModelOptions};
+pub use gpu::{GpuModel, GpuModelOptions, HostTimes};
 pub use stream::{Placement, StreamStats};
 pub use weights::{Checkpoint, Layout, Weights};
 

@@ -112,13 +112,13 @@ pub struct DecodeReport {
 }
 
 impl DecodeReport {
-    /// Milliseconds per decode token the GPU stood still on expert uploads ([`StreamStats::stall_s`];
-    /// `None` when resident), over every step of the run (prefill included) per decode step.
+    /// Milliseconds per decode token the GPU stood still on expert uploads in decode steps
+    /// ([`StreamStats::decode_stall_s`] over the decode steps; `None` when resident).
     ///
-    /// [`StreamStats::stall_s`]: crate::model::StreamStats::stall_s
+    /// [`StreamStats::decode_stall_s`]: crate::model::StreamStats::decode_stall_s
     pub fn upload_stall_ms(&self) -> Option<f64> {
         self.stream
-            .map(|x| 1e3 * x.stall_s / self.profile.steps.max(1) as f64)
+            .map(|x| 1e3 * x.decode_stall_s / self.profile.steps.max(1) as f64)
     }
 
     /// Tokens per second if every step ran at the copy bandwidth.

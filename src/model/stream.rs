@@ -59,6 +59,8 @@ pub struct StreamStats {
     /// Seconds the GPU stood still on uploads: the host copies a round's misses into the upload
     /// queue while only that round's hits (if any) run, and the misses' dispatch waits for it.
     pub stall_s: f64,
+    /// The part of `stall_s` spent in one-token (decode) steps.
+    pub decode_stall_s: f64,
     /// Host seconds waiting for the router's pairs of each streamed layer (this includes the GPU
     /// computing that layer up to its router, so it is not all idle time).
     pub routing_wait_s: f64,
@@ -101,6 +103,7 @@ impl StreamStats {
             "upload_s": self.upload_s,
             "upload_gbs": self.upload_gbs(),
             "stall_s": self.stall_s,
+            "decode_stall_s": self.decode_stall_s,
             "routing_wait_s": self.routing_wait_s,
             "startup_bytes": self.startup_bytes,
             "startup_s": self.startup_s,

@@ -15,6 +15,7 @@ mod formats_quant;
 mod gemv_cli;
 mod gemv_large;
 mod gemv_parity;
+mod gemv_slots;
 mod generate_cli;
 mod model_bad_inputs;
 mod model_config;

@@ -339,6 +339,32 @@ fn cli_streams_reports_stats_and_survives_a_corrupt_usage_file() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("positive number of GiB"));
 
+    // --profile while streaming: the upload stall per token, no pretend phase times
+    let (prof, err) = run(&[
+        "--expert-slots",
+        "2",
+        "--profile",
+        "--peak-gbs",
+        "100",
+        "--usage-file",
+        "off",
+    ]);
+    assert_eq!(prof["generated_ids"], resident["generated_ids"]);
+    assert!(err.contains("upload stall"), "{err}");
+    assert!(
+        err.contains("per-phase GPU times unavailable while experts stream"),
+        "{err}"
+    );
+    let stall = prof["profile"]["upload_stall_ms_per_token"]
+        .as_f64()
+        .unwrap();
+    assert!(stall >= 0.0 && stall.is_finite(), "{stall}");
+    assert!(
+        prof["profile"]["phases_ms"].is_null(),
+        "{}",
+        prof["profile"]
+    );
+
     // the failure hook through the CLI: same tokens, one warning
     let (failed, err) = run(&[
         "--expert-slots",
