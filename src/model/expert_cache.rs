@@ -307,6 +307,30 @@ impl ExpertCache {
         Ok(rounds)
     }
 
+    /// Empty `slot` (unpinning it if pinned): its key leaves its layer's map, so the next request
+    /// for that expert is a miss. Used when a planned load did not happen (a failed upload): the
+    /// slot's bytes are not the expert the plan installed. No-op for a slot out of range or
+    /// already empty.
+    pub fn forget(&mut self, slot: u32) {
+        let s = slot as usize;
+        if s >= self.keys.len() {
+            return;
+        }
+        let Some((l, e)) = self.keys[s].take() else {
+            return;
+        };
+        self.map[l][e as usize] = None;
+        if self.pinned[s] {
+            self.pinned[s] = false;
+            self.n_pinned -= 1;
+        } else {
+            self.lru_remove(slot);
+        }
+        // keep `free` sorted highest first, so `pop` still hands out the lowest free slot
+        let at = self.free.partition_point(|&f| f > slot);
+        self.free.insert(at, slot);
+    }
+
     /// The slot holding `(layer, expert)`, or `None` when it is not resident or out of range.
     pub fn slot_of(&self, layer: usize, expert: u32) -> Option<u32> {
         *self.map.get(layer)?.get(expert as usize)?

@@ -1815,7 +1815,7 @@ fn stage_expert<'s>(
 
 /// Largest single staged copy of an expert upload (pieces split so that one or two misses still
 /// spread over the upload threads).
-const UPLOAD_PIECE: usize = 1 << 20;
+const UPLOAD_PIECE: usize = 4 << 20;
 
 /// Threads copying misses from the mapped weights: the cores, at most 8.
 fn upload_threads() -> usize {
@@ -1843,6 +1843,46 @@ fn routed_streamed(
         .cache
         .plan_layer(layer, &experts)
         .map_err(|e| anyhow::anyhow!("layer {layer}: {e}"))?;
+    // Slots the plan installed but whose bytes have not been copied yet: on any failure they are
+    // forgotten, so no later hit computes with the bytes of whatever the slot held before.
+    let mut unloaded: Vec<u32> = rounds
+        .iter()
+        .flat_map(|r| r.assign.iter().filter(|a| a.load).map(|a| a.slot))
+        .collect();
+    let res = run_rounds(
+        gpu,
+        a,
+        sg,
+        layer,
+        t,
+        hid,
+        pairs,
+        fail,
+        &rounds,
+        &mut unloaded,
+    );
+    if res.is_err() {
+        for s in unloaded {
+            sg.host.cache.forget(s);
+        }
+    }
+    res
+}
+
+/// The rounds of [`routed_streamed`]; each completed load is removed from `unloaded`.
+#[allow(clippy::too_many_arguments)]
+fn run_rounds(
+    gpu: &Gpu,
+    a: &Acts,
+    sg: &mut StreamGpu<'_>,
+    layer: usize,
+    t: u32,
+    hid: u32,
+    pairs: &[[u32; 4]],
+    fail: bool,
+    rounds: &[super::expert_cache::Round],
+    unloaded: &mut Vec<u32>,
+) -> Result<()> {
     for round in rounds {
         for part in super::stream::round_parts(&round.assign) {
             if part[0].load {
@@ -1857,6 +1897,11 @@ fn routed_streamed(
                     sg.host.stats.uploads += 1;
                 }
                 run_staged(copies, upload_threads());
+                for x in &part {
+                    if let Some(i) = unloaded.iter().position(|&s| s == x.slot) {
+                        unloaded.swap_remove(i);
+                    }
+                }
                 let dt = t0.elapsed().as_secs_f64();
                 sg.host.stats.upload_s += dt;
                 sg.host.stats.stall_s += dt;

@@ -670,3 +670,43 @@ fn check_fp_manually(d: &Path, full: &str) {
     bytes.extend_from_slice(&10u64.to_le_bytes());
     assert_eq!(fnv(&bytes), full, "the two-shard fingerprint");
 }
+
+#[test]
+fn expert_cache_forget_turns_a_planned_load_back_into_a_miss() {
+    let mut c = ExpertCache::new(2, 8, 3).unwrap();
+    let pins = c.pin(&[(1, 7)], 1);
+    assert_eq!(pins.len(), 1);
+    let pinned_slot = pins[0].1.slot;
+    let r = c.plan_layer(0, &[2, 3]).unwrap();
+    assert_eq!(r.len(), 1);
+    let s2 = c.slot_of(0, 2).unwrap();
+    // the upload of expert 2 "failed": forget its slot
+    c.forget(s2);
+    assert_eq!(c.slot_of(0, 2), None);
+    assert_eq!(c.slot_keys()[s2 as usize], None);
+    // asking again is a miss that reloads (into the freed slot, the lowest free one)
+    let r = c.plan_layer(0, &[2, 3]).unwrap();
+    let got: Vec<Assign> = r[0].assign.clone();
+    assert!(got.contains(&Assign {
+        expert: 3,
+        slot: c.slot_of(0, 3).unwrap(),
+        load: false
+    }));
+    assert!(
+        got.contains(&Assign {
+            expert: 2,
+            slot: s2,
+            load: true
+        }),
+        "{got:?}"
+    );
+    // forgetting a pinned slot unpins it; out of range and empty slots are no-ops
+    c.forget(pinned_slot);
+    assert!(!c.is_pinned(pinned_slot));
+    assert_eq!(c.slot_of(1, 7), None);
+    c.forget(99);
+    c.forget(pinned_slot);
+    // all three slots usable again: three distinct experts of layer 1 fit one round
+    let r = c.plan_layer(1, &[0, 1, 2]).unwrap();
+    assert_eq!(r.len(), 1, "{r:?}");
+}

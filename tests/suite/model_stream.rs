@@ -190,6 +190,44 @@ fn injected_gpu_failure_mid_generation_keeps_the_reference_tokens() {
     assert!(m.inject_routed_failure(1, layer).is_err());
 }
 
+/// A failed layer must not leave the cache believing its slots hold experts that never arrived:
+/// with nearly every expert resident, later hits on those experts would silently compute with
+/// the slots' old bytes. Teacher-forced logits after the failure match the resident model's.
+#[test]
+fn a_failed_upload_leaves_no_stale_slot_behind() {
+    let g = gpu();
+    for name in ["tiny-causal-f32", "tiny-mm-bf16"] {
+        let r = reference(name);
+        let c = &r.cases[0];
+        let ck = Checkpoint::open(&fixture(name)).unwrap();
+        let w = Weights::load(&ck).unwrap();
+        let (_, total) = sizes(&w);
+        let mut seq = c.prompt_ids.clone();
+        seq.extend_from_slice(&c.generated_ids);
+        let mut resident = GpuModel::with_options(&g, &w, opts()).unwrap();
+        let want: Vec<Vec<f32>> = seq
+            .iter()
+            .map(|&t| resident.forward(&[t]).unwrap())
+            .collect();
+        for layer in (0..w.layers.len()).filter(|&i| matches!(w.layers[i].mlp, Mlp::Moe(_))) {
+            for slots in [total - 1, total / 2] {
+                let mut m = GpuModel::with_placement(&g, &w, opts(), Placement::Slots(slots), None)
+                    .unwrap();
+                m.inject_routed_failure(1, layer).unwrap();
+                for (p, &t) in seq.iter().enumerate() {
+                    let got = m.forward(&[t]).unwrap();
+                    let e = rel_err(&got, &want[p]);
+                    assert!(
+                        e < 1e-5,
+                        "{name}: failure in layer {layer}, {slots} slots: position {p} rel err {e:e}"
+                    );
+                }
+                assert_eq!(m.stream_stats().unwrap().cpu_fallbacks, 1);
+            }
+        }
+    }
+}
+
 #[test]
 fn a_budget_that_holds_everything_is_resident_and_a_tiny_one_is_refused() {
     let g = gpu();
