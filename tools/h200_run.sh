@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What the numbers in BENCHMARKS.md and the issue notes came from: run on the device tool's NVIDIA H200
 # (Vulkan through the NVIDIA driver), with the release binary built on an x86-64 host and carried in .dev/.
-# Usage (on the device machine, from the repo root): tools/h200_run.sh STEP...  (steps: smoke bench generate convert stream)
+# Usage (on the device machine, from the repo root): tools/h200_run.sh STEP...  (steps: smoke bench generate convert stream decode)
 # stream: LAYERS (default 10) layers of synth inkling-small int4-g64, generated with 100%, 50% and 25% of the
 # routed experts as GPU slots, warm page cache then cold (pages dropped with posix_fadvise DONTNEED).
 set -uo pipefail
@@ -59,12 +59,13 @@ for f in os.listdir(d):
       run() { # tag slots [extra...]
         local tag=$1 slots=$2; shift 2
         local t0=$(date +%s.%N)
-        $BIN generate --model "$D" --prompt-ids "$ids" --max-tokens 32 --temperature 0 --json --expert-slots "$slots" "$@" > "$OUT/stream-$tag.json" 2> "$OUT/stream-$tag.err"
+        $BIN generate --model "$D" --prompt-ids "$ids" --max-tokens 32 --temperature 0 --json --expert-slots "$slots" "$@" > "$OUT/cur.json" 2> "$OUT/cur.err"
         echo "[$tag] rc=$? wall $(python3 -c "import time;print(round(time.time()-$t0,1))") s"
+        { echo "[$tag]"; cat "$OUT/cur.json"; } >> "$OUT/stream.jsonl"; { echo "[$tag]"; cat "$OUT/cur.err"; } >> "$OUT/stream.err"
         python3 -c "
-import json;d=json.load(open('$OUT/stream-$tag.json'));s=d['stats']
+import json;d=json.load(open('$OUT/cur.json'));s=d['stats']
 print('  ids', d['generated_ids']); print('  decode %.2f tok/s  prefill %.2f s' % (s['decode_tok_s'], s['prefill_s'])); print('  experts', json.dumps(s['experts']))"
-        tail -3 "$OUT/stream-$tag.err"
+        tail -4 "$OUT/cur.err"
       }
       run warm-100 $total --usage-file off
       run warm-50 $((total / 2)) --usage-file off
@@ -72,6 +73,10 @@ print('  ids', d['generated_ids']); print('  decode %.2f tok/s  prefill %.2f s' 
       cold; run cold-25 $((total / 4)) --usage-file off
       cold; run cold-50 $((total / 4 * 2)) --usage-file off
       run hot-write-25 $((total / 4)) --usage-file "$OUT/usage.json"
-      run hot-read-25 $((total / 4)) --usage-file "$OUT/usage.json" --profile --peak-gbs 4171.7 ;;
+      run hot-read-25 $((total / 4)) --usage-file "$OUT/usage.json" --profile --peak-gbs 4171.7
+      rm -f "$OUT/cur.json" "$OUT/cur.err" ;;
+    decode)
+      $BIN bench decode --model "${STREAM_DIR:-/tmp/small}" --tokens 64 --json > "$OUT/decode.json"; echo "rc=$?"
+      cat "$OUT/decode.json" ;;
   esac
 done
