@@ -32,6 +32,10 @@ pub struct DecodeArgs {
     /// Print one JSON object on stdout (the text report goes to stderr).
     #[arg(long)]
     pub json: bool,
+    /// Record the timed steps as one compute pass per phase (as profile mode does) instead of one
+    /// pass per step.
+    #[arg(long)]
+    pub pass_per_phase: bool,
 }
 
 /// The probe's prompt: 16 fixed ids below `width`.
@@ -113,6 +117,7 @@ pub fn run(a: DecodeArgs) -> anyhow::Result<ExitCode> {
     let mut m = GpuModel::new(&gpu, &w, PROBE_PROMPT + a.tokens + 1)
         .with_context(|| format!("building the GPU model on {}", gpu.describe()))?;
     drop(w);
+    m.set_pass_per_phase(a.pass_per_phase);
 
     // warm-up (pipelines, recorded steps), then the timed run, then the profiled run
     probe(&mut m, &prompt, a.tokens.min(4))?;
@@ -145,6 +150,7 @@ pub fn run(a: DecodeArgs) -> anyhow::Result<ExitCode> {
         v["prompt_tokens"] = PROBE_PROMPT.into();
         v["tokens_match"] = tokens_match.into();
         v["timestamps"] = gpu.has_timestamps().into();
+        v["pass_per_phase"] = a.pass_per_phase.into();
         let [r, f, sub, wait] = host.per_step_ms();
         v["host_ms_per_step"] = serde_json::json!({
             "record": r, "finish": f, "submit": sub, "wait_for_id": wait,

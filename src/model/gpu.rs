@@ -418,6 +418,8 @@ pub struct GpuModel<'w> {
     prof: Option<Profiler>,
     stream: Option<StreamGpu<'w>>,
     host: HostTimes,
+    /// Record a step as one compute pass per phase run (as profile mode does) instead of one.
+    pass_per_phase: bool,
 }
 
 fn f32_buf(gpu: &Gpu, label: &str, v: &[f32]) -> wgpu::Buffer {
@@ -819,6 +821,7 @@ impl GpuModel<'static> {
             }
         };
         Ok(GpuModel {
+            pass_per_phase: false,
             host: HostTimes::default(),
             stream,
             static_decode_bytes,
@@ -1322,6 +1325,16 @@ impl<'w> GpuModel<'w> {
         }
         if streaming {
             enc = self.record_streamed(key, enc)?;
+        } else if timed_slot.is_none() && self.pass_per_phase {
+            for (ph, range) in &step.segs {
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some(ph.key()),
+                    timestamp_writes: None,
+                });
+                for r in &step.recs[range.clone()] {
+                    r.record_in_pass(&mut pass);
+                }
+            }
         } else if timed_slot.is_none() {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some("inkling forward"),
@@ -1367,6 +1380,14 @@ impl<'w> GpuModel<'w> {
     /// bound by the host or by the GPU).
     pub fn host_times(&self) -> HostTimes {
         self.host
+    }
+
+    /// Record each step as one compute pass per phase run (the passes profile mode times) instead
+    /// of one pass (the default). Same kernels, same order, same tokens; an experiment knob for
+    /// `bench decode --pass-per-phase`, since one long pass measured slower on the GPU than the
+    /// same kernels in per-phase passes on an H200 (BENCHMARKS.md).
+    pub fn set_pass_per_phase(&mut self, on: bool) {
+        self.pass_per_phase = on;
     }
 
     /// Start counting [`GpuModel::host_times`] afresh.
