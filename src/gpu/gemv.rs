@@ -353,25 +353,8 @@ impl GpuWeights {
         scales: &[&[u8]],
         limit: u64,
     ) -> Result<GpuWeights, DispatchError> {
-        dispatch::resolve(enc.format.ordinal())?;
-        if experts == 0 || rows == 0 || cols == 0 {
-            return Err(DispatchError::Shape(format!(
-                "empty weight tensor {experts}×[{rows}, {cols}]"
-            )));
-        }
-        if experts > u32::MAX as usize || rows > u32::MAX as usize || cols > u32::MAX as usize {
-            return Err(DispatchError::Shape("dimensions must fit in u32".into()));
-        }
+        let (stride, spr, limit) = slab_geometry(gpu, enc, experts, rows, cols, limit)?;
         let rb = enc.bytes_per_row(cols);
-        let stride = gpu_row_stride(enc, cols);
-        let spr = enc.scales_per_row(cols);
-        let limit = limit.min(default_limit(gpu));
-        if (stride as u64) > limit {
-            return Err(DispatchError::Shape(format!(
-                "one row of {} [{rows}, {cols}] takes {stride} bytes, more than a binding ({limit} bytes)",
-                enc.spelling()
-            )));
-        }
         let plan = chunk_plan(experts, rows, stride, limit);
         let mut chunks = Vec::with_capacity(plan.len());
         for (ci, &(e0, e1, r0, r1)) in plan.iter().enumerate() {
@@ -446,27 +429,10 @@ impl GpuWeights {
         cols: usize,
         limit: u64,
     ) -> Result<GpuWeights, DispatchError> {
-        dispatch::resolve(enc.format.ordinal())?;
         enc.format
             .check_group_size(enc.group_size)
             .map_err(|e| DispatchError::Shape(e.to_string()))?;
-        if experts == 0 || rows == 0 || cols == 0 {
-            return Err(DispatchError::Shape(format!(
-                "empty weight tensor {experts}×[{rows}, {cols}]"
-            )));
-        }
-        if experts > u32::MAX as usize || rows > u32::MAX as usize || cols > u32::MAX as usize {
-            return Err(DispatchError::Shape("dimensions must fit in u32".into()));
-        }
-        let stride = gpu_row_stride(enc, cols);
-        let spr = enc.scales_per_row(cols);
-        let limit = limit.min(default_limit(gpu));
-        if (stride as u64) > limit {
-            return Err(DispatchError::Shape(format!(
-                "one row of {} [{rows}, {cols}] takes {stride} bytes, more than a binding ({limit} bytes)",
-                enc.spelling()
-            )));
-        }
+        let (stride, spr, limit) = slab_geometry(gpu, enc, experts, rows, cols, limit)?;
         let chunks = chunk_plan(experts, rows, stride, limit)
             .into_iter()
             .enumerate()
@@ -518,10 +484,77 @@ impl GpuWeights {
         data: &[&[u8]],
         scales: &[&[u8]],
     ) -> Result<u64, DispatchError> {
+        let (rb, stride) = (self.enc.bytes_per_row(self.cols), self.row_stride());
+        let mut padded = Vec::new();
+        let n = self.expert_segments(e, data, scales, |seg| {
+            if seg.weights && rb != stride {
+                // row bytes, then explicit zero padding up to the unit size
+                padded.clear();
+                padded.resize(seg.src.len() / rb * stride, 0);
+                for (k, row) in seg.src.chunks_exact(rb).enumerate() {
+                    padded[k * stride..k * stride + rb].copy_from_slice(row);
+                }
+                queue.write_buffer(seg.buf, seg.offset, &padded);
+            } else {
+                queue.write_buffer(seg.buf, seg.offset, seg.src);
+            }
+            Ok(())
+        })?;
+        Ok(n)
+    }
+
+    /// [`GpuWeights::write_expert`] through staging views the caller fills (in parallel with
+    /// [`run_staged`]): one [`StagedCopy`] per piece of at most `max_copy` bytes is pushed onto
+    /// `out`. Rows that need padding (a row length that is not a whole number of units) are
+    /// written at once instead. The data reach the GPU at the next submission after the copies
+    /// ran and were dropped. Returns the bytes read from `data` and `scales`.
+    pub fn stage_expert<'s>(
+        &self,
+        queue: &wgpu::Queue,
+        e: usize,
+        data: &[&'s [u8]],
+        scales: &[&'s [u8]],
+        max_copy: usize,
+        out: &mut Vec<StagedCopy<'s>>,
+    ) -> Result<u64, DispatchError> {
+        if self.enc.bytes_per_row(self.cols) != self.row_stride() {
+            return self.write_expert(queue, e, data, scales);
+        }
+        let max_copy = max_copy.max(4) & !3;
+        self.expert_segments(e, data, scales, |seg| {
+            for (k, part) in seg.src.chunks(max_copy).enumerate() {
+                let size = wgpu::BufferSize::new(part.len() as u64)
+                    .ok_or_else(|| DispatchError::Shape("empty expert piece".into()))?;
+                let view = queue
+                    .write_buffer_with(seg.buf, seg.offset + (k * max_copy) as u64, size)
+                    .ok_or_else(|| {
+                        DispatchError::Shape("the queue refused a staging buffer".into())
+                    })?;
+                out.push(StagedCopy { view, src: part });
+            }
+            Ok(())
+        })
+    }
+
+    /// Padded GPU row stride in bytes.
+    fn row_stride(&self) -> usize {
+        gpu_row_stride(self.enc, self.cols)
+    }
+
+    /// Check one expert's pieces (whole rows adding up to `rows`, slot in range), then hand `f`
+    /// every (chunk buffer, byte offset, source bytes) segment they map to: weight rows at the
+    /// padded stride, scale rows packed. Returns the bytes of `data` and `scales`.
+    fn expert_segments<'s>(
+        &self,
+        e: usize,
+        data: &[&'s [u8]],
+        scales: &[&'s [u8]],
+        mut f: impl FnMut(Segment<'_, 's>) -> Result<(), DispatchError>,
+    ) -> Result<u64, DispatchError> {
         let enc = self.enc;
         let rb = enc.bytes_per_row(self.cols);
         let sb = 4 * enc.scales_per_row(self.cols);
-        let stride = gpu_row_stride(enc, self.cols);
+        let stride = self.row_stride();
         if e >= self.experts {
             return Err(DispatchError::Shape(format!(
                 "expert slot {e} out of range (the slab has {})",
@@ -544,21 +577,6 @@ impl GpuWeights {
                 self.rows * sb
             )));
         }
-        // (first row, bytes) of every piece
-        let pieces = |ps: &[&[u8]], per: usize| -> Vec<(usize, usize)> {
-            let mut r = 0;
-            ps.iter()
-                .enumerate()
-                .map(|(i, p)| {
-                    let at = (r, i);
-                    r += p.len().checked_div(per).unwrap_or(0);
-                    at
-                })
-                .collect()
-        };
-        let dp = pieces(data, rb);
-        let sp = pieces(scales, sb);
-        let mut padded = Vec::new();
         for c in self
             .chunks
             .iter()
@@ -566,95 +584,10 @@ impl GpuWeights {
         {
             let (r0, r1) = (c.r0 as usize, c.r1 as usize);
             let base_row = (e - c.e0 as usize) * (r1 - r0);
-            for &(pr0, i) in &dp {
-                let pr1 = pr0 + data[i].len() / rb;
-                let (a, b) = (pr0.max(r0), pr1.min(r1));
-                if a >= b {
-                    continue;
-                }
-                let src = &data[i][(a - pr0) * rb..(b - pr0) * rb];
-                let off = ((base_row + a - r0) * stride) as u64;
-                if rb == stride {
-                    queue.write_buffer(&c.weights, off, src);
-                } else {
-                    padded.clear();
-                    padded.resize((b - a) * stride, 0);
-                    for (k, row) in src.chunks_exact(rb).enumerate() {
-                        padded[k * stride..k * stride + rb].copy_from_slice(row);
-                    }
-                    queue.write_buffer(&c.weights, off, &padded);
-                }
-            }
-            if sb == 0 {
-                continue;
-            }
-            for &(pr0, i) in &sp {
-                let pr1 = pr0 + scales[i].len() / sb;
-                let (a, b) = (pr0.max(r0), pr1.min(r1));
-                if a >= b {
-                    continue;
-                }
-                let src = &scales[i][(a - pr0) * sb..(b - pr0) * sb];
-                queue.write_buffer(&c.scales, ((base_row + a - r0) * sb) as u64, src);
-            }
-        }
-        Ok((total + total_s) as u64)
-    }
-
-    /// [`GpuWeights::write_expert`] through staging views the caller fills (in parallel with
-    /// [`run_staged`]): one [`StagedCopy`] per piece of at most `max_copy` bytes is pushed onto
-    /// `out`. Rows that need padding (a row length that is not a whole number of units) are
-    /// written at once instead. The data reach the GPU at the next submission after the copies
-    /// ran and were dropped. Returns the bytes read from `data` and `scales`.
-    pub fn stage_expert<'s>(
-        &self,
-        queue: &wgpu::Queue,
-        e: usize,
-        data: &[&'s [u8]],
-        scales: &[&'s [u8]],
-        max_copy: usize,
-        out: &mut Vec<StagedCopy<'s>>,
-    ) -> Result<u64, DispatchError> {
-        let enc = self.enc;
-        let rb = enc.bytes_per_row(self.cols);
-        if rb != gpu_row_stride(enc, self.cols) {
-            return self.write_expert(queue, e, data, scales);
-        }
-        let sb = 4 * enc.scales_per_row(self.cols);
-        let total: usize = data.iter().map(|d| d.len()).sum();
-        let total_s: usize = scales.iter().map(|d| d.len()).sum();
-        if e >= self.experts
-            || total != self.rows * rb
-            || total_s != self.rows * sb
-            || data.iter().any(|d| d.len() % rb != 0)
-            || (sb > 0 && scales.iter().any(|d| d.len() % sb != 0))
-        {
-            // the same checks and errors as the direct path
-            return self.write_expert(queue, e, data, scales);
-        }
-        let max_copy = max_copy.max(4) & !3;
-        let mut stage =
-            |buf: &wgpu::Buffer, off: u64, src: &'s [u8]| -> Result<(), DispatchError> {
-                for (k, part) in src.chunks(max_copy).enumerate() {
-                    let size = wgpu::BufferSize::new(part.len() as u64)
-                        .ok_or_else(|| DispatchError::Shape("empty expert piece".into()))?;
-                    let view = queue
-                        .write_buffer_with(buf, off + (k * max_copy) as u64, size)
-                        .ok_or_else(|| {
-                            DispatchError::Shape("the queue refused a staging buffer".into())
-                        })?;
-                    out.push(StagedCopy { view, src: part });
-                }
-                Ok(())
-            };
-        for c in self
-            .chunks
-            .iter()
-            .filter(|c| (c.e0..c.e1).contains(&(e as u32)))
-        {
-            let (r0, r1) = (c.r0 as usize, c.r1 as usize);
-            let base_row = (e - c.e0 as usize) * (r1 - r0);
-            for (ps, per, buf) in [(data, rb, &c.weights), (scales, sb, &c.scales)] {
+            for (ps, per, dst_per, buf, weights) in [
+                (data, rb, stride, &c.weights, true),
+                (scales, sb, sb, &c.scales, false),
+            ] {
                 if per == 0 {
                     continue;
                 }
@@ -663,8 +596,12 @@ impl GpuWeights {
                     let pr1 = pr0 + p.len() / per;
                     let (a, b) = (pr0.max(r0), pr1.min(r1));
                     if a < b {
-                        let src = &p[(a - pr0) * per..(b - pr0) * per];
-                        stage(buf, ((base_row + a - r0) * per) as u64, src)?;
+                        f(Segment {
+                            buf,
+                            offset: ((base_row + a - r0) * dst_per) as u64,
+                            src: &p[(a - pr0) * per..(b - pr0) * per],
+                            weights,
+                        })?;
                     }
                     pr0 = pr1;
                 }
@@ -698,6 +635,15 @@ impl GpuWeights {
         (self.rows * self.enc.bytes_per_row(self.cols)
             + 4 * self.enc.scale_count(self.rows, self.cols)) as u64
     }
+}
+
+/// Where a run of one expert's rows goes: a chunk buffer, a byte offset in it, and the source
+/// rows (weight rows unpadded; the destination stride is the padded one).
+struct Segment<'b, 's> {
+    buf: &'b wgpu::Buffer,
+    offset: u64,
+    src: &'s [u8],
+    weights: bool,
 }
 
 /// One pending copy of [`GpuWeights::stage_expert`]: a staging view of the queue and the bytes
@@ -749,6 +695,36 @@ pub fn run_staged(copies: Vec<StagedCopy<'_>>, threads: usize) {
             s.spawn(move || bin.into_iter().for_each(StagedCopy::run));
         }
     });
+}
+
+/// Check a slab's shape against the registry and the adapter; returns the padded GPU row stride,
+/// the scales per row and the chunk limit (`limit` capped by [`default_limit`]).
+fn slab_geometry(
+    gpu: &Gpu,
+    enc: Encoding,
+    experts: usize,
+    rows: usize,
+    cols: usize,
+    limit: u64,
+) -> Result<(usize, usize, u64), DispatchError> {
+    dispatch::resolve(enc.format.ordinal())?;
+    if experts == 0 || rows == 0 || cols == 0 {
+        return Err(DispatchError::Shape(format!(
+            "empty weight tensor {experts}×[{rows}, {cols}]"
+        )));
+    }
+    if experts > u32::MAX as usize || rows > u32::MAX as usize || cols > u32::MAX as usize {
+        return Err(DispatchError::Shape("dimensions must fit in u32".into()));
+    }
+    let stride = gpu_row_stride(enc, cols);
+    let limit = limit.min(default_limit(gpu));
+    if (stride as u64) > limit {
+        return Err(DispatchError::Shape(format!(
+            "one row of {} [{rows}, {cols}] takes {stride} bytes, more than a binding ({limit} bytes)",
+            enc.spelling()
+        )));
+    }
+    Ok((stride, enc.scales_per_row(cols), limit))
 }
 
 /// `(e0, e1, r0, r1)` of every binding-sized chunk of a slab: whole experts per chunk when one

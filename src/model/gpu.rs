@@ -1845,17 +1845,8 @@ fn upload_threads() -> usize {
 
 /// One layer's routed experts on the GPU through the slot pool (see [`super::stream`]):
 /// rounds from the cache, each round's hits then loads as their own submissions.
-#[allow(clippy::too_many_arguments)]
-fn routed_streamed(
-    gpu: &Gpu,
-    a: &Acts,
-    sg: &mut StreamGpu<'_>,
-    layer: usize,
-    t: u32,
-    hid: u32,
-    pairs: &[[u32; 4]],
-    fail: bool,
-) -> Result<()> {
+fn routed_streamed(gpu: &Gpu, a: &Acts, sg: &mut StreamGpu<'_>, job: &LayerJob<'_>) -> Result<()> {
+    let (layer, pairs) = (job.layer, job.pairs);
     let mut experts: Vec<u32> = pairs.iter().map(|p| p[0]).collect();
     experts.sort_unstable();
     experts.dedup();
@@ -1870,18 +1861,7 @@ fn routed_streamed(
         .iter()
         .flat_map(|r| r.assign.iter().filter(|a| a.load).map(|a| a.slot))
         .collect();
-    let res = run_rounds(
-        gpu,
-        a,
-        sg,
-        layer,
-        t,
-        hid,
-        pairs,
-        fail,
-        &rounds,
-        &mut unloaded,
-    );
+    let res = run_rounds(gpu, a, sg, job, &rounds, &mut unloaded);
     if res.is_err() {
         for s in unloaded {
             sg.host.cache.forget(s);
@@ -1890,20 +1870,32 @@ fn routed_streamed(
     res
 }
 
+/// One streamed layer's routed experts: which layer, its token count `t`, the hidden size, the
+/// router's `(expert, token, weight_idx, pad)` pairs, and whether to inject a failure.
+struct LayerJob<'p> {
+    layer: usize,
+    t: u32,
+    hid: u32,
+    pairs: &'p [[u32; 4]],
+    fail: bool,
+}
+
 /// The rounds of [`routed_streamed`]; each completed load is removed from `unloaded`.
-#[allow(clippy::too_many_arguments)]
 fn run_rounds(
     gpu: &Gpu,
     a: &Acts,
     sg: &mut StreamGpu<'_>,
-    layer: usize,
-    t: u32,
-    hid: u32,
-    pairs: &[[u32; 4]],
-    fail: bool,
+    job: &LayerJob<'_>,
     rounds: &[super::expert_cache::Round],
     unloaded: &mut Vec<u32>,
 ) -> Result<()> {
+    let LayerJob {
+        layer,
+        t,
+        hid,
+        pairs,
+        fail,
+    } = *job;
     for round in rounds {
         for part in super::stream::round_parts(&round.assign) {
             if part[0].load {
@@ -2053,7 +2045,14 @@ impl GpuModel<'_> {
                 for p in &pairs {
                     sg.host.usage.record(li, p[0]);
                 }
-                routed_streamed(gpu, a, sg, li, t, hid, &pairs, fail)
+                let job = LayerJob {
+                    layer: li,
+                    t,
+                    hid,
+                    pairs: &pairs,
+                    fail,
+                };
+                routed_streamed(gpu, a, sg, &job)
             });
             if let Err(e) = res {
                 routed_on_cpu(gpu, a, sg, li, t, hid, np, &e)?;

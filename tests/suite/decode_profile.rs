@@ -4,19 +4,12 @@
 //! bytes_per_token equals a count by hand. No speed thresholds. Needs a GPU adapter (lavapipe on
 //! CI); fails without one.
 use crate::model_common;
+use crate::ops_util::shared_gpu as gpu;
 use inkling_wgpu::formats::QMatrix;
-use inkling_wgpu::gpu::Gpu;
 use inkling_wgpu::model::weights::{Ffn, Mlp};
 use inkling_wgpu::model::{Checkpoint, GpuModel, Weights};
 use model_common::*;
 use std::process::Command;
-use std::sync::OnceLock;
-
-fn gpu() -> Gpu {
-    static GPU: OnceLock<Gpu> = OnceLock::new();
-    GPU.get_or_init(|| Gpu::new().expect("these tests need a GPU adapter (lavapipe on CI)"))
-        .clone()
-}
 
 fn greedy_run(m: &mut GpuModel, prompt: &[u32], steps: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
     m.reset();

@@ -1,6 +1,7 @@
 //! CPU side of the formats: exact bit layouts (hand-built bytes), quantise/dequantise round trips,
 //! and the reference GEMV.
 
+use crate::ops_util::Rng;
 use inkling_wgpu::formats::{quantize, Encoding, Format, FormatError, QMatrix};
 use std::borrow::Cow;
 
@@ -14,19 +15,6 @@ fn mat(e: &str, rows: usize, cols: usize, data: Vec<u8>, scales: &[f32]) -> QMat
 }
 
 /// splitmix64 → f32 in [-1, 1)
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn f(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-}
 
 #[test]
 fn f32_layout() {

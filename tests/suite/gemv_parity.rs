@@ -1,6 +1,7 @@
 //! GPU GEMV parity against the f64 CPU reference on the SAME bytes, through the dispatcher.
 //! Runs on lavapipe in CI: a missing adapter FAILS (no skip).
 
+use crate::ops_util::{gpu, Rng};
 use inkling_wgpu::formats::{quantize, Encoding, QMatrix};
 use inkling_wgpu::gpu::dispatch::{gemv_pairs_with, DispatchError};
 use inkling_wgpu::gpu::gemv::{
@@ -8,33 +9,6 @@ use inkling_wgpu::gpu::gemv::{
 };
 use inkling_wgpu::gpu::Gpu;
 use std::borrow::Cow;
-
-fn gpu() -> Gpu {
-    Gpu::new().unwrap_or_else(|e| {
-        panic!("GPU tests need an adapter (CI: WGPU_BACKEND=vulkan NODEVICE_SELECT=1 with lavapipe): {e}")
-    })
-}
-
-/// splitmix64
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn f(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-    fn below(&mut self, n: u32) -> u32 {
-        (self.next() % n as u64) as u32
-    }
-    fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.f()).collect()
-    }
-}
 
 fn rel_err(y: &[f32], r: &[f64]) -> f64 {
     assert_eq!(y.len(), r.len());
@@ -128,11 +102,11 @@ fn parity_every_format_odd_shapes_both_reductions() {
             let experts = 3;
             let tokens = 2;
             let mats: Vec<QMatrix> = (0..experts)
-                .map(|_| quantize(enc, &rng.vec(o * i), o, i).unwrap())
+                .map(|_| quantize(enc, &rng.vec(o * i, 1.0), o, i).unwrap())
                 .collect();
             let w = GpuWeights::upload(&gpu, &mats).unwrap();
             for red in reductions(&gpu) {
-                let x = rng.vec(tokens * i); // fresh inputs every run
+                let x = rng.vec(tokens * i, 1.0); // fresh inputs every run
                 let pairs = [(2, 1, NO_GAMMA), (0, 0, 0), (2, 0, 1), (1, 1, NO_GAMMA)];
                 check_problem(&gpu, enc, &mats, &w, &x, &pairs, &[0.75, -1.5], red);
             }
@@ -147,7 +121,7 @@ fn many_pairs_one_dispatch() {
     let (experts, o, i, tokens) = (8, 96, 320, 5);
     for enc in kernel_encodings() {
         let mats: Vec<QMatrix> = (0..experts)
-            .map(|_| quantize(enc, &rng.vec(o * i), o, i).unwrap())
+            .map(|_| quantize(enc, &rng.vec(o * i, 1.0), o, i).unwrap())
             .collect();
         let w = GpuWeights::upload(&gpu, &mats).unwrap();
         // every token routed to 4 experts (repeats across tokens), gammas on, plus unweighted pairs
@@ -155,14 +129,14 @@ fn many_pairs_one_dispatch() {
         let mut gammas = Vec::new();
         for t in 0..tokens {
             for _ in 0..4 {
-                pairs.push((rng.below(experts), t, gammas.len() as u32));
+                pairs.push(((rng.below(experts as u64) as u32), t, gammas.len() as u32));
                 gammas.push(rng.f());
             }
             pairs.push((t % experts, t, NO_GAMMA));
         }
         pairs.push((3, 0, NO_GAMMA));
         pairs.push((3, 0, NO_GAMMA)); // the same pair twice
-        let x = rng.vec(tokens as usize * i);
+        let x = rng.vec(tokens as usize * i, 1.0);
         for red in reductions(&gpu) {
             check_problem(&gpu, enc, &mats, &w, &x, &pairs, &gammas, red);
         }
@@ -175,12 +149,12 @@ fn dense_gemv_is_e1_and_respects_strides_and_offsets() {
     let mut rng = Rng(9);
     let (o, i, tokens) = (33, 65, 3);
     let enc = Encoding::parse("int4-g64").unwrap();
-    let m = quantize(enc, &rng.vec(o * i), o, i).unwrap();
+    let m = quantize(enc, &rng.vec(o * i, 1.0), o, i).unwrap();
     let w = GpuWeights::upload(&gpu, std::slice::from_ref(&m)).unwrap();
     // x tokens at stride 70 starting at element 3; y pairs at stride 40 starting at element 5
     let (xs, xo, ys, yo) = (70usize, 3usize, 40usize, 5usize);
     let mut x = vec![f32::NAN; xo + tokens * xs];
-    let xt: Vec<Vec<f32>> = (0..tokens).map(|_| rng.vec(i)).collect();
+    let xt: Vec<Vec<f32>> = (0..tokens).map(|_| rng.vec(i, 1.0)).collect();
     for t in 0..tokens {
         x[xo + t * xs..xo + t * xs + i].copy_from_slice(&xt[t]);
     }
@@ -289,7 +263,7 @@ fn ordinal_5_runs_int3_and_9_runs_bf16() {
     let o = 4;
     let q3 = quantize(
         Encoding::parse("int3-g64").unwrap(),
-        &rng.vec(o * 64),
+        &rng.vec(o * 64, 1.0),
         o,
         64,
     )
@@ -302,7 +276,7 @@ fn ordinal_5_runs_int3_and_9_runs_bf16() {
         Cow::Borrowed(&q3.scales[..]),
     )
     .unwrap();
-    let x = rng.vec(64);
+    let x = rng.vec(64, 1.0);
     let r3 = q3.gemv_ref_f64(&x);
     let r4 = q4.gemv_ref_f64(&x[..48]);
     assert!(
@@ -329,7 +303,7 @@ fn ordinal_5_runs_int3_and_9_runs_bf16() {
         Err(DispatchError::EncodingMismatch { ordinal: 2, .. })
     ));
     // bf16 [3, 10] = 20 bytes/row, like f32 [3, 5]
-    let qb = quantize(Encoding::BF16, &rng.vec(30), 3, 10).unwrap();
+    let qb = quantize(Encoding::BF16, &rng.vec(30, 1.0), 3, 10).unwrap();
     let qf = QMatrix::new(
         Encoding::F32,
         3,
@@ -338,7 +312,7 @@ fn ordinal_5_runs_int3_and_9_runs_bf16() {
         Cow::Borrowed(&[][..]),
     )
     .unwrap();
-    let xb = rng.vec(10);
+    let xb = rng.vec(10, 1.0);
     let wb = GpuWeights::upload(&gpu, std::slice::from_ref(&qb)).unwrap();
     let y = gemv_pairs_with(&gpu, 9, &wb, &xb, &[(0, 0, NO_GAMMA)], &[], Reduction::Auto).unwrap();
     assert!(rel_err(&y, &qb.gemv_ref_f64(&xb)) <= 1e-5);
@@ -356,14 +330,14 @@ fn from_slab_bytes_accepts_unaligned_input() {
     let mut rng = Rng(11);
     let (e, o, i) = (3, 5, 7); // bf16 rows of 14 bytes
     let mats: Vec<QMatrix> = (0..e)
-        .map(|_| quantize(Encoding::BF16, &rng.vec(o * i), o, i).unwrap())
+        .map(|_| quantize(Encoding::BF16, &rng.vec(o * i, 1.0), o, i).unwrap())
         .collect();
     let mut raw = vec![0u8; 1]; // start the slab at an odd address
     for m in &mats {
         raw.extend_from_slice(&m.data);
     }
     let w = GpuWeights::from_slab_bytes(&gpu, Encoding::BF16, e, o, i, &raw[1..], &[]).unwrap();
-    let x = rng.vec(i);
+    let x = rng.vec(i, 1.0);
     check_problem(
         &gpu,
         Encoding::BF16,
@@ -391,7 +365,7 @@ fn chunked_slabs_small_limit() {
         let enc = Encoding::parse(enc).unwrap();
         let (experts, o, i) = (4, 70, 200);
         let mats: Vec<QMatrix> = (0..experts)
-            .map(|_| quantize(enc, &rng.vec(o * i), o, i).unwrap())
+            .map(|_| quantize(enc, &rng.vec(o * i, 1.0), o, i).unwrap())
             .collect();
         let w = GpuWeights::upload_with_limit(&gpu, &mats, limit).unwrap();
         assert!(
@@ -400,7 +374,7 @@ fn chunked_slabs_small_limit() {
             enc.spelling(),
             w.chunks().len()
         );
-        let x = rng.vec(2 * i);
+        let x = rng.vec(2 * i, 1.0);
         let pairs = [
             (3, 1, NO_GAMMA),
             (0, 0, 0),
@@ -419,9 +393,15 @@ fn auto_picks_subgroups_when_available_and_no_gamma_buffer_ignores_weight_idx() 
     let gpu = gpu();
     let mut rng = Rng(5);
     let (o, i) = (40, 96);
-    let m = quantize(Encoding::parse("int3-g64").unwrap(), &rng.vec(o * i), o, i).unwrap();
+    let m = quantize(
+        Encoding::parse("int3-g64").unwrap(),
+        &rng.vec(o * i, 1.0),
+        o,
+        i,
+    )
+    .unwrap();
     let w = GpuWeights::upload(&gpu, std::slice::from_ref(&m)).unwrap();
-    let x = rng.vec(i);
+    let x = rng.vec(i, 1.0);
     let xb = gpu.storage_init("x", bytemuck::cast_slice(&x));
     // weight_idx 7 but no gamma buffer: the pair is unweighted (and nothing reads out of bounds)
     let pb = gpu.storage_init("p", bytemuck::cast_slice(&[0u32, 0, 7, 0]));

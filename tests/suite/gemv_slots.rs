@@ -5,31 +5,12 @@
 //! Fresh random inputs, NaN-poisoned outputs (through `gemv_pairs`), relative error ≤ 1e-5.
 //! A missing adapter FAILS.
 
+use crate::ops_util::{gpu, Rng};
 use inkling_wgpu::formats::{quantize, Encoding, QMatrix};
 use inkling_wgpu::gpu::dispatch::gemv_pairs;
 use inkling_wgpu::gpu::gemv::{run_staged, GpuWeights, NO_GAMMA};
 use inkling_wgpu::gpu::Gpu;
 use std::borrow::Cow;
-
-fn gpu() -> Gpu {
-    Gpu::new().unwrap_or_else(|e| {
-        panic!("GPU tests need an adapter (CI: WGPU_BACKEND=vulkan NODEVICE_SELECT=1 with lavapipe): {e}")
-    })
-}
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn f(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-}
 
 fn random(rng: &mut Rng, enc: Encoding, o: usize, i: usize) -> QMatrix<'static> {
     let w: Vec<f32> = (0..o * i).map(|_| rng.f()).collect();

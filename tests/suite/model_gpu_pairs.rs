@@ -1,16 +1,10 @@
 //! The two GEMV pair options the GPU forward relies on: 16-byte router `Pair`s
 //! and `x_per_pair` (pair p reads x row p: the routed down projection), for every kernel encoding,
 //! with gammas, against the f64 CPU reference. A missing adapter FAILS (no skip).
+use crate::ops_util::gpu;
 use inkling_wgpu::formats::quantize;
 use inkling_wgpu::gpu::gemv::{kernel_encodings, GemvArgs, GemvCall, GpuWeights};
 use inkling_wgpu::gpu::ops::Pair;
-use inkling_wgpu::gpu::Gpu;
-
-fn gpu() -> Gpu {
-    Gpu::new().unwrap_or_else(|e| {
-        panic!("GPU tests need an adapter (CI: WGPU_BACKEND=vulkan NODEVICE_SELECT=1 with lavapipe): {e}")
-    })
-}
 
 fn val(i: usize, salt: usize) -> f32 {
     let h = (i.wrapping_mul(2654435761) ^ salt.wrapping_mul(40503)) % 2001;

@@ -4,25 +4,11 @@
 //! several submissions), reset between prompts, step reuse. Needs a GPU adapter (lavapipe on CI:
 //! `WGPU_BACKEND=vulkan NODEVICE_SELECT=1`); without one the tests FAIL, they never skip.
 use crate::model_common;
-use inkling_wgpu::gpu::Gpu;
+use crate::ops_util::shared_gpu as gpu;
 use inkling_wgpu::model::generate::{generate, FinishReason, GenerateParams};
 use inkling_wgpu::model::sampling::SamplingParams;
 use inkling_wgpu::model::{Checkpoint, CpuModel, GpuModel, Weights};
 use model_common::*;
-use std::sync::OnceLock;
-
-fn gpu() -> Gpu {
-    static GPU: OnceLock<Gpu> = OnceLock::new();
-    GPU.get_or_init(|| {
-        Gpu::new().unwrap_or_else(|e| {
-            panic!(
-                "the GPU model tests need a GPU adapter and none was found: {e}. On CI/lavapipe \
-                 run with WGPU_BACKEND=vulkan NODEVICE_SELECT=1 and Mesa's lavapipe installed."
-            )
-        })
-    })
-    .clone()
-}
 
 const MAX_SEQ: usize = 128;
 

@@ -5,9 +5,9 @@
 //! hot set; the CLI reports the streaming stats and survives a corrupt usage file. Needs a GPU
 //! adapter (lavapipe on CI); without one the tests FAIL, they never skip.
 use crate::model_common;
+use crate::ops_util::shared_gpu as gpu;
 use inkling_wgpu::container::{convert, ConvertOptions};
 use inkling_wgpu::formats::Encoding;
-use inkling_wgpu::gpu::Gpu;
 use inkling_wgpu::model::generate::{generate, GenerateParams};
 use inkling_wgpu::model::sampling::SamplingParams;
 use inkling_wgpu::model::usage::{self, Usage};
@@ -18,20 +18,6 @@ use inkling_wgpu::model::{
 use model_common::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
-
-fn gpu() -> Gpu {
-    static GPU: OnceLock<Gpu> = OnceLock::new();
-    GPU.get_or_init(|| {
-        Gpu::new().unwrap_or_else(|e| {
-            panic!(
-                "the streaming tests need a GPU adapter and none was found: {e}. On CI/lavapipe \
-                 run with WGPU_BACKEND=vulkan NODEVICE_SELECT=1 and Mesa's lavapipe installed."
-            )
-        })
-    })
-    .clone()
-}
 
 fn opts() -> GpuModelOptions {
     GpuModelOptions {

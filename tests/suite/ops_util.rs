@@ -12,6 +12,12 @@ pub fn gpu() -> Gpu {
     })
 }
 
+/// One GPU for the whole test binary (built on first use), or a clear failure (never a skip).
+pub fn shared_gpu() -> Gpu {
+    static GPU: std::sync::OnceLock<Gpu> = std::sync::OnceLock::new();
+    GPU.get_or_init(gpu).clone()
+}
+
 /// splitmix64.
 pub struct Rng(pub u64);
 
