@@ -59,11 +59,11 @@ pub struct Args {
     /// becomes expert slots and routed experts stream from the mapped container into them. A
     /// budget that holds every expert runs fully resident. `auto` (the default) runs fully
     /// resident: wgpu exposes no portable way to read the adapter's free memory.
-    #[arg(long, default_value = "auto", value_parser = parse_gpu_mem)]
-    pub gpu_mem: GpuMem,
+    #[arg(long, value_parser = parse_gpu_mem)]
+    pub gpu_mem: Option<GpuMem>,
     /// Exactly N expert slots instead of a budget in GiB (N ≥ every routed expert = resident).
-    #[arg(long, conflicts_with = "gpu_mem")]
-    pub expert_slots: Option<usize>,
+    #[arg(long, conflicts_with = "gpu_mem", value_parser = clap::value_parser!(u64).range(1..))]
+    pub expert_slots: Option<u64>,
     /// The usage file: routing counts per (layer, expert) that rank the pinned hot set of expert
     /// slots at start-up and are updated after each streamed run. Default:
     /// `<model>/inkling-wgpu.usage.json`; `off` neither reads nor writes one. Delete it freely;
@@ -99,7 +99,7 @@ fn parse_gpu_mem(s: &str) -> Result<GpuMem, String> {
 /// points at `--device cpu`.
 fn gpu_backend<'w>(
     w: &'w Weights<'w>,
-    max_seq: usize,
+    opts: GpuModelOptions,
     placement: Placement,
     usage: Option<Usage>,
 ) -> anyhow::Result<GpuModel<'w>> {
@@ -116,11 +116,6 @@ fn gpu_backend<'w>(
         }
         Err(e) => bail!("the GPU could not be initialised ({e}); run with `--device cpu` to use the CPU forward"),
         Ok(gpu) => gpu,
-    };
-    let opts = GpuModelOptions {
-        max_seq,
-        max_chunk: crate::model::gpu::DEFAULT_MAX_CHUNK,
-        binding_limit: None,
     };
     let model = GpuModel::with_placement(&gpu, w, opts, placement, usage)
         .with_context(|| format!("building the GPU model on {}", gpu.describe()))?;
@@ -205,32 +200,46 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         bail!("--profile times the GPU forward; use it with --device gpu");
     }
     let placement = match (args.expert_slots, args.gpu_mem) {
-        (Some(n), _) => Placement::Slots(n),
-        (None, GpuMem::GiB(g)) => Placement::GpuMem((g * (1u64 << 30) as f64) as u64),
-        (None, GpuMem::Auto) => Placement::Resident,
+        (Some(n), _) => Placement::Slots(n as usize),
+        (None, Some(GpuMem::GiB(g))) => Placement::GpuMem((g * (1u64 << 30) as f64) as u64),
+        (None, Some(GpuMem::Auto) | None) => Placement::Resident,
     };
     if placement != Placement::Resident && args.device != Device::Gpu {
         bail!("--gpu-mem / --expert-slots place experts on the GPU; use them with --device gpu");
     }
+    let max_seq = prompt.len() + params.max_new_tokens.max(1);
+    let opts = GpuModelOptions {
+        max_seq,
+        max_chunk: crate::model::gpu::DEFAULT_MAX_CHUNK,
+        binding_limit: None,
+    };
+    // Only a run that really streams reads or writes the usage file.
+    let streams =
+        args.device == Device::Gpu && GpuModel::plan_slots(&weights, opts, placement)?.is_some();
     let cfg = &ck.config;
     let usage_path = match args.usage_file.as_deref() {
+        _ if !streams => None,
         Some("off") => None,
         Some(p) => Some(PathBuf::from(p)),
         None => Some(dir.join(usage::USAGE_FILE)),
     };
-    let fingerprint = if placement != Placement::Resident {
-        Some(usage::fingerprint(&dir)?)
-    } else {
-        None
+    let fingerprint = match usage_path.as_ref().map(|_| usage::fingerprint(&dir)) {
+        Some(Ok(fp)) => Some(fp),
+        Some(Err(e)) => {
+            eprintln!("warning: no usage file this run: cannot fingerprint the model ({e})");
+            None
+        }
+        None => None,
     };
+    let usage_path = usage_path.filter(|_| fingerprint.is_some());
     let (n_layers, n_experts) = (cfg.num_hidden_layers, cfg.n_routed_experts);
-    let hot = match (&usage_path, &fingerprint) {
-        (Some(p), Some(fp)) => usage::load_or_warn(p, fp, n_layers, n_experts),
+    let usage_seed = match (&usage_path, &fingerprint) {
+        (Some(p), Some(fp)) => Some(
+            usage::load_or_warn(p, fp, n_layers, n_experts)
+                .unwrap_or_else(|| Usage::new(fp, n_layers, n_experts)),
+        ),
         _ => None,
     };
-    let usage_seed = fingerprint
-        .as_deref()
-        .map(|fp| hot.unwrap_or_else(|| Usage::new(fp, n_layers, n_experts)));
     let inject = match args.inject_gpu_failure.as_deref() {
         None => None,
         Some(s) => {
@@ -249,12 +258,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             &mut cpu_model
         }
         Device::Gpu => {
-            let m = gpu_model.insert(gpu_backend(
-                &weights,
-                prompt.len() + params.max_new_tokens.max(1),
-                placement,
-                usage_seed,
-            )?);
+            let m = gpu_model.insert(gpu_backend(&weights, opts, placement, usage_seed)?);
             if let Some((pos, layer)) = inject {
                 m.inject_routed_failure(pos, layer)?;
             }
@@ -308,7 +312,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let (Some(m), Some(path)) = (gpu_model.as_ref(), usage_path.as_ref()) {
         if let Some(u) = m.usage() {
             if let Err(e) = u.save(path) {
-                eprintln!("warning: could not write the usage file: {e}");
+                eprintln!(
+                    "warning: the usage file was not written: {e} (choose another place with \
+                     --usage-file PATH, or --usage-file off)"
+                );
             }
         }
     }

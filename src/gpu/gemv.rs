@@ -665,19 +665,22 @@ impl StagedCopy<'_> {
     }
 
     /// Copy the bytes into the staging view (reading a mapped file here is where the page
-    /// cache or the disk is read); dropping the view queues the GPU-side copy.
-    pub fn run(mut self) {
+    /// cache or the disk is read). Returns the view: dropping it queues the GPU-side copy.
+    pub fn run(mut self) -> wgpu::QueueWriteBufferView {
         self.view.copy_from_slice(self.src);
+        self.view
     }
 }
 
 /// Run staged copies on up to `threads` threads (inline when there is little to copy), so the
-/// reads of several experts (page cache or NVMe) and their copies proceed in parallel.
+/// reads of several experts (page cache or NVMe) and their copies proceed in parallel. The views
+/// are dropped (their GPU copies queued) on the calling thread, inside whatever error scope it
+/// has pushed.
 pub fn run_staged(copies: Vec<StagedCopy<'_>>, threads: usize) {
     let total: usize = copies.iter().map(|c| c.len()).sum();
     let threads = threads.clamp(1, copies.len().max(1));
     if threads == 1 || total < (4 << 20) {
-        copies.into_iter().for_each(StagedCopy::run);
+        copies.into_iter().for_each(|c| drop(c.run()));
         return;
     }
     // largest first onto the least loaded thread
@@ -690,11 +693,17 @@ pub fn run_staged(copies: Vec<StagedCopy<'_>>, threads: usize) {
         b.0 += c.len();
         b.1.push(c);
     }
-    std::thread::scope(|s| {
-        for (_, bin) in bins {
-            s.spawn(move || bin.into_iter().for_each(StagedCopy::run));
-        }
+    let views: Vec<Vec<wgpu::QueueWriteBufferView>> = std::thread::scope(|s| {
+        let handles: Vec<_> = bins
+            .into_iter()
+            .map(|(_, bin)| s.spawn(move || bin.into_iter().map(StagedCopy::run).collect()))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("an upload copy thread panicked"))
+            .collect()
     });
+    drop(views);
 }
 
 /// Check a slab's shape against the registry and the adapter; returns the padded GPU row stride,

@@ -38,7 +38,21 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::ops::Range;
 
-const GIB: f64 = (1u64 << 30) as f64;
+/// `n` bytes as B, KiB, MiB or GiB with a few significant digits.
+fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.2} {}", UNITS[u])
+    }
+}
 
 /// Default largest chunk of tokens one submission processes.
 pub const DEFAULT_MAX_CHUNK: usize = 64;
@@ -859,35 +873,22 @@ impl<'w> GpuModel<'w> {
         placement: Placement,
         usage: Option<Usage>,
     ) -> Result<GpuModel<'w>> {
-        let cfg = &w.config;
-        let sparse: Vec<usize> = (0..w.layers.len())
-            .filter(|&i| matches!(w.layers[i].mlp, Mlp::Moe(_)))
-            .collect();
-        let total = sparse.len() * cfg.n_routed_experts;
-        let slot_bytes = Self::slot_bytes(w);
-        let slots = match placement {
-            Placement::Resident => None,
-            Placement::Slots(n) => {
-                ensure!(n >= 1, "--expert-slots must be at least 1");
-                (n < total).then_some(n)
-            }
-            Placement::GpuMem(b) => {
-                let est = Self::resident_bytes_estimate(w, opts);
-                let free = b.saturating_sub(est);
-                let n = (free / slot_bytes.max(1)) as usize;
-                ensure!(
-                    n >= 1,
-                    "a GPU memory budget of {:.2} GiB holds no expert slot: the resident part \
-                     (dense weights, shared experts, KV cache) needs about {:.2} GiB and one expert \
-                     slot {:.1} MiB",
-                    b as f64 / GIB,
-                    est as f64 / GIB,
-                    slot_bytes as f64 / (1u64 << 20) as f64
-                );
-                (n < total).then_some(n)
-            }
-        };
-        let mut m: GpuModel<'w> = GpuModel::build(gpu, w, opts, slots)?;
+        let slots = Self::plan_slots(w, opts, placement)?;
+        // out of memory while uploading is an error that says what to do, not a panic
+        let oom = gpu.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let built = GpuModel::build(gpu, w, opts, slots);
+        if let Some(e) = pollster::block_on(oom.pop()) {
+            bail!(
+                "the GPU ran out of memory while uploading the model ({e}); {}",
+                match slots {
+                    None => "give a budget with --gpu-mem GiB (or --expert-slots N) so the routed \
+                             experts stream from the container"
+                        .to_string(),
+                    Some(n) => format!("{n} expert slots did not fit: use a smaller --gpu-mem"),
+                }
+            );
+        }
+        let mut m: GpuModel<'w> = built?;
         if let Some(sg) = m.stream.as_mut() {
             let h = &mut sg.host;
             h.experts = w
@@ -911,7 +912,13 @@ impl<'w> GpuModel<'w> {
                 let n = sg.pool.n;
                 let max_pinned = if n >= 2 * max_topk { n / 2 } else { 0 };
                 let t0 = std::time::Instant::now();
-                let loads = h.cache.pin(&u.ranked(), max_pinned);
+                // only keys the model has (a count on a dense layer cannot be pinned)
+                let hot: Vec<(usize, usize)> = u
+                    .ranked()
+                    .into_iter()
+                    .filter(|&(l, e)| h.experts.get(l).is_some_and(|x| e < x.len()))
+                    .collect();
+                let loads = h.cache.pin(&hot, max_pinned);
                 let mut copies = Vec::new();
                 for (layer, a) in &loads {
                     h.stats.startup_bytes +=
@@ -924,6 +931,46 @@ impl<'w> GpuModel<'w> {
             }
         }
         Ok(m)
+    }
+
+    /// How many expert slots `placement` gives this model: `None` = fully resident (every routed
+    /// expert fits, or no budget was given). Errors: zero slots asked for, or a budget below the
+    /// resident part plus one slot.
+    pub fn plan_slots(
+        w: &Weights<'_>,
+        opts: GpuModelOptions,
+        placement: Placement,
+    ) -> Result<Option<usize>> {
+        let cfg = &w.config;
+        let sparse = w
+            .layers
+            .iter()
+            .filter(|l| matches!(l.mlp, Mlp::Moe(_)))
+            .count();
+        let total = sparse * cfg.n_routed_experts;
+        let slot_bytes = Self::slot_bytes(w);
+        Ok(match placement {
+            Placement::Resident => None,
+            Placement::Slots(n) => {
+                ensure!(n >= 1, "--expert-slots must be at least 1");
+                (n < total).then_some(n)
+            }
+            Placement::GpuMem(b) => {
+                let est = Self::resident_bytes_estimate(w, opts);
+                let free = b.saturating_sub(est);
+                let n = (free / slot_bytes.max(1)) as usize;
+                ensure!(
+                    n >= 1,
+                    "a GPU memory budget of {} holds no expert slot: the resident part (dense \
+                     weights, shared experts, KV cache, activations) needs about {} and one expert \
+                     slot {}",
+                    human_bytes(b),
+                    human_bytes(est),
+                    human_bytes(slot_bytes)
+                );
+                (n < total).then_some(n)
+            }
+        })
     }
 
     /// GPU bytes of one expert slot (gate‖up and down, padded rows, scales).
@@ -985,8 +1032,20 @@ impl<'w> GpuModel<'w> {
                 Mlp::Moe(m) => q(&m.router) + m.shared.iter().map(ffn).sum::<u64>(),
             };
         }
-        // activations: a generous bound of 64 rows of the widest vectors per chunk token
-        b + 4 * 64 * hid * opts.max_chunk.min(opts.max_seq) as u64
+        // activations of a chunk: the logits and their readback copy, the expert FFN buffers
+        // (gate‖up, activation, outputs, streamed part outputs) and a bound of 64 hidden-size
+        // vectors per token for the rest
+        let t = opts.max_chunk.min(opts.max_seq) as u64;
+        let (k, inter) = w
+            .layers
+            .iter()
+            .find_map(|l| match &l.mlp {
+                Mlp::Moe(m) => Some((m.top_k.max(m.shared.len()) as u64, m.experts[0].gate.rows)),
+                Mlp::Dense(_) => None,
+            })
+            .unwrap_or((1, cfg.intermediate_size));
+        let ffn_acts = k * (3 * inter as u64 + 3 * hid);
+        b + 4 * t * (2 * cfg.logits_width() as u64 + ffn_acts + 64 * hid)
     }
 
     /// Counters of expert streaming (`None` when the routed experts are resident).
@@ -1917,9 +1976,8 @@ fn run_rounds(
                 }
                 let dt = t0.elapsed().as_secs_f64();
                 sg.host.stats.upload_s += dt;
-                sg.host.stats.stall_s += dt;
                 if t == 1 {
-                    sg.host.stats.decode_stall_s += dt;
+                    sg.host.stats.decode_upload_s += dt;
                 }
             }
             let slot_of: HashMap<u32, u32> = part.iter().map(|x| (x.expert, x.slot)).collect();
@@ -2040,6 +2098,10 @@ impl GpuModel<'_> {
                 }
                 _ => false,
             };
+            // GPU errors of the layer (out of memory, validation) come back here instead of
+            // reaching wgpu's uncaptured-error handler, which panics
+            let oom = gpu.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+            let invalid = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
             let res = raw.map_err(anyhow::Error::from).and_then(|raw| {
                 let pairs: Vec<[u32; 4]> = bytemuck::pod_collect_to_vec(&raw);
                 for p in &pairs {
@@ -2054,7 +2116,25 @@ impl GpuModel<'_> {
                 };
                 routed_streamed(gpu, a, sg, &job)
             });
+            let scoped = [
+                pollster::block_on(invalid.pop()),
+                pollster::block_on(oom.pop()),
+            ];
+            let res = match (res, scoped) {
+                (Err(e), _) => Err(e),
+                (Ok(()), [Some(e), _] | [None, Some(e)]) => {
+                    Err(anyhow::anyhow!("the GPU reported an error: {e}"))
+                }
+                (Ok(()), [None, None]) => Ok(()),
+            };
             if let Err(e) = res {
+                // what this layer's rounds installed may not be on the GPU: forget all of it
+                let keys = sg.host.cache.slot_keys();
+                for (s, k) in keys.iter().enumerate() {
+                    if matches!(k, Some((l, _)) if *l == li) {
+                        sg.host.cache.forget(s as u32);
+                    }
+                }
                 routed_on_cpu(gpu, a, sg, li, t, hid, np, &e)?;
             }
             enc = gpu

@@ -112,13 +112,14 @@ pub struct DecodeReport {
 }
 
 impl DecodeReport {
-    /// Milliseconds per decode token the GPU stood still on expert uploads in decode steps
-    /// ([`StreamStats::decode_stall_s`] over the decode steps; `None` when resident).
+    /// Upper bound of the milliseconds per decode token the GPU stalled on expert uploads: the
+    /// host copy time of the decode steps' misses ([`StreamStats::decode_upload_s`]) over the decode
+    /// steps; `None` when resident.
     ///
-    /// [`StreamStats::decode_stall_s`]: crate::model::StreamStats::decode_stall_s
+    /// [`StreamStats::decode_upload_s`]: crate::model::StreamStats::decode_upload_s
     pub fn upload_stall_ms(&self) -> Option<f64> {
         self.stream
-            .map(|x| 1e3 * x.decode_stall_s / self.profile.steps.max(1) as f64)
+            .map(|x| 1e3 * x.decode_upload_s / self.profile.steps.max(1) as f64)
     }
 
     /// Tokens per second if every step ran at the copy bandwidth.
@@ -207,7 +208,7 @@ impl DecodeReport {
         }
         if let Some(ms) = self.upload_stall_ms() {
             s.push_str(&format!(
-                "  {:<16} {:>12.4}   (host copying misses while the GPU waits)\n",
+                "  {:<16} {:>12.4}   ms/token at most (host copying misses while the GPU waits)\n",
                 "upload stall", ms
             ));
         }

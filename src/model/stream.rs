@@ -7,18 +7,22 @@
 //! `[slots, H, I]`, in the experts' own encoding) serves every layer; a GEMV over the pool whose
 //! pairs name *slots* is a GEMV over whichever experts the slots hold.
 //!
-//! Per sparse layer, the step is cut at the routed experts: the submission up to there ends with
-//! a copy of the router's (expert, token) pairs, which the host reads back (the only routing
-//! readback; the fully resident engine has none). [`ExpertCache::plan_layer`] then splits the
-//! layer's distinct experts into *rounds* of at most the slots that may be handed out at once, so a
-//! slot handed out in a round is never overwritten before that round's dispatch. Round 0 runs its
-//! hits first, in their own submission, so the GPU computes them while the host copies the misses
-//! from the mapped bytes (`queue.write_buffer`, one contiguous expert range per miss); each part's
-//! pairs are compacted, its outputs copied back to the pairs' rows of `y_routed`, and the step goes
-//! on with the MoE combine exactly as when resident.
+//! Per sparse layer, the step is cut at the routed experts: the submission up to there is followed
+//! by a readback of the router's (expert, token) pairs (the only routing readback; the fully
+//! resident engine has none). [`ExpertCache::plan_layer`] then splits the layer's distinct experts
+//! into *rounds* of at most the slots that may be handed out at once, so a slot handed out in a
+//! round is never overwritten before that round's dispatch. Round 0 runs its hits first, in their
+//! own submission, so the GPU computes them while the host copies the misses from the mapped
+//! bytes: each miss's gate‖up and down ranges (contiguous in a converted container's slab) are
+//! copied into `queue.write_buffer_with` staging views in pieces of at most 4 MiB, on up to 8
+//! threads ([`crate::gpu::gemv::run_staged`]). Each part's pairs are compacted, its outputs copied
+//! back to the pairs' rows of `y_routed`, and the step goes on with the MoE combine exactly as
+//! when resident.
 //!
-//! If the GPU part of a layer fails (an injected failure in tests, a failed readback), the layer's
-//! routed experts are recomputed on the CPU from the same mapped bytes and written into
+//! If the GPU part of a layer fails (an error captured by the out-of-memory and validation error
+//! scopes pushed around it, a failed readback or staging buffer, or an injected failure in tests),
+//! the slots the layer's plan installed but did not fill are forgotten by the cache, and the
+//! layer's routed experts are recomputed on the CPU from the same mapped bytes and written into
 //! `y_routed`, with one warning: the token stays right.
 use super::expert_cache::{Assign, ExpertCache};
 use super::usage::Usage;
@@ -54,13 +58,13 @@ pub struct StreamStats {
     pub bytes_read: u64,
     /// Uploads after start-up.
     pub uploads: u64,
-    /// Host seconds spent copying misses from the mapped bytes into the upload queue.
+    /// Host seconds copying misses from the mapped bytes into the upload queue (reading the page
+    /// cache or the disk). The misses' dispatch cannot start before the copy ends, so this is
+    /// also the time the GPU can stall on uploads: an upper bound, since round 0's hits run on
+    /// the GPU meanwhile.
     pub upload_s: f64,
-    /// Seconds the GPU stood still on uploads: the host copies a round's misses into the upload
-    /// queue while only that round's hits (if any) run, and the misses' dispatch waits for it.
-    pub stall_s: f64,
-    /// The part of `stall_s` spent in one-token (decode) steps.
-    pub decode_stall_s: f64,
+    /// The part of `upload_s` spent in one-token (decode) steps.
+    pub decode_upload_s: f64,
     /// Host seconds waiting for the router's pairs of each streamed layer (this includes the GPU
     /// computing that layer up to its router, so it is not all idle time).
     pub routing_wait_s: f64,
@@ -72,17 +76,15 @@ pub struct StreamStats {
 }
 
 impl StreamStats {
-    /// Hits over requests (1.0 when nothing was requested).
-    pub fn hit_rate(&self) -> f64 {
+    /// Hits over requests (`None` when nothing was requested).
+    pub fn hit_rate(&self) -> Option<f64> {
         let n = self.hits + self.misses;
-        if n == 0 {
-            1.0
-        } else {
-            self.hits as f64 / n as f64
-        }
+        (n > 0).then(|| self.hits as f64 / n as f64)
     }
 
-    /// Upload bandwidth, GB/s (bytes read after start-up over the time copying them).
+    /// Host copy rate of the uploads, GB/s: bytes read from the mapped container after start-up
+    /// over [`StreamStats::upload_s`] (the copies into staging memory; the GPU-side transfer that
+    /// follows is not timed).
     pub fn upload_gbs(&self) -> f64 {
         if self.upload_s > 0.0 {
             self.bytes_read as f64 / self.upload_s / 1e9
@@ -102,8 +104,7 @@ impl StreamStats {
             "uploads": self.uploads,
             "upload_s": self.upload_s,
             "upload_gbs": self.upload_gbs(),
-            "stall_s": self.stall_s,
-            "decode_stall_s": self.decode_stall_s,
+            "decode_upload_s": self.decode_upload_s,
             "routing_wait_s": self.routing_wait_s,
             "startup_bytes": self.startup_bytes,
             "startup_s": self.startup_s,
@@ -114,16 +115,17 @@ impl StreamStats {
     /// One line for the stats output.
     pub fn line(&self) -> String {
         format!(
-            "experts: {} slots ({} pinned) | hit rate {:.1}% ({} hits, {} misses) | read {:.3} GB in {} uploads at {:.2} GB/s | stalled on uploads {:.3} s | routing readbacks {:.3} s{}",
+            "experts: {} slots ({} pinned) | hit rate {} ({} hits, {} misses) | read {:.3} GB in {} uploads, {:.2} GB/s host copy | upload stall ≤ {:.3} s | routing readbacks {:.3} s{}",
             self.slots,
             self.pinned,
-            100.0 * self.hit_rate(),
+            self.hit_rate()
+                .map_or("n/a".to_string(), |h| format!("{:.1}%", 100.0 * h)),
             self.hits,
             self.misses,
             self.bytes_read as f64 / 1e9,
             self.uploads,
             self.upload_gbs(),
-            self.stall_s,
+            self.upload_s,
             self.routing_wait_s,
             if self.cpu_fallbacks > 0 {
                 format!(" | {} layer(s) recomputed on the CPU", self.cpu_fallbacks)

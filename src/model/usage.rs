@@ -61,6 +61,13 @@ pub enum UsageErrorKind {
     /// `counts` is not `n_layers × n_experts`.
     #[error("counts is not n_layers × n_experts: {0}")]
     Shape(String),
+    /// The path is a directory, device, pipe or socket: never read (a pipe would block) nor
+    /// replaced.
+    #[error("not a regular file; leaving it alone")]
+    NotAFile,
+    /// [`Usage::save`] found a file that is not a usage file and refused to replace it.
+    #[error("exists and is not an inkling-wgpu usage file; not overwriting it")]
+    NotOurs,
 }
 
 impl UsageError {
@@ -147,6 +154,12 @@ impl Usage {
         n_layers: usize,
         n_experts: usize,
     ) -> Result<Option<Usage>, UsageError> {
+        match fs::metadata(path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(UsageError::io(path, "stat", e)),
+            Ok(m) if !m.is_file() => return Err(UsageError::new(path, UsageErrorKind::NotAFile)),
+            Ok(_) => {}
+        }
         let text = match fs::read_to_string(path) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -216,10 +229,30 @@ impl Usage {
         }))
     }
 
-    /// Write atomically: `path` + ".tmp" first (flushed to disk), then renamed over `path`, so a
-    /// crash leaves the old file or the new one, never half of one. The temporary file is removed
-    /// when a step fails.
+    /// Write atomically: a new temporary file next to `path` (`path.<pid>.tmp`, created only if
+    /// absent, flushed to disk), then renamed over `path`, so a crash leaves the old file or the
+    /// new one, never half of one; the temporary file is removed when a step fails.
+    ///
+    /// Refuses ([`UsageErrorKind::NotAFile`], [`UsageErrorKind::NotOurs`]) to replace anything
+    /// but a missing path or a usage file (any model's: the file is a cache): a directory, device,
+    /// pipe, or a file that is not JSON with the [`USAGE_FORMAT`] tag is left as it is.
     pub fn save(&self, path: &Path) -> Result<(), UsageError> {
+        match fs::metadata(path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(UsageError::io(path, "stat", e)),
+            Ok(m) if !m.is_file() => return Err(UsageError::new(path, UsageErrorKind::NotAFile)),
+            Ok(_) => {
+                let ours = fs::read(path)
+                    .ok()
+                    .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+                    .is_some_and(|v| {
+                        v.get("format").and_then(|t| t.as_str()) == Some(USAGE_FORMAT)
+                    });
+                if !ours {
+                    return Err(UsageError::new(path, UsageErrorKind::NotOurs));
+                }
+            }
+        }
         let file = UsageFile {
             format: USAGE_FORMAT.to_string(),
             fingerprint: self.fingerprint.clone(),
@@ -230,17 +263,20 @@ impl Usage {
         let bytes = serde_json::to_vec(&file)
             .map_err(|e| UsageError::new(path, UsageErrorKind::Json(e)))?;
         let mut tmp = path.as_os_str().to_owned();
-        tmp.push(".tmp");
+        tmp.push(format!(".{}.tmp", std::process::id()));
         let tmp = PathBuf::from(tmp);
-        let write = || -> std::io::Result<()> {
-            let mut f = fs::File::create(&tmp)?;
-            f.write_all(&bytes)?;
-            f.sync_all()
-        };
-        if let Err(e) = write() {
+        // never remove a file this call did not create
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+            .map_err(|e| UsageError::io(&tmp, "create", e))?;
+        if let Err(e) = f.write_all(&bytes).and_then(|_| f.sync_all()) {
+            drop(f);
             let _ = fs::remove_file(&tmp);
             return Err(UsageError::io(&tmp, "write", e));
         }
+        drop(f);
         if let Err(e) = fs::rename(&tmp, path) {
             let _ = fs::remove_file(&tmp);
             return Err(UsageError::io(path, "rename the temporary file onto", e));
@@ -292,10 +328,11 @@ pub fn fingerprint(dir: &Path) -> Result<String, UsageError> {
         if !name.as_encoded_bytes().ends_with(b".safetensors") {
             continue;
         }
-        let path = entry.path();
-        let meta = fs::metadata(&path).map_err(|e| UsageError::io(&path, "stat", e))?;
-        if meta.is_file() {
-            shards.push((name, meta.len()));
+        // an entry that cannot be followed (a dangling link) is not a shard the model reads
+        if let Ok(meta) = fs::metadata(entry.path()) {
+            if meta.is_file() {
+                shards.push((name, meta.len()));
+            }
         }
     }
     shards.sort();

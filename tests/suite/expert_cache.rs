@@ -710,3 +710,67 @@ fn expert_cache_forget_turns_a_planned_load_back_into_a_miss() {
     let r = c.plan_layer(1, &[0, 1, 2]).unwrap();
     assert_eq!(r.len(), 1, "{r:?}");
 }
+
+#[test]
+fn usage_save_never_replaces_what_is_not_a_usage_file_and_load_skips_non_files() {
+    let dir = std::env::temp_dir().join(format!("inkling-usage-guard-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let u = sample_usage();
+    // someone else's file
+    let theirs = dir.join("notes.json");
+    std::fs::write(&theirs, br#"{"format": "something else"}"#).unwrap();
+    let e = u.save(&theirs).unwrap_err();
+    assert!(matches!(e.kind, UsageErrorKind::NotOurs), "{e}");
+    assert_eq!(
+        std::fs::read(&theirs).unwrap(),
+        br#"{"format": "something else"}"#
+    );
+    // not JSON at all
+    std::fs::write(&theirs, b"plain text").unwrap();
+    assert!(matches!(
+        u.save(&theirs).unwrap_err().kind,
+        UsageErrorKind::NotOurs
+    ));
+    assert_eq!(std::fs::read(&theirs).unwrap(), b"plain text");
+    // a directory: neither read nor replaced
+    let sub = dir.join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    assert!(matches!(
+        u.save(&sub).unwrap_err().kind,
+        UsageErrorKind::NotAFile
+    ));
+    let e = Usage::load(&sub, &u.fingerprint, u.n_layers, u.n_experts).unwrap_err();
+    assert!(matches!(e.kind, UsageErrorKind::NotAFile), "{e}");
+    assert!(sub.is_dir());
+    // a named pipe is refused without being opened (opening it would block)
+    #[cfg(unix)]
+    {
+        let fifo = dir.join("pipe");
+        let ok = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(ok.success());
+        let e = Usage::load(&fifo, &u.fingerprint, u.n_layers, u.n_experts).unwrap_err();
+        assert!(matches!(e.kind, UsageErrorKind::NotAFile), "{e}");
+        assert!(matches!(
+            u.save(&fifo).unwrap_err().kind,
+            UsageErrorKind::NotAFile
+        ));
+    }
+    // a usage file (any model's) is replaced, and no temporary file is left behind
+    let ours = dir.join(USAGE_FILE);
+    let mut other = sample_usage();
+    other.fingerprint = "another-model".into();
+    other.save(&ours).unwrap();
+    u.save(&ours).unwrap();
+    let back = Usage::load(&ours, &u.fingerprint, u.n_layers, u.n_experts).unwrap();
+    assert_eq!(back, Some(u.clone()));
+    let names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(!names.iter().any(|n| n.ends_with(".tmp")), "{names:?}");
+    std::fs::remove_dir_all(&dir).ok();
+}

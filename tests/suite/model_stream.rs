@@ -339,14 +339,85 @@ fn cli_streams_reports_stats_and_survives_a_corrupt_usage_file() {
         "the streamed run writes the usage file"
     );
 
-    // a corrupt usage file: warned about, ignored, replaced
+    // a usage file of this model is read (pins) and rewritten with more counts
+    let counts = |p: &Path| -> u64 {
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap();
+        v["counts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|r| r.as_array().unwrap())
+            .map(|c| c.as_u64().unwrap())
+            .sum()
+    };
+    let before = counts(&usage_path);
+    let (again, err) = run(&["--expert-slots", "2"]);
+    assert_eq!(again["generated_ids"], resident["generated_ids"]);
+    assert!(!err.contains("warning"), "{err}");
+    assert_eq!(
+        counts(&usage_path),
+        2 * before,
+        "the second run adds its counts"
+    );
+
+    // a corrupt usage file: warned about, ignored, and NOT replaced (it may be the user's)
     std::fs::write(&usage_path, b"{ not json").unwrap();
     let (again, err) = run(&["--expert-slots", "5"]);
     assert_eq!(again["generated_ids"], resident["generated_ids"]);
     assert!(err.contains("warning: ignoring usage file"), "{err}");
-    assert!(
-        serde_json::from_slice::<serde_json::Value>(&std::fs::read(&usage_path).unwrap()).is_ok()
-    );
+    assert!(err.contains("not overwriting it"), "{err}");
+    assert_eq!(std::fs::read(&usage_path).unwrap(), b"{ not json");
+
+    // --usage-file naming someone else's file or a directory: never replaced
+    let theirs = dir.join("notes.txt");
+    std::fs::write(&theirs, b"my notes").unwrap();
+    let (again, err) = run(&[
+        "--expert-slots",
+        "5",
+        "--usage-file",
+        theirs.to_str().unwrap(),
+    ]);
+    assert_eq!(again["generated_ids"], resident["generated_ids"]);
+    assert!(err.contains("not overwriting it"), "{err}");
+    assert_eq!(std::fs::read(&theirs).unwrap(), b"my notes");
+    let sub = dir.join("a-directory");
+    std::fs::create_dir(&sub).unwrap();
+    let (again, err) = run(&["--expert-slots", "5", "--usage-file", sub.to_str().unwrap()]);
+    assert_eq!(again["generated_ids"], resident["generated_ids"]);
+    assert!(err.contains("not a regular file"), "{err}");
+    assert!(sub.is_dir());
+
+    // a dangling *.safetensors link does not stop a streamed run nor its usage file
+    #[cfg(unix)]
+    {
+        let link = dir.join("old-00001.safetensors");
+        std::os::unix::fs::symlink(dir.join("gone"), &link).unwrap();
+        std::fs::remove_file(&usage_path).unwrap();
+        let (again, err) = run(&["--expert-slots", "2"]);
+        assert_eq!(again["generated_ids"], resident["generated_ids"]);
+        assert!(!err.contains("warning"), "{err}");
+        assert!(usage_path.exists());
+        std::fs::remove_file(&link).unwrap();
+    }
+
+    // a slot count that holds every expert is resident and touches no usage file
+    std::fs::remove_file(&usage_path).unwrap();
+    let (all, _) = run(&["--expert-slots", "1000000"]);
+    assert_eq!(all["stats"]["experts"]["resident"], true);
+    assert!(!usage_path.exists());
+
+    // zero slots is refused by the argument parser
+    let out = cli(&[
+        "generate",
+        "--model",
+        d,
+        "--prompt",
+        "x",
+        "--expert-slots",
+        "0",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--expert-slots"));
 
     // --gpu-mem in GiB: a huge budget is resident; a bad value is a clear error
     let (big, _) = run(&["--gpu-mem", "1024"]);
@@ -402,4 +473,38 @@ fn cli_streams_reports_stats_and_survives_a_corrupt_usage_file() {
     assert_eq!(failed["stats"]["experts"]["cpu_fallbacks"], 1);
     assert_eq!(err.matches("recomputing it on the CPU").count(), 1, "{err}");
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A usage file that passes every check may still rank keys the model cannot pin (counts on a
+/// dense layer): they are skipped, the run goes on, the tokens do not change.
+#[test]
+fn usage_counts_on_a_dense_layer_are_skipped_not_fatal() {
+    let g = gpu();
+    let name = "tiny-causal-f32";
+    let r = reference(name);
+    let c = &r.cases[0];
+    let dir = fixture(name);
+    let ck = Checkpoint::open(&dir).unwrap();
+    let w = Weights::load(&ck).unwrap();
+    assert!(
+        matches!(w.layers[0].mlp, Mlp::Dense(_)),
+        "layer 0 of {name} is dense"
+    );
+    let (k, _) = sizes(&w);
+    let (nl, ne) = (w.config.num_hidden_layers, w.config.n_routed_experts);
+    let mut u = Usage::new("fp", nl, ne);
+    for _ in 0..1000 {
+        u.record(0, 0); // the dense layer, ranked first
+    }
+    u.record(1, 3);
+    u.record(2, 5);
+    let slots = 2 * k + 2;
+    let mut m = GpuModel::with_placement(&g, &w, opts(), Placement::Slots(slots), Some(u)).unwrap();
+    assert_eq!(
+        m.stream_stats().unwrap().pinned,
+        2,
+        "only the sparse layers' keys"
+    );
+    let ids = greedy_ids(&mut m, &c.prompt_ids, &r.eos, c.max_new_tokens);
+    assert_eq!(ids, c.generated_ids);
 }
