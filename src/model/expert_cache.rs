@@ -65,6 +65,10 @@ pub enum CacheError {
     /// A layer index `>= n_layers`.
     #[error("expert cache: layer {layer} out of range (the model has {n_layers} layers)")]
     Layer { layer: usize, n_layers: usize },
+    /// No slot could be handed out although the round had capacity (a broken invariant; the
+    /// caller must treat the layer as failed, never compute a partial plan).
+    #[error("expert cache: no loadable slot for layer {layer} (internal invariant broken)")]
+    NoSlot { layer: usize },
     /// An expert id `>= n_experts`.
     #[error("expert cache: layer {layer}: expert {expert} out of range (the model has {n_experts} routed experts per layer)")]
     Expert {
@@ -280,7 +284,7 @@ impl ExpertCache {
                 // the number of free + LRU slots at the round's start, so this never fails.
                 let Some(slot) = self.take_slot() else {
                     unreachable_state();
-                    break;
+                    return Err(CacheError::NoSlot { layer });
                 };
                 self.install(slot, layer, expert);
                 assign.push(Assign {

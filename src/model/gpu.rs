@@ -802,17 +802,44 @@ impl GpuModel<'static> {
                         Mlp::Dense(_) => None,
                     })
                     .context("expert streaming needs a sparse layer")?;
-                let enc = f0.gate.enc;
+                let (enc, denc) = (f0.gate.enc, f0.down.enc);
+                // one pool serves every layer: every routed expert must have its shape and encoding
+                for (i, l) in w.layers.iter().enumerate() {
+                    let Mlp::Moe(m) = &l.mlp else { continue };
+                    for (e, f) in m.experts.iter().enumerate() {
+                        let same = |q: &QMatrix<'_>, like: &QMatrix<'_>| {
+                            q.enc == like.enc && q.rows == like.rows && q.cols == like.cols
+                        };
+                        ensure!(
+                            same(&f.gate, &f0.gate) && same(&f.up, &f0.gate) && same(&f.down, &f0.down),
+                            "expert streaming needs one shape and encoding for every routed expert; \
+                             layer {i} expert {e} differs from the first ({} / {} [{}, {}] vs {} / {} [{}, {}])",
+                            f.gate.enc.spelling(),
+                            f.down.enc.spelling(),
+                            f.gate.rows,
+                            f.gate.cols,
+                            enc.spelling(),
+                            denc.spelling(),
+                            f0.gate.rows,
+                            f0.gate.cols
+                        );
+                    }
+                }
                 let gu = GpuWeights::empty_with_limit(gpu, enc, n, 2 * inter, hid, limit)
                     .context("allocating the expert slots (gate_up)")?;
-                let dn = GpuWeights::empty_with_limit(gpu, enc, n, hid, inter, limit)
+                let dn = GpuWeights::empty_with_limit(gpu, denc, n, hid, inter, limit)
                     .context("allocating the expert slots (down)")?;
-                let ordinal = enc.format.ordinal();
                 let p = max_chunk * max_topk;
                 Some(StreamGpu {
                     pool: Experts {
-                        gate_up: Lin { w: gu, ordinal },
-                        down: Lin { w: dn, ordinal },
+                        gate_up: Lin {
+                            w: gu,
+                            ordinal: enc.format.ordinal(),
+                        },
+                        down: Lin {
+                            w: dn,
+                            ordinal: denc.format.ordinal(),
+                        },
                         n,
                     },
                     inter: inter as u32,
@@ -919,13 +946,46 @@ impl<'w> GpuModel<'w> {
                     .filter(|&(l, e)| h.experts.get(l).is_some_and(|x| e < x.len()))
                     .collect();
                 let loads = h.cache.pin(&hot, max_pinned);
-                let mut copies = Vec::new();
-                for (layer, a) in &loads {
-                    h.stats.startup_bytes +=
-                        stage_expert(&m.gpu, &sg.pool, h.experts[*layer], *a, &mut copies)?;
+                // staged in batches of about 1 GiB (a submission each), inside error scopes
+                let gpu = &m.gpu;
+                let oom = gpu.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+                let invalid = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
+                let res = (|| -> Result<u64> {
+                    let (mut total, mut batch_bytes, mut batch) = (0, 0, Vec::new());
+                    for (layer, a) in &loads {
+                        let n = stage_expert(gpu, &sg.pool, h.experts[*layer], *a, &mut batch)?;
+                        total += n;
+                        batch_bytes += n;
+                        if batch_bytes >= 1 << 30 {
+                            run_staged(std::mem::take(&mut batch), upload_threads());
+                            gpu.queue.submit([]);
+                            batch_bytes = 0;
+                        }
+                    }
+                    run_staged(batch, upload_threads());
+                    Ok(total)
+                })();
+                let scoped = [
+                    pollster::block_on(invalid.pop()),
+                    pollster::block_on(oom.pop()),
+                ];
+                match (res, scoped) {
+                    (Ok(n), [None, None]) => h.stats.startup_bytes = n,
+                    (res, [v, o]) => {
+                        let why = match (res, v.or(o)) {
+                            (Err(e), _) => format!("{e:#}"),
+                            (Ok(_), Some(e)) => e.to_string(),
+                            (Ok(_), None) => unreachable!("matched above"),
+                        };
+                        eprintln!(
+                            "warning: the hot set from the usage file could not be uploaded ({why}); \
+                             going on without it"
+                        );
+                        for (_, a) in &loads {
+                            h.cache.forget(a.slot);
+                        }
+                    }
                 }
-                run_staged(copies, upload_threads());
-                h.stats.pinned = loads.len();
                 h.stats.startup_s = t0.elapsed().as_secs_f64();
                 h.usage = u;
             }
@@ -1055,6 +1115,7 @@ impl<'w> GpuModel<'w> {
             StreamStats {
                 hits: c.hits,
                 misses: c.misses,
+                pinned: s.host.cache.pinned_count(),
                 ..s.host.stats
             }
         })
@@ -1955,12 +2016,13 @@ fn run_rounds(
         pairs,
         fail,
     } = *job;
+    if fail {
+        // the test hook: the layer's GPU work fails before any of it ran
+        bail!("injected GPU failure (layer {layer})");
+    }
     for round in rounds {
         for part in super::stream::round_parts(&round.assign) {
             if part[0].load {
-                if fail {
-                    bail!("injected GPU failure (layer {layer} expert upload)");
-                }
                 let t0 = std::time::Instant::now();
                 let mut copies = Vec::new();
                 for &x in &part {

@@ -112,9 +112,9 @@ pub struct DecodeReport {
 }
 
 impl DecodeReport {
-    /// Upper bound of the milliseconds per decode token the GPU stalled on expert uploads: the
-    /// host copy time of the decode steps' misses ([`StreamStats::decode_upload_s`]) over the decode
-    /// steps; `None` when resident.
+    /// Milliseconds per decode token of upload stall as the host sees it: the host copy time of
+    /// the decode steps' misses ([`StreamStats::decode_upload_s`]) over the decode steps (see that
+    /// field for what it leaves out); `None` when resident.
     ///
     /// [`StreamStats::decode_upload_s`]: crate::model::StreamStats::decode_upload_s
     pub fn upload_stall_ms(&self) -> Option<f64> {
@@ -208,7 +208,7 @@ impl DecodeReport {
         }
         if let Some(ms) = self.upload_stall_ms() {
             s.push_str(&format!(
-                "  {:<16} {:>12.4}   ms/token at most (host copying misses while the GPU waits)\n",
+                "  {:<16} {:>12.4}   ms/token (host copying misses; the GPU waits on it)\n",
                 "upload stall", ms
             ));
         }

@@ -58,10 +58,10 @@ pub struct StreamStats {
     pub bytes_read: u64,
     /// Uploads after start-up.
     pub uploads: u64,
-    /// Host seconds copying misses from the mapped bytes into the upload queue (reading the page
-    /// cache or the disk). The misses' dispatch cannot start before the copy ends, so this is
-    /// also the time the GPU can stall on uploads: an upper bound, since round 0's hits run on
-    /// the GPU meanwhile.
+    /// Host seconds copying misses from the mapped bytes into staging memory (reading the page
+    /// cache or the disk): the upload stall as the host sees it. The misses' dispatch cannot start
+    /// before this copy ends; round 0's hits run on the GPU meanwhile, and the staging-to-slot
+    /// transfer after it is not included, so the GPU's real wait may be shorter or longer.
     pub upload_s: f64,
     /// The part of `upload_s` spent in one-token (decode) steps.
     pub decode_upload_s: f64,
@@ -115,7 +115,7 @@ impl StreamStats {
     /// One line for the stats output.
     pub fn line(&self) -> String {
         format!(
-            "experts: {} slots ({} pinned) | hit rate {} ({} hits, {} misses) | read {:.3} GB in {} uploads, {:.2} GB/s host copy | upload stall ≤ {:.3} s | routing readbacks {:.3} s{}",
+            "experts: {} slots ({} pinned) | hit rate {} ({} hits, {} misses) | read {:.3} GB in {} uploads, {:.2} GB/s host copy | upload stall (host copy) {:.3} s | routing readbacks {:.3} s{}",
             self.slots,
             self.pinned,
             self.hit_rate()

@@ -229,7 +229,7 @@ impl Usage {
         }))
     }
 
-    /// Write atomically: a new temporary file next to `path` (`path.<pid>.tmp`, created only if
+    /// Write atomically: a new temporary file next to `path` (`path.<pid>-<ns>.tmp`, created only if
     /// absent, flushed to disk), then renamed over `path`, so a crash leaves the old file or the
     /// new one, never half of one; the temporary file is removed when a step fails.
     ///
@@ -263,7 +263,10 @@ impl Usage {
         let bytes = serde_json::to_vec(&file)
             .map_err(|e| UsageError::new(path, UsageErrorKind::Json(e)))?;
         let mut tmp = path.as_os_str().to_owned();
-        tmp.push(format!(".{}.tmp", std::process::id()));
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        tmp.push(format!(".{}-{nanos}.tmp", std::process::id()));
         let tmp = PathBuf::from(tmp);
         // never remove a file this call did not create
         let mut f = fs::OpenOptions::new()
