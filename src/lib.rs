@@ -8,6 +8,22 @@ pub mod formats;
 pub mod gpu;
 pub mod model;
 
+/// `n` bytes as `B`, `KiB`, `MiB`, `GiB` or `TiB` (powers of 1024, two decimals above bytes).
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.2} {}", UNITS[u])
+    }
+}
+
 /// Directory of the bundled default model (`tests/fixtures/tiny-causal-f32`).
 pub fn bundled_model_dir() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-causal-f32")

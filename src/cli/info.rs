@@ -15,20 +15,7 @@ pub struct Args {
 }
 
 /// Bytes in human units (KiB, MiB, GiB).
-pub fn human(b: u64) -> String {
-    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < units.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.2} {}", units[u])
-    }
-}
+pub use crate::human_bytes as human;
 
 /// One line per tensor and the per-format totals, as text.
 pub fn report(c: &Container, summary: bool) -> String {

@@ -33,26 +33,11 @@ use crate::gpu::ops::{
     ShortConvKernel, SiluMulLayout,
 };
 use crate::gpu::Gpu;
+use crate::human_bytes;
 use anyhow::{bail, ensure, Context, Result};
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::ops::Range;
-
-/// `n` bytes as B, KiB, MiB or GiB with a few significant digits.
-fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.2} {}", UNITS[u])
-    }
-}
 
 /// Default largest chunk of tokens one submission processes.
 pub const DEFAULT_MAX_CHUNK: usize = 64;
