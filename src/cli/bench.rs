@@ -180,17 +180,7 @@ fn time_calls(gpu: &Gpu, calls: &[GemvCall], n: usize) -> anyhow::Result<(f64, &
         // Like CUDA events around back-to-back launches: one compute pass of `n` dispatches
         // (rotating over the weight copies) between two GPU timestamps, time / n; median of 5.
         let reps = 5u32;
-        let qs = gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
-            label: Some("bench"),
-            ty: wgpu::QueryType::Timestamp,
-            count: 2 * reps,
-        });
-        let resolve = gpu.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("bench timestamps"),
-            size: 16 * reps as u64,
-            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: false,
-        });
+        let (qs, resolve) = timestamp_pairs(gpu, "bench", reps);
         let mut enc = gpu.device.create_command_encoder(&Default::default());
         for r in 0..reps {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
@@ -205,20 +195,9 @@ fn time_calls(gpu: &Gpu, calls: &[GemvCall], n: usize) -> anyhow::Result<(f64, &
                 calls[k % calls.len()].record_in_pass(&mut pass);
             }
         }
-        enc.resolve_query_set(&qs, 0..2 * reps, &resolve, 0);
-        gpu.queue.submit([enc.finish()]);
-        let raw = gpu.read_bytes(&resolve, 0, 16 * reps as u64)?;
-        let ts: Vec<u64> = raw
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
-            .collect();
-        let period = gpu.queue.get_timestamp_period() as f64; // ns per tick
-        let mut ticks: Vec<u64> = ts
-            .chunks_exact(2)
-            .map(|p| p[1].saturating_sub(p[0]))
-            .collect();
-        ticks.sort_unstable();
-        let per = ticks[ticks.len() / 2] as f64 * period * 1e-9 / n as f64;
+        let mut secs = read_timestamp_pairs(gpu, enc, &qs, &resolve, reps)?;
+        secs.sort_by(f64::total_cmp);
+        let per = secs[secs.len() / 2] / n as f64;
         Ok((
             per,
             "gpu timestamps around n back-to-back dispatches in one pass, median of 5",
@@ -397,17 +376,7 @@ fn time_reps(
     if gpu.has_timestamps() {
         // an empty compute pass writes the start, `n` repetitions, an empty pass the end
         how = "gpu timestamps around n repetitions, median of 5";
-        let qs = gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
-            label: Some("copy bench"),
-            ty: wgpu::QueryType::Timestamp,
-            count: 2 * reps as u32,
-        });
-        let resolve = gpu.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("copy timestamps"),
-            size: 16 * reps as u64,
-            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: false,
-        });
+        let (qs, resolve) = timestamp_pairs(gpu, "copy bench", reps as u32);
         let mut enc = gpu.device.create_command_encoder(&Default::default());
         for r in 0..reps as u32 {
             enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
@@ -430,17 +399,7 @@ fn time_reps(
                 }),
             });
         }
-        enc.resolve_query_set(&qs, 0..2 * reps as u32, &resolve, 0);
-        gpu.queue.submit([enc.finish()]);
-        let raw = gpu.read_bytes(&resolve, 0, 16 * reps as u64)?;
-        let ts: Vec<u64> = raw
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
-            .collect();
-        let period = gpu.queue.get_timestamp_period() as f64;
-        for p in ts.chunks_exact(2) {
-            secs.push(p[1].saturating_sub(p[0]) as f64 * period * 1e-9);
-        }
+        secs = read_timestamp_pairs(gpu, enc, &qs, &resolve, reps as u32)?;
     } else {
         how = "wall clock around one submit of n repetitions, median of 5";
         for _ in 0..reps {
@@ -639,4 +598,42 @@ fn compare(a: CompareArgs) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A timestamp query set of `reps` (begin, end) pairs and the buffer it resolves into.
+fn timestamp_pairs(gpu: &Gpu, label: &str, reps: u32) -> (wgpu::QuerySet, wgpu::Buffer) {
+    let qs = gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
+        label: Some(label),
+        ty: wgpu::QueryType::Timestamp,
+        count: 2 * reps,
+    });
+    let resolve = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some(label),
+        size: 16 * reps as u64,
+        usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: false,
+    });
+    (qs, resolve)
+}
+
+/// Resolve the `reps` (begin, end) pairs of `qs` at the end of `enc`, submit it, wait, and return
+/// each pair's duration in seconds.
+fn read_timestamp_pairs(
+    gpu: &Gpu,
+    mut enc: wgpu::CommandEncoder,
+    qs: &wgpu::QuerySet,
+    resolve: &wgpu::Buffer,
+    reps: u32,
+) -> anyhow::Result<Vec<f64>> {
+    enc.resolve_query_set(qs, 0..2 * reps, resolve, 0);
+    gpu.queue.submit([enc.finish()]);
+    let raw = gpu.read_bytes(resolve, 0, 16 * reps as u64)?;
+    let period = gpu.queue.get_timestamp_period() as f64 * 1e-9; // seconds per tick
+    Ok(raw
+        .chunks_exact(16)
+        .map(|p| {
+            let t = |o: usize| u64::from_le_bytes(p[o..o + 8].try_into().expect("8 bytes"));
+            t(8).saturating_sub(t(0)) as f64 * period
+        })
+        .collect())
 }

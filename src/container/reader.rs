@@ -306,12 +306,7 @@ impl Container {
         rows: usize,
         cols: usize,
     ) -> Result<QMatrix<'_>, ContainerError> {
-        let (shard, t) = self
-            .tensor(name)
-            .ok_or_else(|| ContainerError::MissingTensor {
-                dir: self.dir.display().to_string(),
-                tensor: name.to_string(),
-            })?;
+        let (shard, t) = self.require(name)?;
         let bad = |detail: String| ContainerError::BadTensor {
             shard: shard.display(),
             tensor: name.to_string(),
@@ -455,14 +450,18 @@ impl Container {
         &self.shards[slab.shard].mmap[o..o + slab.expert_len]
     }
 
-    /// A non-linear tensor (norm, convolution, bias, scale, embedding) as f32 values.
-    pub fn tensor_f32(&self, name: &str) -> Result<Vec<f32>, ContainerError> {
-        let (shard, t) = self
-            .tensor(name)
+    /// [`Container::tensor`], or the error that names the container and the missing tensor.
+    fn require(&self, name: &str) -> Result<(&Shard, &TensorEntry), ContainerError> {
+        self.tensor(name)
             .ok_or_else(|| ContainerError::MissingTensor {
                 dir: self.dir.display().to_string(),
                 tensor: name.to_string(),
-            })?;
+            })
+    }
+
+    /// A non-linear tensor (norm, convolution, bias, scale, embedding) as f32 values.
+    pub fn tensor_f32(&self, name: &str) -> Result<Vec<f32>, ContainerError> {
+        let (shard, t) = self.require(name)?;
         to_f32(shard.bytes(t), t.dtype).ok_or_else(|| ContainerError::BadTensor {
             shard: shard.display(),
             tensor: name.into(),

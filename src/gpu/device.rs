@@ -201,7 +201,13 @@ impl Gpu {
         let mut enc = self.device.create_command_encoder(&Default::default());
         enc.copy_buffer_to_buffer(buf, offset, &staging, 0, size4);
         self.queue.submit([enc.finish()]);
-        let slice = staging.slice(..);
+        self.map_read(&staging, size)
+    }
+
+    /// Wait for the queue, then copy the first `size` bytes of `buf` (a `MAP_READ` buffer the
+    /// submitted work has filled) to the host and unmap it again. Blocks until done.
+    pub fn map_read(&self, buf: &wgpu::Buffer, size: u64) -> Result<Vec<u8>, GpuError> {
+        let slice = buf.slice(0..size.next_multiple_of(4).max(4));
         let (tx, rx) = std::sync::mpsc::channel();
         slice.map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
@@ -216,7 +222,7 @@ impl Gpu {
             .get_mapped_range()
             .map_err(|e| GpuError::Readback(format!("{e:?}")))?[..size as usize]
             .to_vec();
-        staging.unmap();
+        buf.unmap();
         Ok(out)
     }
 

@@ -335,6 +335,18 @@ impl ExpertCache {
         self.free.insert(at, slot);
     }
 
+    /// [`ExpertCache::forget`] every slot holding an expert of `layer` (pinned or not): after a
+    /// failed layer, none of its slots can be trusted to hold what the cache says.
+    pub fn forget_layer(&mut self, layer: usize) {
+        let Some(row) = self.map.get(layer) else {
+            return;
+        };
+        let slots: Vec<u32> = row.iter().flatten().copied().collect();
+        for s in slots {
+            self.forget(s);
+        }
+    }
+
     /// The slot holding `(layer, expert)`, or `None` when it is not resident or out of range.
     pub fn slot_of(&self, layer: usize, expert: u32) -> Option<u32> {
         *self.map.get(layer)?.get(expert as usize)?

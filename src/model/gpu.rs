@@ -387,6 +387,10 @@ struct StreamGpu<'w> {
     y_part: wgpu::Buffer,
     /// Recorded part FFNs by `(tokens, pairs)`.
     part_calls: HashMap<(u32, u32), Vec<Rec>>,
+    /// `MAP_READ` copy of the router's pairs of one layer (read back once per streamed layer).
+    pairs_rb: wgpu::Buffer,
+    /// Threads copying misses ([`upload_threads`]).
+    threads: usize,
     host: super::stream::StreamState<'w>,
 }
 
@@ -831,15 +835,19 @@ impl GpuModel<'static> {
                     part_pairs: gpu.storage("expert part pairs", 16 * p as u64),
                     y_part: zeroed(gpu, "expert part outputs", p * hid),
                     part_calls: HashMap::new(),
+                    pairs_rb: gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                        label: Some("router pairs readback"),
+                        size: 16 * p as u64,
+                        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                        mapped_at_creation: false,
+                    }),
+                    threads: upload_threads(),
                     host: super::stream::StreamState {
                         experts: Vec::new(),
                         cache: ExpertCache::new(cfg.num_hidden_layers, cfg.n_routed_experts, n)
                             .map_err(|e| anyhow::anyhow!("{e}"))?,
                         usage: Usage::new("", cfg.num_hidden_layers, cfg.n_routed_experts),
-                        stats: StreamStats {
-                            slots: n,
-                            ..Default::default()
-                        },
+                        stats: StreamStats::default(),
                         fail_at: None,
                         warned: false,
                     },
@@ -942,12 +950,12 @@ impl<'w> GpuModel<'w> {
                         total += n;
                         batch_bytes += n;
                         if batch_bytes >= 1 << 30 {
-                            run_staged(std::mem::take(&mut batch), upload_threads());
+                            run_staged(std::mem::take(&mut batch), sg.threads);
                             gpu.queue.submit([]);
                             batch_bytes = 0;
                         }
                     }
-                    run_staged(batch, upload_threads());
+                    run_staged(batch, sg.threads);
                     Ok(total)
                 })();
                 let scoped = [
@@ -1098,6 +1106,7 @@ impl<'w> GpuModel<'w> {
         self.stream.as_ref().map(|s| {
             let c = s.host.cache.counters();
             StreamStats {
+                slots: s.host.cache.slots(),
                 hits: c.hits,
                 misses: c.misses,
                 pinned: s.host.cache.pinned_count(),
@@ -1612,25 +1621,7 @@ impl<'w> GpuModel<'w> {
 
     /// Map the first `bytes` of the readback buffer (after the last submission) and copy them out.
     fn read_back(&self, bytes: u64) -> Result<Vec<u8>> {
-        let size = bytes.next_multiple_of(4);
-        let slice = self.acts.readback.slice(0..size);
-        let (tx, rx) = std::sync::mpsc::channel();
-        slice.map_async(wgpu::MapMode::Read, move |r| {
-            let _ = tx.send(r);
-        });
-        self.gpu
-            .device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| anyhow::anyhow!("GPU poll failed: {e}"))?;
-        rx.recv()
-            .context("GPU readback channel closed")?
-            .map_err(|e| anyhow::anyhow!("GPU readback failed: {e}"))?;
-        let out = slice
-            .get_mapped_range()
-            .map_err(|e| anyhow::anyhow!("GPU readback failed: {e:?}"))?[..bytes as usize]
-            .to_vec();
-        self.acts.readback.unmap();
-        Ok(out)
+        Ok(self.gpu.map_read(&self.acts.readback, bytes)?)
     }
 
     /// Build every call object of a step of `t` tokens.
@@ -1948,33 +1939,6 @@ fn upload_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get().min(8))
 }
 
-/// One layer's routed experts on the GPU through the slot pool (see [`super::stream`]):
-/// rounds from the cache, each round's hits then loads as their own submissions.
-fn routed_streamed(gpu: &Gpu, a: &Acts, sg: &mut StreamGpu<'_>, job: &LayerJob<'_>) -> Result<()> {
-    let (layer, pairs) = (job.layer, job.pairs);
-    let mut experts: Vec<u32> = pairs.iter().map(|p| p[0]).collect();
-    experts.sort_unstable();
-    experts.dedup();
-    let rounds = sg
-        .host
-        .cache
-        .plan_layer(layer, &experts)
-        .map_err(|e| anyhow::anyhow!("layer {layer}: {e}"))?;
-    // Slots the plan installed but whose bytes have not been copied yet: on any failure they are
-    // forgotten, so no later hit computes with the bytes of whatever the slot held before.
-    let mut unloaded: Vec<u32> = rounds
-        .iter()
-        .flat_map(|r| r.assign.iter().filter(|a| a.load).map(|a| a.slot))
-        .collect();
-    let res = run_rounds(gpu, a, sg, job, &rounds, &mut unloaded);
-    if res.is_err() {
-        for s in unloaded {
-            sg.host.cache.forget(s);
-        }
-    }
-    res
-}
-
 /// One streamed layer's routed experts: which layer, its token count `t`, the hidden size, the
 /// router's `(expert, token, weight_idx, pad)` pairs, and whether to inject a failure.
 struct LayerJob<'p> {
@@ -1985,15 +1949,11 @@ struct LayerJob<'p> {
     fail: bool,
 }
 
-/// The rounds of [`routed_streamed`]; each completed load is removed from `unloaded`.
-fn run_rounds(
-    gpu: &Gpu,
-    a: &Acts,
-    sg: &mut StreamGpu<'_>,
-    job: &LayerJob<'_>,
-    rounds: &[super::expert_cache::Round],
-    unloaded: &mut Vec<u32>,
-) -> Result<()> {
+/// One layer's routed experts on the GPU through the slot pool (see [`super::stream`]): rounds
+/// from the cache, each round's hits then loads as their own submissions. On an error the caller
+/// forgets the layer's slots ([`ExpertCache::forget_layer`]): what this plan installed may not
+/// have reached the GPU.
+fn routed_streamed(gpu: &Gpu, a: &Acts, sg: &mut StreamGpu<'_>, job: &LayerJob<'_>) -> Result<()> {
     let LayerJob {
         layer,
         t,
@@ -2005,7 +1965,13 @@ fn run_rounds(
         // the test hook: the layer's GPU work fails before any of it ran
         bail!("injected GPU failure (layer {layer})");
     }
-    for round in rounds {
+    let experts: Vec<u32> = pairs.iter().map(|p| p[0]).collect();
+    let rounds = sg
+        .host
+        .cache
+        .plan_layer(layer, &experts)
+        .map_err(|e| anyhow::anyhow!("layer {layer}: {e}"))?;
+    for round in &rounds {
         for part in super::stream::round_parts(&round.assign) {
             if part[0].load {
                 let t0 = std::time::Instant::now();
@@ -2015,12 +1981,7 @@ fn run_rounds(
                         stage_expert(gpu, &sg.pool, sg.host.experts[layer], x, &mut copies)?;
                     sg.host.stats.uploads += 1;
                 }
-                run_staged(copies, upload_threads());
-                for x in &part {
-                    if let Some(i) = unloaded.iter().position(|&s| s == x.slot) {
-                        unloaded.swap_remove(i);
-                    }
-                }
+                run_staged(copies, sg.threads);
                 let dt = t0.elapsed().as_secs_f64();
                 sg.host.stats.upload_s += dt;
                 if t == 1 {
@@ -2133,11 +2094,19 @@ impl GpuModel<'_> {
             let MlpGpu::Moe { top_k, .. } = &layers[li].mlp else {
                 unreachable!("a routed marker sits in a sparse layer")
             };
-            let np = (t * top_k) as usize;
+            // the router's pairs travel in the same submission into a persistent readback buffer
+            let bytes = 16 * (t * top_k) as u64;
+            enc.copy_buffer_to_buffer(&a.pairs, 0, &sg.pairs_rb, 0, bytes);
             gpu.queue.submit([enc.finish()]);
             let t0 = std::time::Instant::now();
-            let raw = gpu.read_bytes(&a.pairs, 0, 16 * np as u64);
+            let raw = gpu
+                .map_read(&sg.pairs_rb, bytes)
+                .with_context(|| format!("reading back the router's choices of layer {li}"))?;
             sg.host.stats.routing_wait_s += t0.elapsed().as_secs_f64();
+            let pairs: Vec<[u32; 4]> = bytemuck::pod_collect_to_vec(&raw);
+            for p in &pairs {
+                sg.host.usage.record(li, p[0]);
+            }
             let fail = match sg.host.fail_at {
                 Some((p, l)) if l == li && (pos..pos + t as usize).contains(&p) => {
                     sg.host.fail_at = None;
@@ -2149,20 +2118,14 @@ impl GpuModel<'_> {
             // reaching wgpu's uncaptured-error handler, which panics
             let oom = gpu.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
             let invalid = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
-            let res = raw.map_err(anyhow::Error::from).and_then(|raw| {
-                let pairs: Vec<[u32; 4]> = bytemuck::pod_collect_to_vec(&raw);
-                for p in &pairs {
-                    sg.host.usage.record(li, p[0]);
-                }
-                let job = LayerJob {
-                    layer: li,
-                    t,
-                    hid,
-                    pairs: &pairs,
-                    fail,
-                };
-                routed_streamed(gpu, a, sg, &job)
-            });
+            let job = LayerJob {
+                layer: li,
+                t,
+                hid,
+                pairs: &pairs,
+                fail,
+            };
+            let res = routed_streamed(gpu, a, sg, &job);
             let scoped = [
                 pollster::block_on(invalid.pop()),
                 pollster::block_on(oom.pop()),
@@ -2175,14 +2138,9 @@ impl GpuModel<'_> {
                 (Ok(()), [None, None]) => Ok(()),
             };
             if let Err(e) = res {
-                // what this layer's rounds installed may not be on the GPU: forget all of it
-                let keys = sg.host.cache.slot_keys();
-                for (s, k) in keys.iter().enumerate() {
-                    if matches!(k, Some((l, _)) if *l == li) {
-                        sg.host.cache.forget(s as u32);
-                    }
-                }
-                routed_on_cpu(gpu, a, sg, li, t, hid, np, &e)?;
+                // what this layer's plan installed may not be on the GPU
+                sg.host.cache.forget_layer(li);
+                routed_on_cpu(gpu, a, sg, &job, &e)?;
             }
             enc = gpu
                 .device
@@ -2195,19 +2153,22 @@ impl GpuModel<'_> {
 }
 
 /// The CPU fallback of one layer's routed experts after a GPU failure: read the layer's MoE
-/// input and pairs back, compute every pair's expert FFN on the CPU from the mapped bytes
+/// input back, compute every pair's expert FFN on the CPU from the mapped bytes
 /// ([`super::cpu::expert_ffn`]), and write the rows of `y_routed`. Warns once per model.
-#[allow(clippy::too_many_arguments)]
 fn routed_on_cpu(
     gpu: &Gpu,
     a: &Acts,
     sg: &mut StreamGpu<'_>,
-    layer: usize,
-    t: u32,
-    hid: u32,
-    np: usize,
+    job: &LayerJob<'_>,
     why: &anyhow::Error,
 ) -> Result<()> {
+    let LayerJob {
+        layer,
+        t,
+        hid,
+        pairs,
+        ..
+    } = *job;
     if !sg.host.warned {
         eprintln!(
             "warning: the GPU step of layer {layer}'s routed experts failed ({why:#}); \
@@ -2217,15 +2178,12 @@ fn routed_on_cpu(
     }
     sg.host.stats.cpu_fallbacks += 1;
     let h = hid as usize;
-    let ctx = || format!("CPU fallback of layer {layer}: the GPU is unreachable");
-    let x = gpu.read_f32(&a.xn, t as usize * h).with_context(ctx)?;
-    let raw = gpu
-        .read_bytes(&a.pairs, 0, 16 * np as u64)
-        .with_context(ctx)?;
-    let pairs: Vec<[u32; 4]> = bytemuck::pod_collect_to_vec(&raw);
+    let x = gpu
+        .read_f32(&a.xn, t as usize * h)
+        .with_context(|| format!("CPU fallback of layer {layer}: the GPU is unreachable"))?;
     let experts = sg.host.experts[layer];
-    let mut y = Vec::with_capacity(np * h);
-    for pr in &pairs {
+    let mut y = Vec::with_capacity(pairs.len() * h);
+    for pr in pairs {
         let (e, tok) = (pr[0] as usize, pr[1] as usize);
         let f = experts.get(e).with_context(|| {
             format!("layer {layer}: the router chose expert {e}, which does not exist")
