@@ -20,7 +20,7 @@
 //! when resident.
 //!
 //! If the GPU part of a layer fails (an error captured by the out-of-memory and validation error
-//! scopes pushed around it, a failed readback or staging buffer, or an injected failure in tests),
+//! scopes pushed around it, a staging buffer the queue refused, or an injected failure in tests),
 //! the slots the layer's plan installed but did not fill are forgotten by the cache, and the
 //! layer's routed experts are recomputed on the CPU from the same mapped bytes and written into
 //! `y_routed`, with one warning: the token stays right.
