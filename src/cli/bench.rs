@@ -46,7 +46,7 @@ pub struct KernelArgs {
     #[arg(long)]
     pub json: bool,
     /// Peak bandwidth in GB/s to report the fraction of (e.g. 4250 for an H200... or `bench copy`).
-    #[arg(long)]
+    #[arg(long, value_parser = super::parse_gbs)]
     pub peak_gbs: Option<f64>,
     /// Small shapes, one weight copy, few iterations (automatic on CPU adapters).
     #[arg(long)]

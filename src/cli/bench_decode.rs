@@ -24,7 +24,7 @@ pub struct DecodeArgs {
     #[arg(long, default_value_t = 64)]
     pub tokens: usize,
     /// Copy bandwidth in GB/s (read + write, as `bench copy` reports it) instead of measuring it.
-    #[arg(long)]
+    #[arg(long, value_parser = super::parse_gbs)]
     pub peak_gbs: Option<f64>,
     /// Size of the copy measured for the bandwidth, MiB (default 1024, 64 on CPU adapters).
     #[arg(long)]

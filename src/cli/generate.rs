@@ -52,7 +52,7 @@ pub struct Args {
     #[arg(long)]
     pub profile: bool,
     /// Copy bandwidth in GB/s for the roofline (default: measured once like `bench copy`).
-    #[arg(long)]
+    #[arg(long, value_parser = super::parse_gbs)]
     pub peak_gbs: Option<f64>,
     /// GPU memory budget in GiB, or `auto`. The dense part (attention, norms, convs, router,
     /// shared experts, embeddings, head) and the KV cache stay resident; the rest of the budget
@@ -87,10 +87,15 @@ fn parse_gpu_mem(s: &str) -> Result<GpuMem, String> {
     if s.eq_ignore_ascii_case("auto") {
         return Ok(GpuMem::Auto);
     }
-    match s.trim_end_matches(['G', 'g']).parse::<f64>() {
+    let num = ["GiB", "GB", "G", "gib", "gb", "g"]
+        .iter()
+        .find_map(|u| s.strip_suffix(u))
+        .unwrap_or(s)
+        .trim();
+    match num.parse::<f64>() {
         Ok(v) if v.is_finite() && v > 0.0 => Ok(GpuMem::GiB(v)),
         _ => Err(format!(
-            "expected `auto` or a positive number of GiB (e.g. 24 or 7.5), got {s:?}"
+            "expected `auto` or a positive number of GiB (e.g. 24, 7.5 or 24GiB), got {s:?}"
         )),
     }
 }
@@ -207,7 +212,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if placement != Placement::Resident && args.device != Device::Gpu {
         bail!("--gpu-mem / --expert-slots place experts on the GPU; use them with --device gpu");
     }
-    let max_seq = prompt.len() + params.max_new_tokens.max(1);
+    let max_seq = prompt.len().saturating_add(params.max_new_tokens.max(1));
     let opts = GpuModelOptions {
         max_seq,
         max_chunk: crate::model::gpu::DEFAULT_MAX_CHUNK,
@@ -220,6 +225,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let usage_path = match args.usage_file.as_deref() {
         _ if !streams => None,
         Some("off") => None,
+        Some("") => bail!("--usage-file needs a path, or `off`"),
         Some(p) => Some(PathBuf::from(p)),
         None => Some(dir.join(usage::USAGE_FILE)),
     };
@@ -309,16 +315,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         _ => None,
     };
     let experts = gpu_model.as_ref().and_then(|m| m.stream_stats());
-    if let (Some(m), Some(path)) = (gpu_model.as_ref(), usage_path.as_ref()) {
-        if let Some(u) = m.usage() {
-            if let Err(e) = u.save(path) {
-                eprintln!(
-                    "warning: the usage file was not written: {e} (choose another place with \
-                     --usage-file PATH, or --usage-file off)"
-                );
-            }
-        }
-    }
     if let Some(s) = stream.as_mut() {
         let tail = s.finish()?;
         text.push_str(&tail);
@@ -355,6 +351,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         println!("{v}");
     } else {
         println!();
+    }
+    // after the text's final newline, so a warning starts its own line
+    if let (Some(m), Some(path)) = (gpu_model.as_ref(), usage_path.as_ref()) {
+        if let Some(u) = m.usage() {
+            if let Err(e) = u.save(path) {
+                eprintln!(
+                    "warning: the usage file was not written: {e} (choose another place with \
+                     --usage-file PATH, or --usage-file off)"
+                );
+            }
+        }
     }
     eprintln!(
         "prompt tokens {} | prefill {:.3} s | TTFT {:.3} s | {} generated, decode {:.1} tok/s | finish {} | {} ({})",

@@ -38,6 +38,16 @@ pub enum Command {
 }
 
 /// Run a parsed command line; the exit code reflects failures the command reports itself.
+/// `--peak-gbs`: a finite bandwidth of at least 0.001 GB/s.
+pub fn parse_gbs(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 1e-3 => Ok(v),
+        _ => Err(format!(
+            "expected a bandwidth in GB/s (a number ≥ 0.001), got {s:?}"
+        )),
+    }
+}
+
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Generate(a) => generate::run(a),

@@ -603,6 +603,17 @@ pub fn shard_file_sizes(groups: &[OutGroup], max_shard_bytes: usize) -> Vec<u64>
 pub fn check_destination(dst_dir: &Path, force: bool) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dst_dir).with_context(|| format!("creating {}", dst_dir.display()))?;
     let previous = previous_conversion(dst_dir);
+    // --force replaces a previous conversion, never a source checkpoint (unstamped weights)
+    if !previous.is_empty()
+        && force
+        && super::Container::open(dst_dir).is_ok_and(|c| !c.is_converted())
+    {
+        bail!(
+            "{} holds a source checkpoint, not a conversion; refusing to replace it even with \
+             --force (choose another --out)",
+            dst_dir.display()
+        );
+    }
     if !previous.is_empty() && !force {
         bail!(
             "{} already holds a conversion ({}); pass --force to replace it",

@@ -373,6 +373,12 @@ impl TextConfig {
                 return Err(bad(name, "must be positive".into()));
             }
         }
+        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0) {
+            return Err(bad(
+                "rms_norm_eps",
+                format!("must be a positive number, got {}", self.rms_norm_eps),
+            ));
+        }
         if !self
             .num_attention_heads
             .is_multiple_of(self.num_key_value_heads)

@@ -561,6 +561,12 @@ impl GpuModel<'static> {
         } = opts;
         let cfg = w.config.clone();
         ensure!(max_seq >= 1, "max_seq must be at least 1");
+        ensure!(
+            u32::try_from(max_seq).is_ok(),
+            "a sequence of {max_seq} tokens (prompt + --max-tokens) is more than the GPU model's \
+             positions can index (at most {}); use a smaller --max-tokens",
+            u32::MAX
+        );
         ensure!(max_chunk >= 1, "max_chunk must be at least 1");
         let max_chunk = max_chunk.min(max_seq);
         let hid = cfg.hidden_size;
@@ -632,7 +638,7 @@ impl GpuModel<'static> {
             ensure!(
                 (4 * kv_floats as u64) <= gpu.max_binding(),
                 "layer {i}: a KV cache of {cache_capacity} tokens × {} floats needs {} bytes, more \
-                 than this adapter's largest storage binding ({} bytes); use a shorter max_seq",
+                 than this adapter's largest storage binding ({} bytes); use a smaller --max-tokens",
                 g.kv_dim(),
                 4 * kv_floats as u64,
                 gpu.max_binding()

@@ -115,3 +115,90 @@ fn a_missing_model_dir_is_named_once() {
     assert!(e.contains("/nonexistent/inkling"), "{e}");
     assert_eq!(e.matches("No such file or directory").count(), 1, "{e}");
 }
+
+/// Second fresh-user review: a --max-tokens past what the GPU positions can index, a bad
+/// --peak-gbs, an empty --usage-file, a non-positive rms_norm_eps, and `--force` onto a source
+/// checkpoint are clear errors; `--gpu-mem 24GiB` is understood.
+#[test]
+fn huge_max_tokens_bad_bandwidth_empty_usage_file_bad_eps_and_force_onto_a_source() {
+    let m = fixture("tiny-causal-f32");
+    let m = m.to_str().unwrap();
+    for n in ["4294967295", "18446744073709551615"] {
+        let e = run_err(&[
+            "generate",
+            "--model",
+            m,
+            "--prompt-ids",
+            "5,6",
+            "--max-tokens",
+            n,
+        ]);
+        assert!(e.contains("--max-tokens"), "{n}: {e}");
+        assert!(!e.contains("panicked"), "{n}: {e}");
+    }
+    for g in ["nan", "0", "inf"] {
+        let e = run_err(&["bench", "decode", "--model", m, "--peak-gbs", g]);
+        assert!(e.contains("bandwidth in GB/s"), "{g}: {e}");
+    }
+    let e = run_err(&[
+        "generate",
+        "--model",
+        m,
+        "--prompt-ids",
+        "5,6",
+        "--expert-slots",
+        "2",
+        "--usage-file",
+        "",
+    ]);
+    assert!(e.contains("--usage-file needs a path"), "{e}");
+    let out = bin()
+        .args([
+            "generate",
+            "--model",
+            m,
+            "--prompt-ids",
+            "5,6",
+            "--max-tokens",
+            "2",
+        ])
+        .args(["--gpu-mem", "24GiB", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let tmp = std::env::temp_dir().join(format!("inkling-cli-eps-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).unwrap();
+    for e in std::fs::read_dir(fixture("tiny-causal-f32")).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), tmp.join(e.file_name())).unwrap();
+    }
+    let before = std::fs::read(tmp.join("model.safetensors")).unwrap();
+    let t = tmp.to_str().unwrap();
+    let e = run_err(&["convert", "--model", m, "--out", t, "--force"]);
+    assert!(e.contains("holds a source checkpoint"), "{e}");
+    assert_eq!(
+        std::fs::read(tmp.join("model.safetensors")).unwrap(),
+        before
+    );
+    let cfg = tmp.join("config.json");
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&cfg).unwrap()).unwrap();
+    v["rms_norm_eps"] = serde_json::json!(-1.0);
+    std::fs::write(&cfg, serde_json::to_vec(&v).unwrap()).unwrap();
+    let e = run_err(&[
+        "generate",
+        "--model",
+        t,
+        "--prompt-ids",
+        "5,6",
+        "--device",
+        "cpu",
+    ]);
+    assert!(e.contains("rms_norm_eps"), "{e}");
+    std::fs::remove_dir_all(&tmp).ok();
+}
