@@ -638,7 +638,7 @@ impl GpuModel<'static> {
             ensure!(
                 (4 * kv_floats as u64) <= gpu.max_binding(),
                 "layer {i}: a KV cache of {cache_capacity} tokens × {} floats needs {} bytes, more \
-                 than this adapter's largest storage binding ({} bytes); use a smaller --max-tokens",
+                 than this adapter's largest storage binding ({} bytes); use a shorter max_seq (prompt + --max-tokens)",
                 g.kv_dim(),
                 4 * kv_floats as u64,
                 gpu.max_binding()
