@@ -36,6 +36,10 @@ pub struct DecodeArgs {
     /// pass per step.
     #[arg(long)]
     pub pass_per_phase: bool,
+    /// Also time every kernel of the step as its own pass (a third run) and print GPU µs per
+    /// kernel name per token.
+    #[arg(long)]
+    pub per_op: bool,
 }
 
 /// The probe's prompt: 16 fixed ids below `width`.
@@ -134,6 +138,20 @@ pub fn run(a: DecodeArgs) -> anyhow::Result<ExitCode> {
         "profile mode chose different tokens: {ids:?} vs {ids_prof:?}"
     );
 
+    let per_op = if a.per_op {
+        m.reset();
+        m.start_op_profile()?;
+        let (ids_op, _) = probe(&mut m, &prompt, a.tokens)?;
+        let ops = m.take_op_profile();
+        ensure!(
+            ids == ids_op,
+            "the per-op profile chose different tokens: {ids:?} vs {ids_op:?}"
+        );
+        Some(ops)
+    } else {
+        None
+    };
+
     let (copy_gbs, copy_source) = copy_bandwidth(&gpu, a.peak_gbs, a.copy_mib)?;
     let report = DecodeReport {
         adapter: gpu.describe(),
@@ -151,6 +169,10 @@ pub fn run(a: DecodeArgs) -> anyhow::Result<ExitCode> {
         v["tokens_match"] = tokens_match.into();
         v["timestamps"] = gpu.has_timestamps().into();
         v["pass_per_phase"] = a.pass_per_phase.into();
+        if let Some(ops) = &per_op {
+            v["per_op"] = ops.to_json();
+            eprintln!("{}", ops.text());
+        }
         let [r, f, sub, wait] = host.per_step_ms();
         v["host_ms_per_step"] = serde_json::json!({
             "record": r, "finish": f, "submit": sub, "wait_for_id": wait,
@@ -161,6 +183,9 @@ pub fn run(a: DecodeArgs) -> anyhow::Result<ExitCode> {
     } else {
         println!("{}", report.text());
         println!("{}", host_line(&host));
+        if let Some(ops) = &per_op {
+            println!("{}", ops.text());
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

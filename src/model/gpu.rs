@@ -65,7 +65,8 @@ enum Rec {
     Op(OpCall),
     Conv(ConvCall),
     Attn(AttentionCall),
-    Gemv(GemvCall),
+    /// A GEMV and its name (`"layer 3 q_proj"`) for the per-op profile.
+    Gemv(GemvCall, String),
     Argmax(ArgmaxCall),
     /// Streaming mode: the routed experts of this layer go here (placed by the host between
     /// submissions; see [`super::stream`]). Never recorded into a pass.
@@ -78,9 +79,29 @@ impl Rec {
             Rec::Op(c) => c.record_in_pass(pass),
             Rec::Conv(c) => c.record_in_pass(pass),
             Rec::Attn(c) => c.record_in_pass(pass),
-            Rec::Gemv(c) => c.record_in_pass(pass),
+            Rec::Gemv(c, _) => c.record_in_pass(pass),
             Rec::Argmax(c) => c.record_in_pass(pass),
             Rec::Routed(_) => {}
+        }
+    }
+
+    /// The kernel's name without its layer (`"q_proj"`, `"rms_norm"`): the per-op profile's key.
+    fn op_name(&self) -> String {
+        let raw = match self {
+            Rec::Op(c) if c.label == "router" => "router top-k",
+            Rec::Op(c) => c.label.as_str(),
+            Rec::Conv(c) => c.call.label.as_str(),
+            Rec::Attn(c) => c.call.label.as_str(),
+            Rec::Gemv(_, what) => what.as_str(),
+            Rec::Argmax(c) => c.call.label.as_str(),
+            Rec::Routed(_) => "routed (streamed)",
+        };
+        match raw.strip_prefix("layer ") {
+            Some(rest) => rest
+                .split_once(' ')
+                .map_or(rest, |(_, name)| name)
+                .to_string(),
+            None => raw.to_string(),
         }
     }
 }
@@ -141,6 +162,15 @@ struct Profiler {
     ts: Option<Timestamps>,
 }
 
+/// Per-op profile state (see [`GpuModel::start_op_profile`]): one query set with two timestamps
+/// per recorded kernel, resolved and read back after every profiled step.
+struct OpProfiler {
+    qs: Option<wgpu::QuerySet>,
+    queries: u32,
+    resolve: Option<wgpu::Buffer>,
+    times: super::profile::OpTimes,
+}
+
 /// Dense matrices of one linear, uploaded.
 struct Lin {
     w: GpuWeights,
@@ -159,6 +189,7 @@ impl Lin {
         Ok(Rec::Gemv(
             GemvCall::new(gpu, self.ordinal, &self.w, args)
                 .with_context(|| format!("binding the {what} GEMV"))?,
+            what.to_string(),
         ))
     }
 }
@@ -423,6 +454,7 @@ pub struct GpuModel<'w> {
     host: HostTimes,
     /// Record a step as one compute pass per phase run (as profile mode does) instead of one.
     pass_per_phase: bool,
+    op_prof: Option<OpProfiler>,
 }
 
 fn f32_buf(gpu: &Gpu, label: &str, v: &[f32]) -> wgpu::Buffer {
@@ -862,6 +894,7 @@ impl GpuModel<'static> {
         };
         Ok(GpuModel {
             pass_per_phase: false,
+            op_prof: None,
             host: HostTimes::default(),
             stream,
             static_decode_bytes,
@@ -1194,6 +1227,34 @@ impl<'w> GpuModel<'w> {
         });
     }
 
+    /// Enter the per-op profile: every later one-token step records each kernel as its own
+    /// compute pass with timestamps at its beginning and end, and waits for its times (slow: a
+    /// diagnosis tool, not a speed figure; the kernels and their order are those of the normal
+    /// step). Errors: the adapter lacks `TIMESTAMP_QUERY`, or the model streams experts.
+    pub fn start_op_profile(&mut self) -> Result<()> {
+        ensure!(
+            self.has_timestamps(),
+            "the per-op profile needs TIMESTAMP_QUERY, which {} lacks",
+            self.gpu.describe()
+        );
+        ensure!(
+            self.stream.is_none(),
+            "the per-op profile does not time streamed steps"
+        );
+        self.op_prof = Some(OpProfiler {
+            qs: None,
+            queries: 0,
+            resolve: None,
+            times: Default::default(),
+        });
+        Ok(())
+    }
+
+    /// Leave the per-op profile and return the GPU seconds per kernel name, summed over the steps.
+    pub fn take_op_profile(&mut self) -> super::profile::OpTimes {
+        self.op_prof.take().map(|p| p.times).unwrap_or_default()
+    }
+
     /// Leave profile mode and return what it accumulated (reads the timestamps back).
     pub fn take_profile(&mut self) -> Result<DecodeProfile> {
         let Some(mut p) = self.prof.take() else {
@@ -1443,9 +1504,49 @@ impl<'w> GpuModel<'w> {
                 }
             }
         }
+        let op_timed = t == 1 && !streaming && timed_slot.is_none() && self.op_prof.is_some();
+        if op_timed {
+            let op = self.op_prof.as_mut().expect("op profile");
+            let need = 2 * step.recs.len() as u32;
+            ensure!(
+                need <= wgpu::QUERY_SET_MAX_QUERIES,
+                "per-op profile: {} kernels per step exceed the {} queries of a query set",
+                step.recs.len(),
+                wgpu::QUERY_SET_MAX_QUERIES
+            );
+            if op.queries < need {
+                op.qs = Some(gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
+                    label: Some("per-op profile"),
+                    ty: wgpu::QueryType::Timestamp,
+                    count: need,
+                }));
+                op.resolve = Some(gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("per-op profile timestamps"),
+                    size: 8 * need as u64,
+                    usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                    mapped_at_creation: false,
+                }));
+                op.queries = need;
+            }
+            let qs = op.qs.as_ref().expect("created");
+            for (i, r) in step.recs.iter().enumerate() {
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some("per-op profile"),
+                    timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                        query_set: qs,
+                        beginning_of_pass_write_index: Some(2 * i as u32),
+                        end_of_pass_write_index: Some(2 * i as u32 + 1),
+                    }),
+                });
+                r.record_in_pass(&mut pass);
+            }
+            enc.resolve_query_set(qs, 0..need, op.resolve.as_ref().expect("created"), 0);
+        }
         if streaming {
             enc = self.record_streamed(key, enc)?;
-        } else if timed_slot.is_none() && self.pass_per_phase {
+        } else if op_timed || timed_slot.is_some() {
+            // recorded above
+        } else if self.pass_per_phase {
             for (ph, range) in &step.segs {
                 let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                     label: Some(ph.key()),
@@ -1455,7 +1556,7 @@ impl<'w> GpuModel<'w> {
                     r.record_in_pass(&mut pass);
                 }
             }
-        } else if timed_slot.is_none() {
+        } else {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some("inkling forward"),
                 timestamp_writes: None,
@@ -1492,7 +1593,34 @@ impl<'w> GpuModel<'w> {
         }
         self.pos += n_tok;
         self.dirty = true;
+        if op_timed {
+            self.read_op_times(key)?;
+        }
         Ok(idx)
+    }
+
+    /// Per-op profile: wait for the step just submitted and add its kernels' times.
+    fn read_op_times(&mut self, key: StepKey) -> Result<()> {
+        let period = self.gpu.queue.get_timestamp_period() as f64 * 1e-9;
+        let recs = &self.steps[&key].recs;
+        let op = self.op_prof.as_mut().expect("op profile");
+        let raw = self.gpu.read_bytes(
+            op.resolve.as_ref().expect("created"),
+            0,
+            16 * recs.len() as u64,
+        )?;
+        let tick = |q: usize| u64::from_le_bytes(raw[8 * q..8 * q + 8].try_into().expect("8 bytes"));
+        let first = tick(0);
+        let mut last = first;
+        for (i, r) in recs.iter().enumerate() {
+            let (b, e) = (tick(2 * i), tick(2 * i + 1));
+            op.times
+                .add(&r.op_name(), e.saturating_sub(b) as f64 * period);
+            last = last.max(e);
+        }
+        op.times.steps += 1;
+        op.times.span_s += last.saturating_sub(first) as f64 * period;
+        Ok(())
     }
 
     /// Host time per phase of the one-token steps since the model was built or

@@ -232,3 +232,68 @@ impl DecodeReport {
         s
     }
 }
+
+/// GPU time per kernel name from the per-op profile ([`crate::model::GpuModel::start_op_profile`]):
+/// each kernel of a one-token step timed as its own compute pass, names without their layer
+/// (`"q_proj"`, `"shared gate_up"`, `"rms_norm"`), in order of first appearance.
+#[derive(Clone, Debug, Default)]
+pub struct OpTimes {
+    /// Profiled steps.
+    pub steps: usize,
+    /// `(name, GPU seconds summed over steps and layers, dispatch count)`.
+    pub ops: Vec<(String, f64, u64)>,
+    /// GPU seconds from the first kernel's start to the last one's end, summed over the steps.
+    pub span_s: f64,
+}
+
+impl OpTimes {
+    /// Add one kernel's time.
+    pub fn add(&mut self, name: &str, secs: f64) {
+        match self.ops.iter_mut().find(|o| o.0 == name) {
+            Some(o) => {
+                o.1 += secs;
+                o.2 += 1;
+            }
+            None => self.ops.push((name.to_string(), secs, 1)),
+        }
+    }
+
+    /// Text table: per name, µs per step, calls per step, µs per call, share of the kernels' sum.
+    pub fn text(&self) -> String {
+        let n = self.steps.max(1) as f64;
+        let total: f64 = self.ops.iter().map(|o| o.1).sum();
+        let mut s = format!(
+            "per-op GPU time ({} steps, each kernel its own timed pass):\n  {:<28} {:>10} {:>7} {:>9} {:>6}\n",
+            self.steps, "kernel", "µs/step", "calls", "µs/call", "share"
+        );
+        for (name, secs, calls) in &self.ops {
+            s += &format!(
+                "  {:<28} {:>10.1} {:>7.0} {:>9.2} {:>5.1}%\n",
+                name,
+                secs / n * 1e6,
+                *calls as f64 / n,
+                secs / *calls as f64 * 1e6,
+                100.0 * secs / total.max(1e-30)
+            );
+        }
+        s += &format!(
+            "  {:<28} {:>10.1}   (first start to last end: {:.1} µs/step)",
+            "sum of kernels",
+            total / n * 1e6,
+            self.span_s / n * 1e6
+        );
+        s
+    }
+
+    /// JSON: `{"steps", "span_us_per_step", "ops": [{"name", "us_per_step", "calls_per_step"}]}`.
+    pub fn to_json(&self) -> serde_json::Value {
+        let n = self.steps.max(1) as f64;
+        serde_json::json!({
+            "steps": self.steps,
+            "span_us_per_step": self.span_s / n * 1e6,
+            "ops": self.ops.iter().map(|(name, secs, calls)| serde_json::json!({
+                "name": name, "us_per_step": secs / n * 1e6, "calls_per_step": *calls as f64 / n,
+            })).collect::<Vec<_>>(),
+        })
+    }
+}
