@@ -111,6 +111,36 @@ fn host_line(h: &crate::model::HostTimes) -> String {
     )
 }
 
+fn mean_ms(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        0.0
+    } else {
+        v.iter().sum::<f64>() / v.len() as f64 * 1e3
+    }
+}
+
+/// GPU busy and idle time per decode step of the timestamped (pipelined) run, one line.
+fn span_line(busy: &[f64], idle: &[f64], secs: f64, steps: usize) -> String {
+    let max_idle = idle.iter().cloned().fold(0.0, f64::max) * 1e3;
+    format!(
+        "  GPU per decode step ({} steps timed): busy {:.4} ms | idle before a step {:.4} ms (max {max_idle:.4}) | wall {:.4} ms/token",
+        busy.len(),
+        mean_ms(busy),
+        mean_ms(idle),
+        secs / steps as f64 * 1e3
+    )
+}
+
+fn span_json(busy: &[f64], idle: &[f64], secs: f64, steps: usize) -> serde_json::Value {
+    serde_json::json!({
+        "steps": busy.len(),
+        "busy_ms": mean_ms(busy),
+        "idle_ms": mean_ms(idle),
+        "max_idle_ms": idle.iter().cloned().fold(0.0, f64::max) * 1e3,
+        "wall_ms_per_token": secs / steps as f64 * 1e3,
+    })
+}
+
 pub fn run(a: DecodeArgs) -> anyhow::Result<ExitCode> {
     ensure!(a.tokens >= 1, "--tokens must be at least 1");
     let dir = a.model.clone().unwrap_or_else(crate::bundled_model_dir);
@@ -128,6 +158,18 @@ pub fn run(a: DecodeArgs) -> anyhow::Result<ExitCode> {
     m.reset_host_times();
     let (ids, secs) = probe(&mut m, &prompt, a.tokens)?;
     let host = m.host_times();
+    // the same run again with a timestamp at each step's beginning and end: GPU time per step
+    // and GPU idle time between steps (a second run, so the timed run above carries no queries)
+    let spans = if m.has_timestamps() && !a.pass_per_phase {
+        m.reset();
+        m.start_step_spans(a.tokens as u32 + 1)?;
+        let (ids_sp, secs_sp) = probe(&mut m, &prompt, a.tokens)?;
+        ensure!(ids == ids_sp, "the step-timestamp run chose different tokens");
+        let (busy, idle) = m.take_step_spans()?;
+        Some((busy, idle, secs_sp))
+    } else {
+        None
+    };
     m.reset();
     m.start_profile();
     let (ids_prof, _) = probe(&mut m, &prompt, a.tokens)?;
@@ -169,6 +211,10 @@ pub fn run(a: DecodeArgs) -> anyhow::Result<ExitCode> {
         v["tokens_match"] = tokens_match.into();
         v["timestamps"] = gpu.has_timestamps().into();
         v["pass_per_phase"] = a.pass_per_phase.into();
+        if let Some((busy, idle, secs_sp)) = &spans {
+            v["steps_gpu"] = span_json(busy, idle, *secs_sp, a.tokens);
+            eprintln!("{}", span_line(busy, idle, *secs_sp, a.tokens));
+        }
         if let Some(ops) = &per_op {
             v["per_op"] = ops.to_json();
             eprintln!("{}", ops.text());
@@ -183,6 +229,9 @@ pub fn run(a: DecodeArgs) -> anyhow::Result<ExitCode> {
     } else {
         println!("{}", report.text());
         println!("{}", host_line(&host));
+        if let Some((busy, idle, secs_sp)) = &spans {
+            println!("{}", span_line(busy, idle, *secs_sp, a.tokens));
+        }
         if let Some(ops) = &per_op {
             println!("{}", ops.text());
         }

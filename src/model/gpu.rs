@@ -171,6 +171,16 @@ struct OpProfiler {
     times: super::profile::OpTimes,
 }
 
+/// GPU timestamps at the beginning and end of each normal (single-pass) one-token step: how long
+/// the GPU spends on a step and how long it sits idle between steps (see
+/// [`GpuModel::start_step_spans`]).
+struct StepSpans {
+    qs: wgpu::QuerySet,
+    resolve: wgpu::Buffer,
+    cap: u32,
+    n: u32,
+}
+
 /// Dense matrices of one linear, uploaded.
 struct Lin {
     w: GpuWeights,
@@ -455,6 +465,7 @@ pub struct GpuModel<'w> {
     /// Record a step as one compute pass per phase run (as profile mode does) instead of one.
     pass_per_phase: bool,
     op_prof: Option<OpProfiler>,
+    spans: Option<StepSpans>,
 }
 
 fn f32_buf(gpu: &Gpu, label: &str, v: &[f32]) -> wgpu::Buffer {
@@ -895,6 +906,7 @@ impl GpuModel<'static> {
         Ok(GpuModel {
             pass_per_phase: false,
             op_prof: None,
+            spans: None,
             host: HostTimes::default(),
             stream,
             static_decode_bytes,
@@ -1250,6 +1262,62 @@ impl<'w> GpuModel<'w> {
         Ok(())
     }
 
+    /// Time the next `cap` normal one-token steps on the GPU (a timestamp at the beginning and
+    /// the end of each step's single pass; no change to what runs). Errors without
+    /// `TIMESTAMP_QUERY`.
+    pub fn start_step_spans(&mut self, cap: u32) -> Result<()> {
+        ensure!(
+            self.has_timestamps(),
+            "step timestamps need TIMESTAMP_QUERY, which {} lacks",
+            self.gpu.describe()
+        );
+        let cap = cap.clamp(1, wgpu::QUERY_SET_MAX_QUERIES / 2);
+        self.spans = Some(StepSpans {
+            qs: self.gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("step spans"),
+                ty: wgpu::QueryType::Timestamp,
+                count: 2 * cap,
+            }),
+            resolve: self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("step span timestamps"),
+                size: cap as u64 * wgpu::QUERY_RESOLVE_BUFFER_ALIGNMENT,
+                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            }),
+            cap,
+            n: 0,
+        });
+        Ok(())
+    }
+
+    /// Stop timing steps; returns `(GPU seconds of each step, GPU seconds idle before each step
+    /// after the first)`, in submission order.
+    pub fn take_step_spans(&mut self) -> Result<(Vec<f64>, Vec<f64>)> {
+        let Some(sp) = self.spans.take() else {
+            return Ok(Default::default());
+        };
+        if sp.n == 0 {
+            return Ok(Default::default());
+        }
+        let period = self.gpu.queue.get_timestamp_period() as f64 * 1e-9;
+        let stride = wgpu::QUERY_RESOLVE_BUFFER_ALIGNMENT as usize;
+        let raw = self
+            .gpu
+            .read_bytes(&sp.resolve, 0, sp.n as u64 * stride as u64)?;
+        let tick = |i: usize, k: usize| {
+            let o = i * stride + 8 * k;
+            u64::from_le_bytes(raw[o..o + 8].try_into().expect("8 bytes"))
+        };
+        let n = sp.n as usize;
+        let busy = (0..n)
+            .map(|i| tick(i, 1).saturating_sub(tick(i, 0)) as f64 * period)
+            .collect();
+        let idle = (1..n)
+            .map(|i| tick(i, 0).saturating_sub(tick(i - 1, 1)) as f64 * period)
+            .collect();
+        Ok((busy, idle))
+    }
+
     /// Leave the per-op profile and return the GPU seconds per kernel name, summed over the steps.
     pub fn take_op_profile(&mut self) -> super::profile::OpTimes {
         self.op_prof.take().map(|p| p.times).unwrap_or_default()
@@ -1557,12 +1625,31 @@ impl<'w> GpuModel<'w> {
                 }
             }
         } else {
+            let span = self
+                .spans
+                .as_ref()
+                .filter(|sp| t == 1 && sp.n < sp.cap)
+                .map(|sp| (sp, sp.n));
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some("inkling forward"),
-                timestamp_writes: None,
+                timestamp_writes: span.map(|(sp, n)| wgpu::ComputePassTimestampWrites {
+                    query_set: &sp.qs,
+                    beginning_of_pass_write_index: Some(2 * n),
+                    end_of_pass_write_index: Some(2 * n + 1),
+                }),
             });
             for r in &step.recs {
                 r.record_in_pass(&mut pass);
+            }
+            drop(pass);
+            if let Some((sp, n)) = span {
+                enc.resolve_query_set(
+                    &sp.qs,
+                    2 * n..2 * n + 2,
+                    &sp.resolve,
+                    n as u64 * wgpu::QUERY_RESOLVE_BUFFER_ALIGNMENT,
+                );
+                self.spans.as_mut().expect("spans").n += 1;
             }
         }
         if let (Some(slot), Some(ts)) = (timed_slot, self.prof.as_mut().and_then(|p| p.ts.as_mut()))
