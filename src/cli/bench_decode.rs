@@ -1,5 +1,7 @@
 //! `inkling-wgpu bench decode`: a fixed synthetic decode probe on the GPU forward. A prompt of 16
-//! fixed ids, then `--tokens` greedy decode steps (argmax on the GPU), timed by wall clock; then the
+//! fixed ids, then `--tokens` greedy decode steps (argmax on the GPU), repeated for [`WARMUP_S`]
+//! seconds of warm-up, then timed by wall clock; then the same run with a GPU timestamp at each
+//! step's beginning and end (GPU busy and idle time per step); then the
 //! same run again in profile mode for the per-phase GPU time per token (timestamp queries), checked
 //! to choose the same tokens. Prints decode tok/s, the phases, the bytes a step must read, the
 //! roofline (those bytes at the copy bandwidth, measured like `bench copy` or `--peak-gbs`) and the
@@ -11,6 +13,9 @@ use anyhow::{ensure, Context};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
+
+/// Seconds of decode run (whole probes, at least one) before the timed run.
+pub const WARMUP_S: f64 = 1.0;
 
 /// Prompt length of the probe.
 pub const PROBE_PROMPT: usize = 16;
@@ -40,6 +45,13 @@ pub struct DecodeArgs {
     /// kernel name per token.
     #[arg(long)]
     pub per_op: bool,
+    /// Run the timed (pipelined, untimed-on-GPU) probe this many times and print each run's tok/s
+    /// (the last one is reported); an experiment knob.
+    #[arg(long, default_value_t = 1, hide = true)]
+    pub repeat: usize,
+    /// Run the step-timestamp probe before the timed probe (an experiment knob).
+    #[arg(long, hide = true)]
+    pub spans_first: bool,
 }
 
 /// The probe's prompt: 16 fixed ids below `width`.
@@ -153,10 +165,30 @@ pub fn run(a: DecodeArgs) -> anyhow::Result<ExitCode> {
     drop(w);
     m.set_pass_per_phase(a.pass_per_phase);
 
-    // warm-up (pipelines, recorded steps), then the timed run, then the profiled run
-    probe(&mut m, &prompt, a.tokens.min(4))?;
-    m.reset_host_times();
-    let (ids, secs) = probe(&mut m, &prompt, a.tokens)?;
+    // Warm-up (pipelines, recorded steps, and the GPU's clocks: on an H200 the first ~0.3 s of
+    // decode after start-up ran at 4.1 ms of GPU time per step, later steps at 1.8 ms), then the
+    // timed run, then the profiled run.
+    let warm = Instant::now();
+    while warm.elapsed().as_secs_f64() < WARMUP_S {
+        probe(&mut m, &prompt, a.tokens)?;
+    }
+    if a.spans_first && m.has_timestamps() {
+        m.reset();
+        m.start_step_spans(a.tokens as u32 + 1)?;
+        let (_, secs_sp) = probe(&mut m, &prompt, a.tokens)?;
+        let (busy, idle) = m.take_step_spans()?;
+        eprintln!("(spans first) {}", span_line(&busy, &idle, secs_sp, a.tokens));
+    }
+    let mut run = None;
+    for k in 0..a.repeat.max(1) {
+        m.reset_host_times();
+        let (ids, secs) = probe(&mut m, &prompt, a.tokens)?;
+        if a.repeat > 1 {
+            eprintln!("  timed run {k}: {:.1} tok/s", a.tokens as f64 / secs);
+        }
+        run = Some((ids, secs));
+    }
+    let (ids, secs) = run.expect("at least one run");
     let host = m.host_times();
     // the same run again with a timestamp at each step's beginning and end: GPU time per step
     // and GPU idle time between steps (a second run, so the timed run above carries no queries)
