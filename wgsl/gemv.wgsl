@@ -95,12 +95,14 @@ fn stage_scale(j: u32) -> vec4<f32> {
     return vec4<f32>(1.0);
 }
 
-// int4: one word = eight columns, x vec4 at tile-local vec4 index xi and xi + 1 (pre-scaled).
-fn int4_word(wd: u32, xi: u32) -> vec4<f32> {
+// int4: one word = eight columns, x vec4 at tile-local vec4 index xi and xi + 1 (pre-scaled),
+// added to `acc` by two FMA chains (no separate product or sum: one shift for the word, then one
+// mask-or, one subtract and one FMA per value).
+fn int4_word(acc: vec4<f32>, wd: u32, xi: u32) -> vec4<f32> {
     let wh = wd >> 12u;
     let a = bitcast<vec4<f32>>((vec4<u32>(wd) & I4_MASK_A) | vec4<u32>(MAGIC)) - I4_SUB_A;
     let b = bitcast<vec4<f32>>((vec4<u32>(wd, wh, wh, wh) & I4_MASK_B) | vec4<u32>(MAGIC)) - I4_SUB_B;
-    return fma(a, xs(xi), b * xs(xi + 1u));
+    return fma(a, xs(xi), fma(b, xs(xi + 1u), acc));
 }
 
 // int3-g64: four values = one byte of 2-bit lows (`lb`, shifted down) and four high bits (`hb`,
@@ -139,12 +141,13 @@ fn unit_dot(acc: vec4<f32>, wv: u32, srow: u32, u: u32, xi: u32) -> vec4<f32> {
         return fma(ev, vec4<f32>(x0.x, x0.z, x1.x, x1.z), fma(od, vec4<f32>(x0.y, x0.w, x1.y, x1.w), acc));
     } else if (FMT == 2u || FMT == 4u) {
         let wd = W[wv];
-        let d = int4_word(wd.x, xi) + int4_word(wd.y, xi + 2u) + int4_word(wd.z, xi + 4u) + int4_word(wd.w, xi + 6u);
         if (FMT == 4u) {
             // a 32-column unit lies inside one group (GS is 32, 64 or 128)
+            let d = int4_word(int4_word(int4_word(int4_word(vec4<f32>(0.0), wd.x, xi), wd.y, xi + 2u), wd.z, xi + 4u), wd.w, xi + 6u);
             return fma(d, vec4<f32>(S[srow + (u * 32u) / max(GS, 1u)]), acc);
         }
-        return acc + d; // per-row scale applied once per row by the caller
+        // per-row scale applied once per row by the caller
+        return int4_word(int4_word(int4_word(int4_word(acc, wd.x, xi), wd.y, xi + 2u), wd.z, xi + 4u), wd.w, xi + 6u);
     } else {
         // int3-g64: a unit is two groups in 3 vec4: group A = a, b.xy; group B = b.zw c.xy, c.zw
         let a = W[wv];
