@@ -8,6 +8,17 @@
 //
 // Layouts (f32): q [T, H, D], k_new/v_new [T, KVH, D], r [T, H, d_rel], proj [d_rel, extent],
 // caches [cap, KVH, D], out [T, H * D]. pos.x = pos0 = absolute position of the first new token.
+//
+// Two variants (`//!IF VEC4` lines, chosen by the host): D % 4 == 0 binds q/k/v/caches/out as vec4 arrays
+// (one 16-byte load per 4 elements); otherwise they are f32 arrays read four at a time with the tail
+// masked. Either way a row is handled as ceil(D/4) vec4 "columns".
+//
+// One workgroup of 256 invocations per (token, head); keys in blocks of BK = 64 with an online softmax:
+//   scores: LPK = 4 lanes per key, each a strided share of the q.k columns (two accumulators) and of
+//           the d_rel bias terms; the 4 partials are summed from workgroup memory,
+//   max:    a 6-level tree over the block's 64 scores,
+//   values: invocation (slice, column) accumulates p_j * v_j[column] over the keys j = slice (mod
+//           256 / ceil(D/4)), two keys in flight; the slices (and their sums of p) are added at the end.
 
 struct Params {
     t: u32,
@@ -24,45 +35,149 @@ struct Params {
     _pad: u32,
 }
 
-const WG: u32 = 64u;
-const MAX_D: u32 = 256u;
-const ACC: u32 = 4u; // MAX_D / WG
+const WG: u32 = 256u;
+const LPK: u32 = 4u;   // lanes per key (score phase)
+const BK: u32 = 64u;   // keys per block = WG / LPK
+const MAX_D4: u32 = 64u; // head_dim <= 256
 const MAX_REL: u32 = 256u;
+const NEW: u32 = 0x80000000u; // row-base tag: the row lives in k_new / v_new, not in the cache
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<uniform> pos: vec4<u32>;
+@group(0) @binding(5) var<storage, read> r: array<f32>;
+@group(0) @binding(6) var<storage, read> proj: array<f32>;
+
+//!IF VEC4
+@group(0) @binding(2) var<storage, read> q: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> k_new: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read> v_new: array<vec4<f32>>;
+@group(0) @binding(7) var<storage, read> k_cache: array<vec4<f32>>;
+@group(0) @binding(8) var<storage, read> v_cache: array<vec4<f32>>;
+@group(0) @binding(9) var<storage, read_write> out: array<vec4<f32>>;
+@group(0) @binding(10) var<storage, read_write> k_cache_w: array<vec4<f32>>;
+@group(0) @binding(11) var<storage, read_write> v_cache_w: array<vec4<f32>>;
+
+const UNIT: u32 = 4u; // floats per array element
+
+// Start of row `row` (of D floats) in array elements.
+fn row_base(row: u32) -> u32 {
+    return row * (p.d / 4u);
+}
+fn ld_q(b: u32, c: u32) -> vec4<f32> {
+    return q[b + c];
+}
+fn ld_kn(b: u32, c: u32) -> vec4<f32> {
+    return k_new[b + c];
+}
+fn ld_kc(b: u32, c: u32) -> vec4<f32> {
+    return k_cache[b + c];
+}
+fn ld_vn(b: u32, c: u32) -> vec4<f32> {
+    return v_new[b + c];
+}
+fn ld_vc(b: u32, c: u32) -> vec4<f32> {
+    return v_cache[b + c];
+}
+fn st_out(b: u32, c: u32, v: vec4<f32>) {
+    out[b + c] = v;
+}
+//!ELSE
 @group(0) @binding(2) var<storage, read> q: array<f32>;
 @group(0) @binding(3) var<storage, read> k_new: array<f32>;
 @group(0) @binding(4) var<storage, read> v_new: array<f32>;
-@group(0) @binding(5) var<storage, read> r: array<f32>;
-@group(0) @binding(6) var<storage, read> proj: array<f32>;
 @group(0) @binding(7) var<storage, read> k_cache: array<f32>;
 @group(0) @binding(8) var<storage, read> v_cache: array<f32>;
 @group(0) @binding(9) var<storage, read_write> out: array<f32>;
-
 @group(0) @binding(10) var<storage, read_write> k_cache_w: array<f32>;
 @group(0) @binding(11) var<storage, read_write> v_cache_w: array<f32>;
 
-var<workgroup> q_sh: array<f32, MAX_D>;
-var<workgroup> r_sh: array<f32, MAX_REL>;
-var<workgroup> red: array<f32, WG>;
-var<workgroup> p_sh: array<f32, WG>;
+const UNIT: u32 = 1u;
 
-// Start (in floats) of the key/value row of absolute position j for kv head g (in k_new/v_new when
-// j >= pos0, else in the cache).
-fn kv_base(j: u32, pos0: u32, g: u32) -> u32 {
-    if (j >= pos0) {
-        return ((j - pos0) * p.kvh + g) * p.d;
+fn row_base(row: u32) -> u32 {
+    return row * p.d;
+}
+// Elements 4c .. 4c+3 of the row at b; those >= D read as 0 (never loaded).
+fn ld_q(b: u32, c: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    for (var u = 0u; u < 4u; u++) {
+        if (4u * c + u < p.d) {
+            v[u] = q[b + 4u * c + u];
+        }
     }
-    // Full layers: linear slot, clamped so a host that overruns the capacity cannot read out of bounds.
-    var slot = min(j, p.cap - 1u);
+    return v;
+}
+fn ld_kn(b: u32, c: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    for (var u = 0u; u < 4u; u++) {
+        if (4u * c + u < p.d) {
+            v[u] = k_new[b + 4u * c + u];
+        }
+    }
+    return v;
+}
+fn ld_kc(b: u32, c: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    for (var u = 0u; u < 4u; u++) {
+        if (4u * c + u < p.d) {
+            v[u] = k_cache[b + 4u * c + u];
+        }
+    }
+    return v;
+}
+fn ld_vn(b: u32, c: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    for (var u = 0u; u < 4u; u++) {
+        if (4u * c + u < p.d) {
+            v[u] = v_new[b + 4u * c + u];
+        }
+    }
+    return v;
+}
+fn ld_vc(b: u32, c: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    for (var u = 0u; u < 4u; u++) {
+        if (4u * c + u < p.d) {
+            v[u] = v_cache[b + 4u * c + u];
+        }
+    }
+    return v;
+}
+fn st_out(b: u32, c: u32, v: vec4<f32>) {
+    for (var u = 0u; u < 4u; u++) {
+        if (4u * c + u < p.d) {
+            out[b + 4u * c + u] = v[u];
+        }
+    }
+}
+//!END
+
+var<workgroup> q_sh: array<vec4<f32>, MAX_D4>;
+var<workgroup> r_sh: array<f32, MAX_REL>;
+var<workgroup> part: array<f32, WG>;      // score partials (LPK per key)
+var<workgroup> s_sh: array<f32, BK>;      // block scores
+var<workgroup> mx: array<f32, BK>;        // max tree
+var<workgroup> p_sh: array<f32, BK>;      // exp(score - running max)
+var<workgroup> kb_sh: array<u32, BK>;     // row base of each key (| NEW when in k_new / v_new)
+var<workgroup> acc_sh: array<vec4<f32>, WG>;
+var<workgroup> l_sh: array<f32, WG>;
+
+// Cache slot of absolute position j < pos0: ring slot on sliding layers; on full layers the linear slot,
+// clamped so a host that overruns the capacity cannot read out of bounds.
+fn cache_slot(j: u32) -> u32 {
     if (p.window != 0u) {
-        slot = j % p.cap;
+        return j % p.cap;
     }
-    return (slot * p.kvh + g) * p.d;
+    return min(j, p.cap - 1u);
 }
 
-@compute @workgroup_size(64)
+fn ld_v(kb: u32, c: u32) -> vec4<f32> {
+    if ((kb & NEW) != 0u) {
+        return ld_vn(kb & ~NEW, c);
+    }
+    return ld_vc(kb, c);
+}
+
+@compute @workgroup_size(256)
 fn attn(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_id) lid: vec3<u32>) {
     let item = wid.x + wid.y * nwg.x;
@@ -75,13 +190,15 @@ fn attn(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let g = hh / (p.h / p.kvh);
     let pos0 = pos.x;
     let i = pos0 + t;
+    let d4 = (p.d + 3u) / 4u;
 
     // q row and r row into workgroup memory.
-    for (var e = tid; e < p.d; e += WG) {
-        q_sh[e] = q[(t * p.h + hh) * p.d + e];
+    let qb = row_base(t * p.h + hh);
+    if (tid < d4) {
+        q_sh[tid] = ld_q(qb, tid);
     }
-    for (var e = tid; e < p.d_rel; e += WG) {
-        r_sh[e] = r[(t * p.h + hh) * p.d_rel + e];
+    if (tid < p.d_rel) {
+        r_sh[tid] = r[(t * p.h + hh) * p.d_rel + tid];
     }
     workgroupBarrier();
 
@@ -95,99 +212,135 @@ fn attn(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if (p.window != 0u && i + 1u > p.window) {
         j_lo = i + 1u - p.window;
     }
-    let n_keys = i + 1u - j_lo;
-    let n_blocks = (n_keys + WG - 1u) / WG;
+
+    // score-phase role: key `key` of the block, lane `lane` of its LPK
+    let key = tid / LPK;
+    let lane = tid % LPK;
+    // value-phase role: column vc of slice vs (slices = WG / d4; invocations past them idle)
+    let slices = WG / d4;
+    let vc = tid % d4;
+    let vs = tid / d4;
 
     var m = -3.0e38;
     var l = 0.0;
-    var acc: array<f32, ACC>;
-    for (var u = 0u; u < ACC; u++) {
-        acc[u] = 0.0;
-    }
+    var acc = vec4<f32>(0.0);
 
-    for (var b = 0u; b < n_blocks; b++) {
-        let j0 = j_lo + b * WG;
-        let j = j0 + tid;
-        var s = -3.0e38;
-        let valid = j <= i;
-        if (valid) {
-            let base = kv_base(j, pos0, g);
-            var dot = 0.0;
+    for (var j0 = j_lo; j0 <= i; j0 += BK) {
+        let nb = min(BK, i + 1u - j0);
+        var s_part = 0.0;
+        if (key < nb) {
+            let j = j0 + key;
+            var a0 = 0.0;
+            var a1 = 0.0;
+            var c = lane;
             if (j >= pos0) {
-                for (var e = 0u; e < p.d; e++) {
-                    dot += q_sh[e] * k_new[base + e];
+                let b = row_base((j - pos0) * p.kvh + g);
+                for (; c + LPK < d4; c += 2u * LPK) {
+                    a0 += dot(q_sh[c], ld_kn(b, c));
+                    a1 += dot(q_sh[c + LPK], ld_kn(b, c + LPK));
+                }
+                if (c < d4) {
+                    a0 += dot(q_sh[c], ld_kn(b, c));
+                }
+                if (lane == 0u) {
+                    kb_sh[key] = b | NEW;
                 }
             } else {
-                for (var e = 0u; e < p.d; e++) {
-                    dot += q_sh[e] * k_cache[base + e];
+                let b = row_base(cache_slot(j) * p.kvh + g);
+                for (; c + LPK < d4; c += 2u * LPK) {
+                    a0 += dot(q_sh[c], ld_kc(b, c));
+                    a1 += dot(q_sh[c + LPK], ld_kc(b, c + LPK));
+                }
+                if (c < d4) {
+                    a0 += dot(q_sh[c], ld_kc(b, c));
+                }
+                if (lane == 0u) {
+                    kb_sh[key] = b;
                 }
             }
             let dist = i - j;
             var bias = 0.0;
             if (dist < p.extent) {
-                for (var rr = 0u; rr < p.d_rel; rr++) {
+                for (var rr = lane; rr < p.d_rel; rr += LPK) {
                     bias += r_sh[rr] * proj[rr * p.extent + dist];
                 }
             }
-            s = tau * (dot * inv_d + bias);
+            s_part = (a0 + a1) * inv_d + bias;
         }
-        red[tid] = s;
+        part[tid] = s_part;
         workgroupBarrier();
-        for (var st = WG / 2u; st > 0u; st = st / 2u) {
+        if (tid < BK) {
+            var s = -3.0e38;
+            if (tid < nb) {
+                let pb = tid * LPK;
+                s = tau * ((part[pb] + part[pb + 1u]) + (part[pb + 2u] + part[pb + 3u]));
+            }
+            s_sh[tid] = s;
+            mx[tid] = s;
+        }
+        workgroupBarrier();
+        for (var st = BK / 2u; st > 0u; st = st / 2u) {
             if (tid < st) {
-                red[tid] = max(red[tid], red[tid + st]);
+                mx[tid] = max(mx[tid], mx[tid + st]);
             }
             workgroupBarrier();
         }
-        let m_new = max(m, red[0]);
-        var pe = 0.0;
-        if (valid) {
-            pe = exp(s - m_new);
+        let m_new = max(m, mx[0]);
+        if (tid < BK) {
+            var pe = 0.0;
+            if (tid < nb) {
+                pe = exp(s_sh[tid] - m_new);
+            }
+            p_sh[tid] = pe;
         }
-        p_sh[tid] = pe;
         workgroupBarrier();
         let corr = exp(m - m_new);
         m = m_new;
-        let nb = min(WG, i + 1u - j0);
-        var lsum = 0.0;
-        for (var bb = 0u; bb < nb; bb++) {
-            lsum += p_sh[bb];
-        }
-        l = l * corr + lsum;
-        for (var u = 0u; u < ACC; u++) {
-            let e = tid + u * WG;
-            if (e < p.d) {
-                var a = acc[u] * corr;
-                for (var bb = 0u; bb < nb; bb++) {
-                    let jj = j0 + bb;
-                    let base = kv_base(jj, pos0, g);
-                    var vv: f32;
-                    if (jj >= pos0) {
-                        vv = v_new[base + e];
-                    } else {
-                        vv = v_cache[base + e];
-                    }
-                    a += p_sh[bb] * vv;
-                }
-                acc[u] = a;
+        acc *= corr;
+        l *= corr;
+        if (vs < slices) {
+            var a0 = vec4<f32>(0.0);
+            var a1 = vec4<f32>(0.0);
+            var l0 = 0.0;
+            var kk = vs;
+            for (; kk + slices < nb; kk += 2u * slices) {
+                let pa = p_sh[kk];
+                let pb = p_sh[kk + slices];
+                a0 += pa * ld_v(kb_sh[kk], vc);
+                a1 += pb * ld_v(kb_sh[kk + slices], vc);
+                l0 += pa + pb;
             }
+            if (kk < nb) {
+                let pa = p_sh[kk];
+                a0 += pa * ld_v(kb_sh[kk], vc);
+                l0 += pa;
+            }
+            acc += a0 + a1;
+            l += l0;
         }
+        // the next block overwrites part / s_sh / p_sh / kb_sh
         workgroupBarrier();
     }
 
-    for (var u = 0u; u < ACC; u++) {
-        let e = tid + u * WG;
-        if (e < p.d) {
-            out[(t * p.h + hh) * p.d + e] = acc[u] / l;
+    acc_sh[tid] = acc;
+    l_sh[tid] = l;
+    workgroupBarrier();
+    if (tid < d4) {
+        var a = vec4<f32>(0.0);
+        var ls = 0.0;
+        for (var sl = 0u; sl < slices; sl++) {
+            a += acc_sh[sl * d4 + tid];
+            ls += l_sh[sl * d4];
         }
+        st_out(qb, tid, a / ls);
     }
 }
 
-// Append this call's k/v rows to the cache. One invocation per float of [T, KVH, D].
+// Append this call's k/v rows to the cache. One invocation per array element (vec4 or f32) of [T, KVH, D].
 @compute @workgroup_size(256)
 fn attn_append(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let idx = gid.x + gid.y * nwg.x * 256u;
-    let row = p.kvh * p.d;
+    let row = p.kvh * p.d / UNIT;
     if (idx >= p.t * row) {
         return;
     }

@@ -27,20 +27,30 @@ fn short_conv(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgr
         return;
     }
     let km1 = p.k - 1u;
+    // Loops run to the constant MAX_K with the runtime size as a guard, so they unroll and the window
+    // and weights stay in registers (no dynamically indexed private arrays); all loads are independent.
     // win[0..km1) = previous K-1 inputs, oldest first.
     var win: array<f32, MAX_K>;
-    for (var k = 0u; k < km1; k++) {
-        win[k] = state[k * p.c + c];
-    }
     var wk: array<f32, MAX_K>;
-    for (var k = 0u; k < p.k; k++) {
-        wk[k] = w[c * p.k + k];
+    for (var k = 0u; k < MAX_K; k++) {
+        win[k] = 0.0;
+        wk[k] = 0.0;
+        if (k < km1) {
+            win[k] = state[k * p.c + c];
+        }
+        if (k < p.k) {
+            wk[k] = w[c * p.k + k];
+        }
     }
     for (var t = 0u; t < p.t; t++) {
         let xv = x[t * p.c + c];
-        var s = wk[km1] * xv;
-        for (var k = 0u; k < km1; k++) {
-            s += wk[k] * win[k];
+        var s = 0.0;
+        for (var k = 0u; k < MAX_K; k++) {
+            if (k < km1) {
+                s += wk[k] * win[k];
+            } else if (k == km1) {
+                s += wk[k] * xv;
+            }
         }
         let o = xv + s;
         if (p.accumulate != 0u) {
@@ -48,14 +58,18 @@ fn short_conv(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgr
         } else {
             y[t * p.c + c] = o;
         }
-        for (var k = 0u; k + 1u < km1; k++) {
-            win[k] = win[k + 1u];
-        }
-        if (km1 > 0u) {
-            win[km1 - 1u] = xv;
+        // shift the window: win[k] = win[k + 1], the newest input last
+        for (var k = 0u; k + 1u < MAX_K; k++) {
+            if (k + 1u < km1) {
+                win[k] = win[k + 1u];
+            } else if (k + 1u == km1) {
+                win[k] = xv;
+            }
         }
     }
-    for (var k = 0u; k < km1; k++) {
-        state[k * p.c + c] = win[k];
+    for (var k = 0u; k < MAX_K; k++) {
+        if (k < km1) {
+            state[k * p.c + c] = win[k];
+        }
     }
 }

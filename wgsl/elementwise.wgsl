@@ -9,6 +9,8 @@
 // moe_combine: out[t, c] (=|+=) sum_s wr(t,s) * y[(t*k + s), c] + sum_j gs[t*S + j] * ys[t*S + j, c]
 //              wr = gammas[t*k+s] when weight_routed != 0 else 1 (the MoE GEMV may weight already)
 // argmax_partial / argmax_final: two-pass argmax over V logits, ties -> lowest index, one u32 out.
+//              Partials of 1024 logits (one vec4 per invocation when V % 4 == 0: argmax_partial_vec4,
+//              else four independent scalar loads), then one workgroup over the partials.
 
 struct Params {
     n: u32,      // elements (silu_mul: P*I; combine: T*C; argmax: V)
@@ -38,6 +40,7 @@ const WG: u32 = 256u;
 @group(0) @binding(8) var<storage, read_write> out_u: array<u32>;
 @group(0) @binding(9) var<storage, read> part_v_r: array<f32>;
 @group(0) @binding(10) var<storage, read> part_i_r: array<u32>;
+@group(0) @binding(11) var<storage, read> logits4: array<vec4<f32>>;
 
 fn flat(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return gid.x + gid.y * nwg.x * WG;
@@ -150,7 +153,8 @@ fn reduce_best(tid: u32, v: f32, i: u32) {
     }
 }
 
-// Partial k covers logits [k*chunk, min((k+1)*chunk, V)); partials spread over x and y.
+// Partial k covers logits [k*chunk, min((k+1)*chunk, V)) with chunk = 4 * WG: four per invocation
+// (independent loads); partials spread over x and y.
 @compute @workgroup_size(256)
 fn argmax_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                   @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -163,11 +167,49 @@ fn argmax_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
     let hi = min(lo + p.a, p.n);
     var bv = 0.0;
     var bi = 0xffffffffu;
-    for (var i = lo + tid; i < hi; i += WG) {
-        let v = in0[i];
-        if (v == v && better(v, i, bv, bi)) {
+    var vals: array<f32, 4>;
+    for (var k = 0u; k < 4u; k++) {
+        let i = lo + tid + k * WG;
+        vals[k] = 0.0;
+        if (i < hi) {
+            vals[k] = in0[i];
+        }
+    }
+    for (var k = 0u; k < 4u; k++) {
+        let i = lo + tid + k * WG;
+        let v = vals[k];
+        if (i < hi && v == v && better(v, i, bv, bi)) {
             bv = v;
             bi = i;
+        }
+    }
+    reduce_best(tid, bv, bi);
+    if (tid == 0u) {
+        part_v[part] = rv[0];
+        part_i[part] = ri[0];
+    }
+}
+
+// The same with one vec4 load per invocation (V % 4 == 0, logits bound as vec4 at binding 11).
+@compute @workgroup_size(256)
+fn argmax_partial_vec4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                       @builtin(local_invocation_id) lid: vec3<u32>) {
+    let part = wid.x + wid.y * nwg.x;
+    if (part >= p.b) {
+        return;
+    }
+    let tid = lid.x;
+    let u = part * (p.a / 4u) + tid;
+    var bv = 0.0;
+    var bi = 0xffffffffu;
+    if (4u * u < p.n) {
+        let v4 = logits4[u];
+        for (var k = 0u; k < 4u; k++) {
+            let v = v4[k];
+            if (v == v && better(v, 4u * u + k, bv, bi)) {
+                bv = v;
+                bi = 4u * u + k;
+            }
         }
     }
     reduce_best(tid, bv, bi);

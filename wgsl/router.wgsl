@@ -1,4 +1,6 @@
 // MoE router, everything f32, one workgroup per token; experts are looped with stride so any count works.
+// Top-k by rank: each invocation counts, for its experts, how many experts beat them (E shared-memory
+// reads, no barriers), and the experts of rank < k are the choice; no k rounds of tree reductions.
 //   choose = topk(sigmoid(L[:E]) + bias, top_k)            (ties -> lower index)
 //   sel    = [L[chosen], L[E:E+S]]
 //   w      = sigmoid(sel) / sum(sigmoid(sel)) * scale       (scale = route_scale * gate.global_scale)
@@ -35,9 +37,8 @@ const MAX_K: u32 = 32u;
 @group(0) @binding(5) var<storage, read_write> shared_gammas: array<f32>;
 
 var<workgroup> score: array<f32, MAX_E>;
-var<workgroup> rv: array<f32, WG>;
-var<workgroup> ri: array<u32, WG>;
 var<workgroup> chosen: array<u32, MAX_K>;
+var<workgroup> sig_sh: array<f32, MAX_K>;
 
 fn sigmoid(v: f32) -> f32 {
     return 1.0 / (1.0 + exp(-v));
@@ -59,56 +60,45 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
     let ne = p.n_routed + p.n_shared;
     let lb = t * ne;
     for (var e = tid; e < p.n_routed; e += WG) {
-        score[e] = sigmoid(logits[lb + e]) + bias[e];
+        var v = sigmoid(logits[lb + e]) + bias[e];
+        if (v != v) {
+            v = -3.4e38; // NaN ranks below every number
+        }
+        score[e] = v;
     }
     workgroupBarrier();
-    for (var s = 0u; s < p.top_k; s++) {
-        var bv = -3.4e38;
-        var bi = 0xffffffffu;
-        for (var e = tid; e < p.n_routed; e += WG) {
-            let v = score[e];
-            if (bi == 0xffffffffu || better(v, e, bv, bi)) {
-                bv = v;
-                bi = e;
-            }
+    // rank(e) = number of experts that beat e (a strict total order, so ranks are 0..E-1 without
+    // repeats); the top-k are the experts of rank < k, in selection order.
+    for (var e = tid; e < p.n_routed; e += WG) {
+        let v = score[e];
+        var rank = 0u;
+        for (var o = 0u; o < p.n_routed; o++) {
+            rank += select(0u, 1u, better(score[o], o, v, e));
         }
-        rv[tid] = bv;
-        ri[tid] = bi;
-        workgroupBarrier();
-        for (var st = WG / 2u; st > 0u; st = st / 2u) {
-            if (tid < st) {
-                let ob = ri[tid + st];
-                if (ob != 0xffffffffu && (ri[tid] == 0xffffffffu || better(rv[tid + st], ob, rv[tid], ri[tid]))) {
-                    rv[tid] = rv[tid + st];
-                    ri[tid] = ob;
-                }
-            }
-            workgroupBarrier();
+        if (rank < p.top_k) {
+            chosen[rank] = e;
         }
-        if (tid == 0u) {
-            let e = ri[0];
-            chosen[s] = e;
-            score[e] = -3.4e38;
-        }
-        workgroupBarrier();
     }
-    if (tid == 0u) {
-        var sum = 0.0;
-        for (var s = 0u; s < p.top_k; s++) {
-            sum += sigmoid(logits[lb + chosen[s]]);
-        }
-        for (var j = 0u; j < p.n_shared; j++) {
-            sum += sigmoid(logits[lb + p.n_routed + j]);
-        }
-        let f = p.scale / sum;
-        for (var s = 0u; s < p.top_k; s++) {
-            let e = chosen[s];
-            let wi = t * p.top_k + s;
-            pairs[wi] = Pair(e, t, wi, 0u);
-            gammas[wi] = sigmoid(logits[lb + e]) * f;
-        }
-        for (var j = 0u; j < p.n_shared; j++) {
-            shared_gammas[t * p.n_shared + j] = sigmoid(logits[lb + p.n_routed + j]) * f;
-        }
+    workgroupBarrier();
+    if (tid < p.top_k) {
+        sig_sh[tid] = sigmoid(logits[lb + chosen[tid]]);
+    }
+    workgroupBarrier();
+    // every invocation sums (chosen in selection order, then the shared experts)
+    var sum = 0.0;
+    for (var s = 0u; s < p.top_k; s++) {
+        sum += sig_sh[s];
+    }
+    for (var j = 0u; j < p.n_shared; j++) {
+        sum += sigmoid(logits[lb + p.n_routed + j]);
+    }
+    let f = p.scale / sum;
+    if (tid < p.top_k) {
+        let wi = t * p.top_k + tid;
+        pairs[wi] = Pair(chosen[tid], t, wi, 0u);
+        gammas[wi] = sig_sh[tid] * f;
+    }
+    for (var j = tid; j < p.n_shared; j += WG) {
+        shared_gammas[t * p.n_shared + j] = sigmoid(logits[lb + p.n_routed + j]) * f;
     }
 }

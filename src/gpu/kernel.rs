@@ -49,6 +49,15 @@ pub fn wgsl_instantiations(file_name: &str, source: &str) -> Vec<(String, String
             }
             v
         }
+        "attention.wgsl" | "norm.wgsl" => [false, true]
+            .into_iter()
+            .map(|v| {
+                (
+                    format!("{file_name} [{}]", if v { "vec4" } else { "f32" }),
+                    crate::gpu::ops::wgsl_variant(source, v),
+                )
+            })
+            .collect(),
         _ => vec![(file_name.to_string(), source.to_string())],
     }
 }

@@ -1696,7 +1696,8 @@ impl<'w> GpuModel<'w> {
             0,
             16 * recs.len() as u64,
         )?;
-        let tick = |q: usize| u64::from_le_bytes(raw[8 * q..8 * q + 8].try_into().expect("8 bytes"));
+        let tick =
+            |q: usize| u64::from_le_bytes(raw[8 * q..8 * q + 8].try_into().expect("8 bytes"));
         let first = tick(0);
         let mut last = first;
         for (i, r) in recs.iter().enumerate() {

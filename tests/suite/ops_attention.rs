@@ -375,3 +375,80 @@ fn full_attention_tau_on_group2_d16_sliding_heads_differ() {
     };
     check_all(&gpu, c, 11, 4);
 }
+
+#[test]
+fn key_counts_around_the_block_and_head_dims() {
+    // 1, 63, 64, 65 and 200 keys (blocks of 64), head dims 64/128/256 (vec4 variant) and 6/10 (f32
+    // variant, tail of a vec4 column masked), d_rel not a multiple of the 4 lanes per key. The last
+    // token is a decode step over all the keys, the rest one prefill of n-1 tokens.
+    let gpu = gpu();
+    for (d, h, kvh, d_rel) in [
+        (64, 4, 2, 5),
+        (128, 3, 1, 33),
+        (256, 2, 2, 16),
+        (6, 4, 2, 3),
+        (10, 2, 1, 7),
+    ] {
+        for n in [1usize, 63, 64, 65, 200] {
+            let c = Cfg {
+                h,
+                kvh,
+                d,
+                d_rel,
+                extent: 90,
+                window: None,
+                cap: 208,
+                tau: Some((0.15, 5.0)),
+            };
+            let s = make_seq(&c, n, 1000 + n as u64 + d as u64);
+            let r = reference(&c, &s);
+            assert_close(
+                &format!("d={d} n={n} prefill n-1 + decode"),
+                &run_decode_reused(&gpu, &c, &s, n - 1),
+                &r,
+                1e-5,
+            );
+            if n == 65 {
+                assert_close(
+                    &format!("d={d} n={n} chunks"),
+                    &run_chunks(&gpu, &c, &s, &[30, 1, 34]),
+                    &r,
+                    1e-5,
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn sliding_window_shorter_than_the_ring() {
+    // Ring capacity 70 > window 50: slots p % 70, keys i-49..=i; vec4 and f32 variants.
+    let gpu = gpu();
+    for d in [32, 12, 7] {
+        let c = Cfg {
+            h: 4,
+            kvh: 2,
+            d,
+            d_rel: 6,
+            extent: 50,
+            window: Some(50),
+            cap: 70,
+            tau: None,
+        };
+        let n = 150;
+        let s = make_seq(&c, n, 77 + d as u64);
+        let r = reference(&c, &s);
+        assert_close(
+            &format!("W=50 cap=70 d={d} prefill+decode"),
+            &run_decode_reused(&gpu, &c, &s, 60),
+            &r,
+            1e-5,
+        );
+        assert_close(
+            &format!("W=50 cap=70 d={d} chunks of 33"),
+            &run_chunks(&gpu, &c, &s, &[33, 33, 33, 33, 18]),
+            &r,
+            1e-5,
+        );
+    }
+}

@@ -57,7 +57,14 @@ fn fresh_state(gpu: &Gpu, c: usize, k: usize) -> wgpu::Buffer {
 #[test]
 fn chunks_equal_full_sequence() {
     let gpu = gpu();
-    for (k, c, n) in [(4usize, 37usize, 11usize), (3, 130, 9), (4, 6144 + 5, 5)] {
+    for (k, c, n) in [
+        (4usize, 37usize, 11usize),
+        (3, 130, 9),
+        (4, 6144 + 5, 5),
+        (1, 5, 4),
+        (2, 70, 6),
+        (8, 65, 12),
+    ] {
         let mut rng = Rng(k as u64 * 1000 + c as u64);
         let x = rng.vec(n * c, 1.0);
         let wv = rng.vec(c * k, 1.0);

@@ -246,3 +246,58 @@ fn argmax_last_index_ties_and_random() {
         );
     }
 }
+
+/// First index of the maximum, NaNs skipped (0 when all are NaN).
+fn ref_argmax(l: &[f32]) -> u32 {
+    let mut best: Option<usize> = None;
+    for (i, &v) in l.iter().enumerate() {
+        if !v.is_nan() && best.is_none_or(|b| v > l[b]) {
+            best = Some(i);
+        }
+    }
+    best.unwrap_or(0) as u32
+}
+
+#[test]
+fn argmax_ties_across_partials_both_variants() {
+    // vocab % 4 == 0 (vec4 partials) and not (scalar partials), vocabs around the 1024-logit
+    // partial, ties inside one vec4, across invocations and across partials, NaN poison.
+    let gpu = shared_gpu();
+    let out = poisoned_u32(&gpu, 1);
+    for v in [1usize, 3, 4, 1023, 1024, 1025, 4100, 201_024, 201_027] {
+        for case in 0..4 {
+            let mut rng = Rng(v as u64 * 10 + case);
+            let mut l = rng.vec(v, 4.0);
+            match case {
+                0 => {}
+                1 => {
+                    // ties: the same maximum at several places; the first must win
+                    for k in [v / 2, v - 1, v / 3 + 1, v / 3] {
+                        l[k.min(v - 1)] = 9.0;
+                    }
+                }
+                2 => {
+                    // NaN everywhere except a few, including a NaN before the max
+                    for (i, x) in l.iter_mut().enumerate() {
+                        if i % 5 != 2 {
+                            *x = f32::NAN;
+                        }
+                    }
+                }
+                _ => l.iter_mut().for_each(|x| *x = f32::NAN),
+            }
+            let lb = buf_f32(&gpu, &l);
+            Argmax {
+                vocab: v as u32,
+                out_idx: 0,
+            }
+            .bind(&gpu, &lb, &out)
+            .run(&gpu);
+            assert_eq!(
+                gpu.read_u32(&out, 1).unwrap()[0],
+                ref_argmax(&l),
+                "vocab {v} case {case}"
+            );
+        }
+    }
+}

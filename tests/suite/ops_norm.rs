@@ -111,9 +111,17 @@ fn bf16_round(v: f32) -> (u16, f32) {
 
 #[test]
 fn embed_gather_norm_f32_and_bf16_shards() {
-    let gpu = gpu();
-    let (vocab, hidden) = (50usize, 73usize);
-    let mut rng = Rng(11);
+    // 73: f32 variant (bf16 elements straddle u32 words); 12, 128, 4096: vec4 variant (several tokens
+    // per workgroup for the short rows, some of them in the other shard).
+    for hidden in [73usize, 12, 128, 4096] {
+        embed_case(hidden);
+    }
+}
+
+fn embed_case(hidden: usize) {
+    let gpu = shared_gpu();
+    let vocab = 50usize;
+    let mut rng = Rng(11 + hidden as u64);
     let table = rng.vec(vocab * hidden, 1.0);
     let w = rng.vec(hidden, 1.0);
     let wb = buf_f32(&gpu, &w);
@@ -149,7 +157,12 @@ fn embed_gather_norm_f32_and_bf16_shards() {
         .iter()
         .flat_map(|&id| ref_norm(&table[id as usize * hidden..][..hidden], &w, 1e-6))
         .collect();
-    assert_close("embed f32", &read(&gpu, &y, t * hidden), &r, 1e-5);
+    assert_close(
+        &format!("embed f32 {hidden}"),
+        &read(&gpu, &y, t * hidden),
+        &r,
+        1e-5,
+    );
     // bf16 table (one shard of odd width: elements straddle u32 words)
     let (bits, vals): (Vec<u16>, Vec<f32>) = table.iter().map(|&v| bf16_round(v)).unzip();
     let tb = gpu.storage_init("bf16 table", bytemuck::cast_slice(&bits));
@@ -171,5 +184,67 @@ fn embed_gather_norm_f32_and_bf16_shards() {
         .iter()
         .flat_map(|&id| ref_norm(&vals[id as usize * hidden..][..hidden], &w, 1e-6))
         .collect();
-    assert_close("embed bf16", &read(&gpu, &y, t * hidden), &r, 1e-5);
+    assert_close(
+        &format!("embed bf16 {hidden}"),
+        &read(&gpu, &y, t * hidden),
+        &r,
+        1e-5,
+    );
+}
+
+#[test]
+fn decode_rows_offsets_and_alignment() {
+    // One 4096-wide row at an aligned offset (vec4) and at an odd offset (f32 variant); rows of 128
+    // (per-head norms: 8 rows per workgroup) with a row count not a multiple of 8; width 4100 (vec4,
+    // 1025 units: unrolled loop plus a remainder).
+    let gpu = shared_gpu();
+    let eps = 1e-5;
+    for (rows, width, x_off, y_off) in [
+        (1usize, 4096usize, 8192usize, 4usize),
+        (1, 4096, 4095, 0),
+        (1, 4096, 0, 3),
+        (37, 128, 0, 0),
+        (3, 4100, 4100, 0),
+    ] {
+        let mut rng = Rng((rows * 7 + width + x_off) as u64);
+        let x = rng.vec(x_off + rows * width, 2.0);
+        let w = rng.vec(width, 1.5);
+        let (xb, wb, yb) = (
+            buf_f32(&gpu, &x),
+            buf_f32(&gpu, &w),
+            poisoned(&gpu, y_off + rows * width),
+        );
+        let n = RmsNorm {
+            rows: rows as u32,
+            width: width as u32,
+            eps,
+            x_off: x_off as u32,
+            x_stride: width as u32,
+            y_off: y_off as u32,
+            y_stride: width as u32,
+        };
+        n.bind(&gpu, &xb, &wb, &yb).run(&gpu);
+        let r: Vec<f64> = x[x_off..]
+            .chunks(width)
+            .flat_map(|row| ref_norm(row, &w, eps))
+            .collect();
+        let y = read(&gpu, &yb, y_off + rows * width);
+        assert_close(
+            &format!("rms {rows}x{width} x_off {x_off} y_off {y_off}"),
+            &y[y_off..],
+            &r,
+            1e-5,
+        );
+        // in place on the same layout
+        let xb = buf_f32(&gpu, &x);
+        n.bind_inplace(&gpu, &xb, &wb).run(&gpu);
+        let y = read(&gpu, &xb, x.len());
+        assert_close(
+            &format!("in place {rows}x{width} x_off {x_off}"),
+            &y[x_off..],
+            &r,
+            1e-5,
+        );
+        assert_eq!(&y[..x_off], &x[..x_off], "in-place norm wrote before x_off");
+    }
 }

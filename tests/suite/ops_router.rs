@@ -158,3 +158,47 @@ fn bias_changes_selection_only() {
     assert_close("gammas", &read(&gpu, &gam, k), &g, 1e-5);
     assert_close("shared", &read(&gpu, &sgam, s), &sg, 1e-5);
 }
+
+#[test]
+fn selection_order_sizes_and_no_shared() {
+    // 256 experts top-6 (inkling-small), 2048 top-32 (the limits), 7 top-7 (k = E); no shared
+    // experts; distinct random scores plus a block of exact ties. Pairs must come in selection order
+    // (best first, ties to the lower index), as the reference sorts them.
+    let gpu = shared_gpu();
+    for (e, k, t) in [(256usize, 6usize, 3usize), (2048, 32, 2), (7, 7, 2)] {
+        let mut rng = Rng(e as u64 + 17);
+        let mut l = rng.vec(t * e, 4.0);
+        // token 1: the top scores tie across 10 experts spread over the range
+        for j in 0..10 {
+            l[e + (j * e / 10)] = 5.0;
+        }
+        let bias = rng.vec(e, 0.01);
+        let (lb, bb) = (buf_f32(&gpu, &l), buf_f32(&gpu, &bias));
+        let pairs = poisoned_u32(&gpu, t * k * 4);
+        let gam = poisoned(&gpu, t * k);
+        let sgam = poisoned(&gpu, 1);
+        Router::new(RouterShape {
+            tokens: t as u32,
+            n_routed: e as u32,
+            n_shared: 0,
+            top_k: k as u32,
+            scale: 1.3,
+        })
+        .bind(&gpu, &lb, &bb, &pairs, &gam, &sgam)
+        .run(&gpu);
+        let pv: Vec<Pair> =
+            bytemuck::cast_slice(&gpu.read_u32(&pairs, t * k * 4).unwrap()).to_vec();
+        let gv = read(&gpu, &gam, t * k);
+        for tt in 0..t {
+            let (ch, g, _) = reference(&l[tt * e..(tt + 1) * e], &bias, e, 0, k, 1.3);
+            let got: Vec<u32> = pv[tt * k..(tt + 1) * k].iter().map(|p| p.expert).collect();
+            assert_eq!(got, ch, "E={e} k={k} token {tt}");
+            assert_close(
+                &format!("E={e} gammas token {tt}"),
+                &gv[tt * k..(tt + 1) * k],
+                &g,
+                1e-5,
+            );
+        }
+    }
+}

@@ -1,6 +1,12 @@
 //! Every WGSL file of the non-GEMV kernel families parses and validates with naga, without a device.
 
 fn validate(name: &str, src: &str) {
+    for (label, text) in inkling_wgpu::gpu::kernel::wgsl_instantiations(name, src) {
+        validate_one(&label, &text);
+    }
+}
+
+fn validate_one(name: &str, src: &str) {
     let module = naga::front::wgsl::parse_str(src)
         .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(src)));
     let mut v = naga::valid::Validator::new(

@@ -1,4 +1,8 @@
 //! Inkling attention with a KV cache (`wgsl/attention.wgsl`): prefill and decode in one kernel.
+//!
+//! One workgroup of 256 invocations per (token, head), keys in blocks of 64 (4 lanes per key for the
+//! q·k dot and the relative bias, then every invocation accumulating one vec4 column of V over a
+//! strided share of the block's keys). Head dims divisible by 4 use the vec4 variant of the kernel.
 
 use super::{bind_group, grid, pipeline, uniform_words, Bind, Dispatch, OpCall, PosBuffer};
 use crate::gpu::Gpu;
@@ -126,10 +130,14 @@ impl AttentionKernel {
             0,
         ];
         let u = uniform_words(gpu, "attention params", &words);
+        // D % 4 == 0: every row is 16-byte aligned and every buffer a whole number of vec4s.
+        let vec4 = s.head_dim.is_multiple_of(4);
+        let src = super::wgsl_variant(SRC, vec4);
+        let tag = if vec4 { "vec4" } else { "f32" };
         let attn = pipeline(
             gpu,
-            "attention/attn",
-            SRC,
+            &format!("attention/attn/{tag}"),
+            &src,
             "attn",
             &[
                 (0, Bind::Uniform),
@@ -146,8 +154,8 @@ impl AttentionKernel {
         );
         let append = pipeline(
             gpu,
-            "attention/attn_append",
-            SRC,
+            &format!("attention/attn_append/{tag}"),
+            &src,
             "attn_append",
             &[
                 (0, Bind::Uniform),
@@ -188,8 +196,9 @@ impl AttentionKernel {
                 (11, v_cache),
             ],
         );
+        let unit = if vec4 { 4 } else { 1 };
         let n_append =
-            (s.tokens as u64 * s.kv_heads as u64 * s.head_dim as u64).div_ceil(256) as u32;
+            (s.tokens as u64 * s.kv_heads as u64 * s.head_dim as u64 / unit).div_ceil(256) as u32;
         AttentionCall {
             call: OpCall {
                 label: "attention".into(),

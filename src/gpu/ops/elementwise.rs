@@ -273,7 +273,8 @@ impl Elementwise {
 
 /// Greedy argmax over `vocab` f32 logits (ties → lowest index; NaNs never win), writing one u32 to
 /// `out[out_idx]` (e.g. the ids buffer the next step's embedding reads). Two dispatches: partial maxima
-/// over chunks of 4096 logits, then one workgroup over the partials.
+/// over chunks of 1024 logits (four per invocation, one vec4 load when `vocab % 4 == 0`; ~200
+/// workgroups for a 201k vocab), then one workgroup over the partials.
 #[derive(Clone, Copy, Debug)]
 pub struct Argmax {
     pub vocab: u32,
@@ -296,7 +297,7 @@ impl ArgmaxCall {
     }
 }
 
-const CHUNK: u32 = 4096;
+const CHUNK: u32 = 1024;
 
 impl Argmax {
     pub fn bind(&self, gpu: &Gpu, logits: &wgpu::Buffer, out: &wgpu::Buffer) -> ArgmaxCall {
@@ -310,14 +311,21 @@ impl Argmax {
             "argmax params",
             &words(self.vocab, CHUNK, parts, self.out_idx, 0, 0, 0, 0, 0.0),
         );
+        // vocab % 4 == 0: the buffer holds whole vec4s up to the vocab (need() checked `vocab` floats)
+        let vec4 = self.vocab.is_multiple_of(4);
+        let (entry, input) = if vec4 {
+            ("argmax_partial_vec4", 11)
+        } else {
+            ("argmax_partial", 1)
+        };
         let p1 = pipeline(
             gpu,
-            "elementwise/argmax_partial",
+            &format!("elementwise/{entry}"),
             SRC,
-            "argmax_partial",
+            entry,
             &[
                 (0, Bind::Uniform),
-                (1, Bind::Read),
+                (input, Bind::Read),
                 (6, Bind::Write),
                 (7, Bind::Write),
             ],
@@ -338,7 +346,7 @@ impl Argmax {
             gpu,
             "argmax_partial",
             &p1,
-            &[(0, &u), (1, logits), (6, &pv), (7, &pi)],
+            &[(0, &u), (input, logits), (6, &pv), (7, &pi)],
         );
         let b2 = bind_group(
             gpu,

@@ -208,6 +208,26 @@ impl PosBuffer {
     }
 }
 
+/// Keep the lines of the active branch of `//!IF VEC4` / `//!ELSE` / `//!END` blocks: the vec4 variant
+/// (rows 16-byte aligned, bound as `array<vec4<f32>>`) when `vec4`, else the f32 one.
+pub fn wgsl_variant(src: &str, vec4: bool) -> String {
+    let mut out = String::with_capacity(src.len());
+    let mut keep = true;
+    for line in src.lines() {
+        match line.trim() {
+            "//!IF VEC4" => keep = vec4,
+            "//!ELSE" => keep = !vec4,
+            "//!END" => keep = true,
+            _ if keep => {
+                out.push_str(line);
+                out.push('\n');
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
 /// A 4-byte storage buffer to bind where a kernel's optional input is absent.
 pub(crate) fn dummy(gpu: &Gpu) -> wgpu::Buffer {
     gpu.storage("dummy", 16)

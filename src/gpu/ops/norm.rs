@@ -1,10 +1,45 @@
 //! RMSNorm kernels (`wgsl/norm.wgsl`): row norm, in-place per-head norm, embedding gather + embed_norm.
+//!
+//! Each row gets about one invocation per vec4 (up to 256, several short rows per workgroup), four
+//! independent accumulators per invocation, vec4 loads when widths, offsets and strides allow.
 
 use super::{bind_group, grid, pipeline, uniform_words, Bind, Dispatch, OpCall};
 use crate::gpu::Gpu;
 use std::sync::Arc;
 
 const SRC: &str = include_str!("../../../wgsl/norm.wgsl");
+
+/// Kernel variant and row split for rows of `width` floats: the vec4 variant when `aligned` (width,
+/// offsets and strides divisible by 4), and `tpr` invocations per row (a power of two ≤ 256, about one
+/// per vec4 of the row, so short rows share a 256-invocation workgroup). Returns
+/// `(vec4, tpr, pipeline key suffix)`.
+fn split(width: u32, aligned: bool) -> (bool, u32, &'static str) {
+    let vec4 = aligned && width.is_multiple_of(4);
+    let units = if vec4 { width / 4 } else { width };
+    let tpr = units.clamp(1, 256).next_power_of_two();
+    (vec4, tpr, if vec4 { "vec4" } else { "f32" })
+}
+
+/// Workgroups for `rows` rows at `tpr` invocations per row.
+fn row_groups(rows: u32, tpr: u32) -> [u32; 3] {
+    grid(rows.div_ceil(256 / tpr))
+}
+
+fn norm_pipeline(
+    gpu: &Gpu,
+    entry: &str,
+    vec4: bool,
+    tag: &str,
+    binds: &[(u32, Bind)],
+) -> Arc<wgpu::ComputePipeline> {
+    pipeline(
+        gpu,
+        &format!("norm/{entry}/{tag}"),
+        &super::wgsl_variant(SRC, vec4),
+        entry,
+        binds,
+    )
+}
 
 /// Row layout of an RMSNorm: `rows` rows of `width` values; row r of x starts at `x_off + r * x_stride`
 /// (elements), of y at `y_off + r * y_stride`.
@@ -33,7 +68,7 @@ impl RmsNorm {
         }
     }
 
-    fn words(&self) -> Vec<u32> {
+    fn words(&self, tpr: u32) -> Vec<u32> {
         vec![
             self.rows,
             self.width,
@@ -46,17 +81,21 @@ impl RmsNorm {
             0,
             0,
             0,
-            0,
+            tpr,
         ]
     }
 
     /// `y = w ⊙ x · rsqrt(mean(x²) + eps)` per row. `w` f32 [width].
     pub fn bind(&self, gpu: &Gpu, x: &wgpu::Buffer, w: &wgpu::Buffer, y: &wgpu::Buffer) -> OpCall {
-        let pl = pipeline(
+        let aligned = [self.x_off, self.x_stride, self.y_off, self.y_stride]
+            .iter()
+            .all(|v| v.is_multiple_of(4));
+        let (vec4, tpr, tag) = split(self.width, aligned);
+        let pl = norm_pipeline(
             gpu,
-            "norm/rms_norm",
-            SRC,
             "rms_norm",
+            vec4,
+            tag,
             &[
                 (0, Bind::Uniform),
                 (1, Bind::Read),
@@ -69,14 +108,14 @@ impl RmsNorm {
         let last_y = (self.rows.max(1) as u64 - 1) * self.y_stride as u64 + self.width as u64;
         super::need(y, self.y_off as u64 + last_y, "rms_norm y");
         super::need(w, self.width as u64, "rms_norm w");
-        let u = uniform_words(gpu, "rms_norm params", &self.words());
+        let u = uniform_words(gpu, "rms_norm params", &self.words(tpr));
         let bg = bind_group(gpu, "rms_norm", &pl, &[(0, &u), (1, w), (2, x), (3, y)]);
         OpCall {
             label: "rms_norm".into(),
             dispatches: vec![Dispatch {
                 pipeline: pl,
                 bind_group: bg,
-                groups: grid(self.rows),
+                groups: row_groups(self.rows, tpr),
             }],
             owned: vec![u],
         }
@@ -84,24 +123,26 @@ impl RmsNorm {
 
     /// In place on `x` (per-head q/k norm: `rows = T·heads`, `width = head_dim`; only x_off/x_stride used).
     pub fn bind_inplace(&self, gpu: &Gpu, x: &wgpu::Buffer, w: &wgpu::Buffer) -> OpCall {
-        let pl = pipeline(
+        let aligned = self.x_off.is_multiple_of(4) && self.x_stride.is_multiple_of(4);
+        let (vec4, tpr, tag) = split(self.width, aligned);
+        let pl = norm_pipeline(
             gpu,
-            "norm/rms_norm_inplace",
-            SRC,
             "rms_norm_inplace",
+            vec4,
+            tag,
             &[(0, Bind::Uniform), (1, Bind::Read), (4, Bind::Write)],
         );
         let last = (self.rows.max(1) as u64 - 1) * self.x_stride as u64 + self.width as u64;
         super::need(x, self.x_off as u64 + last, "rms_norm_inplace x");
         super::need(w, self.width as u64, "rms_norm_inplace w");
-        let u = uniform_words(gpu, "rms_norm_inplace params", &self.words());
+        let u = uniform_words(gpu, "rms_norm_inplace params", &self.words(tpr));
         let bg = bind_group(gpu, "rms_norm_inplace", &pl, &[(0, &u), (1, w), (4, x)]);
         OpCall {
             label: "rms_norm_inplace".into(),
             dispatches: vec![Dispatch {
                 pipeline: pl,
                 bind_group: bg,
-                groups: grid(self.rows),
+                groups: row_groups(self.rows, tpr),
             }],
             owned: vec![u],
         }
@@ -154,11 +195,12 @@ impl EmbedNorm {
                 if s.bf16 { elems.div_ceil(2) } else { elems },
                 "embed_norm table shard",
             );
-            let pl: Arc<wgpu::ComputePipeline> = pipeline(
+            let (vec4, tpr, tag) = split(self.hidden, true);
+            let pl = norm_pipeline(
                 gpu,
-                "norm/embed_norm",
-                SRC,
                 "embed_norm",
+                vec4,
+                tag,
                 &[
                     (0, Bind::Uniform),
                     (1, Bind::Read),
@@ -180,7 +222,7 @@ impl EmbedNorm {
                 s.n_rows,
                 s.bf16 as u32,
                 self.ids_off,
-                0,
+                tpr,
             ];
             let u = uniform_words(gpu, "embed_norm params", &words);
             let (t32, t16) = if s.bf16 {
@@ -197,7 +239,7 @@ impl EmbedNorm {
             dispatches.push(Dispatch {
                 pipeline: pl,
                 bind_group: bg,
-                groups: grid(self.tokens),
+                groups: row_groups(self.tokens, tpr),
             });
             owned.push(u);
         }
