@@ -3,12 +3,22 @@
 //   * a generated prelude defines the constants FMT (format ordinal), GS (group size, 0 = none),
 //     CPU (columns per unit), VPU (vec4<u32> weight words per unit), TPR (threads per row),
 //     RPT (rows per thread, sharing every x load), RPW (rows per workgroup = 256 / TPR * RPT),
-//     XT (x columns staged in workgroup memory at a time; normally all of them) and PPV (pad
-//     period of the x tile, in vec4);
-//   * lines between `//!IF SUBGROUP`, `//!ELSE` and `//!END` select the subgroup reduction
-//     (adapters with wgpu::Features::SUBGROUP) or the shared-memory tree reduction.
+//     XT (x columns staged in workgroup memory at a time; normally all of them; 0 and unused in
+//     the XDIRECT variant) and PPV (pad period of the x tile, in vec4). TPR and RPT are chosen per
+//     call on the host (`gemv::plan`): the largest RPW that still launches enough workgroups;
+//   * lines between `//!IF FLAG`, `//!ELSE` and `//!END` keep one branch per named flag:
+//     SUBGROUP selects the subgroup reduction (adapters with wgpu::Features::SUBGROUP) over the
+//     shared-memory tree reduction; XDIRECT selects the direct-x variant (below) over the staged x.
 // Nothing else differs between instantiations: only `unit_dot` (the decode step) and `stage_scale`
 // switch on FMT, and FMT is a constant, so each pipeline keeps only its own decode.
+//
+// x staged or direct. The default (staged) variant copies the pair's x row into workgroup memory
+// once per workgroup, then runs the hot loop. XDIRECT (f32 and bf16 only, chosen on the host when
+// a workgroup covers few rows, <= 8, so that staging the whole x per workgroup would move more
+// bytes than the weights) binds X as array<vec4<f32>> and reads it straight from global memory in
+// the hot loop: no staging loop, no barrier, no XS array. The host picks XDIRECT only when its
+// alignment assumptions hold: cols % CPU == 0 (whole units, no tail masking), x_stride % 4 == 0
+// and x_offset % 4 == 0 (every x row starts at a whole vec4); any other shape runs staged.
 //
 // One dispatch (per weight chunk, see GpuWeights) computes, for pairs p in 0..n_pairs:
 //   Y[p * y_stride + y_offset + r] = gamma(p) * sum_i W_{expert(p)}[r, i] * X[token(p) * x_stride + x_offset + i]
@@ -25,9 +35,9 @@
 //
 // Speed (the kernel is memory-bound on real GPUs): per thread, the hot loop is straight-line code
 // with no barrier and no dynamically indexed private array: one coalesced vec4<u32> weight load
-// per row and unit (RPT rows share each x load from workgroup memory), a decode made of shifts,
-// masks and the f32 "magic number" trick, and vec4 f32 accumulators (four independent FMA chains
-// per row). Group scales are applied once per unit, the int4 row scale once per row.
+// per row and unit (RPT rows share each x load, from workgroup memory or, XDIRECT, from the
+// caches), a decode made of shifts, masks and the f32 "magic number" trick, and vec4 f32
+// accumulators (four independent FMA chains per row). Group scales are applied once per unit, the int4 row scale once per row.
 
 struct Params {
     rows: u32,      // O, rows per expert
@@ -51,7 +61,11 @@ struct Params {
 @group(0) @binding(0) var<uniform> prm: Params;
 @group(0) @binding(1) var<storage, read> W: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read> S: array<f32>;
+//!IF XDIRECT
+@group(0) @binding(3) var<storage, read> X: array<vec4<f32>>;
+//!ELSE
 @group(0) @binding(3) var<storage, read> X: array<f32>;
+//!END
 @group(0) @binding(4) var<storage, read> PAIRS: array<u32>;
 @group(0) @binding(5) var<storage, read> GAMMA: array<f32>;
 @group(0) @binding(6) var<storage, read_write> Y: array<f32>;
@@ -77,6 +91,15 @@ const I4_XS_B: vec4<f32> = vec4<f32>(0.0000152587890625, 0.00390625, 0.000244140
 // Partial sums for the reductions: RPT rows per thread.
 var<workgroup> red: array<f32, 256u * RPT>;
 
+//!IF XDIRECT
+// x of the pair's token read straight from global memory: vec4 index of its column 0 (set once
+// per thread in `main`; x_offset and x_stride are multiples of 4, checked on the host).
+var<private> x_v0: u32;
+
+fn xs(i: u32) -> vec4<f32> {
+    return X[x_v0 + i];
+}
+//!ELSE
 // x of the pair's token, XT columns at a time (normally the whole row), staged in workgroup memory
 // as vec4 by coalesced loads: zeros past `cols` (so tail units need no masking), pre-scaled for
 // int4. One pad vec4 every PPV vec4 (PPV = max(a unit's vec4, 8)) makes the per-lane vec4 reads of
@@ -86,6 +109,7 @@ var<workgroup> XS: array<vec4<f32>, XT / 4u + XT / 4u / PPV>;
 fn xs(i: u32) -> vec4<f32> {
     return XS[i + i / PPV];
 }
+//!END
 
 // Per-column factor applied when staging x (vec4 index j of the tile).
 fn stage_scale(j: u32) -> vec4<f32> {
@@ -208,6 +232,13 @@ fn main(
     }
     let xb = t * prm.x_stride + prm.x_offset;
     let nu = (prm.cols + CPU - 1u) / CPU;
+//!IF XDIRECT
+    // one pass over the whole row, x from global memory (cols is a whole number of units)
+    x_v0 = xb / 4u;
+    {
+        let t0 = 0u;
+        let u_end = nu;
+//!ELSE
     for (var t0 = 0u; t0 < prm.cols; t0 += XT) {
         if (t0 > 0u) {
             workgroupBarrier(); // the previous tile is no longer read
@@ -227,8 +258,9 @@ fn main(
             }
         }
         workgroupBarrier();
+        let u_end = min(nu, (t0 + XT) / CPU);
+//!END
         if (live) {
-            let u_end = min(nu, (t0 + XT) / CPU);
             var u = t0 / CPU + lane;
             // two units per iteration: their weight loads are independent and issue together
             for (; u + TPR < u_end; u += 2u * TPR) {

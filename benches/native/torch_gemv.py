@@ -22,6 +22,9 @@ SHAPES = [
     ("inkling down [6144x3072]", 6144, 3072, 1),
     ("inkling-small gate_up [4096x4096]", 4096, 4096, 1),
     ("inkling-small down [4096x2048]", 4096, 2048, 1),
+    ("inkling-small k_proj [1024x4096]", 1024, 4096, 1),
+    ("inkling-small router [256x4096]", 256, 4096, 1),
+    ("inkling-small shared gate_up 2x[4096x4096]", 4096, 4096, 2),
     ("inkling moe-layer gate_up 8x[6144x6144]", 6144, 6144, 8),
     ("inkling moe-layer down 8x[6144x3072]", 6144, 3072, 8),
 ]

@@ -120,6 +120,25 @@ const SHAPES: &[Shape] = &[
         o: 4096,
         i: 2048,
     },
+    // the decode step's small single matrices: few rows, so `gemv::plan` picks small workgroups
+    Shape {
+        label: "inkling-small k_proj",
+        experts: 1,
+        o: 1024,
+        i: 4096,
+    },
+    Shape {
+        label: "inkling-small router",
+        experts: 1,
+        o: 256,
+        i: 4096,
+    },
+    Shape {
+        label: "inkling-small shared gate_up",
+        experts: 2,
+        o: 4096,
+        i: 4096,
+    },
     Shape {
         label: "inkling moe-layer gate_up",
         experts: 8,

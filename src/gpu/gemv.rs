@@ -18,15 +18,37 @@
 //!
 //! # Kernel shape
 //! 256 threads per workgroup in groups of TPR threads per row set; each thread handles RPT rows
-//! with one read of x ([`tuning`]: 16 × 4 by default, 32 × 1 for int3-g64, from an H200 sweep), so
-//! a workgroup covers [`rows_per_workgroup`] rows of one pair. The whole x row (up to 16384
-//! columns, as far as the adapter's workgroup memory allows) is staged once per workgroup as vec4,
-//! zero past I and pre-scaled for the int4 decode, padded against bank conflicts; then the hot loop
-//! runs without barriers: two units per iteration, one coalesced 16-byte weight load per row and
-//! unit, the decode by shifts, masks and the f32 magic-number trick, vec4 accumulators. Scales are
-//! applied once per 32-column unit (grouped formats) or once per row (int4). Reductions: subgroup
-//! shuffles inside blocks of min(subgroup size, TPR) lanes then workgroup memory, or a
-//! workgroup-memory tree. Workgroups (pairs × row blocks) are spread over x and y (≤ 65,535 each).
+//! with one read of x, so a workgroup covers RPW = (256 / TPR) · RPT rows of one pair. By default
+//! x is staged: the whole x row (up to 16384 columns, as far as the adapter's workgroup memory
+//! allows) is copied once per workgroup into workgroup memory as vec4, zero past I and pre-scaled
+//! for the int4 decode, padded against bank conflicts; then the hot loop runs without barriers:
+//! two units per iteration, one coalesced 16-byte weight load per row and unit, the decode by
+//! shifts, masks and the f32 magic-number trick, vec4 accumulators. Scales are applied once per
+//! 32-column unit (grouped formats) or once per row (int4). Reductions: subgroup shuffles inside
+//! blocks of min(subgroup size, TPR) lanes then workgroup memory, or a workgroup-memory tree.
+//! Workgroups (pairs × row blocks) are spread over x and y (≤ 65,535 each).
+//!
+//! # Per-call selection ([`plan`])
+//! The work split is chosen on the host for each dispatch from the format, the pairs and the
+//! chunk's rows. [`candidates`] lists the tunings from the most rows per workgroup (the format's
+//! default, measured on an H200 for the MoE layers' hundreds of workgroups: 16 × 4 = 64 rows,
+//! 32 × 1 = 8 rows for int3-g64) down to one row per workgroup (256 × 1); the first whose
+//! workgroup count `n_pairs · ceil(rows / RPW)` reaches [`MIN_WORKGROUPS`] (512, about 4 per SM
+//! of a 132-SM H200: WebGPU reports no SM count) is taken, else the last. So large MoE layers keep
+//! the default, and the decode step's small GEMVs (a [4096 x 4096] projection: 64 workgroups at
+//! 64 rows each, a [256 x 4096] router: 4) are spread over the whole GPU instead of a few SMs.
+//! [`set_tuning_override`] (`bench kernels --tune`) wins over the selection.
+//!
+//! With few rows per workgroup (≤ [`DIRECT_MAX_RPW`]), staging the whole x row per workgroup
+//! moves more bytes through L2 than the workgroup's weights. f32 and bf16 then use the *direct-x*
+//! variant (`XDIRECT` in the WGSL): x is bound as `array<vec4<f32>>` and read in the hot loop
+//! straight from global memory (caches), with no staging loop, no barrier and no x array in
+//! workgroup memory. Its alignment assumptions are checked by [`plan`] on the host: I a whole
+//! number of units (4 columns for f32, 8 for bf16, so no tail masking) and `x_stride`, `x_offset`
+//! multiples of 4 (every x row starts on a vec4); any other shape, and every int4/int3 format
+//! (their x is pre-scaled while staged), runs the staged variant. Both variants compute the same
+//! sums in the same order. Pipelines are cached per (encoding, reduction, tuning, x tile, x
+//! variant): everything that changes the WGSL.
 //!
 //! The slab is split into chunks (one storage binding each) no larger than the adapter's
 //! `max_storage_buffer_binding_size`, `max_buffer_size` and 2³¹ − 1 bytes: by whole experts when
@@ -76,18 +98,37 @@ fn unit_shape(f: Format) -> (u32, u32) {
 }
 
 /// Work split of one instantiation: threads per row (a power of two ≤ 256) and rows per thread
-/// (x reuse in registers: RPT rows share every x load from workgroup memory).
+/// (x reuse in registers: RPT rows share every x load).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Tuning {
     pub tpr: u32,
     pub rpt: u32,
 }
 
+impl Tuning {
+    /// Rows per workgroup: (256 / TPR) thread groups × RPT rows.
+    pub fn rows_per_workgroup(self) -> u32 {
+        (256 / self.tpr) * self.rpt
+    }
+}
+
+/// Fewest workgroups a call should launch before [`plan`] settles for fewer rows per workgroup:
+/// about 4 per SM on a 132-SM H200, enough for every SM to keep several workgroups' weight loads
+/// in flight. WebGPU reports no SM count, so this is a constant sized for the largest GPUs
+/// measured; on smaller GPUs it only costs slightly smaller workgroups on small problems.
+pub const MIN_WORKGROUPS: u64 = 512;
+
+/// Largest rows per workgroup for which f32/bf16 read x straight from global memory
+/// ([`Plan::direct`]): below this, staging the whole x row per workgroup moves more bytes through
+/// L2 than the workgroup's weight rows.
+pub const DIRECT_MAX_RPW: u32 = 8;
+
 /// Benchmark-only override of [`Tuning`] for every format (0 = none): `tpr << 16 | rpt`.
 static TUNING_OVERRIDE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
-/// Override the tuning of calls built from now on (`bench kernels --tune`); `None` restores the
-/// defaults. Numbers only: every tuning computes the same sums.
+/// Override the tuning of calls built from now on (`bench kernels --tune`), winning over the
+/// per-call choice of [`plan`]; `None` restores the automatic choice. Numbers only: every tuning
+/// computes the same sums.
 pub fn set_tuning_override(t: Option<Tuning>) {
     let v = t.map_or(0, |t| {
         assert!(t.tpr.is_power_of_two() && t.tpr <= 256 && (1..=8).contains(&t.rpt));
@@ -96,25 +137,116 @@ pub fn set_tuning_override(t: Option<Tuning>) {
     TUNING_OVERRIDE.store(v, std::sync::atomic::Ordering::Relaxed);
 }
 
-/// The tuning of `f`'s kernel (defaults measured on an H200; see BENCHMARKS.md).
-pub fn tuning(f: Format) -> Tuning {
+fn tuning_override() -> Option<Tuning> {
     let o = TUNING_OVERRIDE.load(std::sync::atomic::Ordering::Relaxed);
-    if o != 0 {
-        return Tuning {
-            tpr: o >> 16,
-            rpt: o & 0xffff,
-        };
+    (o != 0).then_some(Tuning {
+        tpr: o >> 16,
+        rpt: o & 0xffff,
+    })
+}
+
+/// The default (largest) tuning of `f`'s kernel, measured on an H200 for problems of hundreds of
+/// workgroups (see BENCHMARKS.md), or the override of [`set_tuning_override`].
+pub fn tuning(f: Format) -> Tuning {
+    tuning_override().unwrap_or(candidates(f)[0])
+}
+
+/// Rows per workgroup of `enc`'s default tuning ([`tuning`]); a call may use fewer ([`plan`]).
+pub fn rows_per_workgroup(enc: Encoding) -> u32 {
+    tuning(enc.format).rows_per_workgroup()
+}
+
+/// The tunings [`plan`] chooses from, largest rows per workgroup first: the format's default, then
+/// fewer rows per thread, then more threads per row (each halving the rows per workgroup, down to
+/// one row per workgroup of 256 threads).
+pub fn candidates(f: Format) -> &'static [Tuning] {
+    const fn t(tpr: u32, rpt: u32) -> Tuning {
+        Tuning { tpr, rpt }
     }
+    const GENERIC: &[Tuning] = &[
+        t(16, 4),
+        t(16, 2),
+        t(16, 1),
+        t(32, 1),
+        t(64, 1),
+        t(128, 1),
+        t(256, 1),
+    ];
+    const INT3: &[Tuning] = &[t(32, 1), t(64, 1), t(128, 1), t(256, 1)];
     match f {
-        Format::Int3G64 => Tuning { tpr: 32, rpt: 1 },
-        _ => Tuning { tpr: 16, rpt: 4 },
+        Format::Int3G64 => INT3,
+        _ => GENERIC,
     }
 }
 
-/// Rows per workgroup of `enc`'s kernel: (256 / TPR) thread groups × rows per thread.
-pub fn rows_per_workgroup(enc: Encoding) -> u32 {
-    let t = tuning(enc.format);
-    (256 / t.tpr) * t.rpt
+/// How one dispatch (one weight chunk) of a [`GemvCall`] runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Plan {
+    /// The work split.
+    pub tuning: Tuning,
+    /// x read straight from global memory in the hot loop (the `XDIRECT` variant) instead of
+    /// staged in workgroup memory.
+    pub direct: bool,
+}
+
+/// The plan of one dispatch over `rows` rows of `n_pairs` pairs of `enc`'s weights with `cols`
+/// columns, x at `x_stride` f32 between tokens (0 = packed, i.e. `cols`) from f32 element
+/// `x_offset`. Host-side rules, matching the kernel's assumptions:
+///
+/// * tuning: the [`set_tuning_override`] override if any; else the first of [`candidates`]
+///   (largest rows per workgroup first) for which `n_pairs · ceil(rows / RPW)` ≥
+///   [`MIN_WORKGROUPS`]; else the last candidate (the fewest rows per workgroup).
+/// * direct x: f32 and bf16 only (int4/int3 pre-scale x while staging it), when RPW ≤
+///   [`DIRECT_MAX_RPW`] and `cols` is a whole number of units (4 columns for f32, 8 for bf16)
+///   and `x_stride` and `x_offset` are multiples of 4 (every x row starts on a vec4).
+///
+/// Panics if `enc` has no GEMV kernel.
+pub fn plan(
+    enc: Encoding,
+    n_pairs: u32,
+    rows: u32,
+    cols: u32,
+    x_stride: u32,
+    x_offset: u32,
+) -> Plan {
+    plan_with(
+        enc,
+        tuning_override(),
+        n_pairs,
+        rows,
+        cols,
+        x_stride,
+        x_offset,
+    )
+}
+
+/// [`plan`] with `forced` (if any) as the tuning.
+fn plan_with(
+    enc: Encoding,
+    forced: Option<Tuning>,
+    n_pairs: u32,
+    rows: u32,
+    cols: u32,
+    x_stride: u32,
+    x_offset: u32,
+) -> Plan {
+    let (cpu, _) = unit_shape(enc.format);
+    let list = candidates(enc.format);
+    let tuning = forced.unwrap_or_else(|| {
+        list.iter()
+            .copied()
+            .find(|t| {
+                n_pairs as u64 * rows.div_ceil(t.rows_per_workgroup()) as u64 >= MIN_WORKGROUPS
+            })
+            .unwrap_or(list[list.len() - 1])
+    });
+    let x_stride = if x_stride == 0 { cols } else { x_stride };
+    let direct = matches!(enc.format, Format::F32 | Format::Bf16)
+        && tuning.rows_per_workgroup() <= DIRECT_MAX_RPW
+        && cols.is_multiple_of(cpu)
+        && x_stride.is_multiple_of(4)
+        && x_offset.is_multiple_of(4);
+    Plan { tuning, direct }
 }
 
 /// Pad period of the x tile in vec4: one pad vec4 per unit (at least every 8 vec4).
@@ -122,7 +254,7 @@ fn pad_period(f: Format) -> u32 {
     (unit_shape(f).0 / 4).max(8)
 }
 
-/// Workgroup-memory bytes of an instantiation with tile `xt`.
+/// Workgroup-memory bytes of an instantiation with tile `xt` (0: x not staged).
 fn smem_bytes(f: Format, t: Tuning, xt: u32) -> u64 {
     let v4 = xt / 4;
     16 * (v4 + v4 / pad_period(f)) as u64 + 4 * 256 * t.rpt as u64
@@ -144,18 +276,27 @@ pub fn gpu_row_stride(enc: Encoding, cols: usize) -> usize {
     enc.bytes_per_row(cols).next_multiple_of(16 * vpu as usize)
 }
 
-/// The WGSL of one instantiation with the default tuning and a 2048-column x tile (fits
-/// WebGPU's default 16 KiB of workgroup memory); see [`wgsl_source_tuned`].
+/// The WGSL of one instantiation with the default tuning, staged x and a 2048-column x tile
+/// (fits WebGPU's default 16 KiB of workgroup memory); see [`wgsl_source_tuned`].
 pub fn wgsl_source(enc: Encoding, subgroups: bool) -> String {
-    wgsl_source_tuned(enc, subgroups, tuning(enc.format), 2048)
+    wgsl_source_tuned(enc, subgroups, tuning(enc.format), 2048, false)
 }
 
-/// The WGSL of one instantiation: the generated prelude plus the skeleton with the reduction
-/// variant selected (`//!IF SUBGROUP` / `//!ELSE` / `//!END` lines).
-pub fn wgsl_source_tuned(enc: Encoding, subgroups: bool, t: Tuning, xt: u32) -> String {
+/// The WGSL of one instantiation: the generated prelude plus the skeleton with the branches of
+/// its named flags selected (`//!IF FLAG` / `//!ELSE` / `//!END` lines): `SUBGROUP` (the
+/// reduction) and `XDIRECT` (x read from global memory; `xt` is then unused and written as 0).
+/// Panics on a format without a kernel.
+pub fn wgsl_source_tuned(
+    enc: Encoding,
+    subgroups: bool,
+    t: Tuning,
+    xt: u32,
+    direct: bool,
+) -> String {
     let (cpu, vpu) = unit_shape(enc.format);
+    let xt = if direct { 0 } else { xt };
     let mut out = format!(
-        "// gemv instantiation: {} ({}), tpr {} rpt {} xt {xt}\nconst FMT: u32 = {}u;\nconst GS: u32 = {}u;\n\
+        "// gemv instantiation: {} ({}, {}), tpr {} rpt {} xt {xt}\nconst FMT: u32 = {}u;\nconst GS: u32 = {}u;\n\
          const CPU: u32 = {cpu}u;\nconst VPU: u32 = {vpu}u;\n\
          const TPR: u32 = {}u;\nconst RPT: u32 = {}u;\nconst RPW: u32 = {}u;\n\
          const XT: u32 = {xt}u;\nconst PPV: u32 = {}u;\n",
@@ -165,35 +306,55 @@ pub fn wgsl_source_tuned(enc: Encoding, subgroups: bool, t: Tuning, xt: u32) -> 
         } else {
             "shared-memory reduction"
         },
+        if direct { "direct x" } else { "staged x" },
         t.tpr,
         t.rpt,
         enc.format.ordinal(),
         enc.group_size,
         t.tpr,
         t.rpt,
-        (256 / t.tpr) * t.rpt,
+        t.rows_per_workgroup(),
         pad_period(enc.format),
     );
-    out.push_str(&preprocess(GEMV_WGSL, subgroups));
+    out.push_str(&preprocess(
+        GEMV_WGSL,
+        &[("SUBGROUP", subgroups), ("XDIRECT", direct)],
+    ));
     out
 }
 
-/// Keep the lines of the active branch of `//!IF SUBGROUP` / `//!ELSE` / `//!END` blocks.
-fn preprocess(src: &str, subgroups: bool) -> String {
+/// Keep the lines of the active branches of `//!IF FLAG` / `//!ELSE` / `//!END` blocks (blocks
+/// may nest); `flags` gives every flag's value. Panics on an unknown flag or unbalanced lines
+/// (a bug in the skeleton, caught by the WGSL validation tests).
+fn preprocess(src: &str, flags: &[(&str, bool)]) -> String {
     let mut out = String::with_capacity(src.len());
+    // per open block: (the enclosing block is kept, this branch is kept)
+    let mut stack: Vec<(bool, bool)> = Vec::new();
     let mut keep = true;
     for line in src.lines() {
-        match line.trim() {
-            "//!IF SUBGROUP" => keep = subgroups,
-            "//!ELSE" => keep = !subgroups,
-            "//!END" => keep = true,
-            _ if keep => {
-                out.push_str(line);
-                out.push('\n');
-            }
-            _ => {}
+        let l = line.trim();
+        if let Some(name) = l.strip_prefix("//!IF ") {
+            let v = flags
+                .iter()
+                .find(|f| f.0 == name.trim())
+                .unwrap_or_else(|| panic!("gemv.wgsl: unknown flag {name}"))
+                .1;
+            stack.push((keep, v));
+            keep = keep && v;
+        } else if l == "//!ELSE" {
+            let (outer, v) = stack
+                .last()
+                .copied()
+                .expect("gemv.wgsl: //!ELSE outside a block");
+            keep = outer && !v;
+        } else if l == "//!END" {
+            keep = stack.pop().expect("gemv.wgsl: //!END outside a block").0;
+        } else if keep {
+            out.push_str(line);
+            out.push('\n');
         }
     }
+    assert!(stack.is_empty(), "gemv.wgsl: unclosed //!IF block");
     out
 }
 
@@ -798,6 +959,9 @@ pub struct GemvArgs<'a> {
     pub reduction: Reduction,
     /// Pair p reads x row p (not row `token(p)`).
     pub x_per_pair: bool,
+    /// Force this tuning instead of [`plan`]'s choice (tests, benchmarks); wins over
+    /// [`set_tuning_override`]. x is read directly or staged by [`plan`]'s rules for that tuning.
+    pub tuning: Option<Tuning>,
 }
 
 impl<'a> GemvArgs<'a> {
@@ -822,7 +986,15 @@ impl<'a> GemvArgs<'a> {
             y_offset: 0,
             reduction: Reduction::Auto,
             x_per_pair: false,
+            tuning: None,
         }
+    }
+    /// With a forced tuning (see [`GemvArgs::tuning`]); panics unless TPR is a power of two
+    /// ≤ 256 and RPT is 1..=8.
+    pub fn tuning(mut self, t: Tuning) -> Self {
+        assert!(t.tpr.is_power_of_two() && t.tpr <= 256 && (1..=8).contains(&t.rpt));
+        self.tuning = Some(t);
+        self
     }
     /// Pair p reads x row p instead of x row `token(p)`.
     pub fn x_per_pair(mut self, on: bool) -> Self {
@@ -844,11 +1016,19 @@ impl<'a> GemvArgs<'a> {
 /// A GEMV ready to record: pipeline, uniform block and one bind group per weight chunk, all made
 /// once in [`GemvCall::new`]; [`GemvCall::record`] allocates nothing.
 pub struct GemvCall {
-    pipeline: Arc<wgpu::ComputePipeline>,
     _params: wgpu::Buffer,
     _dummy: Option<wgpu::Buffer>,
-    parts: Vec<(wgpu::BindGroup, u32, u32)>,
+    parts: Vec<Part>,
     subgroups: bool,
+}
+
+/// One dispatch of a [`GemvCall`]: a weight chunk's pipeline (its [`plan`]), bind group and grid.
+struct Part {
+    pipeline: Arc<wgpu::ComputePipeline>,
+    plan: Plan,
+    bind_group: wgpu::BindGroup,
+    gx: u32,
+    gy: u32,
 }
 
 impl GemvCall {
@@ -916,11 +1096,7 @@ impl GemvCall {
                 )));
             }
         }
-        let tune = tuning(enc.format);
         let smem = gpu.limits.max_compute_workgroup_storage_size as u64;
-        let xt = x_tile(enc.format, tune, weights.cols, smem);
-        let pipeline = pipeline(gpu, enc, subgroups, tune, xt);
-        let layout = pipeline.get_bind_group_layout(0);
         let align = (gpu.limits.min_uniform_buffer_offset_alignment as u64).max(PARAMS_BYTES);
         let n_chunks = weights.chunks.len() as u64;
         let params = gpu.device.create_buffer(&wgpu::BufferDescriptor {
@@ -939,7 +1115,23 @@ impl GemvCall {
         let row_v = (gpu_row_stride(enc, weights.cols) / 16) as u32;
         let mut parts = Vec::new();
         for (k, c) in weights.chunks.iter().enumerate() {
-            let rb = (c.r1 - c.r0).div_ceil((256 / tune.tpr) * tune.rpt);
+            // each chunk's own plan (chunks split by rows can differ in rows); every pair launches
+            // its workgroups in every chunk (pairs of other chunks' experts exit at once), so the
+            // workgroup count is n_pairs · row blocks; n_pairs of 0 launches nothing and is
+            // planned as one pair
+            let plan = plan_with(
+                enc,
+                args.tuning.or_else(tuning_override),
+                args.n_pairs.max(1),
+                c.r1 - c.r0,
+                i as u32,
+                x_stride as u32,
+                args.x_offset,
+            );
+            let xt = x_tile(enc.format, plan.tuning, weights.cols, smem);
+            let pipeline = pipeline(gpu, enc, subgroups, plan.tuning, xt, plan.direct);
+            let layout = pipeline.get_bind_group_layout(0);
+            let rb = (c.r1 - c.r0).div_ceil(plan.tuning.rows_per_workgroup());
             let p: [u32; 16] = [
                 o as u32,
                 i as u32,
@@ -991,10 +1183,15 @@ impl GemvCall {
                     "{total} workgroups exceed 65535²"
                 )));
             }
-            parts.push((bg, gx, gy as u32));
+            parts.push(Part {
+                pipeline,
+                plan,
+                bind_group: bg,
+                gx,
+                gy: gy as u32,
+            });
         }
         Ok(GemvCall {
-            pipeline,
             _params: params,
             _dummy: dummy,
             parts,
@@ -1010,6 +1207,11 @@ impl GemvCall {
     /// Number of dispatches (one per weight chunk).
     pub fn dispatches(&self) -> usize {
         self.parts.len()
+    }
+
+    /// The [`plan`] of every dispatch, in recording order.
+    pub fn plans(&self) -> Vec<Plan> {
+        self.parts.iter().map(|p| p.plan).collect()
     }
 
     /// Record the call in its own compute pass.
@@ -1042,10 +1244,14 @@ impl GemvCall {
 
     /// Record the dispatches into an open compute pass.
     pub fn record_in_pass(&self, pass: &mut wgpu::ComputePass<'_>) {
-        pass.set_pipeline(&self.pipeline);
-        for (bg, gx, gy) in &self.parts {
-            pass.set_bind_group(0, bg, &[]);
-            pass.dispatch_workgroups(*gx, *gy, 1);
+        let mut current: Option<&Arc<wgpu::ComputePipeline>> = None;
+        for part in &self.parts {
+            if !current.is_some_and(|c| Arc::ptr_eq(c, &part.pipeline)) {
+                pass.set_pipeline(&part.pipeline);
+                current = Some(&part.pipeline);
+            }
+            pass.set_bind_group(0, &part.bind_group, &[]);
+            pass.dispatch_workgroups(part.gx, part.gy, 1);
         }
     }
 }
@@ -1077,13 +1283,18 @@ fn pipeline(
     subgroups: bool,
     t: Tuning,
     xt: u32,
+    direct: bool,
 ) -> Arc<wgpu::ComputePipeline> {
+    // everything that changes the WGSL of `wgsl_source_tuned`: the encoding (FMT, GS, CPU, VPU,
+    // PPV), the reduction, the tuning, the x tile (unused, 0, when direct) and the x variant
+    let xt = if direct { 0 } else { xt };
     let key = format!(
-        "gemv:{}:{}:{}x{}:{xt}",
+        "gemv:{}:{}:{}x{}:{}:{xt}",
         enc.spelling(),
         if subgroups { "sg" } else { "smem" },
         t.tpr,
-        t.rpt
+        t.rpt,
+        if direct { "xdirect" } else { "xstaged" }
     );
     gpu.cache.get_or_create(&key, || {
         let ro = wgpu::BufferBindingType::Storage { read_only: true };
@@ -1108,7 +1319,7 @@ fn pipeline(
                 bind_group_layouts: &[Some(&bgl)],
                 immediate_size: 0,
             });
-        let module = gpu.shader(&key, &wgsl_source_tuned(enc, subgroups, t, xt));
+        let module = gpu.shader(&key, &wgsl_source_tuned(enc, subgroups, t, xt, direct));
         gpu.device
             .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                 label: Some(&key),
@@ -1119,4 +1330,54 @@ fn pipeline(
                 cache: None,
             })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The selection rule, then the override winning over it (one test: the override is global).
+    #[test]
+    fn plan_rule_and_override() {
+        let bf16 = Encoding::BF16;
+        // bf16 q_proj [4096 x 4096], one pair: 512 workgroups of 8 rows, x direct
+        let p = plan(bf16, 1, 4096, 4096, 0, 0);
+        assert_eq!(p.tuning, Tuning { tpr: 32, rpt: 1 });
+        assert!(p.direct);
+        // an 8-expert layer keeps the default, staged
+        let p = plan(bf16, 8, 6144, 6144, 0, 0);
+        assert_eq!(p.tuning, Tuning { tpr: 16, rpt: 4 });
+        assert!(!p.direct);
+        // a router [256 x 4096] cannot reach MIN_WORKGROUPS: the fewest rows per workgroup
+        assert_eq!(
+            plan(bf16, 1, 256, 4096, 0, 0).tuning.rows_per_workgroup(),
+            1
+        );
+        // int3-g64 never goes above its own default
+        let i3 = Encoding::parse("int3-g64").unwrap();
+        assert_eq!(
+            plan(i3, 64, 6144, 6144, 0, 0).tuning,
+            Tuning { tpr: 32, rpt: 1 }
+        );
+        assert!(!plan(i3, 1, 256, 4096, 0, 0).direct);
+        set_tuning_override(Some(Tuning { tpr: 16, rpt: 4 }));
+        let p = plan(bf16, 1, 256, 4096, 0, 0);
+        set_tuning_override(None);
+        assert_eq!(p.tuning, Tuning { tpr: 16, rpt: 4 });
+        assert!(!p.direct, "64 rows per workgroup stage x");
+        assert_eq!(
+            plan(bf16, 1, 256, 4096, 0, 0).tuning.rows_per_workgroup(),
+            1
+        );
+    }
+
+    #[test]
+    fn preprocess_named_flags_nest() {
+        let src = "a\n//!IF A\nb\n//!IF B\nc\n//!ELSE\nd\n//!END\n//!ELSE\ne\n//!END\nf\n";
+        let run = |a, b| preprocess(src, &[("A", a), ("B", b)]);
+        assert_eq!(run(true, true), "a\nb\nc\nf\n");
+        assert_eq!(run(true, false), "a\nb\nd\nf\n");
+        assert_eq!(run(false, true), "a\ne\nf\n");
+        assert_eq!(run(false, false), "a\ne\nf\n");
+    }
 }

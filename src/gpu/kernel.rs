@@ -36,15 +36,34 @@ impl PipelineCache {
 pub fn wgsl_instantiations(file_name: &str, source: &str) -> Vec<(String, String)> {
     match file_name {
         "gemv.wgsl" => {
+            use crate::gpu::gemv;
             let mut v = Vec::new();
-            for enc in crate::gpu::gemv::kernel_encodings() {
+            for enc in gemv::kernel_encodings() {
                 for sg in [false, true] {
-                    let label = format!(
-                        "gemv.wgsl [{} {}]",
-                        enc.spelling(),
-                        if sg { "subgroup" } else { "shared" }
-                    );
-                    v.push((label, crate::gpu::gemv::wgsl_source(enc, sg)));
+                    let red = if sg { "subgroup" } else { "shared" };
+                    v.push((
+                        format!("gemv.wgsl [{} {red}]", enc.spelling()),
+                        gemv::wgsl_source(enc, sg),
+                    ));
+                    // every tuning `gemv::plan` can pick, staged and (f32/bf16) direct x
+                    for &t in gemv::candidates(enc.format) {
+                        let direct = [false, true].into_iter().filter(|&d| {
+                            !d || (matches!(
+                                enc.format,
+                                crate::formats::Format::F32 | crate::formats::Format::Bf16
+                            ) && t.rows_per_workgroup() <= gemv::DIRECT_MAX_RPW)
+                        });
+                        for d in direct {
+                            let label = format!(
+                                "gemv.wgsl [{} {red} {}x{} {}]",
+                                enc.spelling(),
+                                t.tpr,
+                                t.rpt,
+                                if d { "direct x" } else { "staged x" }
+                            );
+                            v.push((label, gemv::wgsl_source_tuned(enc, sg, t, 2048, d)));
+                        }
+                    }
                 }
             }
             v

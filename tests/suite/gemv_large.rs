@@ -96,6 +96,9 @@ fn head_sized_rows_spread_over_dispatch_dimensions() {
     let rpw = inkling_wgpu::gpu::gemv::rows_per_workgroup(q.enc) as usize;
     let n_pairs = 65_536 / o.div_ceil(rpw) + 2;
     assert!(n_pairs * o.div_ceil(rpw) > 65_535);
+    // so many workgroups keep the default tuning
+    let plan = inkling_wgpu::gpu::gemv::plan(q.enc, n_pairs as u32, o as u32, i as u32, 0, 0);
+    assert_eq!(plan.tuning.rows_per_workgroup() as usize, rpw);
     let tokens = 3;
     let x: Vec<f32> = (0..tokens * i).map(|_| rng.f()).collect();
     let pairs: Vec<(u32, u32, u32)> = (0..n_pairs as u32)

@@ -16,6 +16,7 @@ mod gemv_cli;
 mod gemv_large;
 mod gemv_parity;
 mod gemv_slots;
+mod gemv_tuning;
 mod generate_cli;
 mod model_bad_inputs;
 mod model_config;
