@@ -151,6 +151,18 @@ const SHAPES: &[Shape] = &[
         o: 6144,
         i: 3072,
     },
+    Shape {
+        label: "inkling-small moe-layer gate_up",
+        experts: 8,
+        o: 4096,
+        i: 4096,
+    },
+    Shape {
+        label: "inkling-small moe-layer down",
+        experts: 8,
+        o: 4096,
+        i: 2048,
+    },
 ];
 
 /// splitmix64 bytes that decode to finite values in every format.

@@ -29,26 +29,26 @@
 //! Workgroups (pairs × row blocks) are spread over x and y (≤ 65,535 each).
 //!
 //! # Per-call selection ([`plan`])
-//! The work split is chosen on the host for each dispatch from the format, the pairs and the
-//! chunk's rows. [`candidates`] lists the tunings from the most rows per workgroup (the format's
-//! default, measured on an H200 for the MoE layers' hundreds of workgroups: 16 × 4 = 64 rows,
-//! 32 × 1 = 8 rows for int3-g64) down to one row per workgroup (256 × 1); the first whose
-//! workgroup count `n_pairs · ceil(rows / RPW)` reaches [`MIN_WORKGROUPS`] (512, about 4 per SM
-//! of a 132-SM H200: WebGPU reports no SM count) is taken, else the last. So large MoE layers keep
-//! the default, and the decode step's small GEMVs (a [4096 x 4096] projection: 64 workgroups at
-//! 64 rows each, a [256 x 4096] router: 4) are spread over the whole GPU instead of a few SMs.
-//! [`set_tuning_override`] (`bench kernels --tune`) wins over the selection.
+//! The work split and the x variant are chosen on the host for each dispatch from the format,
+//! the pairs, the chunk's rows and x's alignment (rules and figures measured on an H200 with
+//! `bench kernels --tune`, BENCHMARKS.md):
+//! * **direct x** (`XDIRECT` in the WGSL) for f32 and bf16 whenever [`direct_aligned`] holds (I a
+//!   whole number of units: 4 columns for f32, 8 for bf16, so no tail masking; `x_stride` and
+//!   `x_offset` multiples of 4, so every x row starts on a vec4): x is bound as
+//!   `array<vec4<f32>>` and read in the hot loop straight from global memory (caches), with no
+//!   staging loop, no barrier and no x array in workgroup memory. [`direct_candidates`] go from 8
+//!   rows per workgroup (32 × 1) to 1 (256 × 1); the first reaching [`DIRECT_MIN_WORKGROUPS`]
+//!   (1024) workgroups `n_pairs · ceil(rows / RPW)` is taken, else the last. bf16 read 4,254 GB/s
+//!   this way on an 8-expert [6144 x 6144] layer, 102% of the shader copy.
+//! * **staged x** otherwise, always for int4/int3 (their x is pre-scaled while staged):
+//!   [`candidates`] go from the format's default (16 × 4 = 64 rows; 32 × 1 for int3-g64) down to
+//!   256 × 1; the first reaching [`MIN_WORKGROUPS`] (256) is taken, else the last. Staging costs
+//!   each workgroup a pass over x, so fewer, larger workgroups win here.
 //!
-//! With few rows per workgroup (≤ [`DIRECT_MAX_RPW`]), staging the whole x row per workgroup
-//! moves more bytes through L2 than the workgroup's weights. f32 and bf16 then use the *direct-x*
-//! variant (`XDIRECT` in the WGSL): x is bound as `array<vec4<f32>>` and read in the hot loop
-//! straight from global memory (caches), with no staging loop, no barrier and no x array in
-//! workgroup memory. Its alignment assumptions are checked by [`plan`] on the host: I a whole
-//! number of units (4 columns for f32, 8 for bf16, so no tail masking) and `x_stride`, `x_offset`
-//! multiples of 4 (every x row starts on a vec4); any other shape, and every int4/int3 format
-//! (their x is pre-scaled while staged), runs the staged variant. Both variants compute the same
-//! sums in the same order. Pipelines are cached per (encoding, reduction, tuning, x tile, x
-//! variant): everything that changes the WGSL.
+//! Both variants compute the same sums in the same order. [`set_tuning_override`] (`bench kernels
+//! --tune`) wins over the selection (direct x then when aligned and RPW ≤ [`DIRECT_MAX_RPW`]).
+//! Pipelines are cached per (encoding, reduction, tuning, x tile, x variant): everything that
+//! changes the WGSL.
 //!
 //! The slab is split into chunks (one storage binding each) no larger than the adapter's
 //! `max_storage_buffer_binding_size`, `max_buffer_size` and 2³¹ − 1 bytes: by whole experts when
@@ -112,15 +112,22 @@ impl Tuning {
     }
 }
 
-/// Fewest workgroups a call should launch before [`plan`] settles for fewer rows per workgroup:
-/// about 4 per SM on a 132-SM H200, enough for every SM to keep several workgroups' weight loads
-/// in flight. WebGPU reports no SM count, so this is a constant sized for the largest GPUs
+/// Fewest workgroups a staged-x call should launch before [`plan`] settles for fewer rows per
+/// workgroup (about 2 per SM of a 132-SM H200). Measured there (BENCHMARKS.md, `bench kernels
+/// --tune`): staged int4-g64 GEMVs ran fastest at 256–768 workgroups (a [4096 x 4096] matrix at
+/// 16 rows per workgroup, an 8-expert layer at 64); more, smaller workgroups each stage the whole
+/// x row again. WebGPU reports no SM count, so this is a constant sized for the largest GPUs
 /// measured; on smaller GPUs it only costs slightly smaller workgroups on small problems.
-pub const MIN_WORKGROUPS: u64 = 512;
+pub const MIN_WORKGROUPS: u64 = 256;
 
-/// Largest rows per workgroup for which f32/bf16 read x straight from global memory
-/// ([`Plan::direct`]): below this, staging the whole x row per workgroup moves more bytes through
-/// L2 than the workgroup's weight rows.
+/// Fewest workgroups a direct-x call (f32, bf16) should launch before [`plan`] settles for fewer
+/// rows per workgroup. Measured on an H200: bf16 at 8 rows per workgroup read 4,254 GB/s on an
+/// 8-expert [6144 x 6144] layer (6,144 workgroups), a single [4096 x 4096] matrix ran fastest at
+/// 4 rows (1,024 workgroups), a [1024 x 4096] one at 1 row (1,024).
+pub const DIRECT_MIN_WORKGROUPS: u64 = 1024;
+
+/// Largest rows per workgroup of the direct-x variant (its candidates, and a forced tuning that
+/// may use it).
 pub const DIRECT_MAX_RPW: u32 = 8;
 
 /// Benchmark-only override of [`Tuning`] for every format (0 = none): `tpr << 16 | rpt`.
@@ -156,17 +163,16 @@ pub fn rows_per_workgroup(enc: Encoding) -> u32 {
     tuning(enc.format).rows_per_workgroup()
 }
 
-/// The tunings [`plan`] chooses from, largest rows per workgroup first: the format's default, then
-/// fewer rows per thread, then more threads per row (each halving the rows per workgroup, down to
-/// one row per workgroup of 256 threads).
+/// The staged-x tunings of `f`, most rows per workgroup first ([`plan`] takes the first that
+/// reaches [`MIN_WORKGROUPS`]); the first is the format's default.
 pub fn candidates(f: Format) -> &'static [Tuning] {
     const fn t(tpr: u32, rpt: u32) -> Tuning {
         Tuning { tpr, rpt }
     }
     const GENERIC: &[Tuning] = &[
         t(16, 4),
-        t(16, 2),
-        t(16, 1),
+        t(32, 4),
+        t(32, 2),
         t(32, 1),
         t(64, 1),
         t(128, 1),
@@ -177,6 +183,28 @@ pub fn candidates(f: Format) -> &'static [Tuning] {
         Format::Int3G64 => INT3,
         _ => GENERIC,
     }
+}
+
+/// The direct-x tunings (f32, bf16 with aligned x), most rows per workgroup first ([`plan`] takes
+/// the first that reaches [`DIRECT_MIN_WORKGROUPS`]); all have ≤ [`DIRECT_MAX_RPW`] rows.
+pub fn direct_candidates() -> &'static [Tuning] {
+    &[
+        Tuning { tpr: 32, rpt: 1 },
+        Tuning { tpr: 64, rpt: 1 },
+        Tuning { tpr: 128, rpt: 1 },
+        Tuning { tpr: 256, rpt: 1 },
+    ]
+}
+
+/// Whether the direct-x variant's alignment assumptions hold: f32 or bf16 (int4/int3 pre-scale x
+/// while staging it), `cols` a whole number of units (4 columns for f32, 8 for bf16: no tail
+/// masking) and `x_stride` (0 = `cols`) and `x_offset` multiples of 4 (every x row on a vec4).
+pub fn direct_aligned(enc: Encoding, cols: u32, x_stride: u32, x_offset: u32) -> bool {
+    let x_stride = if x_stride == 0 { cols } else { x_stride };
+    matches!(enc.format, Format::F32 | Format::Bf16)
+        && cols.is_multiple_of(unit_shape(enc.format).0)
+        && x_stride.is_multiple_of(4)
+        && x_offset.is_multiple_of(4)
 }
 
 /// How one dispatch (one weight chunk) of a [`GemvCall`] runs.
@@ -193,12 +221,11 @@ pub struct Plan {
 /// columns, x at `x_stride` f32 between tokens (0 = packed, i.e. `cols`) from f32 element
 /// `x_offset`. Host-side rules, matching the kernel's assumptions:
 ///
-/// * tuning: the [`set_tuning_override`] override if any; else the first of [`candidates`]
-///   (largest rows per workgroup first) for which `n_pairs · ceil(rows / RPW)` ≥
-///   [`MIN_WORKGROUPS`]; else the last candidate (the fewest rows per workgroup).
-/// * direct x: f32 and bf16 only (int4/int3 pre-scale x while staging it), when RPW ≤
-///   [`DIRECT_MAX_RPW`] and `cols` is a whole number of units (4 columns for f32, 8 for bf16)
-///   and `x_stride` and `x_offset` are multiples of 4 (every x row starts on a vec4).
+/// * the [`set_tuning_override`] override if any, direct x when [`direct_aligned`] and RPW ≤
+///   [`DIRECT_MAX_RPW`];
+/// * else, when [`direct_aligned`]: direct x, the first of [`direct_candidates`] for which
+///   `n_pairs · ceil(rows / RPW)` ≥ [`DIRECT_MIN_WORKGROUPS`], else the last;
+/// * else staged x, the first of [`candidates`] reaching [`MIN_WORKGROUPS`], else the last.
 ///
 /// Panics if `enc` has no GEMV kernel.
 pub fn plan(
@@ -230,22 +257,18 @@ fn plan_with(
     x_stride: u32,
     x_offset: u32,
 ) -> Plan {
-    let (cpu, _) = unit_shape(enc.format);
-    let list = candidates(enc.format);
-    let tuning = forced.unwrap_or_else(|| {
+    let aligned = direct_aligned(enc, cols, x_stride, x_offset);
+    let pick = |list: &[Tuning], min: u64| {
         list.iter()
             .copied()
-            .find(|t| {
-                n_pairs as u64 * rows.div_ceil(t.rows_per_workgroup()) as u64 >= MIN_WORKGROUPS
-            })
+            .find(|t| n_pairs as u64 * rows.div_ceil(t.rows_per_workgroup()) as u64 >= min)
             .unwrap_or(list[list.len() - 1])
-    });
-    let x_stride = if x_stride == 0 { cols } else { x_stride };
-    let direct = matches!(enc.format, Format::F32 | Format::Bf16)
-        && tuning.rows_per_workgroup() <= DIRECT_MAX_RPW
-        && cols.is_multiple_of(cpu)
-        && x_stride.is_multiple_of(4)
-        && x_offset.is_multiple_of(4);
+    };
+    let (tuning, direct) = match forced {
+        Some(t) => (t, aligned && t.rows_per_workgroup() <= DIRECT_MAX_RPW),
+        None if aligned => (pick(direct_candidates(), DIRECT_MIN_WORKGROUPS), true),
+        None => (pick(candidates(enc.format), MIN_WORKGROUPS), false),
+    };
     Plan { tuning, direct }
 }
 
@@ -1340,12 +1363,16 @@ mod tests {
     #[test]
     fn plan_rule_and_override() {
         let bf16 = Encoding::BF16;
-        // bf16 q_proj [4096 x 4096], one pair: 512 workgroups of 8 rows, x direct
+        // bf16 q_proj [4096 x 4096], one pair: 1024 workgroups of 4 rows, x direct
         let p = plan(bf16, 1, 4096, 4096, 0, 0);
+        assert_eq!(p.tuning, Tuning { tpr: 64, rpt: 1 });
+        assert!(p.direct);
+        // an 8-expert layer: 8 rows per workgroup, direct
+        let p = plan(bf16, 8, 6144, 6144, 0, 0);
         assert_eq!(p.tuning, Tuning { tpr: 32, rpt: 1 });
         assert!(p.direct);
-        // an 8-expert layer keeps the default, staged
-        let p = plan(bf16, 8, 6144, 6144, 0, 0);
+        // unaligned x (I = 4095) stages it, from the default down
+        let p = plan(bf16, 8, 6144, 4095, 0, 0);
         assert_eq!(p.tuning, Tuning { tpr: 16, rpt: 4 });
         assert!(!p.direct);
         // a router [256 x 4096] cannot reach MIN_WORKGROUPS: the fewest rows per workgroup

@@ -5,8 +5,8 @@
 use crate::ops_util::{gpu, rel_err, Rng};
 use inkling_wgpu::formats::{quantize, Encoding, QMatrix};
 use inkling_wgpu::gpu::gemv::{
-    candidates, plan, GemvArgs, GemvCall, GpuWeights, Plan, Reduction, Tuning, DIRECT_MAX_RPW,
-    MIN_WORKGROUPS, NO_GAMMA,
+    candidates, direct_aligned, direct_candidates, plan, GemvArgs, GemvCall, GpuWeights, Plan,
+    Reduction, Tuning, DIRECT_MAX_RPW, DIRECT_MIN_WORKGROUPS, MIN_WORKGROUPS, NO_GAMMA,
 };
 use inkling_wgpu::gpu::Gpu;
 
@@ -109,29 +109,35 @@ fn packed(tokens: usize, cols: usize) -> XLayout {
     }
 }
 
-/// (a) small-row shapes with I = 4096 that select each candidate tuning: with MIN_WORKGROUPS =
-/// 512, rows per workgroup 64, 32, 16, 8, 4, 2, 1 (capped by the format's default).
+/// (a) small-row shapes with I = 4096 that select each candidate tuning: direct x for f32/bf16
+/// (DIRECT_MIN_WORKGROUPS = 1024: rows per workgroup 8, 4, 2, 1), staged for int4 (MIN_WORKGROUPS
+/// = 256: 64, 32, 16, 8, 4, 2, 1) and int3-g64 (8, 4, 2, 1).
 #[test]
 fn each_candidate_tuning_selected_and_exact() {
     let gpu = gpu();
     let mut rng = Rng(0x7a11);
     let i = 4096;
-    // (rows, pairs, rows per workgroup expected before the format's cap)
-    let table: &[(usize, usize, u32)] = &[
-        (4096, 8, 64),
-        (4096, 4, 32),
-        (4096, 2, 16),
-        (4096, 1, 8),
-        (1024, 2, 4),
-        (1024, 1, 2),
-        (256, 2, 1),
-        (256, 1, 1),
-        (3, 1, 1),
-        (1, 2, 1),
+    // (rows, pairs, rows per workgroup expected: direct f32/bf16, staged int4, staged int3-g64)
+    let table: &[(usize, usize, [u32; 3])] = &[
+        (4096, 8, [8, 64, 8]),
+        (4096, 4, [8, 64, 8]),
+        (4096, 2, [8, 32, 8]),
+        (4096, 1, [4, 16, 8]),
+        (1024, 2, [2, 8, 8]),
+        (1024, 1, [1, 4, 4]),
+        (256, 2, [1, 2, 2]),
+        (256, 1, [1, 1, 1]),
+        (3, 1, [1, 1, 1]),
+        (1, 2, [1, 1, 1]),
     ];
     for spelling in ["f32", "bf16", "int4", "int4-g64", "int3-g64"] {
         let enc = Encoding::parse(spelling).unwrap();
-        let cap = candidates(enc.format)[0].rows_per_workgroup();
+        let direct = matches!(spelling, "f32" | "bf16");
+        let col = match spelling {
+            "f32" | "bf16" => 0,
+            "int3-g64" => 2,
+            _ => 1,
+        };
         let mut seen = Vec::new();
         let mut o_prev = 0;
         let mut mw: Option<(QMatrix, GpuWeights)> = None;
@@ -150,21 +156,21 @@ fn each_candidate_tuning_selected_and_exact() {
                 let p = plans[0];
                 assert_eq!(
                     p.tuning.rows_per_workgroup(),
-                    rpw.min(cap),
+                    rpw[col],
                     "{spelling} [{o}x{i}] × {n} pairs: {p:?}"
                 );
                 assert_eq!(p, plan(enc, n as u32, o as u32, i as u32, 0, 0));
-                let direct_ok = matches!(spelling, "f32" | "bf16");
-                assert_eq!(
-                    p.direct,
-                    direct_ok && rpw <= DIRECT_MAX_RPW,
-                    "{spelling} {p:?}"
-                );
+                assert_eq!(p.direct, direct, "{spelling} {p:?}");
                 seen.push(p.tuning);
             }
         }
-        // every candidate of the format was exercised
-        for t in candidates(enc.format) {
+        // every candidate of the format's variant was exercised
+        let list = if direct {
+            direct_candidates()
+        } else {
+            candidates(enc.format)
+        };
+        for t in list {
             assert!(seen.contains(t), "{spelling}: {t:?} never selected");
         }
     }
@@ -181,7 +187,12 @@ fn every_candidate_tuning_on_odd_shapes() {
         for &(o, i) in &[(67usize, 200usize), (5, 129), (130, 64)] {
             let m = quantize(enc, &weights(&mut rng, o * i), o, i).unwrap();
             let w = GpuWeights::upload(&gpu, std::slice::from_ref(&m)).unwrap();
-            for &t in candidates(enc.format) {
+            let direct: &[Tuning] = if matches!(spelling, "f32" | "bf16") {
+                direct_candidates()
+            } else {
+                &[]
+            };
+            for &t in candidates(enc.format).iter().chain(direct) {
                 for red in reductions(&gpu) {
                     let plans = run_and_check(
                         &gpu,
@@ -276,7 +287,8 @@ fn direct_x_chosen_and_refused() {
 }
 
 /// (c) the selection rule on the decode step's shapes and the MoE layers, every kernel format:
-/// the first candidate (most rows per workgroup) reaching MIN_WORKGROUPS, else the last.
+/// the first candidate of the variant (most rows per workgroup) reaching its workgroup minimum,
+/// else the last.
 #[test]
 fn plan_reaches_min_workgroups_or_the_smallest_tuning() {
     // (rows, pairs): q/o_proj, k/v_proj, router, 2 shared experts, 8-expert layers, inkling-small
@@ -292,13 +304,19 @@ fn plan_reaches_min_workgroups_or_the_smallest_tuning() {
         (1, 1),
     ];
     for enc in inkling_wgpu::gpu::gemv::kernel_encodings() {
-        let list = candidates(enc.format);
+        let direct = direct_aligned(enc, 4096, 0, 0);
+        let (list, min) = if direct {
+            (direct_candidates(), DIRECT_MIN_WORKGROUPS)
+        } else {
+            (candidates(enc.format), MIN_WORKGROUPS)
+        };
         for &(rows, n) in shapes {
             let p = plan(enc, n, rows, 4096, 0, 0);
+            assert_eq!(p.direct, direct, "{}", enc.spelling());
             let wg = |t: Tuning| n as u64 * rows.div_ceil(t.rows_per_workgroup()) as u64;
             let k = list.iter().position(|&t| t == p.tuning).unwrap();
             assert!(
-                wg(p.tuning) >= MIN_WORKGROUPS || k == list.len() - 1,
+                wg(p.tuning) >= min || k == list.len() - 1,
                 "{} [{rows}] × {n}: {p:?} gives {} workgroups",
                 enc.spelling(),
                 wg(p.tuning)
@@ -306,8 +324,8 @@ fn plan_reaches_min_workgroups_or_the_smallest_tuning() {
             // no candidate with more rows per workgroup would have been enough
             for &t in &list[..k] {
                 assert!(
-                    wg(t) < MIN_WORKGROUPS,
-                    "{} [{rows}] × {n}: {t:?} also reaches {MIN_WORKGROUPS}",
+                    wg(t) < min,
+                    "{} [{rows}] × {n}: {t:?} also reaches {min}",
                     enc.spelling()
                 );
             }
@@ -317,24 +335,24 @@ fn plan_reaches_min_workgroups_or_the_smallest_tuning() {
                 .all(|w| w[0].rows_per_workgroup() > w[1].rows_per_workgroup()));
         }
     }
-    // concrete numbers for bf16 (decode step of inkling-small)
+    assert!(direct_candidates()
+        .iter()
+        .all(|t| t.rows_per_workgroup() <= DIRECT_MAX_RPW));
+    // concrete numbers for bf16 (decode step of inkling-small) and int4-g64 (its experts)
     let bf16 = Encoding::BF16;
-    assert_eq!(
-        plan(bf16, 1, 4096, 4096, 0, 0),
-        Plan {
-            tuning: Tuning { tpr: 32, rpt: 1 },
-            direct: true
-        }
-    );
-    assert_eq!(
-        plan(bf16, 1, 1024, 4096, 0, 0).tuning,
-        Tuning { tpr: 128, rpt: 1 }
-    );
-    assert_eq!(
-        plan(bf16, 8, 6144, 6144, 0, 0),
-        Plan {
-            tuning: Tuning { tpr: 16, rpt: 4 },
-            direct: false
-        }
-    );
+    let direct = |tpr| Plan {
+        tuning: Tuning { tpr, rpt: 1 },
+        direct: true,
+    };
+    assert_eq!(plan(bf16, 1, 4096, 4096, 0, 0), direct(64));
+    assert_eq!(plan(bf16, 1, 1024, 4096, 0, 0), direct(256));
+    assert_eq!(plan(bf16, 8, 6144, 6144, 0, 0), direct(32));
+    let int4 = Encoding::parse("int4-g64").unwrap();
+    let staged = |tpr, rpt| Plan {
+        tuning: Tuning { tpr, rpt },
+        direct: false,
+    };
+    assert_eq!(plan(int4, 6, 4096, 4096, 0, 0), staged(16, 4));
+    assert_eq!(plan(int4, 1, 4096, 4096, 0, 0), staged(32, 2));
+    assert_eq!(plan(int4, 2, 4096, 4096, 0, 0), staged(32, 4));
 }
