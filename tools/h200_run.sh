@@ -21,7 +21,6 @@ for step in "$@"; do
     bench)
       $BIN bench copy | tee "$OUT/copy.txt"
       peak=$(grep -oE '[0-9]+(\.[0-9]+)? GB/s' "$OUT/copy.txt" | head -1 | cut -d' ' -f1)
-      $BIN bench kernels --peak-gbs "${peak:-4250}"
       $BIN bench kernels --json --peak-gbs "${peak:-4250}" > "$OUT/wgpu.json"
       python3 benches/native/torch_gemv.py --peak-gbs "${peak:-4250}" > "$OUT/torch.json"
       $BIN bench compare "$OUT/wgpu.json" "$OUT/torch.json" ;;
@@ -76,7 +75,10 @@ print('  ids', d['generated_ids']); print('  decode %.2f tok/s  prefill %.2f s' 
       run hot-read-25 $((total / 4)) --usage-file "$OUT/usage.json" --profile --peak-gbs 4171.7
       rm -f "$OUT/cur.json" "$OUT/cur.err" ;;
     decode)
-      $BIN bench decode --model "${STREAM_DIR:-/tmp/small}" --tokens 64 --json > "$OUT/decode.json"; echo "rc=$?"
-      cat "$OUT/decode.json" ;;
+      # DECODE_LAYERS (default 4) layers of synth inkling-small int4-g64, the decode probe
+      D=${DECODE_DIR:-/tmp/s${DECODE_LAYERS:-4}}
+      [ -f "$D/config.json" ] || $BIN synth --preset inkling-small --layers "${DECODE_LAYERS:-4}" --experts int4-g64 --out "$D" | tail -1
+      $BIN bench decode --model "$D" --tokens 64 --per-op --json > "$OUT/decode.json"; echo "rc=$?"
+      python3 -c "import json;d=json.load(open('$OUT/decode.json'));print({k: d[k] for k in ('decode_tok_s','roofline_tok_s','frac_roofline','steps_gpu') if k in d})" ;;
   esac
 done

@@ -261,13 +261,19 @@ fn kernels(a: KernelArgs) -> anyhow::Result<ExitCode> {
             .map(|s| Encoding::parse(s))
             .collect::<Result<_, _>>()?
     };
-    if !a.json {
-        println!("adapter: {}", gpu.describe());
-        println!(
-            "{:<16} {:<45} {:>3} {:>12} {:>10} {:>9} {:>7}",
-            "format", "shape", "E", "bytes", "us/disp", "GB/s", "peak"
-        );
-    }
+    // the text table goes to stdout, or to stderr beside `--json`'s document
+    let say = |line: String| {
+        if a.json {
+            eprintln!("{line}");
+        } else {
+            println!("{line}");
+        }
+    };
+    say(format!("adapter: {}", gpu.describe()));
+    say(format!(
+        "{:<16} {:<47} {:>3} {:>12} {:>10} {:>9} {:>7}",
+        "format", "shape", "E", "bytes", "us/disp", "GB/s", "peak"
+    ));
     let tunes: Vec<Option<crate::gpu::gemv::Tuning>> = if a.tune.is_empty() {
         vec![None]
     } else {
@@ -345,19 +351,17 @@ fn kernels(a: KernelArgs) -> anyhow::Result<ExitCode> {
                 } else {
                     format!("{} {}x[{o}x{i}]", s.label, s.experts)
                 };
-                if !a.json {
-                    println!(
-                        "{:<16} {:<45} {:>3} {:>12} {:>10.1} {:>9.1} {:>7}",
-                        label,
-                        shape,
-                        s.experts,
-                        bytes,
-                        t * 1e6,
-                        gbs,
-                        frac.map(|f| format!("{:.1}%", 100.0 * f))
-                            .unwrap_or_else(|| "-".into())
-                    );
-                }
+                say(format!(
+                    "{:<16} {:<47} {:>3} {:>12} {:>10.1} {:>9.1} {:>7}",
+                    label,
+                    shape,
+                    s.experts,
+                    bytes,
+                    t * 1e6,
+                    gbs,
+                    frac.map(|f| format!("{:.1}%", 100.0 * f))
+                        .unwrap_or_else(|| "-".into())
+                ));
                 results.push(serde_json::json!({
                     "format": label, "shape": shape, "experts": s.experts, "bytes": bytes,
                     "us_per_dispatch": t * 1e6, "gbs": gbs, "frac_peak": frac,
