@@ -27,6 +27,8 @@ SHAPES = [
     ("inkling-small shared gate_up 2x[4096x4096]", 4096, 4096, 2),
     ("inkling moe-layer gate_up 8x[6144x6144]", 6144, 6144, 8),
     ("inkling moe-layer down 8x[6144x3072]", 6144, 3072, 8),
+    ("inkling-small routed gate_up 6x[4096x4096]", 4096, 4096, 6),
+    ("inkling-small routed down 6x[4096x2048]", 4096, 2048, 6),
     ("inkling-small moe-layer gate_up 8x[4096x4096]", 4096, 4096, 8),
     ("inkling-small moe-layer down 8x[4096x2048]", 4096, 2048, 8),
 ]

@@ -151,6 +151,19 @@ const SHAPES: &[Shape] = &[
         o: 6144,
         i: 3072,
     },
+    // one token's 6 routed experts alone (the shared ones are bf16 in a converted model)
+    Shape {
+        label: "inkling-small routed gate_up",
+        experts: 6,
+        o: 4096,
+        i: 4096,
+    },
+    Shape {
+        label: "inkling-small routed down",
+        experts: 6,
+        o: 4096,
+        i: 2048,
+    },
     Shape {
         label: "inkling-small moe-layer gate_up",
         experts: 8,
