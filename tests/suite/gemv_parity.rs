@@ -427,3 +427,52 @@ fn auto_picks_subgroups_when_available_and_no_gamma_buffer_ignores_weight_idx() 
         Err(DispatchError::Shape(_))
     ));
 }
+
+/// A slab of whole-expert chunks (each over the binding limit's share) runs up to `MULTI_CHUNKS`
+/// chunks per dispatch (the `MULTI` variant: each workgroup picks its expert's binding): 11
+/// experts of one chunk each → dispatches of 4, 4 and 3 chunks, pairs on every chunk of every
+/// group (first and last expert of each), with gammas, against f64.
+#[test]
+fn multi_chunk_dispatches_cover_every_chunk() {
+    use inkling_wgpu::gpu::gemv::{gpu_row_stride, GemvArgs, GemvCall, MULTI_CHUNKS};
+    let gpu = gpu();
+    assert!(
+        gpu.limits.max_storage_buffers_per_shader_stage >= 12,
+        "the multi-chunk variant needs 12 storage buffers per stage; {} has {}",
+        gpu.describe(),
+        gpu.limits.max_storage_buffers_per_shader_stage
+    );
+    let mut rng = Rng(0x3c4f);
+    for spelling in ["f32", "bf16", "int4", "int4-g64", "int3-g64"] {
+        let enc = Encoding::parse(spelling).unwrap();
+        let (experts, o, i) = (11usize, 37usize, 192usize);
+        let mats: Vec<QMatrix> = (0..experts)
+            .map(|_| quantize(enc, &rng.vec(o * i, 1.0), o, i).unwrap())
+            .collect();
+        let limit = (o * gpu_row_stride(enc, i)) as u64; // one expert per chunk
+        let w = GpuWeights::upload_with_limit(&gpu, &mats, limit).unwrap();
+        assert_eq!(w.chunks().len(), experts, "{spelling}");
+        assert!(w.chunks().iter().all(|c| c.r0 == 0 && c.r1 == o as u32));
+        let x = rng.vec(3 * i, 1.0);
+        let pairs: Vec<(u32, u32, u32)> = [0u32, 3, 4, 7, 8, 10, 5, 2, 9, 1, 6, 10, 0]
+            .iter()
+            .enumerate()
+            .map(|(p, &e)| (e, (p % 3) as u32, if p % 2 == 0 { 1 } else { NO_GAMMA }))
+            .collect();
+        for red in reductions(&gpu) {
+            check_problem(&gpu, enc, &mats, &w, &x, &pairs, &[0.25, -1.5], red);
+        }
+        // one dispatch per group of MULTI_CHUNKS chunks
+        let xb = gpu.storage("x", 4 * x.len() as u64);
+        let pb = gpu.storage("pairs", 16 * pairs.len() as u64);
+        let yb = gpu.storage("y", 4 * (pairs.len() * o) as u64);
+        let call = GemvCall::new(
+            &gpu,
+            enc.format.ordinal(),
+            &w,
+            GemvArgs::new(&xb, 3, &pb, pairs.len() as u32, &yb),
+        )
+        .unwrap();
+        assert_eq!(call.dispatches(), experts.div_ceil(MULTI_CHUNKS), "{spelling}");
+    }
+}
