@@ -52,12 +52,8 @@
 //!
 //! The slab is split into chunks (one storage binding each) no larger than the adapter's
 //! `max_storage_buffer_binding_size`, `max_buffer_size` and 2³¹ − 1 bytes: by whole experts when
-//! an expert fits, else by rows within each expert. Whole-expert chunks go up to [`MULTI_CHUNKS`]
-//! to one dispatch (the `MULTI` variant: bindings 7–12 hold chunks 1–3, each workgroup picks its
-//! pair's chunk once), so a routed slab over the binding limit (256 inkling-small experts of
-//! gate_up: 2.4 GB, two chunks on an H200) runs its pairs in one grid instead of one dispatch per
-//! chunk, where a chunk holding one of the token's experts ran a grid of one pair; other chunks
-//! (split by rows) get a dispatch each. The caller never sees chunks.
+//! an expert fits, else by rows within each expert. A call issues one dispatch per chunk; the
+//! caller never sees chunks.
 
 use crate::formats::{Encoding, Format, QMatrix};
 use crate::gpu::dispatch::{self, DispatchError};
@@ -1146,8 +1142,7 @@ impl GemvCall {
             }
         }
         let smem = gpu.limits.max_compute_workgroup_storage_size as u64;
-        let align =
-            PARAMS_BYTES.next_multiple_of(gpu.limits.min_uniform_buffer_offset_alignment as u64);
+        let align = PARAMS_BYTES.next_multiple_of(gpu.limits.min_uniform_buffer_offset_alignment as u64);
         // Whole-expert chunks (a slab over the binding limit) go MULTI_CHUNKS to a dispatch, so
         // the pairs of every chunk run in one grid; chunks split by rows, a single chunk, or an
         // adapter with too few storage bindings: one dispatch per chunk.
@@ -1281,8 +1276,7 @@ impl GemvCall {
         self.subgroups
     }
 
-    /// Number of dispatches (one per group of up to [`MULTI_CHUNKS`] whole-expert chunks, else one
-    /// per chunk).
+    /// Number of dispatches (one per weight chunk).
     pub fn dispatches(&self) -> usize {
         self.parts.len()
     }

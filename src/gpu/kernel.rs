@@ -66,7 +66,10 @@ pub fn wgsl_instantiations(file_name: &str, source: &str) -> Vec<(String, String
                                 if d { "direct x" } else { "staged x" },
                                 if multi { " multi-chunk" } else { "" }
                             );
-                            v.push((label, gemv::wgsl_source_variant(enc, sg, t, 2048, d, multi)));
+                            v.push((
+                                label,
+                                gemv::wgsl_source_variant(enc, sg, t, 2048, d, multi),
+                            ));
                         }
                     }
                 }

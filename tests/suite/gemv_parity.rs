@@ -473,10 +473,6 @@ fn multi_chunk_dispatches_cover_every_chunk() {
             GemvArgs::new(&xb, 3, &pb, pairs.len() as u32, &yb),
         )
         .unwrap();
-        assert_eq!(
-            call.dispatches(),
-            experts.div_ceil(MULTI_CHUNKS),
-            "{spelling}"
-        );
+        assert_eq!(call.dispatches(), experts.div_ceil(MULTI_CHUNKS), "{spelling}");
     }
 }
