@@ -56,7 +56,6 @@ struct Params {
     rb: u32,        // row blocks in this chunk: ceil((r1 - r0) / RPW)
     use_gamma: u32, // 0: ignore weight_idx (no gamma buffer bound)
     pair_mode: u32, // bit 8: x row = pair index (x_per_pair)
-    cb: vec4<u32>,  // MULTI: first expert of the chunk in W/S, W1/S1, W2/S2, W3/S3 (0xFFFFFFFF: none)
 }
 
 @group(0) @binding(0) var<uniform> prm: Params;
@@ -70,45 +69,6 @@ struct Params {
 @group(0) @binding(4) var<storage, read> PAIRS: array<u32>;
 @group(0) @binding(5) var<storage, read> GAMMA: array<f32>;
 @group(0) @binding(6) var<storage, read_write> Y: array<f32>;
-//!IF MULTI
-// Up to four whole-expert chunks of one slab in one dispatch (a slab over the binding limit, e.g.
-// 256 routed experts of 9.4 MB): experts [cb.k, cb.k+1) are in chunk k. Each workgroup's pair
-// picks its chunk once (`wsel`), so every load below branches uniformly.
-@group(0) @binding(7) var<storage, read> W1: array<vec4<u32>>;
-@group(0) @binding(8) var<storage, read> S1: array<f32>;
-@group(0) @binding(9) var<storage, read> W2: array<vec4<u32>>;
-@group(0) @binding(10) var<storage, read> S2: array<f32>;
-@group(0) @binding(11) var<storage, read> W3: array<vec4<u32>>;
-@group(0) @binding(12) var<storage, read> S3: array<f32>;
-var<private> wsel: u32;
-//!END
-
-// Weight word i and scale i of this workgroup's chunk.
-fn wl(i: u32) -> vec4<u32> {
-//!IF MULTI
-    switch wsel {
-        case 1u: { return W1[i]; }
-        case 2u: { return W2[i]; }
-        case 3u: { return W3[i]; }
-        default: { return W[i]; }
-    }
-//!ELSE
-    return W[i];
-//!END
-}
-
-fn sl(i: u32) -> f32 {
-//!IF MULTI
-    switch wsel {
-        case 1u: { return S1[i]; }
-        case 2u: { return S2[i]; }
-        case 3u: { return S3[i]; }
-        default: { return S[i]; }
-    }
-//!ELSE
-    return S[i];
-//!END
-}
 
 const NONE: u32 = 0xffffffffu;
 
@@ -194,31 +154,31 @@ fn int3_group(lo: vec4<u32>, hi: vec2<u32>, xi: u32) -> vec4<f32> {
 // `srow` = scale index of the row.
 fn unit_dot(acc: vec4<f32>, wv: u32, srow: u32, u: u32, xi: u32) -> vec4<f32> {
     if (FMT == 0u) {
-        return fma(bitcast<vec4<f32>>(wl(wv)), xs(xi), acc);
+        return fma(bitcast<vec4<f32>>(W[wv]), xs(xi), acc);
     } else if (FMT == 9u) {
         // bf16: two values per word, low half first; w = f32 with those upper 16 bits
-        let wd = wl(wv);
+        let wd = W[wv];
         let x0 = xs(xi);
         let x1 = xs(xi + 1u);
         let ev = bitcast<vec4<f32>>(wd << vec4<u32>(16u));
         let od = bitcast<vec4<f32>>(wd & vec4<u32>(0xffff0000u));
         return fma(ev, vec4<f32>(x0.x, x0.z, x1.x, x1.z), fma(od, vec4<f32>(x0.y, x0.w, x1.y, x1.w), acc));
     } else if (FMT == 2u || FMT == 4u) {
-        let wd = wl(wv);
+        let wd = W[wv];
         if (FMT == 4u) {
             // a 32-column unit lies inside one group (GS is 32, 64 or 128)
             let d = int4_word(int4_word(int4_word(int4_word(vec4<f32>(0.0), wd.x, xi), wd.y, xi + 2u), wd.z, xi + 4u), wd.w, xi + 6u);
-            return fma(d, vec4<f32>(sl(srow + (u * 32u) / max(GS, 1u))), acc);
+            return fma(d, vec4<f32>(S[srow + (u * 32u) / max(GS, 1u)]), acc);
         }
         // per-row scale applied once per row by the caller
         return int4_word(int4_word(int4_word(int4_word(acc, wd.x, xi), wd.y, xi + 2u), wd.z, xi + 4u), wd.w, xi + 6u);
     } else {
         // int3-g64: a unit is two groups in 3 vec4: group A = a, b.xy; group B = b.zw c.xy, c.zw
-        let a = wl(wv);
-        let b = wl(wv + 1u);
-        let c = wl(wv + 2u);
-        let sa = sl(srow + 2u * u);
-        let sb = sl(srow + min(2u * u + 1u, prm.spr - 1u)); // a lone last group has no scale B
+        let a = W[wv];
+        let b = W[wv + 1u];
+        let c = W[wv + 2u];
+        let sa = S[srow + 2u * u];
+        let sb = S[srow + min(2u * u + 1u, prm.spr - 1u)]; // a lone last group has no scale B
         let ga = int3_group(a, b.xy, xi);
         let gb = int3_group(vec4<u32>(b.z, b.w, c.x, c.y), c.zw, xi + 16u);
         return fma(ga, vec4<f32>(sa), fma(gb, vec4<f32>(sb), acc));
@@ -263,14 +223,7 @@ fn main(
     var acc: array<vec4<f32>, RPT>;
     var rowv: array<u32, RPT>;
     var srow: array<u32, RPT>;
-    // the expert's place in its chunk (experts outside [e0, e1) read a valid row, never write)
-    let ec = clamp(e, prm.e0, prm.e1 - 1u);
-    var c0 = prm.e0;
-//!IF MULTI
-    wsel = select(0u, 1u, ec >= prm.cb.y) + select(0u, 1u, ec >= prm.cb.z) + select(0u, 1u, ec >= prm.cb.w);
-    c0 = prm.cb[wsel];
-//!END
-    let ebase = (ec - c0) * (prm.r1 - prm.r0);
+    let ebase = (min(e, prm.e1 - 1u) - min(e, prm.e0)) * (prm.r1 - prm.r0);
     for (var rr = 0u; rr < RPT; rr++) {
         let local_row = ebase + (min(r_first + rr, prm.r1 - 1u) - prm.r0);
         rowv[rr] = local_row * prm.row_v;
@@ -331,7 +284,7 @@ fn main(
         let a = acc[rr];
         sums[rr] = (a.x + a.y) + (a.z + a.w);
         if (FMT == 2u && live) {
-            sums[rr] *= sl(srow[rr]);
+            sums[rr] *= S[srow[rr]];
         }
     }
 

@@ -73,11 +73,7 @@ const XT_MAX: u32 = 16384;
 /// Workgroups per dimension (WebGPU/wgpu limit).
 const MAX_GROUPS_PER_DIM: u32 = 65_535;
 /// Size of the uniform block (`Params` in the WGSL).
-const PARAMS_BYTES: u64 = 80;
-/// Whole-expert chunks one dispatch binds at most (the `MULTI` variant: W/S, W1/S1, W2/S2, W3/S3).
-pub const MULTI_CHUNKS: usize = 4;
-/// Storage buffers per shader stage the `MULTI` variant binds.
-const MULTI_STORAGE_BUFFERS: u32 = 12;
+const PARAMS_BYTES: u64 = 64;
 
 /// How a row's partial sums are reduced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -320,23 +316,10 @@ pub fn wgsl_source_tuned(
     xt: u32,
     direct: bool,
 ) -> String {
-    wgsl_source_variant(enc, subgroups, t, xt, direct, false)
-}
-
-/// [`wgsl_source_tuned`] with the `MULTI` flag too: up to [`MULTI_CHUNKS`] whole-expert weight
-/// chunks bound in one dispatch (bindings 7–12 beside 1–2).
-pub fn wgsl_source_variant(
-    enc: Encoding,
-    subgroups: bool,
-    t: Tuning,
-    xt: u32,
-    direct: bool,
-    multi: bool,
-) -> String {
     let (cpu, vpu) = unit_shape(enc.format);
     let xt = if direct { 0 } else { xt };
     let mut out = format!(
-        "// gemv instantiation: {} ({}, {}{}), tpr {} rpt {} xt {xt}\nconst FMT: u32 = {}u;\nconst GS: u32 = {}u;\n\
+        "// gemv instantiation: {} ({}, {}), tpr {} rpt {} xt {xt}\nconst FMT: u32 = {}u;\nconst GS: u32 = {}u;\n\
          const CPU: u32 = {cpu}u;\nconst VPU: u32 = {vpu}u;\n\
          const TPR: u32 = {}u;\nconst RPT: u32 = {}u;\nconst RPW: u32 = {}u;\n\
          const XT: u32 = {xt}u;\nconst PPV: u32 = {}u;\n",
@@ -347,7 +330,6 @@ pub fn wgsl_source_variant(
             "shared-memory reduction"
         },
         if direct { "direct x" } else { "staged x" },
-        if multi { ", multi-chunk" } else { "" },
         t.tpr,
         t.rpt,
         enc.format.ordinal(),
@@ -359,11 +341,7 @@ pub fn wgsl_source_variant(
     );
     out.push_str(&preprocess(
         GEMV_WGSL,
-        &[
-            ("SUBGROUP", subgroups),
-            ("XDIRECT", direct),
-            ("MULTI", multi),
-        ],
+        &[("SUBGROUP", subgroups), ("XDIRECT", direct)],
     ));
     out
 }
@@ -1142,21 +1120,11 @@ impl GemvCall {
             }
         }
         let smem = gpu.limits.max_compute_workgroup_storage_size as u64;
-        let align = PARAMS_BYTES.next_multiple_of(gpu.limits.min_uniform_buffer_offset_alignment as u64);
-        // Whole-expert chunks (a slab over the binding limit) go MULTI_CHUNKS to a dispatch, so
-        // the pairs of every chunk run in one grid; chunks split by rows, a single chunk, or an
-        // adapter with too few storage bindings: one dispatch per chunk.
-        let whole = weights.chunks.len() > 1
-            && weights.chunks.iter().all(|c| c.r0 == 0 && c.r1 == o as u32)
-            && gpu.limits.max_storage_buffers_per_shader_stage >= MULTI_STORAGE_BUFFERS;
-        let groups: Vec<&[WeightChunk]> = if whole {
-            weights.chunks.chunks(MULTI_CHUNKS).collect()
-        } else {
-            weights.chunks.chunks(1).collect()
-        };
+        let align = (gpu.limits.min_uniform_buffer_offset_alignment as u64).max(PARAMS_BYTES);
+        let n_chunks = weights.chunks.len() as u64;
         let params = gpu.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("gemv params"),
-            size: align * groups.len() as u64,
+            size: align * n_chunks,
             usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
@@ -1169,13 +1137,11 @@ impl GemvCall {
         let spr = enc.scales_per_row(weights.cols) as u32;
         let row_v = (gpu_row_stride(enc, weights.cols) / 16) as u32;
         let mut parts = Vec::new();
-        for (k, g) in groups.iter().enumerate() {
-            let (c, last) = (&g[0], &g[g.len() - 1]);
-            let multi = whole;
-            // each dispatch's own plan (chunks split by rows can differ in rows); every pair
-            // launches its workgroups in every dispatch (pairs of other chunks' experts exit at
-            // once), so the workgroup count is n_pairs · row blocks; n_pairs of 0 launches
-            // nothing and is planned as one pair
+        for (k, c) in weights.chunks.iter().enumerate() {
+            // each chunk's own plan (chunks split by rows can differ in rows); every pair launches
+            // its workgroups in every chunk (pairs of other chunks' experts exit at once), so the
+            // workgroup count is n_pairs · row blocks; n_pairs of 0 launches nothing and is
+            // planned as one pair
             let plan = plan_with(
                 enc,
                 args.tuning.or_else(tuning_override),
@@ -1186,17 +1152,16 @@ impl GemvCall {
                 args.x_offset,
             );
             let xt = x_tile(enc.format, plan.tuning, weights.cols, smem);
-            let pipeline = pipeline(gpu, enc, subgroups, plan.tuning, xt, plan.direct, multi);
+            let pipeline = pipeline(gpu, enc, subgroups, plan.tuning, xt, plan.direct);
             let layout = pipeline.get_bind_group_layout(0);
             let rb = (c.r1 - c.r0).div_ceil(plan.tuning.rows_per_workgroup());
-            let cb = |j: usize| g.get(j).map_or(NO_GAMMA, |c| c.e0);
-            let p: [u32; 20] = [
+            let p: [u32; 16] = [
                 o as u32,
                 i as u32,
                 args.n_pairs,
                 row_v,
                 c.e0,
-                last.e1,
+                c.e1,
                 c.r0,
                 c.r1,
                 x_stride as u32,
@@ -1207,42 +1172,28 @@ impl GemvCall {
                 rb,
                 args.gamma.is_some() as u32,
                 (args.x_per_pair as u32) << 8,
-                cb(0),
-                cb(1),
-                cb(2),
-                cb(3),
             ];
             gpu.queue
                 .write_buffer(&params, k as u64 * align, bytemuck::cast_slice(&p));
-            let mut entries = vec![
-                wgpu::BindGroupEntry {
-                    binding: 0,
-                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                        buffer: &params,
-                        offset: k as u64 * align,
-                        size: wgpu::BufferSize::new(PARAMS_BYTES),
-                    }),
-                },
-                entry(1, &c.weights),
-                entry(2, &c.scales),
-                entry(3, args.x),
-                entry(4, args.pairs),
-                entry(5, gamma),
-                entry(6, args.y),
-            ];
-            if multi {
-                // chunks 1..3 of the group; a group shorter than MULTI_CHUNKS binds its first
-                // chunk again there (never read: cb marks them absent)
-                for j in 1..MULTI_CHUNKS {
-                    let cj = g.get(j).unwrap_or(c);
-                    entries.push(entry(5 + 2 * j as u32, &cj.weights));
-                    entries.push(entry(6 + 2 * j as u32, &cj.scales));
-                }
-            }
             let bg = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
                 label: Some("gemv"),
                 layout: &layout,
-                entries: &entries,
+                entries: &[
+                    wgpu::BindGroupEntry {
+                        binding: 0,
+                        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                            buffer: &params,
+                            offset: k as u64 * align,
+                            size: wgpu::BufferSize::new(PARAMS_BYTES),
+                        }),
+                    },
+                    entry(1, &c.weights),
+                    entry(2, &c.scales),
+                    entry(3, args.x),
+                    entry(4, args.pairs),
+                    entry(5, gamma),
+                    entry(6, args.y),
+                ],
             });
             let total = args.n_pairs as u64 * rb as u64;
             if total == 0 {
@@ -1356,40 +1307,33 @@ fn pipeline(
     t: Tuning,
     xt: u32,
     direct: bool,
-    multi: bool,
 ) -> Arc<wgpu::ComputePipeline> {
-    // everything that changes the WGSL of `wgsl_source_variant`: the encoding (FMT, GS, CPU, VPU,
-    // PPV), the reduction, the tuning, the x tile (unused, 0, when direct), the x variant and the
-    // multi-chunk variant
+    // everything that changes the WGSL of `wgsl_source_tuned`: the encoding (FMT, GS, CPU, VPU,
+    // PPV), the reduction, the tuning, the x tile (unused, 0, when direct) and the x variant
     let xt = if direct { 0 } else { xt };
     let key = format!(
-        "gemv:{}:{}:{}x{}:{}:{xt}:{}",
+        "gemv:{}:{}:{}x{}:{}:{xt}",
         enc.spelling(),
         if subgroups { "sg" } else { "smem" },
         t.tpr,
         t.rpt,
-        if direct { "xdirect" } else { "xstaged" },
-        if multi { "multi" } else { "single" }
+        if direct { "xdirect" } else { "xstaged" }
     );
     gpu.cache.get_or_create(&key, || {
         let ro = wgpu::BufferBindingType::Storage { read_only: true };
-        let mut entries = vec![
-            layout_entry(0, wgpu::BufferBindingType::Uniform),
-            layout_entry(1, ro),
-            layout_entry(2, ro),
-            layout_entry(3, ro),
-            layout_entry(4, ro),
-            layout_entry(5, ro),
-            layout_entry(6, wgpu::BufferBindingType::Storage { read_only: false }),
-        ];
-        if multi {
-            entries.extend((7..=12).map(|b| layout_entry(b, ro)));
-        }
         let bgl = gpu
             .device
             .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
                 label: Some("gemv"),
-                entries: &entries,
+                entries: &[
+                    layout_entry(0, wgpu::BufferBindingType::Uniform),
+                    layout_entry(1, ro),
+                    layout_entry(2, ro),
+                    layout_entry(3, ro),
+                    layout_entry(4, ro),
+                    layout_entry(5, ro),
+                    layout_entry(6, wgpu::BufferBindingType::Storage { read_only: false }),
+                ],
             });
         let pl = gpu
             .device
@@ -1398,10 +1342,7 @@ fn pipeline(
                 bind_group_layouts: &[Some(&bgl)],
                 immediate_size: 0,
             });
-        let module = gpu.shader(
-            &key,
-            &wgsl_source_variant(enc, subgroups, t, xt, direct, multi),
-        );
+        let module = gpu.shader(&key, &wgsl_source_tuned(enc, subgroups, t, xt, direct));
         gpu.device
             .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                 label: Some(&key),

@@ -45,31 +45,23 @@ pub fn wgsl_instantiations(file_name: &str, source: &str) -> Vec<(String, String
                         format!("gemv.wgsl [{} {red}]", enc.spelling()),
                         gemv::wgsl_source(enc, sg),
                     ));
-                    // every tuning `gemv::plan` can pick, staged and (f32/bf16) direct x, each
-                    // single-chunk and multi-chunk
-                    let direct_ok = matches!(
-                        enc.format,
-                        crate::formats::Format::F32 | crate::formats::Format::Bf16
-                    );
-                    let staged = gemv::candidates(enc.format).iter().map(|&t| (t, false));
-                    let direct = gemv::direct_candidates()
-                        .iter()
-                        .filter(|_| direct_ok)
-                        .map(|&t| (t, true));
-                    for (t, d) in staged.chain(direct) {
-                        for multi in [false, true] {
+                    // every tuning `gemv::plan` can pick, staged and (f32/bf16) direct x
+                    for &t in gemv::candidates(enc.format) {
+                        let direct = [false, true].into_iter().filter(|&d| {
+                            !d || (matches!(
+                                enc.format,
+                                crate::formats::Format::F32 | crate::formats::Format::Bf16
+                            ) && t.rows_per_workgroup() <= gemv::DIRECT_MAX_RPW)
+                        });
+                        for d in direct {
                             let label = format!(
-                                "gemv.wgsl [{} {red} {}x{} {}{}]",
+                                "gemv.wgsl [{} {red} {}x{} {}]",
                                 enc.spelling(),
                                 t.tpr,
                                 t.rpt,
-                                if d { "direct x" } else { "staged x" },
-                                if multi { " multi-chunk" } else { "" }
+                                if d { "direct x" } else { "staged x" }
                             );
-                            v.push((
-                                label,
-                                gemv::wgsl_source_variant(enc, sg, t, 2048, d, multi),
-                            ));
+                            v.push((label, gemv::wgsl_source_tuned(enc, sg, t, 2048, d)));
                         }
                     }
                 }
