@@ -1,12 +1,18 @@
 // MoE router, everything f32, one workgroup per token; experts are looped with stride so any count works.
-// Top-k by rank: each invocation counts, for its experts, how many experts beat them (E shared-memory
-// reads, no barriers), and the experts of rank < k are the choice; no k rounds of tree reductions.
-//   choose = topk(sigmoid(L[:E]) + bias, top_k)            (ties -> lower index)
+//   choose = topk(sigmoid(L[:E]) + bias, top_k)            (ties -> lower index; NaN below every number)
 //   sel    = [L[chosen], L[E:E+S]]
 //   w      = sigmoid(sel) / sum(sigmoid(sel)) * scale       (scale = route_scale * gate.global_scale)
 // Writes pairs[t*k + s] = (expert, t, t*k + s, 0), gammas[t*k + s], shared_gammas[t*S + j].
 // L is [T, E + S] (routed first, then shared).
-
+//
+// Top-k by rank, rank(e) = #{o : score[o] > score[e]} + #{o < e : score[o] == score[e]} (a strict total
+// order: ranks 0..E-1 without repeats); the experts of rank < k are the choice, in selection order.
+// Fast path: every invocation counts ge(e) = #{o : score[o] >= score[e]} with vec4 reads of the scores
+// from workgroup memory (one compare-to-1.0 and one add per score, four independent accumulators);
+// ge(e) - 1 = rank(e) whenever e ties with no other expert. Experts with ge(e) - 1 < k claim slot
+// ge(e) - 1 (atomic count). If every slot 0..k-1 was claimed exactly once, no tie touches the top k
+// (tied experts share ge and would claim one slot together) and the claims are the answer. Otherwise
+// (exact ties near the top) every expert recounts its exact rank with the index tie-break.
 struct Params {
     t: u32,
     n_routed: u32,
@@ -36,17 +42,50 @@ const MAX_K: u32 = 32u;
 @group(0) @binding(4) var<storage, read_write> gammas: array<f32>;
 @group(0) @binding(5) var<storage, read_write> shared_gammas: array<f32>;
 
-var<workgroup> score: array<f32, MAX_E>;
+const MAX_S: u32 = 32u;
+
+var<workgroup> score: array<vec4<f32>, MAX_E / 4u>;
 var<workgroup> chosen: array<u32, MAX_K>;
 var<workgroup> sig_sh: array<f32, MAX_K>;
+var<workgroup> slots: array<atomic<u32>, MAX_K>;
+var<workgroup> shared_sig: array<f32, MAX_S>;
 
 fn sigmoid(v: f32) -> f32 {
     return 1.0 / (1.0 + exp(-v));
 }
 
+fn score_at(o: u32) -> f32 {
+    return score[o / 4u][o % 4u];
+}
+
 // a beats b: larger value, or equal value and lower index.
 fn better(va: f32, ia: u32, vb: f32, ib: u32) -> bool {
     return va > vb || (va == vb && ia < ib);
+}
+
+// #{o : score[o] >= v} (exact in f32 for E <= 2048).
+fn count_ge(v: f32) -> f32 {
+    let vv = vec4<f32>(v);
+    let nf = p.n_routed / 4u;
+    var c0 = vec4<f32>(0.0);
+    var c1 = vec4<f32>(0.0);
+    var c2 = vec4<f32>(0.0);
+    var c3 = vec4<f32>(0.0);
+    var j = 0u;
+    for (; j + 4u <= nf; j += 4u) {
+        c0 += step(vv, score[j]);
+        c1 += step(vv, score[j + 1u]);
+        c2 += step(vv, score[j + 2u]);
+        c3 += step(vv, score[j + 3u]);
+    }
+    for (; j < nf; j++) {
+        c0 += step(vv, score[j]);
+    }
+    var n = dot((c0 + c1) + (c2 + c3), vec4<f32>(1.0));
+    for (var o = 4u * nf; o < p.n_routed; o++) {
+        n += step(v, score_at(o));
+    }
+    return n;
 }
 
 @compute @workgroup_size(256)
@@ -59,29 +98,49 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
     let tid = lid.x;
     let ne = p.n_routed + p.n_shared;
     let lb = t * ne;
+    if (tid < MAX_K) {
+        atomicStore(&slots[tid], 0u);
+    }
     for (var e = tid; e < p.n_routed; e += WG) {
         var v = sigmoid(logits[lb + e]) + bias[e];
-        if (v != v) {
-            v = -3.4e38; // NaN ranks below every number
+        // NaN ranks below every number (tested on the bits: `v != v` may be folded away by
+        // compilers that assume no NaN)
+        if ((bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u) {
+            v = -3.4e38;
         }
-        score[e] = v;
+        score[e / 4u][e % 4u] = v;
+    }
+    for (var j = tid; j < min(p.n_shared, MAX_S); j += WG) {
+        shared_sig[j] = sigmoid(logits[lb + p.n_routed + j]);
     }
     workgroupBarrier();
-    // rank(e) = number of experts that beat e (a strict total order, so ranks are 0..E-1 without
-    // repeats); the top-k are the experts of rank < k, in selection order.
     for (var e = tid; e < p.n_routed; e += WG) {
-        let v = score[e];
-        var rank = 0u;
-        for (var o = 0u; o < p.n_routed; o++) {
-            rank += select(0u, 1u, better(score[o], o, v, e));
-        }
-        if (rank < p.top_k) {
-            chosen[rank] = e;
+        let sg = sigmoid(logits[lb + e]); // issued early: its latency hides behind the count
+        let r = u32(count_ge(score_at(e))) - 1u;
+        if (r < p.top_k) {
+            atomicAdd(&slots[r], 1u);
+            chosen[r] = e;
+            sig_sh[r] = sg;
         }
     }
     workgroupBarrier();
-    if (tid < p.top_k) {
-        sig_sh[tid] = sigmoid(logits[lb + chosen[tid]]);
+    var exact = true;
+    for (var s = 0u; s < p.top_k; s++) {
+        exact = exact && atomicLoad(&slots[s]) == 1u;
+    }
+    if (!exact) {
+        // ties near the top: exact ranks with the index tie-break (rewrites every slot < k)
+        for (var e = tid; e < p.n_routed; e += WG) {
+            let v = score_at(e);
+            var rank = 0u;
+            for (var o = 0u; o < p.n_routed; o++) {
+                rank += select(0u, 1u, better(score_at(o), o, v, e));
+            }
+            if (rank < p.top_k) {
+                chosen[rank] = e;
+                sig_sh[rank] = sigmoid(logits[lb + e]);
+            }
+        }
     }
     workgroupBarrier();
     // every invocation sums (chosen in selection order, then the shared experts)
@@ -90,7 +149,11 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
         sum += sig_sh[s];
     }
     for (var j = 0u; j < p.n_shared; j++) {
-        sum += sigmoid(logits[lb + p.n_routed + j]);
+        if (j < MAX_S) {
+            sum += shared_sig[j];
+        } else {
+            sum += sigmoid(logits[lb + p.n_routed + j]);
+        }
     }
     let f = p.scale / sum;
     if (tid < p.top_k) {
@@ -99,6 +162,12 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
         gammas[wi] = sig_sh[tid] * f;
     }
     for (var j = tid; j < p.n_shared; j += WG) {
-        shared_gammas[t * p.n_shared + j] = sigmoid(logits[lb + p.n_routed + j]) * f;
+        var sj = 0.0;
+        if (j < MAX_S) {
+            sj = shared_sig[j];
+        } else {
+            sj = sigmoid(logits[lb + p.n_routed + j]);
+        }
+        shared_gammas[t * p.n_shared + j] = sj * f;
     }
 }

@@ -177,7 +177,10 @@ pub fn run(a: DecodeArgs) -> anyhow::Result<ExitCode> {
         m.start_step_spans(a.tokens as u32 + 1)?;
         let (_, secs_sp) = probe(&mut m, &prompt, a.tokens)?;
         let (busy, idle) = m.take_step_spans()?;
-        eprintln!("(spans first) {}", span_line(&busy, &idle, secs_sp, a.tokens));
+        eprintln!(
+            "(spans first) {}",
+            span_line(&busy, &idle, secs_sp, a.tokens)
+        );
     }
     let mut run = None;
     for k in 0..a.repeat.max(1) {
@@ -196,7 +199,10 @@ pub fn run(a: DecodeArgs) -> anyhow::Result<ExitCode> {
         m.reset();
         m.start_step_spans(a.tokens as u32 + 1)?;
         let (ids_sp, secs_sp) = probe(&mut m, &prompt, a.tokens)?;
-        ensure!(ids == ids_sp, "the step-timestamp run chose different tokens");
+        ensure!(
+            ids == ids_sp,
+            "the step-timestamp run chose different tokens"
+        );
         let (busy, idle) = m.take_step_spans()?;
         Some((busy, idle, secs_sp))
     } else {

@@ -68,7 +68,7 @@ pub fn wgsl_instantiations(file_name: &str, source: &str) -> Vec<(String, String
             }
             v
         }
-        "attention.wgsl" | "norm.wgsl" => [false, true]
+        "attention.wgsl" | "norm.wgsl" | "residual.wgsl" => [false, true]
             .into_iter()
             .map(|v| {
                 (

@@ -30,7 +30,7 @@ use crate::gpu::gemv::{
 use crate::gpu::ops::{
     conv::ConvCall, norm::EmbedShard, Argmax, ArgmaxCall, AttentionCall, AttentionKernel,
     AttentionShape, Elementwise, EmbedNorm, OpCall, PosBuffer, RmsNorm, Router, RouterShape,
-    ShortConvKernel, SiluMulLayout,
+    SconvInput, SconvRmsNorm, ShortConvKernel, SiluMulLayout,
 };
 use crate::gpu::Gpu;
 use crate::human_bytes;
@@ -1893,6 +1893,36 @@ impl<'w> GpuModel<'w> {
             GemvArgs::new(x, t, pairs, t, y)
         }
         let dense = |x, y| dense_args(x, t, &a.dense_pairs, y);
+        // One-token steps fuse each residual chain (conv input → short conv → `h +=` → the next
+        // RMSNorm) into one dispatch (`SconvRmsNorm`); longer chunks keep the separate kernels.
+        let fuse = t == 1;
+        let n_layers = self.layers.len();
+        // The norm that follows layer li's MLP residual when fused: (weight, output, div), or None
+        // (an inner prefill chunk has no head after the last layer).
+        let next_norm = |li: usize| -> Option<(&wgpu::Buffer, &wgpu::Buffer, Option<f32>)> {
+            let mup = cfg.logits_mup_width_multiplier as f32;
+            match self.layers.get(li + 1) {
+                Some(nl) => Some((&nl.input_norm, &a.xn, None)),
+                None => match head {
+                    Head::None => None,
+                    Head::Last | Head::All => Some((&self.norm, &a.hn, Some(mup))),
+                },
+            }
+        };
+        let fused = |li: usize, input: SconvInput<'_>, wi: usize, nw, y, div| {
+            let l = &self.layers[li];
+            Rec::Conv(
+                SconvRmsNorm {
+                    channels: hid,
+                    kernel: kk,
+                    eps,
+                    div,
+                }
+                .bind(gpu, input, &l.conv_w[wi], &l.conv_state[wi], &a.h, nw, y),
+            )
+        };
+        // whether the last layer's MLP residual already produced the head's normed (and divided) row
+        let head_fused = fuse && n_layers > 0 && next_norm(n_layers - 1).is_some();
         for (li, l) in self.layers.iter().enumerate() {
             let g = l.geom;
             let (h, kvh, d) = (g.heads as u32, g.kv_heads as u32, g.head_dim as u32);
@@ -1911,18 +1941,32 @@ impl<'w> GpuModel<'w> {
             let what = |s: &str| format!("layer {li} {s}");
             // attention block
             marks.at(&recs, Phase::Attention);
-            recs.push(Rec::Op(RmsNorm::rows(t, hid, eps).bind(
-                gpu,
-                &a.h,
-                &l.input_norm,
-                &a.xn,
-            )));
+            if !(fuse && li > 0) {
+                recs.push(Rec::Op(RmsNorm::rows(t, hid, eps).bind(
+                    gpu,
+                    &a.h,
+                    &l.input_norm,
+                    &a.xn,
+                )));
+            }
             recs.push(l.q.call(gpu, dense(&a.xn, &a.q), &what("q_proj"))?);
             recs.push(l.k.call(gpu, dense(&a.xn, &a.k_raw), &what("k_proj"))?);
             recs.push(l.v.call(gpu, dense(&a.xn, &a.v_raw), &what("v_proj"))?);
             recs.push(l.r.call(gpu, dense(&a.xn, &a.r), &what("r_proj"))?);
-            recs.push(conv(kvd, false, &a.k_raw, 0, &a.k_new));
-            recs.push(conv(kvd, false, &a.v_raw, 1, &a.v_new));
+            // k and v convs in one dispatch
+            recs.push(Rec::Conv(
+                ShortConvKernel {
+                    tokens: t,
+                    channels: kvd,
+                    kernel: kk,
+                    accumulate: false,
+                }
+                .bind_pair(
+                    gpu,
+                    [&a.k_raw, &l.conv_w[0], &l.conv_state[0], &a.k_new],
+                    [&a.v_raw, &l.conv_w[1], &l.conv_state[1], &a.v_new],
+                ),
+            ));
             recs.push(Rec::Op(
                 RmsNorm::rows(t * h, d, eps).bind_inplace(gpu, &a.q, &l.q_norm),
             ));
@@ -1955,15 +1999,28 @@ impl<'w> GpuModel<'w> {
                 &a.attn,
             )));
             recs.push(l.o.call(gpu, dense(&a.attn, &a.o), &what("o_proj"))?);
-            recs.push(conv(hid, true, &a.o, 2, &a.h));
             // MLP block
-            marks.at(&recs, Phase::Other);
-            recs.push(Rec::Op(RmsNorm::rows(t, hid, eps).bind(
-                gpu,
-                &a.h,
-                &l.post_norm,
-                &a.xn,
-            )));
+            if fuse {
+                marks.at(&recs, Phase::Other);
+                recs.push(fused(
+                    li,
+                    SconvInput::Plain(&a.o),
+                    2,
+                    &l.post_norm,
+                    &a.xn,
+                    None,
+                ));
+            } else {
+                recs.push(conv(hid, true, &a.o, 2, &a.h));
+                marks.at(&recs, Phase::Other);
+                recs.push(Rec::Op(RmsNorm::rows(t, hid, eps).bind(
+                    gpu,
+                    &a.h,
+                    &l.post_norm,
+                    &a.xn,
+                )));
+            }
+            let tail = if fuse { next_norm(li) } else { None };
             match &l.mlp {
                 MlpGpu::Dense {
                     ffn,
@@ -1989,12 +2046,29 @@ impl<'w> GpuModel<'w> {
                         ffn.down
                             .call(gpu, dense(&a.act, &a.m), &what("dense down"))?,
                     );
-                    recs.push(Rec::Op(Elementwise::mul_const(
-                        gpu,
-                        t * hid,
-                        &a.m,
-                        *global_scale,
-                    )));
+                    match tail {
+                        Some((nw, y, div)) => {
+                            marks.at(&recs, Phase::Other);
+                            recs.push(fused(
+                                li,
+                                SconvInput::Scaled(&a.m, *global_scale),
+                                3,
+                                nw,
+                                y,
+                                div,
+                            ))
+                        }
+                        None => {
+                            recs.push(Rec::Op(Elementwise::mul_const(
+                                gpu,
+                                t * hid,
+                                &a.m,
+                                *global_scale,
+                            )));
+                            marks.at(&recs, Phase::Other);
+                            recs.push(conv(hid, true, &a.m, 3, &a.h));
+                        }
+                    }
                 }
                 MlpGpu::Moe {
                     router,
@@ -2070,23 +2144,40 @@ impl<'w> GpuModel<'w> {
                         None => recs.push(Rec::Routed(li)),
                     }
                     marks.at(&recs, Phase::Other);
-                    recs.push(Rec::Op(Elementwise::moe_combine(
-                        gpu,
-                        t,
-                        hid,
-                        *top_k,
-                        &a.y_routed,
-                        &a.gammas,
-                        true,
-                        shared.as_ref().map(|_| (&a.y_shared, &a.shared_gammas, ns)),
-                        true,
-                        false,
-                        &a.m,
-                    )));
+                    let sh = shared.as_ref().map(|_| (&a.y_shared, &a.shared_gammas, ns));
+                    match tail {
+                        Some((nw, y, div)) => recs.push(fused(
+                            li,
+                            SconvInput::MoeCombine {
+                                routed: &a.y_routed,
+                                gammas: &a.gammas,
+                                top_k: *top_k,
+                                shared: sh,
+                            },
+                            3,
+                            nw,
+                            y,
+                            div,
+                        )),
+                        None => {
+                            recs.push(Rec::Op(Elementwise::moe_combine(
+                                gpu,
+                                t,
+                                hid,
+                                *top_k,
+                                &a.y_routed,
+                                &a.gammas,
+                                true,
+                                sh,
+                                true,
+                                false,
+                                &a.m,
+                            )));
+                            recs.push(conv(hid, true, &a.m, 3, &a.h));
+                        }
+                    }
                 }
             }
-            marks.at(&recs, Phase::Other);
-            recs.push(conv(hid, true, &a.m, 3, &a.h));
         }
 
         // head
@@ -2095,10 +2186,12 @@ impl<'w> GpuModel<'w> {
         match head {
             Head::None => {}
             Head::Last => {
-                let mut n = RmsNorm::rows(1, hid, eps);
-                n.x_off = (t - 1) * hid;
-                recs.push(Rec::Op(n.bind(gpu, &a.h, &self.norm, &a.hn)));
-                recs.push(Rec::Op(Elementwise::div_const(gpu, hid, &a.hn, mup)));
+                if !head_fused {
+                    let mut n = RmsNorm::rows(1, hid, eps);
+                    n.x_off = (t - 1) * hid;
+                    recs.push(Rec::Op(n.bind(gpu, &a.h, &self.norm, &a.hn)));
+                    recs.push(Rec::Op(Elementwise::div_const(gpu, hid, &a.hn, mup)));
+                }
                 recs.push(self.lm_head.call(
                     gpu,
                     GemvArgs::new(&a.hn, 1, &a.dense_pairs, 1, &a.logits),
@@ -2113,10 +2206,12 @@ impl<'w> GpuModel<'w> {
                 ));
             }
             Head::All => {
-                recs.push(Rec::Op(
-                    RmsNorm::rows(t, hid, eps).bind(gpu, &a.h, &self.norm, &a.hn),
-                ));
-                recs.push(Rec::Op(Elementwise::div_const(gpu, t * hid, &a.hn, mup)));
+                if !head_fused {
+                    recs.push(Rec::Op(
+                        RmsNorm::rows(t, hid, eps).bind(gpu, &a.h, &self.norm, &a.hn),
+                    ));
+                    recs.push(Rec::Op(Elementwise::div_const(gpu, t * hid, &a.hn, mup)));
+                }
                 recs.push(self.lm_head.call(gpu, dense(&a.hn, &a.logits), "lm_head")?);
             }
         }

@@ -33,6 +33,7 @@ mod ops_chain;
 mod ops_conv;
 mod ops_elementwise;
 mod ops_norm;
+mod ops_residual;
 mod ops_router;
 mod ops_wgsl_validate;
 mod synth_smoke;

@@ -202,3 +202,118 @@ fn selection_order_sizes_and_no_shared() {
         }
     }
 }
+
+#[test]
+fn nan_scores_and_ties_inside_the_top_k() {
+    // NaN scores rank below every number (ties among them to the lower index); exact ties that
+    // straddle or sit inside the top k take the exact-rank path; distinct scores the counting path.
+    // Pairs must come in selection order, gammas as the f64 reference.
+    let gpu = shared_gpu();
+    let (e, s, k) = (256usize, 1usize, 6usize);
+    let ne = e + s;
+    let mut rng = Rng(1234);
+    let mut l = Vec::new();
+    for tok in 0..6 {
+        let mut row = rng.vec(ne, 3.0);
+        match tok {
+            // NaN everywhere but seven experts, two of them very low: NaN ranks below them
+            0 => {
+                for (i, v) in row.iter_mut().enumerate().take(e) {
+                    if ![10, 200, 3, 77, 150, 255, 0].contains(&i) {
+                        *v = f32::NAN;
+                    }
+                }
+                row[255] = -20.0;
+                row[0] = -30.0;
+            }
+            // a tie of three straddling the 6th place
+            1 => {
+                for i in [5, 40, 250] {
+                    row[i] = 3.0;
+                }
+                for i in [1, 2, 3, 4, 9] {
+                    row[i] = 6.0 + i as f32;
+                }
+            }
+            // a tie of two inside the top k
+            2 => {
+                row[100] = 8.0;
+                row[20] = 8.0;
+            }
+            // some NaN among random scores
+            3 => {
+                for i in (0..e).step_by(7) {
+                    row[i] = f32::NAN;
+                }
+            }
+            // all routed equal
+            4 => row[..e].iter_mut().for_each(|v| *v = -1.0),
+            _ => {}
+        }
+        l.extend(row);
+    }
+    let t = l.len() / ne;
+    let bias = vec![0.0f32; e];
+    let (lb, bb) = (buf_f32(&gpu, &l), buf_f32(&gpu, &bias));
+    let pairs = poisoned_u32(&gpu, t * k * 4);
+    let gam = poisoned(&gpu, t * k);
+    let sgam = poisoned(&gpu, t * s);
+    Router::new(RouterShape {
+        tokens: t as u32,
+        n_routed: e as u32,
+        n_shared: s as u32,
+        top_k: k as u32,
+        scale: 0.9,
+    })
+    .bind(&gpu, &lb, &bb, &pairs, &gam, &sgam)
+    .run(&gpu);
+    let pv: Vec<Pair> = bytemuck::cast_slice(&gpu.read_u32(&pairs, t * k * 4).unwrap()).to_vec();
+    let gv = read(&gpu, &gam, t * k);
+    let sv = read(&gpu, &sgam, t * s);
+    for tt in 0..t {
+        let row = &l[tt * ne..(tt + 1) * ne];
+        let score: Vec<f64> = (0..e)
+            .map(|i| {
+                let v = sig(row[i] as f64) + bias[i] as f64;
+                if v.is_nan() {
+                    f64::NEG_INFINITY
+                } else {
+                    v
+                }
+            })
+            .collect();
+        let mut idx: Vec<usize> = (0..e).collect();
+        idx.sort_by(|&a, &b| score[b].partial_cmp(&score[a]).unwrap().then(a.cmp(&b)));
+        let ch: Vec<u32> = idx[..k].iter().map(|&i| i as u32).collect();
+        let got: Vec<u32> = pv[tt * k..(tt + 1) * k].iter().map(|p| p.expert).collect();
+        assert_eq!(got, ch, "token {tt}");
+        let sig_or_0 = |v: f32| sig(v as f64);
+        let sum: f64 = ch.iter().map(|&i| sig_or_0(row[i as usize])).sum::<f64>()
+            + (0..s).map(|j| sig_or_0(row[e + j])).sum::<f64>();
+        if sum.is_nan() {
+            // a chosen NaN logit makes every weight NaN, as in the reference formula
+            assert!(
+                gv[tt * k..(tt + 1) * k].iter().all(|v| v.is_nan()),
+                "token {tt}"
+            );
+            continue;
+        }
+        let g: Vec<f64> = ch
+            .iter()
+            .map(|&i| sig_or_0(row[i as usize]) / sum * 0.9)
+            .collect();
+        assert_close(
+            &format!("gammas token {tt}"),
+            &gv[tt * k..(tt + 1) * k],
+            &g,
+            1e-5,
+        );
+        let sg: Vec<f64> = (0..s).map(|j| sig_or_0(row[e + j]) / sum * 0.9).collect();
+        assert_close(
+            &format!("shared token {tt}"),
+            &sv[tt * s..(tt + 1) * s],
+            &sg,
+            1e-5,
+        );
+    }
+}

@@ -45,3 +45,8 @@ fn elementwise_wgsl_validates() {
         include_str!("../../wgsl/elementwise.wgsl"),
     );
 }
+
+#[test]
+fn residual_wgsl_validates() {
+    validate("residual.wgsl", include_str!("../../wgsl/residual.wgsl"));
+}

@@ -72,8 +72,8 @@ impl ShortConvKernel {
             &pl,
             &[(0, &u), (1, x), (2, w), (3, state), (4, y)],
         );
-        ConvCall {
-            call: OpCall {
+        ConvCall::new(
+            OpCall {
                 label: "short_conv".into(),
                 dispatches: vec![Dispatch {
                     pipeline: pl,
@@ -82,20 +82,96 @@ impl ShortConvKernel {
                 }],
                 owned: vec![u],
             },
-            state: state.clone(),
-            state_bytes: self.state_bytes(),
+            state,
+            self.kernel,
+            self.channels,
+        )
+    }
+
+    /// Two convolutions of this shape in one dispatch (the attention's k and v convs), each exactly
+    /// as [`ShortConvKernel::bind`] (`short_conv_pair` in `wgsl/conv.wgsl`): `a` and `b` are
+    /// `(x, w, state, y)` with the shapes of `bind` (no buffer of `a` may be one of `b`'s outputs).
+    /// Label `"short_conv x2"`; a reset clears both states.
+    pub fn bind_pair(&self, gpu: &Gpu, a: [&wgpu::Buffer; 4], b: [&wgpu::Buffer; 4]) -> ConvCall {
+        assert!(
+            (1..=8).contains(&self.kernel),
+            "short conv kernel size {} not in 1..=8",
+            self.kernel
+        );
+        let (t, c) = (self.tokens as u64, self.channels as u64);
+        for [x, w, state, y] in [a, b] {
+            super::need(x, t * c, "short_conv x");
+            super::need(w, c * self.kernel as u64, "short_conv w");
+            super::need(state, (self.kernel as u64 - 1) * c, "short_conv state");
+            super::need(y, t * c, "short_conv y");
         }
+        let binds: Vec<(u32, Bind)> = std::iter::once((0, Bind::Uniform))
+            .chain([1, 2, 5, 6].map(|i| (i, Bind::Read)))
+            .chain([3, 4, 7, 8].map(|i| (i, Bind::Write)))
+            .collect();
+        let pl = pipeline(gpu, "conv/short_conv_pair", SRC, "short_conv_pair", &binds);
+        let u = uniform_words(
+            gpu,
+            "short_conv params",
+            &[
+                self.tokens,
+                self.channels,
+                self.kernel,
+                self.accumulate as u32,
+            ],
+        );
+        let bg = bind_group(
+            gpu,
+            "short_conv x2",
+            &pl,
+            &[
+                (0, &u),
+                (1, a[0]),
+                (2, a[1]),
+                (3, a[2]),
+                (4, a[3]),
+                (5, b[0]),
+                (6, b[1]),
+                (7, b[2]),
+                (8, b[3]),
+            ],
+        );
+        let mut call = ConvCall::new(
+            OpCall {
+                label: "short_conv x2".into(),
+                dispatches: vec![Dispatch {
+                    pipeline: pl,
+                    bind_group: bg,
+                    groups: super::grid(2 * self.channels.div_ceil(64)),
+                }],
+                owned: vec![u],
+            },
+            a[2],
+            self.kernel,
+            self.channels,
+        );
+        call.states.push((b[2].clone(), self.state_bytes()));
+        call
     }
 }
 
-/// A bound short convolution; also knows its state buffer so a new sequence can clear it.
+/// A bound short convolution (or a kernel that contains one); also knows its state buffers so a new
+/// sequence can clear them.
 pub struct ConvCall {
     pub call: OpCall,
-    state: wgpu::Buffer,
-    state_bytes: u64,
+    states: Vec<(wgpu::Buffer, u64)>,
 }
 
 impl ConvCall {
+    /// `call` updates the conv state `state` of a kernel of size `kernel` over `channels` channels.
+    pub fn new(call: OpCall, state: &wgpu::Buffer, kernel: u32, channels: u32) -> ConvCall {
+        let bytes = ((kernel as u64 - 1) * channels as u64 * 4).max(4);
+        ConvCall {
+            call,
+            states: vec![(state.clone(), bytes)],
+        }
+    }
+
     pub fn record(&self, encoder: &mut wgpu::CommandEncoder) {
         self.call.record(encoder);
     }
@@ -104,9 +180,11 @@ impl ConvCall {
         self.call.record_in_pass(pass);
     }
 
-    /// Record a clear of the state (start of a new sequence: inputs before it are zeros).
+    /// Record a clear of the state(s) (start of a new sequence: inputs before it are zeros).
     pub fn record_reset(&self, encoder: &mut wgpu::CommandEncoder) {
-        encoder.clear_buffer(&self.state, 0, Some(self.state_bytes.next_multiple_of(4)));
+        for (state, bytes) in &self.states {
+            encoder.clear_buffer(state, 0, Some(bytes.next_multiple_of(4)));
+        }
     }
 
     pub fn run(&self, gpu: &Gpu) {

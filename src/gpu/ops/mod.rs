@@ -15,6 +15,7 @@ pub mod attention;
 pub mod conv;
 pub mod elementwise;
 pub mod norm;
+pub mod residual;
 pub mod router;
 
 use crate::gpu::Gpu;
@@ -25,6 +26,7 @@ pub use attention::{AttentionCall, AttentionKernel, AttentionShape};
 pub use conv::{ConvCall, ShortConvKernel};
 pub use elementwise::{Argmax, ArgmaxCall, Elementwise, SiluMulLayout};
 pub use norm::{EmbedNorm, EmbedShard, RmsNorm};
+pub use residual::{SconvInput, SconvRmsNorm};
 pub use router::{Pair, Router, RouterShape};
 
 /// Largest workgroup count per dimension (WebGPU's `maxComputeWorkgroupsPerDimension` default).

@@ -48,6 +48,8 @@ impl Router {
         Router { shape }
     }
 
+    /// Top-k of `sigmoid(logits[:E]) + bias` (larger first, ties to the lower index, NaN below every
+    /// number; see `wgsl/router.wgsl` for the counting scheme), weights as `model::cpu::route`.
     /// `logits` f32 [T, E+S] (routed first), `bias` f32 [E] (e_score_correction_bias) →
     /// `pairs` [T·top_k] of [`Pair`], `gammas` f32 [T·top_k], `shared_gammas` f32 [T·S]
     /// (bind a 4-byte buffer when S = 0).
