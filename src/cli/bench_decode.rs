@@ -49,6 +49,10 @@ pub struct DecodeArgs {
     /// (the last one is reported); an experiment knob.
     #[arg(long, default_value_t = 1, hide = true)]
     pub repeat: usize,
+    /// Fuse each residual chain of a decode step into one dispatch (an experiment knob; see
+    /// `GpuModel::set_fuse_residual`).
+    #[arg(long, hide = true)]
+    pub fuse_residual: bool,
     /// Run the step-timestamp probe before the timed probe (an experiment knob).
     #[arg(long, hide = true)]
     pub spans_first: bool,
@@ -164,6 +168,7 @@ pub fn run(a: DecodeArgs) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("building the GPU model on {}", gpu.describe()))?;
     drop(w);
     m.set_pass_per_phase(a.pass_per_phase);
+    m.set_fuse_residual(a.fuse_residual);
 
     // Warm-up (pipelines, recorded steps, and the GPU's clocks: on an H200 the first ~0.3 s of
     // decode after start-up ran at 4.1 ms of GPU time per step, later steps at 1.8 ms), then the

@@ -464,6 +464,7 @@ pub struct GpuModel<'w> {
     host: HostTimes,
     /// Record a step as one compute pass per phase run (as profile mode does) instead of one.
     pass_per_phase: bool,
+    fuse_residual: bool,
     op_prof: Option<OpProfiler>,
     spans: Option<StepSpans>,
 }
@@ -905,6 +906,7 @@ impl GpuModel<'static> {
         };
         Ok(GpuModel {
             pass_per_phase: false,
+            fuse_residual: false,
             op_prof: None,
             spans: None,
             host: HostTimes::default(),
@@ -1726,6 +1728,20 @@ impl<'w> GpuModel<'w> {
         self.pass_per_phase = on;
     }
 
+    /// Fuse each residual chain of one-token steps into one single-workgroup dispatch
+    /// ([`crate::gpu::ops::SconvRmsNorm`]: conv input → short conv → `h +=` → the next RMSNorm)
+    /// instead of two or three dispatches. Same results (tested); off by default because on an
+    /// H200 the single workgroup was slower than the separate kernels it replaces (22.2 µs vs
+    /// 6.9 + 8.6 µs per attention chain, 27.3 µs vs 7.1 + 6.9 + 8.6 µs per MoE chain, `bench
+    /// decode --per-op`); an experiment knob (`bench decode --fuse-residual`) for GPUs where
+    /// dispatches cost more than latency.
+    pub fn set_fuse_residual(&mut self, on: bool) {
+        if on != self.fuse_residual {
+            self.fuse_residual = on;
+            self.steps.clear();
+        }
+    }
+
     /// Start counting [`GpuModel::host_times`] afresh.
     pub fn reset_host_times(&mut self) {
         self.host = HostTimes::default();
@@ -1893,9 +1909,10 @@ impl<'w> GpuModel<'w> {
             GemvArgs::new(x, t, pairs, t, y)
         }
         let dense = |x, y| dense_args(x, t, &a.dense_pairs, y);
-        // One-token steps fuse each residual chain (conv input → short conv → `h +=` → the next
-        // RMSNorm) into one dispatch (`SconvRmsNorm`); longer chunks keep the separate kernels.
-        let fuse = t == 1;
+        // With `set_fuse_residual`, one-token steps fuse each residual chain (conv input → short
+        // conv → `h +=` → the next RMSNorm) into one dispatch (`SconvRmsNorm`); longer chunks, and
+        // every step by default, keep the separate kernels.
+        let fuse = t == 1 && self.fuse_residual;
         let n_layers = self.layers.len();
         // The norm that follows layer li's MLP residual when fused: (weight, output, div), or None
         // (an inner prefill chunk has no head after the last layer).

@@ -467,3 +467,51 @@ fn pipelined_greedy_respects_max_seq_and_profile_mode() {
     assert_eq!(m.position(), 0);
     m.take_profile().unwrap();
 }
+
+/// `set_fuse_residual` (one dispatch per residual chain of a one-token step): the same greedy ids
+/// as transformers on every fixture, and the same decode logits as the separate kernels.
+#[test]
+fn fused_residual_chains_keep_the_reference_tokens_and_logits() {
+    let gpu = gpu();
+    for name in FIXTURES {
+        let ck = Checkpoint::open(&fixture(name)).unwrap();
+        let w = Weights::load(&ck).unwrap();
+        let r = reference(name);
+        let eos = ck.generation.clone().unwrap().eos_token_ids;
+        let mut fused = GpuModel::new(&gpu, &w, MAX_SEQ).unwrap();
+        fused.set_fuse_residual(true);
+        let mut plain = GpuModel::new(&gpu, &w, MAX_SEQ).unwrap();
+        for (ci, c) in r.cases.iter().enumerate() {
+            fused.reset();
+            let out = generate(
+                &mut fused,
+                &c.prompt_ids,
+                &greedy(eos.clone(), c.max_new_tokens),
+                &mut |_| Ok(()),
+            )
+            .unwrap();
+            assert_eq!(out.generated_ids, c.generated_ids, "{name} case {ci}");
+            // one-token steps after the prompt: fused vs separate kernels
+            fused.reset();
+            plain.reset();
+            let a = fused.forward(&c.prompt_ids).unwrap();
+            let b = plain.forward(&c.prompt_ids).unwrap();
+            assert_eq!(a, b, "{name} case {ci}: the prompt chunk is never fused");
+            for &t in c.generated_ids.iter().take(4) {
+                let a = fused.forward(&[t]).unwrap();
+                let b = plain.forward(&[t]).unwrap();
+                let num: f64 = a
+                    .iter()
+                    .zip(&b)
+                    .map(|(x, y)| (*x as f64 - *y as f64).powi(2))
+                    .sum();
+                let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+                let err = (num / den).sqrt();
+                assert!(
+                    err <= 1e-5,
+                    "{name} case {ci}: fused logits rel err {err:e}"
+                );
+            }
+        }
+    }
+}
