@@ -51,10 +51,9 @@
 //! changes the WGSL.
 //!
 //! The slab is split into chunks (one storage binding each) no larger than the adapter's
-//! `max_storage_buffer_binding_size`, `max_buffer_size` and 2³¹ − 1 bytes ([`default_limit`]):
-//! preferably into equal row ranges of every expert, so every chunk's dispatch runs every pair
-//! (a token's six routed experts fill the GPU in each), else by whole experts, else each expert
-//! by rows. A call issues one dispatch per chunk; the caller never sees chunks.
+//! `max_storage_buffer_binding_size`, `max_buffer_size` and 2³¹ − 1 bytes: by whole experts when
+//! an expert fits, else by rows within each expert. A call issues one dispatch per chunk; the
+//! caller never sees chunks.
 
 use crate::formats::{Encoding, Format, QMatrix};
 use crate::gpu::dispatch::{self, DispatchError};
@@ -921,15 +920,8 @@ fn slab_geometry(
     Ok((stride, enc.scales_per_row(cols), limit))
 }
 
-/// `(e0, e1, r0, r1)` of every binding-sized chunk of a slab, in this order of preference:
-/// * the whole slab in one chunk;
-/// * equal row ranges of **every** expert (rows `[r0, r1)` of experts `[0, E)` per chunk), so each
-///   chunk's dispatch runs every pair: a token's few routed experts then spread over the whole
-///   GPU in each dispatch. (By whole experts, the dispatch of a chunk holding one of the token's
-///   six experts ran a grid of one pair: on an H200 the inkling-small routed gate_up slab, 2.4 GB
-///   in two chunks, took 41.8 µs per layer against 30 µs for the same six experts in one chunk.)
-/// * whole experts per chunk, when one row of every expert does not fit but one expert does;
-/// * else each expert split by rows.
+/// `(e0, e1, r0, r1)` of every binding-sized chunk of a slab: whole experts per chunk when one
+/// expert fits `limit`, else each expert split by rows.
 fn chunk_plan(
     experts: usize,
     rows: usize,
@@ -937,17 +929,8 @@ fn chunk_plan(
     limit: u64,
 ) -> Vec<(usize, usize, usize, usize)> {
     let expert_bytes = (rows * stride) as u64;
-    let row_of_all = (experts * stride) as u64;
     let mut plan = Vec::new();
-    if expert_bytes * experts as u64 <= limit {
-        plan.push((0, experts, 0, rows));
-    } else if row_of_all <= limit {
-        let k = rows.div_ceil((limit / row_of_all) as usize);
-        let per = rows.div_ceil(k);
-        for r0 in (0..rows).step_by(per) {
-            plan.push((0, experts, r0, (r0 + per).min(rows)));
-        }
-    } else if expert_bytes <= limit {
+    if expert_bytes <= limit {
         let per = (limit / expert_bytes).max(1) as usize;
         for e0 in (0..experts).step_by(per) {
             plan.push((e0, (e0 + per).min(experts), 0, rows));
@@ -1412,35 +1395,6 @@ mod tests {
         assert_eq!(
             plan(bf16, 1, 256, 4096, 0, 0).tuning.rows_per_workgroup(),
             1
-        );
-    }
-
-    #[test]
-    fn chunk_plan_prefers_row_ranges_of_every_expert() {
-        // inkling-small routed gate_up, int4-g64: 256 experts × 4096 rows × 2048 B, 2 GiB binding
-        let lim = (1u64 << 31) - 256;
-        assert_eq!(
-            chunk_plan(256, 4096, 2048, lim),
-            vec![(0, 256, 0, 2048), (0, 256, 2048, 4096)]
-        );
-        // fits: one chunk
-        assert_eq!(chunk_plan(6, 4096, 2048, lim), vec![(0, 6, 0, 4096)]);
-        // balanced ranges: 10 rows, 4 fit per chunk → 3 chunks of 4, 4, 2
-        assert_eq!(
-            chunk_plan(2, 10, 100, 800),
-            vec![(0, 2, 0, 4), (0, 2, 4, 8), (0, 2, 8, 10)]
-        );
-        // one row of every expert over the limit, one expert under: whole experts
-        assert_eq!(
-            chunk_plan(11, 3, 100, 1000),
-            vec![(0, 3, 0, 3), (3, 6, 0, 3), (6, 9, 0, 3), (9, 11, 0, 3)]
-        );
-        // one expert over the limit (and a row of every expert): each expert by rows
-        assert_eq!(
-            chunk_plan(20, 30, 100, 1000),
-            (0..20)
-                .flat_map(|e| [(e, e + 1, 0, 10), (e, e + 1, 10, 20), (e, e + 1, 20, 30)])
-                .collect::<Vec<_>>()
         );
     }
 
