@@ -20,7 +20,7 @@ for step in "$@"; do
       $BIN smoke --force-ordinal 6; echo "rc=$?" ;;
     bench)
       $BIN bench copy | tee "$OUT/copy.txt"
-      peak=$(grep -oE '[0-9]+(\.[0-9]+)? GB/s' "$OUT/copy.txt" | head -1 | cut -d' ' -f1)
+      peak=$(grep -oE 'ceiling: [0-9.]+' "$OUT/copy.txt" | cut -d' ' -f2)
       $BIN bench kernels --json --peak-gbs "${peak:-4250}" > "$OUT/wgpu.json"
       python3 benches/native/torch_gemv.py --peak-gbs "${peak:-4250}" > "$OUT/torch.json"
       $BIN bench compare "$OUT/wgpu.json" "$OUT/torch.json" ;;
