@@ -41,8 +41,8 @@ pub struct DecodeArgs {
     /// pass per step.
     #[arg(long)]
     pub pass_per_phase: bool,
-    /// Also time every kernel of the step as its own pass (a third run) and print GPU µs per
-    /// kernel name per token.
+    /// Also time every kernel of the step as its own pass (one more run, after the others) and
+    /// print GPU µs per kernel name per token.
     #[arg(long)]
     pub per_op: bool,
     /// Run the timed (pipelined, untimed-on-GPU) probe this many times and print each run's tok/s
@@ -211,6 +211,9 @@ pub fn run(a: DecodeArgs) -> anyhow::Result<ExitCode> {
         let (busy, idle) = m.take_step_spans()?;
         Some((busy, idle, secs_sp))
     } else {
+        if a.pass_per_phase {
+            eprintln!("  (no per-step GPU busy/idle times with --pass-per-phase: they time the single pass)");
+        }
         None
     };
     m.reset();

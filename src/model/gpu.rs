@@ -165,11 +165,17 @@ struct Profiler {
 /// Per-op profile state (see [`GpuModel::start_op_profile`]): one query set with two timestamps
 /// per recorded kernel, resolved and read back after every profiled step.
 struct OpProfiler {
-    qs: Option<wgpu::QuerySet>,
-    queries: u32,
+    /// Query sets of [`OP_SET_KERNELS`] kernels (two timestamps each), as many as a step needs.
+    sets: Vec<wgpu::QuerySet>,
+    /// Resolved timestamps: 16 bytes per kernel, set k from byte k · 16 · OP_SET_KERNELS.
     resolve: Option<wgpu::Buffer>,
+    /// Kernels `resolve` holds.
+    capacity: usize,
     times: super::profile::OpTimes,
 }
+
+/// Kernels per query set of the per-op profile (two queries each: the set limit is 4096).
+const OP_SET_KERNELS: usize = (wgpu::QUERY_SET_MAX_QUERIES / 2) as usize;
 
 /// GPU timestamps at the beginning and end of each normal (single-pass) one-token step: how long
 /// the GPU spends on a step and how long it sits idle between steps (see
@@ -1256,9 +1262,9 @@ impl<'w> GpuModel<'w> {
             "the per-op profile does not time streamed steps"
         );
         self.op_prof = Some(OpProfiler {
-            qs: None,
-            queries: 0,
+            sets: Vec::new(),
             resolve: None,
+            capacity: 0,
             times: Default::default(),
         });
         Ok(())
@@ -1577,40 +1583,44 @@ impl<'w> GpuModel<'w> {
         let op_timed = t == 1 && !streaming && timed_slot.is_none() && self.op_prof.is_some();
         if op_timed {
             let op = self.op_prof.as_mut().expect("op profile");
-            let need = 2 * step.recs.len() as u32;
-            ensure!(
-                need <= wgpu::QUERY_SET_MAX_QUERIES,
-                "per-op profile: {} kernels per step exceed the {} queries of a query set",
-                step.recs.len(),
-                wgpu::QUERY_SET_MAX_QUERIES
-            );
-            if op.queries < need {
-                op.qs = Some(gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
-                    label: Some("per-op profile"),
-                    ty: wgpu::QueryType::Timestamp,
-                    count: need,
-                }));
+            let n = step.recs.len();
+            if op.capacity < n {
+                op.sets = (0..n.div_ceil(OP_SET_KERNELS))
+                    .map(|_| {
+                        gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
+                            label: Some("per-op profile"),
+                            ty: wgpu::QueryType::Timestamp,
+                            count: 2 * OP_SET_KERNELS as u32,
+                        })
+                    })
+                    .collect();
                 op.resolve = Some(gpu.device.create_buffer(&wgpu::BufferDescriptor {
                     label: Some("per-op profile timestamps"),
-                    size: 8 * need as u64,
+                    size: (16 * OP_SET_KERNELS * op.sets.len()) as u64,
                     usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
                     mapped_at_creation: false,
                 }));
-                op.queries = need;
+                op.capacity = OP_SET_KERNELS * op.sets.len();
             }
-            let qs = op.qs.as_ref().expect("created");
             for (i, r) in step.recs.iter().enumerate() {
+                let q = 2 * (i % OP_SET_KERNELS) as u32;
                 let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                     label: Some("per-op profile"),
                     timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
-                        query_set: qs,
-                        beginning_of_pass_write_index: Some(2 * i as u32),
-                        end_of_pass_write_index: Some(2 * i as u32 + 1),
+                        query_set: &op.sets[i / OP_SET_KERNELS],
+                        beginning_of_pass_write_index: Some(q),
+                        end_of_pass_write_index: Some(q + 1),
                     }),
                 });
                 r.record_in_pass(&mut pass);
             }
-            enc.resolve_query_set(qs, 0..need, op.resolve.as_ref().expect("created"), 0);
+            let resolve = op.resolve.as_ref().expect("created");
+            // kernel i's two timestamps land at byte 16 · i of `resolve`
+            for (k, qs) in op.sets.iter().enumerate().take(n.div_ceil(OP_SET_KERNELS)) {
+                let used = (n - k * OP_SET_KERNELS).min(OP_SET_KERNELS) as u32;
+                let at = (16 * OP_SET_KERNELS * k) as u64;
+                enc.resolve_query_set(qs, 0..2 * used, resolve, at);
+            }
         }
         if streaming {
             enc = self.record_streamed(key, enc)?;
