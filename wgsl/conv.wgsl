@@ -20,124 +20,89 @@ const MAX_K: u32 = 8u;
 @group(0) @binding(3) var<storage, read_write> state: array<f32>;
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 
-@compute @workgroup_size(64)
-fn short_conv(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let c = gid.x + gid.y * nwg.x * 64u;
-    if (c >= p.c) {
-        return;
-    }
-    let km1 = p.k - 1u;
-    // Loops run to the constant MAX_K with the runtime size as a guard, so they unroll and the window
-    // and weights stay in registers (no dynamically indexed private arrays); all loads are independent.
-    // win[0..km1) = previous K-1 inputs, oldest first.
-    var win: array<f32, MAX_K>;
-    var wk: array<f32, MAX_K>;
-    for (var k = 0u; k < MAX_K; k++) {
-        win[k] = 0.0;
-        wk[k] = 0.0;
-        if (k < km1) {
-            win[k] = state[k * p.c + c];
-        }
-        if (k < p.k) {
-            wk[k] = w[c * p.k + k];
-        }
-    }
-    for (var t = 0u; t < p.t; t++) {
-        let xv = x[t * p.c + c];
-        var s = 0.0;
-        for (var k = 0u; k < MAX_K; k++) {
-            if (k < km1) {
-                s += wk[k] * win[k];
-            } else if (k == km1) {
-                s += wk[k] * xv;
-            }
-        }
-        let o = xv + s;
-        if (p.accumulate != 0u) {
-            y[t * p.c + c] += o;
-        } else {
-            y[t * p.c + c] = o;
-        }
-        // shift the window: win[k] = win[k + 1], the newest input last
-        for (var k = 0u; k + 1u < MAX_K; k++) {
-            if (k + 1u < km1) {
-                win[k] = win[k + 1u];
-            } else if (k + 1u == km1) {
-                win[k] = xv;
-            }
-        }
-    }
-    for (var k = 0u; k < MAX_K; k++) {
-        if (k < km1) {
-            state[k * p.c + c] = win[k];
-        }
-    }
-}
-
-// short_conv_pair: two independent convolutions of the same shape (the attention's k and v convs) in
-// one dispatch: workgroups [0, G) run (x, w, state, y), workgroups [G, 2G) run (x2, w2, state2, y2),
-// G = ceil(C / 64); the same formula and order as short_conv.
+// The `//!IF PAIR` variant runs two independent convolutions of the same shape (the attention's k
+// and v convs) in one dispatch: workgroups [0, G) run (x, w, state, y), workgroups [G, 2G) run
+// (x2, w2, state2, y2), G = ceil(C / 64). Otherwise workgroups [0, G) run the one convolution.
+//!IF PAIR
 @group(0) @binding(5) var<storage, read> x2: array<f32>;
 @group(0) @binding(6) var<storage, read> w2: array<f32>;
 @group(0) @binding(7) var<storage, read_write> state2: array<f32>;
 @group(0) @binding(8) var<storage, read_write> y2: array<f32>;
+const PAIRED: bool = true;
+//!ELSE
+const PAIRED: bool = false;
+//!END
 
+// Loads and stores of convolution `second` (always the first without PAIR).
 fn ld_x(second: bool, i: u32) -> f32 {
+//!IF PAIR
     if (second) {
         return x2[i];
     }
+//!END
     return x[i];
 }
 
 fn ld_w(second: bool, i: u32) -> f32 {
+//!IF PAIR
     if (second) {
         return w2[i];
     }
+//!END
     return w[i];
 }
 
 fn ld_state(second: bool, i: u32) -> f32 {
+//!IF PAIR
     if (second) {
         return state2[i];
     }
+//!END
     return state[i];
 }
 
 fn st_state(second: bool, i: u32, v: f32) {
+//!IF PAIR
     if (second) {
         state2[i] = v;
-    } else {
-        state[i] = v;
+        return;
     }
+//!END
+    state[i] = v;
 }
 
 fn st_y(second: bool, i: u32, v: f32) {
+//!IF PAIR
     if (second) {
         if (p.accumulate != 0u) {
             y2[i] += v;
         } else {
             y2[i] = v;
         }
+        return;
+    }
+//!END
+    if (p.accumulate != 0u) {
+        y[i] += v;
     } else {
-        if (p.accumulate != 0u) {
-            y[i] += v;
-        } else {
-            y[i] = v;
-        }
+        y[i] = v;
     }
 }
 
 @compute @workgroup_size(64)
-fn short_conv_pair(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                   @builtin(local_invocation_id) lid: vec3<u32>) {
+fn short_conv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_id) lid: vec3<u32>) {
     let g = wid.x + wid.y * nwg.x;
     let per = (p.c + 63u) / 64u;
-    let second = g >= per;
+    let second = PAIRED && g >= per;
     let c = (g - select(0u, per, second)) * 64u + lid.x;
-    if (g >= 2u * per || c >= p.c) {
+    if (g >= select(1u, 2u, PAIRED) * per || c >= p.c) {
         return;
     }
     let km1 = p.k - 1u;
+    // Loops run to the constant MAX_K with the runtime size as a guard, so they unroll and the window
+    // and weights stay in registers (no dynamically indexed private arrays); all loads are independent.
+    // win[0..km1) = previous K-1 inputs, oldest first.
     var win: array<f32, MAX_K>;
     var wk: array<f32, MAX_K>;
     for (var k = 0u; k < MAX_K; k++) {

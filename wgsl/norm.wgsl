@@ -11,7 +11,8 @@
 // Offsets and strides in the uniforms are in floats either way.
 //
 // rms_norm:         y[y_off + r*y_stride + c] = w[c] * x[x_off + r*x_stride + c] * inv_rms(row)
-// rms_norm_inplace: the same with x == y (per-head q/k norm: rows = T*heads, width = head_dim)
+//                   (`//!IF INPLACE` variant: x is read_write and the row is written back to x at
+//                   x_off + r*x_stride: the per-head q/k norm, rows = T*heads, width = head_dim)
 // embed_norm:       y[t, :] = w * norm(table[ids[t] - row_lo, :]) for ids in [row_lo, row_lo + n_rows)
 //                   (one dispatch per table shard; table f32 or bf16 packed two per u32, low half first)
 
@@ -40,9 +41,12 @@ const WG: u32 = 256u;
 alias V = vec4<f32>;
 const UNIT: u32 = 4u;
 @group(0) @binding(1) var<storage, read> w: array<vec4<f32>>;
+//!IF INPLACE
+@group(0) @binding(2) var<storage, read_write> x: array<vec4<f32>>;
+//!ELSE
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
+//!END
 @group(0) @binding(3) var<storage, read_write> y: array<vec4<f32>>;
-@group(0) @binding(4) var<storage, read_write> xio: array<vec4<f32>>;
 @group(0) @binding(6) var<storage, read> table_f32: array<vec4<f32>>;
 @group(0) @binding(7) var<storage, read> table_u32: array<vec2<u32>>;
 
@@ -63,9 +67,12 @@ fn table_at(e: u32) -> V {
 alias V = f32;
 const UNIT: u32 = 1u;
 @group(0) @binding(1) var<storage, read> w: array<f32>;
+//!IF INPLACE
+@group(0) @binding(2) var<storage, read_write> x: array<f32>;
+//!ELSE
 @group(0) @binding(2) var<storage, read> x: array<f32>;
+//!END
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
-@group(0) @binding(4) var<storage, read_write> xio: array<f32>;
 @group(0) @binding(6) var<storage, read> table_f32: array<f32>;
 @group(0) @binding(7) var<storage, read> table_u32: array<u32>;
 
@@ -141,44 +148,16 @@ fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
         a0 += sq(x[xb + c]);
     }
     let inv = inv_rms(seg_sum(tid, (a0 + a1) + (a2 + a3)));
+//!IF INPLACE
+    for (var c2 = lane; c2 < wu; c2 += tpr) {
+        x[xb + c2] = w[c2] * (x[xb + c2] * inv);
+    }
+//!ELSE
     let yb = (p.y_off + row * p.y_stride) / UNIT;
     for (var c2 = lane; c2 < wu; c2 += tpr) {
         y[yb + c2] = w[c2] * (x[xb + c2] * inv);
     }
-}
-
-@compute @workgroup_size(256)
-fn rms_norm_inplace(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                    @builtin(local_invocation_id) lid: vec3<u32>) {
-    let tid = lid.x;
-    let rl = row_lane(wid, nwg, tid);
-    let row = rl.x;
-    let lane = rl.y;
-    let tpr = p.tpr;
-    let wu = select(0u, p.width / UNIT, row < p.rows);
-    let xb = (p.x_off + row * p.x_stride) / UNIT;
-    var a0 = 0.0;
-    var a1 = 0.0;
-    var a2 = 0.0;
-    var a3 = 0.0;
-    var c = lane;
-    for (; c + 3u * tpr < wu; c += 4u * tpr) {
-        let v0 = xio[xb + c];
-        let v1 = xio[xb + c + tpr];
-        let v2 = xio[xb + c + 2u * tpr];
-        let v3 = xio[xb + c + 3u * tpr];
-        a0 += sq(v0);
-        a1 += sq(v1);
-        a2 += sq(v2);
-        a3 += sq(v3);
-    }
-    for (; c < wu; c += tpr) {
-        a0 += sq(xio[xb + c]);
-    }
-    let inv = inv_rms(seg_sum(tid, (a0 + a1) + (a2 + a3)));
-    for (var c2 = lane; c2 < wu; c2 += tpr) {
-        xio[xb + c2] = w[c2] * (xio[xb + c2] * inv);
-    }
+//!END
 }
 
 @compute @workgroup_size(256)

@@ -339,45 +339,10 @@ pub fn wgsl_source_tuned(
         t.rows_per_workgroup(),
         pad_period(enc.format),
     );
-    out.push_str(&preprocess(
+    out.push_str(&crate::gpu::kernel::preprocess(
         GEMV_WGSL,
         &[("SUBGROUP", subgroups), ("XDIRECT", direct)],
     ));
-    out
-}
-
-/// Keep the lines of the active branches of `//!IF FLAG` / `//!ELSE` / `//!END` blocks (blocks
-/// may nest); `flags` gives every flag's value. Panics on an unknown flag or unbalanced lines
-/// (a bug in the skeleton, caught by the WGSL validation tests).
-fn preprocess(src: &str, flags: &[(&str, bool)]) -> String {
-    let mut out = String::with_capacity(src.len());
-    // per open block: (the enclosing block is kept, this branch is kept)
-    let mut stack: Vec<(bool, bool)> = Vec::new();
-    let mut keep = true;
-    for line in src.lines() {
-        let l = line.trim();
-        if let Some(name) = l.strip_prefix("//!IF ") {
-            let v = flags
-                .iter()
-                .find(|f| f.0 == name.trim())
-                .unwrap_or_else(|| panic!("gemv.wgsl: unknown flag {name}"))
-                .1;
-            stack.push((keep, v));
-            keep = keep && v;
-        } else if l == "//!ELSE" {
-            let (outer, v) = stack
-                .last()
-                .copied()
-                .expect("gemv.wgsl: //!ELSE outside a block");
-            keep = outer && !v;
-        } else if l == "//!END" {
-            keep = stack.pop().expect("gemv.wgsl: //!END outside a block").0;
-        } else if keep {
-            out.push_str(line);
-            out.push('\n');
-        }
-    }
-    assert!(stack.is_empty(), "gemv.wgsl: unclosed //!IF block");
     out
 }
 
@@ -1396,15 +1361,5 @@ mod tests {
             plan(bf16, 1, 256, 4096, 0, 0).tuning.rows_per_workgroup(),
             1
         );
-    }
-
-    #[test]
-    fn preprocess_named_flags_nest() {
-        let src = "a\n//!IF A\nb\n//!IF B\nc\n//!ELSE\nd\n//!END\n//!ELSE\ne\n//!END\nf\n";
-        let run = |a, b| preprocess(src, &[("A", a), ("B", b)]);
-        assert_eq!(run(true, true), "a\nb\nc\nf\n");
-        assert_eq!(run(true, false), "a\nb\nd\nf\n");
-        assert_eq!(run(false, true), "a\ne\nf\n");
-        assert_eq!(run(false, false), "a\ne\nf\n");
     }
 }

@@ -68,7 +68,29 @@ pub fn wgsl_instantiations(file_name: &str, source: &str) -> Vec<(String, String
             }
             v
         }
-        "attention.wgsl" | "norm.wgsl" | "residual.wgsl" => [false, true]
+        "norm.wgsl" => [(false, false), (false, true), (true, false), (true, true)]
+            .into_iter()
+            .map(|(v, inplace)| {
+                (
+                    format!(
+                        "{file_name} [{}{}]",
+                        if v { "vec4" } else { "f32" },
+                        if inplace { " inplace" } else { "" }
+                    ),
+                    crate::gpu::ops::norm::norm_source(v, inplace),
+                )
+            })
+            .collect(),
+        "conv.wgsl" => [false, true]
+            .into_iter()
+            .map(|pair| {
+                (
+                    format!("{file_name} [{}]", if pair { "pair" } else { "single" }),
+                    preprocess(source, &[("PAIR", pair)]),
+                )
+            })
+            .collect(),
+        "attention.wgsl" | "residual.wgsl" => [false, true]
             .into_iter()
             .map(|v| {
                 (
@@ -78,5 +100,55 @@ pub fn wgsl_instantiations(file_name: &str, source: &str) -> Vec<(String, String
             })
             .collect(),
         _ => vec![(file_name.to_string(), source.to_string())],
+    }
+}
+
+/// Keep the lines of the active branches of `//!IF FLAG` / `//!ELSE` / `//!END` blocks (blocks
+/// may nest); `flags` gives every flag's value. Panics on an unknown flag or unbalanced lines
+/// (a bug in the skeleton, caught by the WGSL validation tests).
+pub fn preprocess(src: &str, flags: &[(&str, bool)]) -> String {
+    let mut out = String::with_capacity(src.len());
+    // per open block: (the enclosing block is kept, this branch is kept)
+    let mut stack: Vec<(bool, bool)> = Vec::new();
+    let mut keep = true;
+    for line in src.lines() {
+        let l = line.trim();
+        if let Some(name) = l.strip_prefix("//!IF ") {
+            let v = flags
+                .iter()
+                .find(|f| f.0 == name.trim())
+                .unwrap_or_else(|| panic!("WGSL: unknown //!IF flag {name}"))
+                .1;
+            stack.push((keep, v));
+            keep = keep && v;
+        } else if l == "//!ELSE" {
+            let (outer, v) = stack
+                .last()
+                .copied()
+                .expect("WGSL: //!ELSE outside a block");
+            keep = outer && !v;
+        } else if l == "//!END" {
+            keep = stack.pop().expect("WGSL: //!END outside a block").0;
+        } else if keep {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    assert!(stack.is_empty(), "WGSL: unclosed //!IF block");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn preprocess_named_flags_nest() {
+        let src = "a\n//!IF A\nb\n//!IF B\nc\n//!ELSE\nd\n//!END\n//!ELSE\ne\n//!END\nf\n";
+        let run = |a, b| preprocess(src, &[("A", a), ("B", b)]);
+        assert_eq!(run(true, true), "a\nb\nc\nf\n");
+        assert_eq!(run(true, false), "a\nb\nd\nf\n");
+        assert_eq!(run(false, true), "a\ne\nf\n");
+        assert_eq!(run(false, false), "a\ne\nf\n");
     }
 }

@@ -169,8 +169,6 @@ struct OpProfiler {
     sets: Vec<wgpu::QuerySet>,
     /// Resolved timestamps: 16 bytes per kernel, set k from byte k · 16 · OP_SET_KERNELS.
     resolve: Option<wgpu::Buffer>,
-    /// Kernels `resolve` holds.
-    capacity: usize,
     times: super::profile::OpTimes,
 }
 
@@ -1264,7 +1262,6 @@ impl<'w> GpuModel<'w> {
         self.op_prof = Some(OpProfiler {
             sets: Vec::new(),
             resolve: None,
-            capacity: 0,
             times: Default::default(),
         });
         Ok(())
@@ -1584,7 +1581,7 @@ impl<'w> GpuModel<'w> {
         if op_timed {
             let op = self.op_prof.as_mut().expect("op profile");
             let n = step.recs.len();
-            if op.capacity < n {
+            if op.sets.len() * OP_SET_KERNELS < n {
                 op.sets = (0..n.div_ceil(OP_SET_KERNELS))
                     .map(|_| {
                         gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
@@ -1600,7 +1597,6 @@ impl<'w> GpuModel<'w> {
                     usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
                     mapped_at_creation: false,
                 }));
-                op.capacity = OP_SET_KERNELS * op.sets.len();
             }
             for (i, r) in step.recs.iter().enumerate() {
                 let q = 2 * (i % OP_SET_KERNELS) as u32;

@@ -33,83 +33,53 @@ impl ShortConvKernel {
         state: &wgpu::Buffer,
         y: &wgpu::Buffer,
     ) -> ConvCall {
-        assert!(
-            (1..=8).contains(&self.kernel),
-            "short conv kernel size {} not in 1..=8",
-            self.kernel
-        );
-        let (t, c) = (self.tokens as u64, self.channels as u64);
-        super::need(x, t * c, "short_conv x");
-        super::need(w, c * self.kernel as u64, "short_conv w");
-        super::need(state, (self.kernel as u64 - 1) * c, "short_conv state");
-        super::need(y, t * c, "short_conv y");
-        let pl = pipeline(
-            gpu,
-            "conv/short_conv",
-            SRC,
-            "short_conv",
-            &[
-                (0, Bind::Uniform),
-                (1, Bind::Read),
-                (2, Bind::Read),
-                (3, Bind::Write),
-                (4, Bind::Write),
-            ],
-        );
-        let u = uniform_words(
-            gpu,
-            "short_conv params",
-            &[
-                self.tokens,
-                self.channels,
-                self.kernel,
-                self.accumulate as u32,
-            ],
-        );
-        let bg = bind_group(
-            gpu,
-            "short_conv",
-            &pl,
-            &[(0, &u), (1, x), (2, w), (3, state), (4, y)],
-        );
-        ConvCall::new(
-            OpCall {
-                label: "short_conv".into(),
-                dispatches: vec![Dispatch {
-                    pipeline: pl,
-                    bind_group: bg,
-                    groups: super::grid(self.channels.div_ceil(64)),
-                }],
-                owned: vec![u],
-            },
-            state,
-            self.kernel,
-            self.channels,
-        )
+        self.bind_sets(gpu, &[[x, w, state, y]])
     }
 
     /// Two convolutions of this shape in one dispatch (the attention's k and v convs), each exactly
-    /// as [`ShortConvKernel::bind`] (`short_conv_pair` in `wgsl/conv.wgsl`): `a` and `b` are
+    /// as [`ShortConvKernel::bind`] (the `PAIR` variant of `wgsl/conv.wgsl`): `a` and `b` are
     /// `(x, w, state, y)` with the shapes of `bind` (no buffer of `a` may be one of `b`'s outputs).
     /// Label `"short_conv x2"`; a reset clears both states.
     pub fn bind_pair(&self, gpu: &Gpu, a: [&wgpu::Buffer; 4], b: [&wgpu::Buffer; 4]) -> ConvCall {
+        self.bind_sets(gpu, &[a, b])
+    }
+
+    /// One convolution per `(x, w, state, y)` set (one or two) in one dispatch.
+    fn bind_sets(&self, gpu: &Gpu, sets: &[[&wgpu::Buffer; 4]]) -> ConvCall {
         assert!(
             (1..=8).contains(&self.kernel),
             "short conv kernel size {} not in 1..=8",
             self.kernel
         );
+        let paired = sets.len() == 2;
+        assert!(sets.len() == 1 || paired, "one or two convolutions");
         let (t, c) = (self.tokens as u64, self.channels as u64);
-        for [x, w, state, y] in [a, b] {
+        for [x, w, state, y] in sets {
             super::need(x, t * c, "short_conv x");
             super::need(w, c * self.kernel as u64, "short_conv w");
             super::need(state, (self.kernel as u64 - 1) * c, "short_conv state");
             super::need(y, t * c, "short_conv y");
         }
-        let binds: Vec<(u32, Bind)> = std::iter::once((0, Bind::Uniform))
-            .chain([1, 2, 5, 6].map(|i| (i, Bind::Read)))
-            .chain([3, 4, 7, 8].map(|i| (i, Bind::Write)))
-            .collect();
-        let pl = pipeline(gpu, "conv/short_conv_pair", SRC, "short_conv_pair", &binds);
+        // per set k: x, w read at 1 + 4k, 2 + 4k; state, y written at 3 + 4k, 4 + 4k
+        let mut binds = vec![(0, Bind::Uniform)];
+        let mut entries = Vec::new();
+        for (k, set) in sets.iter().enumerate() {
+            let b = 4 * k as u32;
+            binds.extend([
+                (1 + b, Bind::Read),
+                (2 + b, Bind::Read),
+                (3 + b, Bind::Write),
+                (4 + b, Bind::Write),
+            ]);
+            entries.extend((1..=4).map(|i| (i + b, set[i as usize - 1])));
+        }
+        let (key, label) = if paired {
+            ("conv/short_conv/pair", "short_conv x2")
+        } else {
+            ("conv/short_conv/single", "short_conv")
+        };
+        let src = crate::gpu::kernel::preprocess(SRC, &[("PAIR", paired)]);
+        let pl = pipeline(gpu, key, &src, "short_conv", &binds);
         let u = uniform_words(
             gpu,
             "short_conv params",
@@ -120,37 +90,26 @@ impl ShortConvKernel {
                 self.accumulate as u32,
             ],
         );
-        let bg = bind_group(
-            gpu,
-            "short_conv x2",
-            &pl,
-            &[
-                (0, &u),
-                (1, a[0]),
-                (2, a[1]),
-                (3, a[2]),
-                (4, a[3]),
-                (5, b[0]),
-                (6, b[1]),
-                (7, b[2]),
-                (8, b[3]),
-            ],
-        );
+        entries.insert(0, (0, &u));
+        let bg = bind_group(gpu, label, &pl, &entries);
         let mut call = ConvCall::new(
             OpCall {
-                label: "short_conv x2".into(),
+                label: label.into(),
                 dispatches: vec![Dispatch {
                     pipeline: pl,
                     bind_group: bg,
-                    groups: super::grid(2 * self.channels.div_ceil(64)),
+                    groups: super::grid(sets.len() as u32 * self.channels.div_ceil(64)),
                 }],
-                owned: vec![u],
+                owned: vec![],
             },
-            a[2],
+            sets[0][2],
             self.kernel,
             self.channels,
         );
-        call.states.push((b[2].clone(), self.state_bytes()));
+        for set in &sets[1..] {
+            call.states.push((set[2].clone(), self.state_bytes()));
+        }
+        call.call.owned.push(u);
         call
     }
 }

@@ -210,24 +210,11 @@ impl PosBuffer {
     }
 }
 
-/// Keep the lines of the active branch of `//!IF VEC4` / `//!ELSE` / `//!END` blocks: the vec4 variant
-/// (rows 16-byte aligned, bound as `array<vec4<f32>>`) when `vec4`, else the f32 one.
+/// The VEC4 variant of a kernel file (`//!IF VEC4` / `//!ELSE` / `//!END`, see
+/// [`crate::gpu::kernel::preprocess`]): rows 16-byte aligned, bound as `array<vec4<f32>>`, when
+/// `vec4`, else the f32 one.
 pub fn wgsl_variant(src: &str, vec4: bool) -> String {
-    let mut out = String::with_capacity(src.len());
-    let mut keep = true;
-    for line in src.lines() {
-        match line.trim() {
-            "//!IF VEC4" => keep = vec4,
-            "//!ELSE" => keep = !vec4,
-            "//!END" => keep = true,
-            _ if keep => {
-                out.push_str(line);
-                out.push('\n');
-            }
-            _ => {}
-        }
-    }
-    out
+    crate::gpu::kernel::preprocess(src, &[("VEC4", vec4)])
 }
 
 /// A 4-byte storage buffer to bind where a kernel's optional input is absent.

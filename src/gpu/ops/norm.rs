@@ -25,20 +25,28 @@ fn row_groups(rows: u32, tpr: u32) -> [u32; 3] {
     grid(rows.div_ceil(256 / tpr))
 }
 
+/// The pipeline of `entry` in the VEC4 (`vec4`, cache tag `tag`) and INPLACE variant of norm.wgsl.
 fn norm_pipeline(
     gpu: &Gpu,
     entry: &str,
     vec4: bool,
+    inplace: bool,
     tag: &str,
     binds: &[(u32, Bind)],
 ) -> Arc<wgpu::ComputePipeline> {
+    let variant = if inplace { "inplace" } else { "out" };
     pipeline(
         gpu,
-        &format!("norm/{entry}/{tag}"),
-        &super::wgsl_variant(SRC, vec4),
+        &format!("norm/{entry}/{tag}/{variant}"),
+        &norm_source(vec4, inplace),
         entry,
         binds,
     )
+}
+
+/// norm.wgsl with its `VEC4` and `INPLACE` flags set.
+pub fn norm_source(vec4: bool, inplace: bool) -> String {
+    crate::gpu::kernel::preprocess(SRC, &[("VEC4", vec4), ("INPLACE", inplace)])
 }
 
 /// Row layout of an RMSNorm: `rows` rows of `width` values; row r of x starts at `x_off + r * x_stride`
@@ -95,6 +103,7 @@ impl RmsNorm {
             gpu,
             "rms_norm",
             vec4,
+            false,
             tag,
             &[
                 (0, Bind::Uniform),
@@ -127,16 +136,17 @@ impl RmsNorm {
         let (vec4, tpr, tag) = split(self.width, aligned);
         let pl = norm_pipeline(
             gpu,
-            "rms_norm_inplace",
+            "rms_norm",
             vec4,
+            true,
             tag,
-            &[(0, Bind::Uniform), (1, Bind::Read), (4, Bind::Write)],
+            &[(0, Bind::Uniform), (1, Bind::Read), (2, Bind::Write)],
         );
         let last = (self.rows.max(1) as u64 - 1) * self.x_stride as u64 + self.width as u64;
         super::need(x, self.x_off as u64 + last, "rms_norm_inplace x");
         super::need(w, self.width as u64, "rms_norm_inplace w");
         let u = uniform_words(gpu, "rms_norm_inplace params", &self.words(tpr));
-        let bg = bind_group(gpu, "rms_norm_inplace", &pl, &[(0, &u), (1, w), (4, x)]);
+        let bg = bind_group(gpu, "rms_norm_inplace", &pl, &[(0, &u), (1, w), (2, x)]);
         OpCall {
             label: "rms_norm_inplace".into(),
             dispatches: vec![Dispatch {
@@ -200,6 +210,7 @@ impl EmbedNorm {
                 gpu,
                 "embed_norm",
                 vec4,
+                false,
                 tag,
                 &[
                     (0, Bind::Uniform),
