@@ -88,7 +88,6 @@ impl Rec {
     /// The kernel's name without its layer (`"q_proj"`, `"rms_norm"`): the per-op profile's key.
     fn op_name(&self) -> String {
         let raw = match self {
-            Rec::Op(c) if c.label == "router" => "router top-k",
             Rec::Op(c) => c.label.as_str(),
             Rec::Conv(c) => c.call.label.as_str(),
             Rec::Attn(c) => c.call.label.as_str(),

@@ -115,7 +115,7 @@ impl Router {
             ],
         );
         OpCall {
-            label: "router".into(),
+            label: "router top-k".into(),
             dispatches: vec![Dispatch {
                 pipeline: pl,
                 bind_group: bg,
