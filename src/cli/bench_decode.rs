@@ -127,6 +127,21 @@ fn host_line(h: &crate::model::HostTimes) -> String {
     )
 }
 
+/// [`probe`] with a GPU timestamp at each step's beginning and end: the ids, the GPU seconds of
+/// each step, the GPU seconds idle before each step after the first, and the decode seconds.
+#[allow(clippy::type_complexity)]
+fn spans_run(
+    m: &mut GpuModel,
+    prompt: &[u32],
+    steps: usize,
+) -> anyhow::Result<(Vec<u32>, Vec<f64>, Vec<f64>, f64)> {
+    m.reset();
+    m.start_step_spans(steps as u32 + 1)?;
+    let (ids, secs) = probe(m, prompt, steps)?;
+    let (busy, idle) = m.take_step_spans()?;
+    Ok((ids, busy, idle, secs))
+}
+
 fn mean_ms(v: &[f64]) -> f64 {
     if v.is_empty() {
         0.0
@@ -178,10 +193,7 @@ pub fn run(a: DecodeArgs) -> anyhow::Result<ExitCode> {
         probe(&mut m, &prompt, a.tokens)?;
     }
     if a.spans_first && m.has_timestamps() {
-        m.reset();
-        m.start_step_spans(a.tokens as u32 + 1)?;
-        let (_, secs_sp) = probe(&mut m, &prompt, a.tokens)?;
-        let (busy, idle) = m.take_step_spans()?;
+        let (_, busy, idle, secs_sp) = spans_run(&mut m, &prompt, a.tokens)?;
         eprintln!(
             "(spans first) {}",
             span_line(&busy, &idle, secs_sp, a.tokens)
@@ -201,14 +213,11 @@ pub fn run(a: DecodeArgs) -> anyhow::Result<ExitCode> {
     // the same run again with a timestamp at each step's beginning and end: GPU time per step
     // and GPU idle time between steps (a second run, so the timed run above carries no queries)
     let spans = if m.has_timestamps() && !a.pass_per_phase {
-        m.reset();
-        m.start_step_spans(a.tokens as u32 + 1)?;
-        let (ids_sp, secs_sp) = probe(&mut m, &prompt, a.tokens)?;
+        let (ids_sp, busy, idle, secs_sp) = spans_run(&mut m, &prompt, a.tokens)?;
         ensure!(
             ids == ids_sp,
             "the step-timestamp run chose different tokens"
         );
-        let (busy, idle) = m.take_step_spans()?;
         Some((busy, idle, secs_sp))
     } else {
         if a.pass_per_phase {
