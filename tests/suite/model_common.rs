@@ -130,3 +130,53 @@ pub fn copy_fixture(name: &str, tag: &str) -> PathBuf {
     }
     dst
 }
+
+/// Greedy decoding parameters (temperature 0) stopping at `eos` or after `max` tokens.
+pub fn greedy(eos: Vec<u32>, max: usize) -> inkling_wgpu::model::generate::GenerateParams {
+    inkling_wgpu::model::generate::GenerateParams {
+        max_new_tokens: max,
+        sampling: inkling_wgpu::model::sampling::SamplingParams::default(),
+        seed: 0,
+        eos_ids: eos,
+    }
+}
+
+/// `generate` case `ci` of fixture `name` greedily on `m` and check transformers' continuation,
+/// finish reason and the ids handed to the printer (never the EOS).
+pub fn check_greedy_case(
+    m: &mut dyn inkling_wgpu::model::Forward,
+    name: &str,
+    ci: usize,
+    c: &Case,
+    eos: &[u32],
+) {
+    use inkling_wgpu::model::generate::{generate, FinishReason};
+    let mut streamed = Vec::new();
+    let out = generate(
+        m,
+        &c.prompt_ids,
+        &greedy(eos.to_vec(), c.max_new_tokens),
+        &mut |id| {
+            streamed.push(id);
+            Ok(())
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        out.generated_ids, c.generated_ids,
+        "{name} case {ci}: greedy continuation"
+    );
+    let want = if c.finish_reason == "eos" {
+        FinishReason::Eos
+    } else {
+        FinishReason::Length
+    };
+    assert_eq!(out.finish_reason, want, "{name} case {ci}: finish reason");
+    // EOS is never handed to the printer.
+    let printed = if want == FinishReason::Eos {
+        &c.generated_ids[..c.generated_ids.len() - 1]
+    } else {
+        &c.generated_ids[..]
+    };
+    assert_eq!(streamed, printed, "{name} case {ci}: streamed ids");
+}

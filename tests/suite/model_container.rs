@@ -7,8 +7,7 @@
 use crate::model_common;
 use inkling_wgpu::container::{convert, Container, ContainerError, ConvertOptions, STAMP_KEY};
 use inkling_wgpu::formats::{quantize, Encoding, QMatrix};
-use inkling_wgpu::model::generate::{generate, GenerateParams};
-use inkling_wgpu::model::sampling::SamplingParams;
+use inkling_wgpu::model::generate::generate;
 use inkling_wgpu::model::weights::Mlp;
 use inkling_wgpu::model::{Checkpoint, CpuModel, Layout, ModelError, Weights};
 use model_common::*;
@@ -194,15 +193,6 @@ fn check_linears(name: &str, dst: &Path, experts: &str, shared: &str, dense: &st
                 "{what}: scales outside the slab"
             );
         }
-    }
-}
-
-fn greedy(eos: Vec<u32>, max: usize) -> GenerateParams {
-    GenerateParams {
-        max_new_tokens: max,
-        sampling: SamplingParams::default(),
-        seed: 0,
-        eos_ids: eos,
     }
 }
 

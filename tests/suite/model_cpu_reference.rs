@@ -2,19 +2,10 @@
 //! teacher-forced logits within 1e-4 relative, cache consistency (prefill+decode, chunked
 //! prefill, window edges, two prompts in one process) and seeded sampling.
 use crate::model_common;
-use inkling_wgpu::model::generate::{generate, FinishReason, GenerateParams};
+use inkling_wgpu::model::generate::{generate, GenerateParams};
 use inkling_wgpu::model::sampling::SamplingParams;
 use inkling_wgpu::model::{Checkpoint, CpuModel, GenerationConfig, Weights};
 use model_common::*;
-
-fn greedy(eos: Vec<u32>, max: usize) -> GenerateParams {
-    GenerateParams {
-        max_new_tokens: max,
-        sampling: SamplingParams::default(),
-        seed: 0,
-        eos_ids: eos,
-    }
-}
 
 #[test]
 fn greedy_matches_transformers_on_every_fixture() {
@@ -29,34 +20,7 @@ fn greedy_matches_transformers_on_every_fixture() {
         assert_eq!(gen.eos_token_ids, r.eos, "{name}: eos ids");
         let mut m = CpuModel::new(&w);
         for (ci, c) in r.cases.iter().enumerate() {
-            let mut streamed = Vec::new();
-            let out = generate(
-                &mut m,
-                &c.prompt_ids,
-                &greedy(gen.eos_token_ids.clone(), c.max_new_tokens),
-                &mut |id| {
-                    streamed.push(id);
-                    Ok(())
-                },
-            )
-            .unwrap();
-            assert_eq!(
-                out.generated_ids, c.generated_ids,
-                "{name} case {ci}: greedy continuation"
-            );
-            let want = if c.finish_reason == "eos" {
-                FinishReason::Eos
-            } else {
-                FinishReason::Length
-            };
-            assert_eq!(out.finish_reason, want, "{name} case {ci}: finish reason");
-            // EOS is never handed to the printer.
-            let printed: Vec<u32> = if want == FinishReason::Eos {
-                c.generated_ids[..c.generated_ids.len() - 1].to_vec()
-            } else {
-                c.generated_ids.clone()
-            };
-            assert_eq!(streamed, printed, "{name} case {ci}: streamed ids");
+            check_greedy_case(&mut m, name, ci, c, &gen.eos_token_ids);
         }
     }
 }

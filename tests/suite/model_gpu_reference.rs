@@ -5,21 +5,11 @@
 //! `WGPU_BACKEND=vulkan NODEVICE_SELECT=1`); without one the tests FAIL, they never skip.
 use crate::model_common;
 use crate::ops_util::shared_gpu as gpu;
-use inkling_wgpu::model::generate::{generate, FinishReason, GenerateParams};
-use inkling_wgpu::model::sampling::SamplingParams;
+use inkling_wgpu::model::generate::{generate, FinishReason};
 use inkling_wgpu::model::{Checkpoint, CpuModel, GpuModel, Weights};
 use model_common::*;
 
 const MAX_SEQ: usize = 128;
-
-fn greedy(eos: Vec<u32>, max: usize) -> GenerateParams {
-    GenerateParams {
-        max_new_tokens: max,
-        sampling: SamplingParams::default(),
-        seed: 0,
-        eos_ids: eos,
-    }
-}
 
 fn assert_close(a: &[Vec<f32>], b: &[Vec<f32>], tol: f64, what: &str) -> f64 {
     assert_eq!(a.len(), b.len(), "{what}: rows");
@@ -54,34 +44,7 @@ fn greedy_matches_transformers_on_every_fixture() {
         assert_eq!(eos, r.eos, "{name}: eos ids");
         let mut m = GpuModel::new(&gpu, &w, MAX_SEQ).unwrap();
         for (ci, c) in r.cases.iter().enumerate() {
-            let mut streamed = Vec::new();
-            let out = generate(
-                &mut m,
-                &c.prompt_ids,
-                &greedy(eos.clone(), c.max_new_tokens),
-                &mut |id| {
-                    streamed.push(id);
-                    Ok(())
-                },
-            )
-            .unwrap();
-            assert_eq!(
-                out.generated_ids, c.generated_ids,
-                "{name} case {ci}: greedy continuation"
-            );
-            let want = if c.finish_reason == "eos" {
-                FinishReason::Eos
-            } else {
-                FinishReason::Length
-            };
-            assert_eq!(out.finish_reason, want, "{name} case {ci}: finish reason");
-            let printed = if want == FinishReason::Eos {
-                &c.generated_ids[..c.generated_ids.len() - 1]
-            } else {
-                &c.generated_ids[..]
-            };
-            assert_eq!(streamed, printed, "{name} case {ci}: streamed ids");
-
+            check_greedy_case(&mut m, name, ci, c, &eos);
             // The argmax-only fast path (GPU argmax, 4 bytes read back) agrees.
             m.reset();
             let mut id = m.forward_greedy(&c.prompt_ids).unwrap();
