@@ -274,6 +274,28 @@ fn kernels(a: KernelArgs) -> anyhow::Result<ExitCode> {
             .map(|s| Encoding::parse(s))
             .collect::<Result<_, _>>()?
     };
+    let tunes: Vec<Option<crate::gpu::gemv::Tuning>> = if a.tune.is_empty() {
+        vec![None]
+    } else {
+        a.tune
+            .iter()
+            .map(|t| {
+                let bad = || {
+                    anyhow::anyhow!(
+                        "--tune {t}: want TPR:RPT with TPR a power of two ≤ 256 and RPT in 1..=8"
+                    )
+                };
+                let (p, r) = t.split_once(':').ok_or_else(bad)?;
+                let (tpr, rpt): (u32, u32) =
+                    (p.parse().map_err(|_| bad())?, r.parse().map_err(|_| bad())?);
+                anyhow::ensure!(
+                    tpr.is_power_of_two() && tpr <= 256 && (1..=8).contains(&rpt),
+                    bad()
+                );
+                Ok(Some(crate::gpu::gemv::Tuning { tpr, rpt }))
+            })
+            .collect::<anyhow::Result<_>>()?
+    };
     // the text table goes to stdout, or to stderr beside `--json`'s document
     let say = |line: String| {
         if a.json {
@@ -287,24 +309,6 @@ fn kernels(a: KernelArgs) -> anyhow::Result<ExitCode> {
         "{:<16} {:<47} {:>3} {:>12} {:>10} {:>9} {:>7}",
         "format", "shape", "E", "bytes", "us/disp", "GB/s", "peak"
     ));
-    let tunes: Vec<Option<crate::gpu::gemv::Tuning>> = if a.tune.is_empty() {
-        vec![None]
-    } else {
-        a.tune
-            .iter()
-            .map(|t| {
-                let (p, r) = t
-                    .split_once(':')
-                    .ok_or_else(|| anyhow::anyhow!("--tune wants TPR:RPT, got {t}"))?;
-                let (tpr, rpt): (u32, u32) = (p.parse()?, r.parse()?);
-                anyhow::ensure!(
-                    tpr.is_power_of_two() && tpr <= 256 && (1..=8).contains(&rpt),
-                    "bad tuning {t}"
-                );
-                Ok(Some(crate::gpu::gemv::Tuning { tpr, rpt }))
-            })
-            .collect::<anyhow::Result<_>>()?
-    };
     let mut results = Vec::new();
     let mut method = "";
     for enc in &encs {
@@ -592,6 +596,13 @@ fn compare(a: CompareArgs) -> anyhow::Result<ExitCode> {
         serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("parsing {}: {e}", p.display()))
     };
     let (ja, jb) = (load(&a.a)?, load(&a.b)?);
+    for (j, p) in [(&ja, &a.a), (&jb, &a.b)] {
+        anyhow::ensure!(
+            j["results"].is_array(),
+            "{} is not a `bench kernels --json` file (no \"results\" array)",
+            p.display()
+        );
+    }
     let rows = |j: &serde_json::Value| -> Vec<(String, String, f64)> {
         j["results"]
             .as_array()

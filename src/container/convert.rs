@@ -598,35 +598,56 @@ pub fn shard_file_sizes(groups: &[OutGroup], max_shard_bytes: usize) -> Vec<u64>
         .collect()
 }
 
-/// Create `dst_dir` and refuse it when it already holds a container (`model*.safetensors` or an
-/// index) unless `force`; returns the files of the previous container.
-pub fn check_destination(dst_dir: &Path, force: bool) -> Result<Vec<PathBuf>> {
+/// Create `dst_dir` and check that writing a container there replaces nothing but a previous
+/// conversion: refuses a source checkpoint (unstamped `model*.safetensors`), a previous conversion
+/// unless `force`, and, when there is no previous conversion, any of `files` (the side files the
+/// writer adds, e.g. `config.json`) that already exists. Returns the previous conversion's files.
+pub fn check_destination(dst_dir: &Path, force: bool, files: &[&str]) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dst_dir).with_context(|| format!("creating {}", dst_dir.display()))?;
     let previous = previous_conversion(dst_dir);
-    // --force replaces a previous conversion, never a source checkpoint (unstamped weights)
-    if !previous.is_empty()
-        && force
-        && super::Container::open(dst_dir).is_ok_and(|c| !c.is_converted())
-    {
+    let names = || {
+        previous
+            .iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    // only a previous conversion is ever replaced (with --force), never a source checkpoint
+    // (unstamped weights) nor a file that is not part of a conversion
+    if !previous.is_empty() && super::Container::open(dst_dir).is_ok_and(|c| !c.is_converted()) {
         bail!(
-            "{} holds a source checkpoint, not a conversion; refusing to replace it even with \
-             --force (choose another --out)",
-            dst_dir.display()
+            "{} holds a source checkpoint ({}), not a conversion; refusing to replace it, even \
+             with --force (choose another --out)",
+            dst_dir.display(),
+            names()
         );
     }
     if !previous.is_empty() && !force {
         bail!(
             "{} already holds a conversion ({}); pass --force to replace it",
             dst_dir.display(),
-            previous
-                .iter()
-                .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
-                .collect::<Vec<_>>()
-                .join(", ")
+            names()
         );
+    }
+    if previous.is_empty() {
+        if let Some(f) = files.iter().find(|f| dst_dir.join(f).exists()) {
+            bail!(
+                "{} already exists and is not part of a conversion; refusing to replace it, even \
+                 with --force (choose another --out)",
+                dst_dir.join(f).display()
+            );
+        }
     }
     Ok(previous)
 }
+
+/// The files beside the weights that `convert` copies from the source when present.
+const SIDE_FILES: [&str; 4] = [
+    "config.json",
+    "tokenizer.json",
+    "generation_config.json",
+    "tokenizer_config.json",
+];
 
 /// Write a stamped container into `dst_dir`: the groups in order through [`ShardWriter`] (temp
 /// files renamed into place only when every shard is complete), the index when sharded, then
@@ -639,7 +660,8 @@ pub fn write_container(
     files: &[(&str, Vec<u8>)],
     opts: &WriteOptions,
 ) -> Result<ConvertSummary> {
-    let previous = check_destination(dst_dir, opts.force)?;
+    let names: Vec<&str> = files.iter().map(|f| f.0).collect();
+    let previous = check_destination(dst_dir, opts.force, &names)?;
     let shard_groups = plan_shards(groups, opts.max_shard_bytes);
     let n = shard_groups.len();
     let names = shard_names(n);
@@ -851,7 +873,7 @@ pub fn convert(src_dir: &Path, dst_dir: &Path, opts: &ConvertOptions) -> Result<
             dst_dir.display()
         );
     }
-    check_destination(dst_dir, opts.force)?;
+    check_destination(dst_dir, opts.force, &SIDE_FILES)?;
     let plan = plan(&src, opts)?;
     let groups: Vec<OutGroup> = plan
         .iter()
@@ -867,12 +889,7 @@ pub fn convert(src_dir: &Path, dst_dir: &Path, opts: &ConvertOptions) -> Result<
         })
         .collect();
     let mut files = Vec::new();
-    for f in [
-        "config.json",
-        "tokenizer.json",
-        "generation_config.json",
-        "tokenizer_config.json",
-    ] {
+    for f in SIDE_FILES {
         let p = src_dir.join(f);
         if p.exists() {
             files.push((f, std::fs::read(&p)?));

@@ -202,3 +202,28 @@ fn huge_max_tokens_bad_bandwidth_empty_usage_file_bad_eps_and_force_onto_a_sourc
     assert!(e.contains("rms_norm_eps"), "{e}");
     std::fs::remove_dir_all(&tmp).ok();
 }
+
+/// `bench kernels --tune` is checked before anything is printed and names the flag and its rule;
+/// `bench compare` refuses JSON that is not a `bench kernels --json` file.
+#[test]
+fn bench_tune_and_compare_inputs_are_checked() {
+    for t in ["3:1", "a:1", "64:0", "64"] {
+        let out = bin()
+            .args(["bench", "kernels", "--quick", "--tune", t])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "--tune {t}");
+        assert!(out.stdout.is_empty(), "--tune {t}: printed before failing");
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert!(e.contains(&format!("--tune {t}")), "{e}");
+    }
+    let p = std::env::temp_dir().join(format!("inkling-cmp-{}.json", std::process::id()));
+    std::fs::write(&p, b"{}").unwrap();
+    let s = p.to_str().unwrap();
+    let e = run_err(&["bench", "compare", s, s]);
+    assert!(
+        e.contains("is not a `bench kernels --json` file (no \"results\" array)"),
+        "{e}"
+    );
+    let _ = std::fs::remove_file(&p);
+}

@@ -520,3 +520,67 @@ fn cli_convert_and_info() {
     let _ = std::fs::remove_dir_all(&dst);
     let _ = std::fs::remove_dir_all(&dst2);
 }
+
+/// `convert` and `synth` replace nothing but a previous conversion: a `config.json` (or another
+/// side file) the user put in `--out` stops them, with or without `--force`, and stays as it was;
+/// a source checkpoint is refused without suggesting `--force`.
+#[test]
+fn side_files_and_source_checkpoints_in_out_are_never_replaced() {
+    use inkling_wgpu::container::synth::{synth, SynthOptions, SynthSpec};
+    let src = fixture("tiny-causal-f32");
+    for force in [false, true] {
+        let dst = tmpdir(&format!("side-{force}"));
+        std::fs::create_dir_all(&dst).unwrap();
+        std::fs::write(dst.join("config.json"), b"{\"mine\": 1}").unwrap();
+        std::fs::write(dst.join("notes.txt"), b"precious").unwrap();
+        let opts = ConvertOptions {
+            force,
+            ..Default::default()
+        };
+        let e = format!("{:#}", convert(&src, &dst, &opts).unwrap_err());
+        let want = format!(
+            "{} already exists and is not part of a conversion; refusing to replace it, even with \
+             --force (choose another --out)",
+            dst.join("config.json").display()
+        );
+        assert!(e.contains(&want), "{e}");
+        let spec = SynthSpec::preset("tiny", 2).unwrap();
+        let sopts = SynthOptions {
+            force,
+            ..Default::default()
+        };
+        let e = format!("{:#}", synth(&spec, &dst, &sopts).unwrap_err());
+        assert!(e.contains(&want), "{e}");
+        assert_eq!(
+            std::fs::read(dst.join("config.json")).unwrap(),
+            b"{\"mine\": 1}"
+        );
+        assert_eq!(std::fs::read(dst.join("notes.txt")).unwrap(), b"precious");
+        let mut names: Vec<_> = std::fs::read_dir(&dst)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["config.json", "notes.txt"]);
+        let _ = std::fs::remove_dir_all(&dst);
+    }
+    // a copy of a source checkpoint as --out: refused without the --force hint
+    let dst = tmpdir("source-as-out");
+    std::fs::create_dir_all(&dst).unwrap();
+    for e in std::fs::read_dir(&src).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dst.join(e.file_name())).unwrap();
+    }
+    let e = format!(
+        "{:#}",
+        convert(&src, &dst, &ConvertOptions::default()).unwrap_err()
+    );
+    assert!(
+        e.contains(&format!(
+            "{} holds a source checkpoint (model.safetensors), not a conversion",
+            dst.display()
+        )) && !e.contains("pass --force"),
+        "{e}"
+    );
+    let _ = std::fs::remove_dir_all(&dst);
+}
