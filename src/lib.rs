@@ -2,11 +2,13 @@
 //!
 //! Layout: [`formats`] (registry and CPU reference), [`gpu`] (device, kernels, dispatcher),
 //! [`model`] (config, weights, forward), [`cli`] (the `inkling-wgpu` command).
+pub mod bundled;
 pub mod cli;
 pub mod container;
 pub mod formats;
 pub mod gpu;
 pub mod model;
+pub mod tempfiles;
 
 /// `n` bytes as `B`, `KiB`, `MiB`, `GiB` or `TiB` (powers of 1024, two decimals above bytes).
 pub fn human_bytes(n: u64) -> String {
@@ -24,7 +26,8 @@ pub fn human_bytes(n: u64) -> String {
     }
 }
 
-/// Directory of the bundled default model (`tests/fixtures/tiny-causal-f32`).
+/// Directory of the bundled default model in the checkout ([`bundled::source_dir`]); the binary
+/// runs it from its embedded copy ([`bundled::materialize`]).
 pub fn bundled_model_dir() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-causal-f32")
+    bundled::source_dir()
 }

@@ -5,9 +5,11 @@
 //! (like CUDA events around back-to-back launches) when the adapter has TIMESTAMP_QUERY, else wall clock over many dispatches in one submit. A working set of
 //! several copies of the weights (> 256 MiB on a real GPU) is rotated so that L2 does not flatter;
 //! on a CPU adapter (lavapipe) or with `--quick` shapes are divided by 4 and one copy is used.
+use super::output::outln;
 use crate::formats::Encoding;
 use crate::gpu::gemv::{kernel_encodings, GemvArgs, GemvCall, GpuWeights, NO_GAMMA};
 use crate::gpu::Gpu;
+use anyhow::Context;
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -51,8 +53,8 @@ pub struct KernelArgs {
     /// Small shapes, one weight copy, few iterations (automatic on CPU adapters).
     #[arg(long)]
     pub quick: bool,
-    /// Timed dispatches per format and shape.
-    #[arg(long, default_value_t = 50)]
+    /// Timed dispatches per format and shape (1 to 100000).
+    #[arg(long, default_value_t = 50, value_parser = parse_iters)]
     pub iters: usize,
     /// Only these encodings (e.g. `int4-g64,bf16`); default all kernel formats.
     #[arg(long, value_delimiter = ',')]
@@ -68,12 +70,31 @@ pub struct CopyArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
-    /// Buffer size in MiB (default 1024, 64 on CPU adapters).
-    #[arg(long)]
+    /// Buffer size in MiB, 1 to 1048576 (default 1024, 64 on CPU adapters; at most the adapter's
+    /// largest buffer).
+    #[arg(long, value_parser = parse_mib)]
     pub mib: Option<u64>,
-    /// Copies timed.
-    #[arg(long, default_value_t = 20)]
+    /// Copies timed (1 to 100000).
+    #[arg(long, default_value_t = 20, value_parser = parse_iters)]
     pub iters: usize,
+}
+
+/// A buffer size in MiB: a whole number from 1 to 2^20.
+pub fn parse_mib(s: &str) -> Result<u64, String> {
+    match s.parse::<u64>() {
+        Ok(v) if (1..=1 << 20).contains(&v) => Ok(v),
+        _ => Err(format!(
+            "expected a size in MiB from 1 to 1048576, got {s:?}"
+        )),
+    }
+}
+
+/// A repetition count: a whole number from 1 to 100000.
+pub fn parse_iters(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(v) if (1..=100_000).contains(&v) => Ok(v),
+        _ => Err(format!("expected a count from 1 to 100000, got {s:?}")),
+    }
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -271,8 +292,8 @@ fn kernels(a: KernelArgs) -> anyhow::Result<ExitCode> {
     } else {
         a.formats
             .iter()
-            .map(|s| Encoding::parse(s))
-            .collect::<Result<_, _>>()?
+            .map(|s| Encoding::parse(s).with_context(|| format!("--formats {s}")))
+            .collect::<anyhow::Result<_>>()?
     };
     let tunes: Vec<Option<crate::gpu::gemv::Tuning>> = if a.tune.is_empty() {
         vec![None]
@@ -297,18 +318,19 @@ fn kernels(a: KernelArgs) -> anyhow::Result<ExitCode> {
             .collect::<anyhow::Result<_>>()?
     };
     // the text table goes to stdout, or to stderr beside `--json`'s document
-    let say = |line: String| {
+    let say = |line: String| -> Result<(), super::output::StdoutError> {
         if a.json {
             eprintln!("{line}");
+            Ok(())
         } else {
-            println!("{line}");
+            outln!("{line}")
         }
     };
-    say(format!("adapter: {}", gpu.describe()));
+    say(format!("adapter: {}", gpu.describe()))?;
     say(format!(
         "{:<16} {:<47} {:>3} {:>12} {:>10} {:>9} {:>7}",
         "format", "shape", "E", "bytes", "us/disp", "GB/s", "peak"
-    ));
+    ))?;
     let mut results = Vec::new();
     let mut method = "";
     for enc in &encs {
@@ -378,7 +400,7 @@ fn kernels(a: KernelArgs) -> anyhow::Result<ExitCode> {
                     gbs,
                     frac.map(|f| format!("{:.1}%", 100.0 * f))
                         .unwrap_or_else(|| "-".into())
-                ));
+                ))?;
                 results.push(serde_json::json!({
                     "format": label, "shape": shape, "experts": s.experts, "bytes": bytes,
                     "us_per_dispatch": t * 1e6, "gbs": gbs, "frac_peak": frac,
@@ -392,12 +414,12 @@ fn kernels(a: KernelArgs) -> anyhow::Result<ExitCode> {
             "driver": format!("{} {}", gpu.info.driver, gpu.info.driver_info),
             "timing": method, "quick": quick, "results": results,
         });
-        println!("{}", serde_json::to_string_pretty(&doc)?);
+        outln!("{}", serde_json::to_string_pretty(&doc)?)?;
     } else {
-        println!(
+        outln!(
             "timing: {method}; bytes = weights + scales read per dispatch{}",
             if quick { "; quick (shapes / 4)" } else { "" }
-        );
+        )?;
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -486,6 +508,10 @@ pub struct CopyMeasure {
 /// Time `n` copies of `mib` MiB both ways (see [`copy`]); `bench decode` and `generate --profile`
 /// take their roofline's bandwidth from it.
 pub fn measure_copy(gpu: &Gpu, mib: u64, n: usize) -> anyhow::Result<CopyMeasure> {
+    anyhow::ensure!(
+        (1..=1 << 20).contains(&mib) && n >= 1,
+        "a copy of {mib} MiB timed {n} times: want 1 to 1048576 MiB, at least once"
+    );
     let size = (mib << 20)
         .min(gpu.limits.max_buffer_size)
         .min(gpu.max_binding())
@@ -575,16 +601,16 @@ fn copy(a: CopyArgs) -> anyhow::Result<ExitCode> {
             "gbs_copy_buffer_to_buffer": gbs_cmd, "gbs_shader_copy": gbs_shader,
             "gbs_read_plus_write": ceiling, "timing": how,
         });
-        println!("{}", serde_json::to_string_pretty(&doc)?);
+        outln!("{}", serde_json::to_string_pretty(&doc)?)?;
     } else {
-        println!("adapter: {}", gpu.describe());
-        println!(
+        outln!("adapter: {}", gpu.describe())?;
+        outln!(
             "copy {} MiB x {n}, GB/s counting read + write (2x bytes copied, as PyTorch reports a copy); {how}",
             size >> 20
-        );
-        println!("  copy_buffer_to_buffer  {gbs_cmd:8.1} GB/s");
-        println!("  compute-shader copy    {gbs_shader:8.1} GB/s");
-        println!("ceiling: {ceiling:.1} GB/s");
+        )?;
+        outln!("  copy_buffer_to_buffer  {gbs_cmd:8.1} GB/s")?;
+        outln!("  compute-shader copy    {gbs_shader:8.1} GB/s")?;
+        outln!("ceiling: {ceiling:.1} GB/s")?;
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -641,19 +667,23 @@ fn compare(a: CompareArgs) -> anyhow::Result<ExitCode> {
             })
             .collect();
         let doc = serde_json::json!({"a": name(&ja), "b": name(&jb), "rows": v});
-        println!("{}", serde_json::to_string_pretty(&doc)?);
+        outln!("{}", serde_json::to_string_pretty(&doc)?)?;
     } else {
-        println!("A: {} = {}", a.a.display(), name(&ja));
-        println!("B: {} = {}", a.b.display(), name(&jb));
-        println!(
+        outln!("A: {} = {}", a.a.display(), name(&ja))?;
+        outln!("B: {} = {}", a.b.display(), name(&jb))?;
+        outln!(
             "{:<10} {:<42} {:>10} {:>10} {:>7}",
-            "format", "shape", "A GB/s", "B GB/s", "A/B"
-        );
+            "format",
+            "shape",
+            "A GB/s",
+            "B GB/s",
+            "A/B"
+        )?;
         for (f, s, ga, gb, r) in &out {
-            println!("{f:<10} {s:<42} {ga:>10.1} {gb:>10.1} {r:>6.2}x");
+            outln!("{f:<10} {s:<42} {ga:>10.1} {gb:>10.1} {r:>6.2}x")?;
         }
         if out.is_empty() {
-            println!("(no rows match by format and shape)");
+            outln!("(no rows match by format and shape)")?;
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -6,6 +6,7 @@
 //! to choose the same tokens. Prints decode tok/s, the phases, the bytes a step must read, the
 //! roofline (those bytes at the copy bandwidth, measured like `bench copy` or `--peak-gbs`) and the
 //! fraction of it reached.
+use super::output::outln;
 use crate::gpu::Gpu;
 use crate::model::profile::DecodeReport;
 use crate::model::{Checkpoint, GpuModel, Weights};
@@ -25,14 +26,14 @@ pub struct DecodeArgs {
     /// Checkpoint or container directory (default: the bundled tiny model).
     #[arg(long)]
     pub model: Option<PathBuf>,
-    /// Decode steps timed after the prompt.
+    /// Decode steps timed after the prompt (at least 1; prompt + steps within the model's context).
     #[arg(long, default_value_t = 64)]
     pub tokens: usize,
     /// Copy bandwidth in GB/s (read + write, as `bench copy` reports it) instead of measuring it.
     #[arg(long, value_parser = super::parse_gbs)]
     pub peak_gbs: Option<f64>,
     /// Size of the copy measured for the bandwidth, MiB (default 1024, 64 on CPU adapters).
-    #[arg(long)]
+    #[arg(long, value_parser = super::bench::parse_mib)]
     pub copy_mib: Option<u64>,
     /// Print one JSON object on stdout (the text report goes to stderr).
     #[arg(long)]
@@ -47,7 +48,7 @@ pub struct DecodeArgs {
     pub per_op: bool,
     /// Run the timed (pipelined, untimed-on-GPU) probe this many times and print each run's tok/s
     /// (the last one is reported); an experiment knob.
-    #[arg(long, default_value_t = 1, hide = true)]
+    #[arg(long, default_value_t = 1, hide = true, value_parser = super::bench::parse_iters)]
     pub repeat: usize,
     /// Fuse each residual chain of a decode step into one dispatch (an experiment knob; see
     /// `GpuModel::set_fuse_residual`).
@@ -174,8 +175,21 @@ fn span_json(busy: &[f64], idle: &[f64], secs: f64, steps: usize) -> serde_json:
 
 pub fn run(a: DecodeArgs) -> anyhow::Result<ExitCode> {
     ensure!(a.tokens >= 1, "--tokens must be at least 1");
-    let dir = a.model.clone().unwrap_or_else(crate::bundled_model_dir);
+    let dir = match &a.model {
+        Some(d) => d.clone(),
+        None => crate::bundled::materialize()?,
+    };
     let ck = Checkpoint::open(&dir)?;
+    if let Some(max) = ck.config.max_position_embeddings {
+        ensure!(
+            PROBE_PROMPT + a.tokens < max,
+            "--tokens {}: the probe's {PROBE_PROMPT}-token prompt and {} steps pass the model's \
+             context of {max} positions (max_position_embeddings); use --tokens {} or fewer",
+            a.tokens,
+            a.tokens,
+            max.saturating_sub(PROBE_PROMPT + 1)
+        );
+    }
     let w = Weights::load(&ck)?;
     let gpu = Gpu::new()?;
     let prompt = probe_prompt(w.config.logits_width());
@@ -280,15 +294,15 @@ pub fn run(a: DecodeArgs) -> anyhow::Result<ExitCode> {
         });
         eprintln!("{}", report.text());
         eprintln!("{}", host_line(&host));
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?)?;
     } else {
-        println!("{}", report.text());
-        println!("{}", host_line(&host));
+        outln!("{}", report.text())?;
+        outln!("{}", host_line(&host))?;
         if let Some((busy, idle, secs_sp)) = &spans {
-            println!("{}", span_line(busy, idle, *secs_sp, a.tokens));
+            outln!("{}", span_line(busy, idle, *secs_sp, a.tokens))?;
         }
         if let Some(ops) = &per_op {
-            println!("{}", ops.text());
+            outln!("{}", ops.text())?;
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -1,7 +1,8 @@
 //! `inkling-wgpu convert`: write a stamped quantised container (FORMATS.md, section Container).
 use crate::container::{convert, ConvertOptions};
 use crate::formats::Encoding;
-use std::path::PathBuf;
+use anyhow::Context;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 #[derive(clap::Args, Debug)]
@@ -27,33 +28,59 @@ pub struct Args {
     /// Replace a previous conversion in the destination.
     #[arg(long)]
     pub force: bool,
-    /// Largest shard size in MiB (a layer's expert slab is never split).
-    #[arg(long, default_value_t = 4096)]
+    /// Largest shard size in MiB, at least 1 (a layer's expert slab is never split).
+    #[arg(long, default_value_t = 4096, value_parser = parse_shard_mib)]
     pub max_shard_mib: usize,
 }
 
-/// `keep` → None (source precision), otherwise an [`Encoding`] spelling.
-pub fn parse_encoding(s: &str) -> anyhow::Result<Option<Encoding>> {
+/// `--max-shard-mib`: a whole number of MiB from 1 to 2^20 (1 TiB).
+pub fn parse_shard_mib(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(v) if (1..=1 << 20).contains(&v) => Ok(v),
+        _ => Err(format!(
+            "expected a shard size in MiB from 1 to 1048576, got {s:?}"
+        )),
+    }
+}
+
+/// `keep` → None (source precision), otherwise an [`Encoding`] spelling; an error names `flag`.
+pub fn parse_encoding(flag: &str, s: &str) -> anyhow::Result<Option<Encoding>> {
     if s == "keep" {
         return Ok(None);
     }
-    Ok(Some(Encoding::parse(s)?))
+    Ok(Some(
+        Encoding::parse(s).with_context(|| format!("--{flag} {s}"))?,
+    ))
+}
+
+/// Run `work`, which writes into `out`: SIGINT / SIGTERM meanwhile remove its temporary files, and
+/// when it fails (or is interrupted) the directories it created for `out` are removed again when
+/// empty (never one that existed before).
+pub fn writing_into<T>(out: &Path, work: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<T> {
+    crate::tempfiles::remove_on_signal().context("installing the SIGINT/SIGTERM handler")?;
+    let created = crate::tempfiles::track_new_dirs(out);
+    let r = work();
+    match &r {
+        Ok(_) => crate::tempfiles::keep_dirs(&created),
+        Err(_) => crate::tempfiles::remove_dirs(&created),
+    }
+    r
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let opts = ConvertOptions {
-        experts: parse_encoding(&a.experts)?,
-        shared: parse_encoding(&a.shared)?,
-        dense: parse_encoding(&a.dense)?,
-        head: parse_encoding(&a.head)?,
+        experts: parse_encoding("experts", &a.experts)?,
+        shared: parse_encoding("shared", &a.shared)?,
+        dense: parse_encoding("dense", &a.dense)?,
+        head: parse_encoding("head", &a.head)?,
         force: a.force,
-        max_shard_bytes: a.max_shard_mib.max(1) << 20,
+        max_shard_bytes: a.max_shard_mib << 20,
         fail_after_bytes: std::env::var("INKLING_CONVERT_FAIL_AFTER")
             .ok()
             .and_then(|v| v.parse().ok()),
         progress: true,
     };
-    let s = convert(&a.model, &a.out, &opts)?;
+    let s = writing_into(&a.out, || convert(&a.model, &a.out, &opts))?;
     eprintln!(
         "converted {} tensors, {} in {} shard(s) into {}",
         s.tensors,

@@ -1,4 +1,5 @@
 //! `inkling-wgpu formats`: print the weight-format registry (FORMATS.md).
+use super::output::out;
 use crate::formats::{ScaleLayout, REGISTRY};
 use std::process::ExitCode;
 
@@ -55,6 +56,6 @@ pub fn table() -> String {
 }
 
 pub fn run(_args: Args) -> anyhow::Result<ExitCode> {
-    print!("{}", table());
+    out!("{}", table())?;
     Ok(ExitCode::SUCCESS)
 }

@@ -1,11 +1,11 @@
 //! `inkling-wgpu generate`: load a checkpoint, run a forward backend, stream text.
-use crate::model::generate::{generate, GenOutput, GenerateParams};
+use super::output::{out, outln};
+use crate::model::generate::{fit_new_tokens, generate, GenOutput, GenerateParams};
 use crate::model::sampling::SamplingParams;
 use crate::model::text::{load_tokenizer, tokenizer_eos_ids, TextStream};
 use crate::model::usage::{self, Usage};
 use crate::model::{Checkpoint, CpuModel, Forward, GpuModel, GpuModelOptions, Placement, Weights};
 use anyhow::{bail, Context};
-use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -20,13 +20,18 @@ pub struct Args {
     /// Checkpoint directory (config.json, safetensors, tokenizer.json). Default: the bundled tiny model.
     #[arg(long)]
     pub model: Option<PathBuf>,
-    /// Prompt text (encoded without special tokens).
+    /// Prompt text (encoded without special tokens); `-` reads it from standard input. Without
+    /// --prompt, --prompt-file or --prompt-ids, a piped standard input is the prompt.
     #[arg(long, conflicts_with = "prompt_ids")]
     pub prompt: Option<String>,
+    /// Read the prompt text from a file (UTF-8, used as it is).
+    #[arg(long, value_name = "PATH", conflicts_with_all = ["prompt_ids", "prompt"])]
+    pub prompt_file: Option<PathBuf>,
     /// Prompt as token ids: 1,2,3
     #[arg(long, value_delimiter = ',')]
     pub prompt_ids: Option<Vec<u32>>,
-    /// Maximum new tokens (default: generation_config.json max_new_tokens, else 64).
+    /// Maximum new tokens (default: generation_config.json max_new_tokens, else 64); capped, with a
+    /// warning, at what the model's context (max_position_embeddings) leaves after the prompt.
     #[arg(long)]
     pub max_tokens: Option<usize>,
     /// Sampling temperature; 0 = greedy (default: generation_config.json when it sets do_sample, else 0).
@@ -38,9 +43,9 @@ pub struct Args {
     /// Nucleus sampling mass in (0, 1] (1 = off).
     #[arg(long, allow_negative_numbers = true)]
     pub top_p: Option<f32>,
-    /// PRNG seed for sampling.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
+    /// PRNG seed for sampling (default 0).
+    #[arg(long)]
+    pub seed: Option<u64>,
     /// Where to run the model.
     #[arg(long, value_enum, default_value_t = Device::Gpu)]
     pub device: Device,
@@ -108,33 +113,28 @@ fn gpu_backend<'w>(
     placement: Placement,
     usage: Option<Usage>,
 ) -> anyhow::Result<GpuModel<'w>> {
-    let gpu = match crate::gpu::device::Gpu::new() {
-        Err(crate::gpu::device::GpuError::NoAdapter { .. }) => {
-            let env = std::env::var("WGPU_BACKEND").ok();
-            let hint = match env.as_deref() {
-                Some(b) => format!(
-                    " with WGPU_BACKEND={b:?} (this build has vulkan, metal and dx12; GL is not built)"
-                ),
-                None => String::new(),
-            };
-            bail!("no usable GPU adapter was found{hint}; install a Vulkan or Metal driver (on Linux without a GPU: Mesa's lavapipe, `mesa-vulkan-drivers`) or run with `--device cpu` to use the CPU forward")
-        }
-        Err(e) => bail!("the GPU could not be initialised ({e}); run with `--device cpu` to use the CPU forward"),
-        Ok(gpu) => gpu,
-    };
+    let gpu = crate::gpu::device::Gpu::new()
+        .map_err(|e| anyhow::anyhow!("{e}; or run with `--device cpu` to use the CPU forward"))?;
     let model = GpuModel::with_placement(&gpu, w, opts, placement, usage)
         .with_context(|| format!("building the GPU model on {}", gpu.describe()))?;
     Ok(model)
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let dir = args.model.clone().unwrap_or_else(crate::bundled_model_dir);
+    let dir = match &args.model {
+        Some(d) => d.clone(),
+        None => crate::bundled::materialize()?,
+    };
     let ck = Checkpoint::open(&dir)?;
     let weights = Weights::load(&ck)?;
     let tok = load_tokenizer(&dir)?;
     let gen_cfg = ck.generation.clone().unwrap_or_default();
 
-    let prompt: Vec<u32> = match (&args.prompt_ids, &args.prompt) {
+    let text = match &args.prompt_ids {
+        Some(_) => None,
+        None => super::prompt::prompt_text(args.prompt.as_deref(), args.prompt_file.as_deref())?,
+    };
+    let prompt: Vec<u32> = match (&args.prompt_ids, &text) {
         (Some(ids), _) => ids.clone(),
         (None, Some(text)) => {
             let tok = tok.as_ref().with_context(|| {
@@ -145,7 +145,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 .get_ids()
                 .to_vec()
         }
-        (None, None) => bail!("give --prompt TEXT or --prompt-ids 1,2,3"),
+        (None, None) => bail!(
+            "no prompt: give --prompt TEXT, --prompt - (standard input), --prompt-file PATH or \
+             --prompt-ids 1,2,3"
+        ),
     };
     if prompt.is_empty() {
         bail!("the prompt encodes to no tokens");
@@ -176,8 +179,42 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             bail!("--top-p must be in (0, 1] (1 = off), got {p}");
         }
     }
+    if temperature == 0.0 {
+        let given: Vec<&str> = [
+            ("--top-k", args.top_k.is_some()),
+            ("--top-p", args.top_p.is_some()),
+            ("--seed", args.seed.is_some()),
+        ]
+        .iter()
+        .filter(|f| f.1)
+        .map(|f| f.0)
+        .collect();
+        if !given.is_empty() {
+            eprintln!(
+                "warning: {} only matter when sampling, and the temperature is 0 (greedy{}); \
+                 add --temperature T (e.g. 0.8) to sample",
+                given.join(", "),
+                if args.temperature.is_some() {
+                    ""
+                } else {
+                    ": generation_config.json does not set do_sample"
+                }
+            );
+        }
+    }
+    let requested = args.max_tokens.or(gen_cfg.max_new_tokens).unwrap_or(64);
+    let max_new_tokens =
+        fit_new_tokens(requested, prompt.len(), ck.config.max_position_embeddings)?;
+    if max_new_tokens < requested {
+        eprintln!(
+            "warning: generating at most {max_new_tokens} tokens, not {requested}: the prompt's {} \
+             tokens and the model's context of {} positions (max_position_embeddings) leave no more",
+            prompt.len(),
+            ck.config.max_position_embeddings.unwrap_or(0)
+        );
+    }
     let params = GenerateParams {
-        max_new_tokens: args.max_tokens.or(gen_cfg.max_new_tokens).unwrap_or(64),
+        max_new_tokens,
         sampling: SamplingParams {
             temperature,
             top_k: args
@@ -197,7 +234,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 })
                 .unwrap_or(1.0),
         },
-        seed: args.seed,
+        seed: args.seed.unwrap_or(0),
         eos_ids: eos,
     };
 
@@ -212,6 +249,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if placement != Placement::Resident && args.device != Device::Gpu {
         bail!("--gpu-mem / --expert-slots place experts on the GPU; use them with --device gpu");
     }
+    // the KV cache holds what can be used: prompt + new tokens, within the model's context
     let max_seq = prompt.len().saturating_add(params.max_new_tokens.max(1));
     let opts = GpuModelOptions {
         max_seq,
@@ -264,7 +302,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             &mut cpu_model
         }
         Device::Gpu => {
-            let m = gpu_model.insert(gpu_backend(&weights, opts, placement, usage_seed)?);
+            let m = gpu_model.insert(gpu_backend(&weights, opts, placement, usage_seed.clone())?);
             if let Some((pos, layer)) = inject {
                 m.inject_routed_failure(pos, layer)?;
             }
@@ -278,7 +316,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut stream = tok.as_ref().map(TextStream::new);
     let mut text = String::new();
     let json = args.json;
-    let stdout = std::io::stdout();
     let mut on_token = |id: u32| -> anyhow::Result<()> {
         let piece = match stream.as_mut() {
             Some(s) => s.step(id)?,
@@ -287,9 +324,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         if !piece.is_empty() {
             text.push_str(&piece);
             if !json {
-                let mut o = stdout.lock();
-                o.write_all(piece.as_bytes())?;
-                o.flush()?;
+                out!("{piece}")?;
             }
         }
         Ok(())
@@ -319,9 +354,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         let tail = s.finish()?;
         text.push_str(&tail);
         if !json {
-            let mut o = std::io::stdout().lock();
-            o.write_all(tail.as_bytes())?;
-            o.flush()?;
+            out!("{tail}")?;
         }
     }
     let s = &out.stats;
@@ -348,14 +381,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         if let Some(r) = &report {
             v["profile"] = r.to_json();
         }
-        println!("{v}");
+        outln!("{v}")?;
     } else {
-        println!();
+        outln!()?;
     }
     // after the text's final newline, so a warning starts its own line
     if let (Some(m), Some(path)) = (gpu_model.as_ref(), usage_path.as_ref()) {
-        if let Some(u) = m.usage() {
-            if let Err(e) = u.save(path) {
+        if let (Some(u), Some(base)) = (m.usage(), usage_seed.as_ref()) {
+            if let Err(e) = u.save_merged(path, base) {
                 eprintln!(
                     "warning: the usage file was not written: {e} (choose another place with \
                      --usage-file PATH, or --usage-file off)"

@@ -1,4 +1,5 @@
 //! `inkling-wgpu info`: each tensor's format, bytes per format, total resident size.
+use super::output::out;
 use crate::container::{is_pad, Container, SCALES_SUFFIX};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -100,6 +101,6 @@ pub fn report(c: &Container, summary: bool) -> String {
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let c = Container::open(&a.model)?;
-    print!("{}", report(&c, a.summary));
+    out!("{}", report(&c, a.summary))?;
     Ok(ExitCode::SUCCESS)
 }

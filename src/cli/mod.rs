@@ -8,6 +8,8 @@ pub mod convert;
 pub mod formats;
 pub mod generate;
 pub mod info;
+pub mod output;
+pub mod prompt;
 pub mod smoke;
 pub mod synth;
 

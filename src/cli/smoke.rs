@@ -1,4 +1,5 @@
 //! `inkling-wgpu smoke`: every GPU kernel on this adapter against the f64 CPU reference.
+use super::output::outln;
 use crate::formats::{quantize, Encoding, QMatrix};
 use crate::gpu::dispatch::{gemv_pairs_with, DispatchError};
 use crate::gpu::gemv::{kernel_encodings, GemvArgs, GemvCall, GpuWeights, Reduction, NO_GAMMA};
@@ -98,8 +99,8 @@ fn gbs(gpu: &Gpu, ordinal: u32, w: &GpuWeights) -> anyhow::Result<f64> {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let gpu = Gpu::new()?;
-    println!("adapter: {}", gpu.describe());
-    println!(
+    outln!("adapter: {}", gpu.describe())?;
+    outln!(
         "backend {:?}, name {:?}, driver {:?} {:?}; subgroups {}, timestamps {}, max storage binding {} MiB",
         gpu.info.backend,
         gpu.info.name,
@@ -108,7 +109,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         gpu.has_subgroups(),
         gpu.has_timestamps(),
         gpu.max_binding() >> 20
-    );
+    )?;
     if let Some(ord) = args.force_ordinal {
         let m = quantize(Encoding::F32, &[1.0; 4], 1, 4)?;
         let w = GpuWeights::upload(&gpu, &[m])?;
@@ -128,11 +129,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                     DispatchError::EncodingMismatch { .. } => "EncodingMismatch",
                     _ => "other",
                 };
-                println!("forced ordinal {ord}: DispatchError::{kind}: {e}");
+                outln!("forced ordinal {ord}: DispatchError::{kind}: {e}")?;
                 Ok(ExitCode::from(2))
             }
             Ok(y) => {
-                println!("forced ordinal {ord}: ran, y = {y:?}");
+                outln!("forced ordinal {ord}: ran, y = {y:?}")?;
                 Ok(ExitCode::SUCCESS)
             }
         };
@@ -154,10 +155,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     ];
     let mut rng = Rng(0x1d2c);
     let mut failed = 0;
-    println!(
+    outln!(
         "{:<10} {:<10} {:>13}  {:<6} {:>9}",
-        "format", "reduction", "max rel err", "result", "GB/s"
-    );
+        "format",
+        "reduction",
+        "max rel err",
+        "result",
+        "GB/s"
+    )?;
     for enc in kernel_encodings() {
         for &red in &reds {
             let mut worst = 0f64;
@@ -186,22 +191,22 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             } else {
                 "".into()
             };
-            println!(
+            outln!(
                 "{:<10} {:<10} {:>13.3e}  {:<6} {rate}{}",
                 enc.spelling(),
                 format!("{red:?}").to_lowercase(),
                 worst,
                 if ok { "pass" } else { "FAIL" },
                 err_msg.map(|m| format!("  ({m})")).unwrap_or_default()
-            );
+            )?;
         }
     }
-    println!("shapes (experts×[O, I]): {shapes:?}; tolerance ‖y−ref‖/‖ref‖ ≤ {TOL:e}; GB/s at [1024, 4096]");
+    outln!("shapes (experts×[O, I]): {shapes:?}; tolerance ‖y−ref‖/‖ref‖ ≤ {TOL:e}; GB/s at [1024, 4096]")?;
     if failed > 0 {
-        println!("smoke: {failed} FAILED");
+        outln!("smoke: {failed} FAILED")?;
         Ok(ExitCode::FAILURE)
     } else {
-        println!("smoke: all passed");
+        outln!("smoke: all passed")?;
         Ok(ExitCode::SUCCESS)
     }
 }

@@ -47,8 +47,8 @@ pub struct Args {
     /// Replace a previous container in the destination.
     #[arg(long)]
     pub force: bool,
-    /// Largest shard size in MiB (a layer's expert slab is never split).
-    #[arg(long, default_value_t = 4096)]
+    /// Largest shard size in MiB, at least 1 (a layer's expert slab is never split).
+    #[arg(long, default_value_t = 4096, value_parser = super::convert::parse_shard_mib)]
     pub max_shard_mib: usize,
     /// Generator threads (0: all cores).
     #[arg(long, default_value_t = 0)]
@@ -75,7 +75,7 @@ The tokenizer is the bundled tiny BPE (a few hundred tokens): ids beyond its voc
 text. That is fine for benchmarks, not for reading output.";
 
 fn enc(s: &str, what: &str) -> anyhow::Result<Encoding> {
-    parse_encoding(s)?.with_context(|| format!("--{what}: `keep` has no meaning for synth"))
+    parse_encoding(what, s)?.with_context(|| format!("--{what}: `keep` has no meaning for synth"))
 }
 
 /// Free bytes on the file system holding `dir` (its nearest existing ancestor), from `df -Pk`;
@@ -115,7 +115,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     spec.head = enc(&a.head, "head")?;
     spec.dense_layers = a.dense_layers.min(a.layers);
     spec.seed = a.seed;
-    let max_shard_bytes = a.max_shard_mib.max(1) << 20;
+    let max_shard_bytes = a.max_shard_mib << 20;
     let sizes = file_sizes(&spec, max_shard_bytes)?;
     let total: u64 = sizes.iter().sum();
     eprintln!(
@@ -149,7 +149,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         progress: true,
         threads: a.threads,
     };
-    let s = synth(&spec, &a.out, &opts)?;
+    let s = super::convert::writing_into(&a.out, || synth(&spec, &a.out, &opts))?;
     let secs = t0.elapsed().as_secs_f64();
     eprintln!(
         "wrote {} tensors, {} in {} shard(s) into {} in {secs:.1} s ({:.2} GB/s)",

@@ -463,6 +463,13 @@ fn read_rows(bytes: &[u8], t: &TensorEntry, sel: RowSel, cols: usize) -> Result<
     Ok(out)
 }
 
+/// Whether `name` is a weight file or the index of a container: `model*.safetensors` or
+/// `model.safetensors.index.json`.
+fn is_container_file(name: &str) -> bool {
+    name.starts_with("model")
+        && (name.ends_with(".safetensors") || name == "model.safetensors.index.json")
+}
+
 /// Whether a directory holds (part of) a conversion: any `model*.safetensors` or the index.
 fn previous_conversion(dst: &Path) -> Vec<PathBuf> {
     let Ok(rd) = std::fs::read_dir(dst) else {
@@ -471,11 +478,7 @@ fn previous_conversion(dst: &Path) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = rd
         .filter_map(|e| e.ok())
         .map(|e| e.path())
-        .filter(|p| {
-            let n = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            n.starts_with("model")
-                && (n.ends_with(".safetensors") || n == "model.safetensors.index.json")
-        })
+        .filter(|p| is_container_file(p.file_name().and_then(|n| n.to_str()).unwrap_or("")))
         .collect();
     v.sort();
     v
@@ -604,6 +607,8 @@ pub fn shard_file_sizes(groups: &[OutGroup], max_shard_bytes: usize) -> Vec<u64>
 /// writer adds, e.g. `config.json`) that already exists. Returns the previous conversion's files.
 pub fn check_destination(dst_dir: &Path, force: bool, files: &[&str]) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dst_dir).with_context(|| format!("creating {}", dst_dir.display()))?;
+    // temporaries of an earlier run that was killed before it could remove them
+    crate::tempfiles::remove_stale(dst_dir, |f| is_container_file(f) || files.contains(&f));
     let previous = previous_conversion(dst_dir);
     let names = || {
         previous
@@ -737,7 +742,7 @@ pub fn write_container(
     })();
     if let Err(e) = result {
         for t in &tmps {
-            let _ = std::fs::remove_file(t);
+            crate::tempfiles::discard(t);
         }
         pb.abandon();
         return Err(e);
@@ -751,7 +756,7 @@ pub fn write_container(
     let mut finals = Vec::new();
     for (t, name) in tmps.iter().zip(&names) {
         let f = dst_dir.join(name);
-        std::fs::rename(t, &f)
+        crate::tempfiles::rename_into_place(t, &f)
             .with_context(|| format!("renaming {} to {}", t.display(), f.display()))?;
         finals.push(f);
     }
@@ -818,6 +823,30 @@ impl ItemSource for ConvertSource<'_> {
     }
 }
 
+/// The stamped formats of a converted container with how many tensors carry each, e.g.
+/// `int3-g64 ×24, bf16 ×30` (most frequent first).
+fn converted_formats(c: &Container) -> String {
+    let mut counts: std::collections::BTreeMap<String, usize> = Default::default();
+    for s in &c.shards {
+        let Some(stamps) = s.metadata.get(STAMP_KEY) else {
+            continue;
+        };
+        let Ok(map) = serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(stamps)
+        else {
+            continue;
+        };
+        for v in map.values() {
+            *counts
+                .entry(v.as_str().unwrap_or("?").to_string())
+                .or_default() += 1;
+        }
+    }
+    let mut v: Vec<(String, usize)> = counts.into_iter().collect();
+    v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let list: Vec<String> = v.iter().map(|(f, n)| format!("{f} ×{n}")).collect();
+    format!("stamped formats: {}", list.join(", "))
+}
+
 /// `p` made absolute with every existing prefix canonicalised (symbolic links resolved), so that a
 /// destination that does not exist yet can be compared with the source.
 fn resolve_path(p: &Path) -> Result<PathBuf> {
@@ -851,6 +880,15 @@ pub fn convert(src_dir: &Path, dst_dir: &Path, opts: &ConvertOptions) -> Result<
     let src = Container::open(src_dir).map_err(anyhow::Error::from)?;
     if !src_dir.join("config.json").exists() {
         bail!("{}: no config.json", src_dir.display());
+    }
+    if src.is_converted() {
+        bail!(
+            "{} is already a converted container ({}); convert reads source checkpoints \
+             (f32/bf16/f16 safetensors as transformers saves them): convert the original \
+             checkpoint again with the --experts you want",
+            src_dir.display(),
+            converted_formats(&src)
+        );
     }
     let (cs, cd) = (src_dir.canonicalize()?, resolve_path(dst_dir)?);
     if cd != cs && cd.starts_with(&cs) {
@@ -929,8 +967,6 @@ fn json_map<'a>(pairs: impl Iterator<Item = (&'a String, String)>) -> String {
 }
 
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = tmp_path(path);
-    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming {}", tmp.display()))?;
-    Ok(())
+    crate::tempfiles::write_atomic(path, bytes)
+        .with_context(|| format!("writing {}", path.display()))
 }

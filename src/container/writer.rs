@@ -4,7 +4,7 @@
 //! header and data are written here. The result is an ordinary safetensors file: the header is
 //! padded with spaces (allowed by the format) so that the data buffer starts on a 4096-byte
 //! boundary, and alignment gaps inside the buffer are filled by U8 tensors `__pad__.N` so that the
-//! buffer has no holes. The file is written as `NAME.tmp`; the caller renames it once every shard
+//! buffer has no holes. The file is written as `NAME.PID.tmp`; the caller renames it once every shard
 //! is complete.
 
 use super::{PAD_PREFIX, SLAB_ALIGN};
@@ -42,7 +42,7 @@ fn dtype_name(d: Dtype) -> String {
     format!("{d:?}")
 }
 
-/// A shard being written to `FINAL.tmp`.
+/// A shard being written to `FINAL.PID.tmp`.
 pub struct ShardWriter {
     out: BufWriter<File>,
     tmp: PathBuf,
@@ -115,15 +115,33 @@ pub fn header(layout: &[LaidOut], metadata: &[(String, String)]) -> Vec<u8> {
     h.into_bytes()
 }
 
-/// The temporary name of a shard being written.
+/// The temporary name of a shard being written (`FINAL.PID.tmp`, see [`crate::tempfiles`]).
 pub fn tmp_path(final_path: &Path) -> PathBuf {
-    let mut s = final_path.as_os_str().to_owned();
-    s.push(".tmp");
-    PathBuf::from(s)
+    crate::tempfiles::tmp_path(final_path)
+}
+
+/// Test hook for interrupted writes: with `INKLING_WRITE_STALL_AFTER=N` set, a write that would
+/// pass N tensor bytes flushes what came before and then waits forever (until a signal ends the
+/// process), so a test can interrupt a conversion while its temporary files exist.
+fn stall_for_test(total_after: u64, out: &mut BufWriter<File>) -> io::Result<()> {
+    static LIMIT: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    let limit = LIMIT.get_or_init(|| {
+        std::env::var("INKLING_WRITE_STALL_AFTER")
+            .ok()
+            .and_then(|v| v.parse().ok())
+    });
+    if limit.is_some_and(|l| total_after > l) {
+        out.flush()?;
+        loop {
+            std::thread::sleep(std::time::Duration::from_secs(1));
+        }
+    }
+    Ok(())
 }
 
 impl ShardWriter {
-    /// Create `final_path.tmp` and write the header.
+    /// Create `final_path.PID.tmp` (registered for removal on SIGINT / SIGTERM, see
+    /// [`crate::tempfiles`]) and write the header.
     pub fn create(
         final_path: &Path,
         tensors: &[PlannedTensor],
@@ -132,7 +150,7 @@ impl ShardWriter {
         let (lay, _) = layout(tensors);
         let hdr = header(&lay, metadata);
         let tmp = tmp_path(final_path);
-        let mut out = BufWriter::with_capacity(1 << 20, File::create(&tmp)?);
+        let mut out = BufWriter::with_capacity(1 << 20, crate::tempfiles::create(&tmp)?);
         out.write_all(&(hdr.len() as u64).to_le_bytes())?;
         out.write_all(&hdr)?;
         let layout = lay.into_iter().map(|(n, _, _, s, e)| (n, s, e)).collect();
@@ -173,6 +191,7 @@ impl ShardWriter {
     }
 
     fn emit(&mut self, bytes: &[u8], budget: &mut WriteBudget) -> io::Result<()> {
+        stall_for_test(budget.written + bytes.len() as u64, &mut self.out)?;
         if let Some(limit) = budget.fail_after {
             if budget.written + bytes.len() as u64 > limit {
                 let part = (limit - budget.written.min(limit)) as usize;
@@ -224,5 +243,5 @@ pub fn write_shard(
         w.write(&t.name, b, &mut budget)?;
     }
     let tmp = w.finish()?;
-    std::fs::rename(tmp, path)
+    crate::tempfiles::rename_into_place(&tmp, path)
 }

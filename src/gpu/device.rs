@@ -8,11 +8,23 @@
 use std::sync::Arc;
 use wgpu::util::DeviceExt;
 
+/// Set `NODEVICE_SELECT=1` unless the user has set it: Mesa's device-select Vulkan layer otherwise
+/// prints `error: XDG_RUNTIME_DIR is invalid or not set` where that variable is missing (a
+/// harmless message that reads like a failure), and the layer's choice is not needed since the
+/// adapter is chosen here. Call it at the very start of `main`, before any thread exists (it
+/// changes the process environment).
+pub fn quiet_mesa_device_select() {
+    if std::env::var_os("NODEVICE_SELECT").is_none() {
+        std::env::set_var("NODEVICE_SELECT", "1");
+    }
+}
+
 /// Errors opening the GPU.
 #[derive(Debug, thiserror::Error)]
 pub enum GpuError {
-    /// No adapter matched the requested backends.
-    #[error("no usable GPU adapter found (backends: {backends}); install a Vulkan/Metal driver or run with `--device cpu`")]
+    /// No adapter matched the requested backends (`backends`: the set tried, and the
+    /// `WGPU_BACKEND` value it came from when set).
+    #[error("no usable GPU adapter was found (backends: {backends}; this build has vulkan, metal and dx12, GL is not built); install a Vulkan or Metal driver (on Linux without a GPU: Mesa's lavapipe, `mesa-vulkan-drivers`)")]
     NoAdapter { backends: String },
     /// The adapter refused the device request.
     #[error("the GPU adapter {adapter} refused to open a device: {source}")]
@@ -62,7 +74,10 @@ impl Gpu {
             })
             .await
             .map_err(|_| GpuError::NoAdapter {
-                backends: format!("{backends:?}"),
+                backends: match std::env::var("WGPU_BACKEND") {
+                    Ok(v) => format!("{backends:?} from WGPU_BACKEND={v:?}"),
+                    Err(_) => format!("{backends:?}"),
+                },
             })?;
         let info = adapter.get_info();
         let limits = adapter.limits();

@@ -94,6 +94,9 @@ pub struct TextConfig {
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
     pub pad_token_id: Option<u32>,
+    /// The context length in positions (`max_position_embeddings`, alias `model_max_length`), when
+    /// the file gives one: prompt plus generated tokens never exceed it.
+    pub max_position_embeddings: Option<usize>,
     /// True when the file nested the text settings under `text_config` (multimodal checkpoint).
     pub multimodal: bool,
 }
@@ -344,6 +347,7 @@ impl TextConfig {
             bos_token_id: f.usize_opt("bos_token_id")?.map(|x| x as u32),
             eos_token_ids: f.ids("eos_token_id")?,
             pad_token_id: f.usize_opt("pad_token_id")?.map(|x| x as u32),
+            max_position_embeddings: f.usize_opt("max_position_embeddings")?.filter(|&n| n > 0),
             multimodal,
         };
         cfg.validate(file)?;

@@ -48,6 +48,25 @@ pub struct GenOutput {
     pub stats: GenStats,
 }
 
+/// The number of new tokens that fit the model's context: `requested`, or `max_positions −
+/// prompt_len` when the prompt and `requested` new tokens would pass `max_positions`
+/// (`max_position_embeddings`; `None`: no limit). Errors when the prompt alone fills the context.
+pub fn fit_new_tokens(
+    requested: usize,
+    prompt_len: usize,
+    max_positions: Option<usize>,
+) -> anyhow::Result<usize> {
+    let Some(max) = max_positions else {
+        return Ok(requested);
+    };
+    anyhow::ensure!(
+        prompt_len < max,
+        "the prompt has {prompt_len} tokens and the model's context (max_position_embeddings) \
+         is {max} positions: shorten the prompt to fewer than {max} tokens"
+    );
+    Ok(requested.min(max - prompt_len))
+}
+
 /// Run generation from a fresh state (`model.reset()` first). `on_token` is called for every
 /// generated token except an EOS, in order, as soon as it is chosen.
 pub fn generate(

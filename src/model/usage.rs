@@ -6,6 +6,10 @@
 //! [`load_or_warn`] turns a missing, corrupt or foreign file into "no usage" plus one warning, so
 //! it never stops a run. A [`fingerprint`] of the model directory ties the file to one model.
 //!
+//! Concurrent runs of one model merge their counts: [`Usage::save_merged`] holds an exclusive lock
+//! on `PATH.lock` (an empty file created next to the usage file and left there) while it reads the
+//! file, adds this run's counts and writes it back.
+//!
 //! Format (JSON, written atomically by [`Usage::save`]):
 //! `{"format":"inkling-wgpu-usage/1","fingerprint":"<16 hex>","n_layers":L,"n_experts":E,
 //! "counts":[[u64; E]; L]}`.
@@ -229,9 +233,10 @@ impl Usage {
         }))
     }
 
-    /// Write atomically: a new temporary file next to `path` (`path.<pid>-<ns>.tmp`, created only if
+    /// Write atomically: a new temporary file next to `path` (`path.<pid>.tmp`, created only if
     /// absent, flushed to disk), then renamed over `path`, so a crash leaves the old file or the
-    /// new one, never half of one; the temporary file is removed when a step fails.
+    /// new one, never half of one; the temporary file is removed when a step fails, and one that a
+    /// killed run left behind is removed by the next save.
     ///
     /// Refuses ([`UsageErrorKind::NotAFile`], [`UsageErrorKind::NotOurs`]) to replace anything
     /// but a missing path or a usage file (any model's: the file is a cache): a directory, device,
@@ -262,29 +267,70 @@ impl Usage {
         };
         let bytes = serde_json::to_vec(&file)
             .map_err(|e| UsageError::new(path, UsageErrorKind::Json(e)))?;
-        let mut tmp = path.as_os_str().to_owned();
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        tmp.push(format!(".{}-{nanos}.tmp", std::process::id()));
-        let tmp = PathBuf::from(tmp);
+        if let (Some(dir), Some(name)) = (path.parent(), path.file_name()) {
+            let dir = if dir.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                dir
+            };
+            crate::tempfiles::remove_stale(dir, |f| std::ffi::OsStr::new(f) == name);
+        }
+        let tmp = crate::tempfiles::tmp_path(path);
         // never remove a file this call did not create
-        let mut f = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)
-            .map_err(|e| UsageError::io(&tmp, "create", e))?;
+        let mut f =
+            crate::tempfiles::create_new(&tmp).map_err(|e| UsageError::io(&tmp, "create", e))?;
         if let Err(e) = f.write_all(&bytes).and_then(|_| f.sync_all()) {
             drop(f);
-            let _ = fs::remove_file(&tmp);
+            crate::tempfiles::discard(&tmp);
             return Err(UsageError::io(&tmp, "write", e));
         }
         drop(f);
-        if let Err(e) = fs::rename(&tmp, path) {
-            let _ = fs::remove_file(&tmp);
+        if let Err(e) = crate::tempfiles::rename_into_place(&tmp, path) {
+            crate::tempfiles::discard(&tmp);
             return Err(UsageError::io(path, "rename the temporary file onto", e));
         }
         Ok(())
+    }
+
+    /// Save this run's counts merged with what other runs saved meanwhile: holding an exclusive
+    /// lock on `PATH.lock`, re-read `path` (when it is a usage file of this model; else start from
+    /// zero), add `self − base` (the counts this run added to the table `base` it started from;
+    /// cells saturating, a cell below `base` adds nothing) and [`save`](Usage::save) the sum.
+    /// Returns the table written. A lock that cannot be taken (the lock path is not a file, or a
+    /// file system without locks) is an error, as are [`save`](Usage::save)'s.
+    pub fn save_merged(&self, path: &Path, base: &Usage) -> Result<Usage, UsageError> {
+        let mut lock_path = path.as_os_str().to_owned();
+        lock_path.push(".lock");
+        let lock_path = PathBuf::from(lock_path);
+        let lock = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&lock_path)
+            .map_err(|e| UsageError::io(&lock_path, "open", e))?;
+        lock.lock()
+            .map_err(|e| UsageError::io(&lock_path, "lock", e))?;
+        let on_disk = Usage::load(path, &self.fingerprint, self.n_layers, self.n_experts)
+            .ok()
+            .flatten();
+        let mut merged =
+            on_disk.unwrap_or_else(|| Usage::new(&self.fingerprint, self.n_layers, self.n_experts));
+        for ((row, mine), was) in merged.counts.iter_mut().zip(&self.counts).zip(&base.counts) {
+            for ((c, &m), &b) in row.iter_mut().zip(mine).zip(was) {
+                *c = c.saturating_add(m.saturating_sub(b));
+            }
+        }
+        // test hook: hold the lock this long between the read and the write
+        if let Some(ms) = std::env::var("INKLING_USAGE_HOLD_MS")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+        {
+            std::thread::sleep(std::time::Duration::from_millis(ms));
+        }
+        let r = merged.save(path);
+        drop(lock);
+        r.map(|_| merged)
     }
 
     /// Merge another count table of the same shape (adds counts, saturating). Cells outside this

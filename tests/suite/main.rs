@@ -5,8 +5,12 @@ mod model_common;
 #[allow(dead_code)]
 mod ops_util;
 
+mod bundled_model;
+mod cli_output;
+mod cli_prompt;
 mod cli_validation;
 mod container_stamp;
+mod convert_inputs;
 mod convert_roundtrip;
 mod decode_profile;
 mod expert_cache;
@@ -38,4 +42,5 @@ mod ops_router;
 mod ops_wgsl_validate;
 mod synth_smoke;
 mod tokenizer_o200k;
+mod usage_concurrent;
 mod wgsl_validate;

@@ -163,3 +163,28 @@ fn small_bpe_fixture_tokenizers_roundtrip() {
         assert_eq!(eos, vec![2], "{name}: tokenizer eos");
     }
 }
+
+/// The crate's regex backend (fancy-regex, pure Rust) encodes a varied corpus exactly as Python
+/// `tokenizers` (Oniguruma) does: `corpus.json` from `tools/make_o200k_corpus.py`.
+#[test]
+fn o200k_pure_rust_regex_matches_oniguruma_on_corpus() {
+    let tok = o200k();
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir().join("corpus.json")).unwrap()).unwrap();
+    let cases = v.as_array().unwrap();
+    assert!(cases.len() >= 80);
+    let mut n_ids = 0;
+    for c in cases {
+        let text = c["text"].as_str().unwrap();
+        let want: Vec<u32> = c["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect();
+        n_ids += want.len();
+        let got = tok.encode(text, false).unwrap();
+        assert_eq!(got.get_ids(), &want[..], "encode {text:?}");
+    }
+    assert!(n_ids > 10_000, "{n_ids} ids");
+}

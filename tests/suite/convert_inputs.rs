@@ -1,0 +1,256 @@
+//! What `convert` and `synth` accept and what they leave behind: a converted container as the
+//! source is refused (for every `--experts` value, from every container format), bad sizes and
+//! spellings are refused naming their flag, a failed run removes the directories it created (and
+//! nothing that existed before), SIGINT / SIGTERM remove the temporary files, and a later run
+//! removes the temporaries a killed run left.
+use crate::model_common::{fixture, scratch};
+use inkling_wgpu::container::{convert, ConvertOptions};
+use inkling_wgpu::formats::Encoding;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_inkling-wgpu"))
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+const EXPERTS: [&str; 7] = [
+    "int4",
+    "int4-g32",
+    "int4-g64",
+    "int4-g128",
+    "int3-g64",
+    "bf16",
+    "f32",
+];
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn a_converted_container_is_refused_as_source_for_every_experts_value() {
+    let root = scratch("reconvert");
+    for from in EXPERTS {
+        let src = root.join(format!("from-{from}"));
+        convert(
+            &fixture("tiny-mm-bf16"),
+            &src,
+            &ConvertOptions {
+                experts: Some(Encoding::parse(from).unwrap()),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        for to in EXPERTS.iter().map(|e| Some(*e)).chain([None]) {
+            let dst = root.join(format!("{from}-to-{}", to.unwrap_or("keep")));
+            let opts = ConvertOptions {
+                experts: to.map(|e| Encoding::parse(e).unwrap()),
+                ..Default::default()
+            };
+            let e = format!("{:#}", convert(&src, &dst, &opts).unwrap_err());
+            assert!(
+                e.contains(&format!(
+                    "{} is already a converted container",
+                    src.display()
+                )) && e.contains("convert the original checkpoint again"),
+                "{from} → {to:?}: {e}"
+            );
+            assert!(!dst.exists(), "{from} → {to:?}: nothing written");
+        }
+    }
+    // the CLI says the same, and exits 1
+    let src = root.join("from-int3-g64");
+    let o = bin()
+        .args(["convert", "--model", src.to_str().unwrap(), "--out"])
+        .arg(root.join("cli-out"))
+        .args(["--experts", "int4-g64"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("is already a converted container"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!root.join("cli-out").exists());
+    std::fs::remove_dir_all(&root).ok();
+}
+
+#[test]
+fn bad_sizes_and_spellings_name_their_flag() {
+    let root = scratch("flags");
+    let src = fixture("tiny-mm-bf16");
+    let out = root.join("o");
+    let cases: &[(&[&str], &str)] = &[
+        (&["--max-shard-mib", "0"], "--max-shard-mib"),
+        (&["--experts", "int9"], "--experts int9"),
+        (&["--shared", "fp8"], "--shared fp8"),
+        (&["--dense", "q4"], "--dense q4"),
+        (&["--head", "x"], "--head x"),
+    ];
+    for (extra, flag) in cases {
+        let o = bin()
+            .args(["convert", "--model", src.to_str().unwrap(), "--out"])
+            .arg(&out)
+            .args(*extra)
+            .output()
+            .unwrap();
+        assert!(!o.status.success(), "{extra:?}");
+        assert!(stderr(&o).contains(flag), "{extra:?}: {}", stderr(&o));
+        assert!(!out.exists(), "{extra:?}");
+    }
+    for (extra, flag) in [
+        (
+            ["--max-shard-mib", "0", "--experts", "bf16"],
+            "--max-shard-mib",
+        ),
+        (["--experts", "int9", "--head", "bf16"], "--experts int9"),
+    ] {
+        let o = bin()
+            .args(["synth", "--preset", "tiny", "--layers", "1", "--out"])
+            .arg(&out)
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(!o.status.success(), "synth {extra:?}");
+        assert!(stderr(&o).contains(flag), "synth {extra:?}: {}", stderr(&o));
+    }
+    std::fs::remove_dir_all(&root).ok();
+}
+
+#[test]
+fn a_failed_convert_removes_only_the_directories_it_created() {
+    let root = scratch("failed-out");
+    let src = fixture("tiny-mm-bf16");
+    // a new nested destination: every level this run created goes again
+    let o = bin()
+        .args(["convert", "--model", src.to_str().unwrap(), "--out"])
+        .arg(root.join("a/b/c"))
+        .env("INKLING_CONVERT_FAIL_AFTER", "1000")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("injected write failure"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(names(&root).is_empty(), "{:?}", names(&root));
+    // an existing (empty) destination stays
+    let mine = root.join("mine");
+    std::fs::create_dir(&mine).unwrap();
+    let o = bin()
+        .args(["convert", "--model", src.to_str().unwrap(), "--out"])
+        .arg(&mine)
+        .env("INKLING_CONVERT_FAIL_AFTER", "1000")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        mine.is_dir() && names(&mine).is_empty(),
+        "{:?}",
+        names(&mine)
+    );
+    std::fs::remove_dir_all(&root).ok();
+}
+
+#[cfg(unix)]
+fn interrupt_while_writing(sub: &[&str], out: &Path, signal: i32) -> (Output, Vec<String>) {
+    let child = bin()
+        .args(sub)
+        .arg("--out")
+        .arg(out)
+        .env("INKLING_WRITE_STALL_AFTER", "2000")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // wait (up to 60 s) until the shard's temporary file exists and the writer has stalled
+    let mut seen = Vec::new();
+    for _ in 0..600 {
+        if out.is_dir() {
+            seen = names(out);
+            if seen.iter().any(|n| n.ends_with(".tmp")) {
+                break;
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(seen.iter().any(|n| n.ends_with(".tmp")), "{seen:?}");
+    // SAFETY: kill sends a signal to our own child.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
+    (child.wait_with_output().unwrap(), seen)
+}
+
+#[cfg(unix)]
+#[test]
+fn sigint_and_sigterm_remove_the_temporary_files() {
+    let root = scratch("signals");
+    let src = fixture("tiny-mm-bf16");
+    let src = src.to_str().unwrap();
+    let convert_args = ["convert", "--model", src];
+    let synth_args = [
+        "synth",
+        "--preset",
+        "tiny",
+        "--layers",
+        "2",
+        "--experts",
+        "int4-g64",
+    ];
+    for (tag, args, sig, code) in [
+        ("convert-int", &convert_args[..], libc::SIGINT, 130),
+        ("synth-term", &synth_args[..], libc::SIGTERM, 143),
+    ] {
+        // a new directory: removed with the temporaries
+        let out = root.join(tag).join("new");
+        let (o, seen) = interrupt_while_writing(args, &out, sig);
+        assert_eq!(o.status.code(), Some(code), "{tag}: {}", stderr(&o));
+        assert!(
+            !root.join(tag).exists(),
+            "{tag}: saw {seen:?}, left {:?}",
+            names(&root)
+        );
+        // an existing directory with a file of the user's: both stay, the temporaries go
+        let mine = root.join(format!("{tag}-mine"));
+        std::fs::create_dir_all(&mine).unwrap();
+        std::fs::write(mine.join("notes.txt"), "mine").unwrap();
+        let (o, _) = interrupt_while_writing(args, &mine, sig);
+        assert_eq!(o.status.code(), Some(code), "{tag}: {}", stderr(&o));
+        assert_eq!(names(&mine), ["notes.txt"], "{tag}");
+    }
+    std::fs::remove_dir_all(&root).ok();
+}
+
+#[cfg(unix)]
+#[test]
+fn a_later_run_removes_stale_temporaries_of_dead_processes_only() {
+    let root = scratch("stale");
+    let out = root.join("out");
+    std::fs::create_dir(&out).unwrap();
+    // pid 4194304 is above Linux's largest pid: that process does not exist; pid 1 always runs
+    let dead = "model.safetensors.4194304.tmp";
+    let alive = "model-00001-of-00002.safetensors.1.tmp".to_string();
+    let not_ours = "notes.4194304.tmp";
+    for n in [dead, &alive, not_ours] {
+        std::fs::write(out.join(n), b"partial").unwrap();
+    }
+    convert(&fixture("tiny-mm-bf16"), &out, &ConvertOptions::default()).unwrap();
+    let left = names(&out);
+    assert!(!left.contains(&dead.to_string()), "{left:?}");
+    assert!(
+        left.contains(&alive),
+        "a running process's file stays: {left:?}"
+    );
+    assert!(left.contains(&not_ours.to_string()), "{left:?}");
+    std::fs::remove_dir_all(&root).ok();
+}
