@@ -2,7 +2,7 @@
 //! them (see `FORMATS.md, section Container`).
 //!
 //! - [`writer`]: safetensors shards written by hand (exact tensor order, alignment padding), to
-//!   `*.tmp` files renamed into place when complete.
+//!   `*.PID.tmp` files renamed into place when complete.
 //! - [`stamp`]: the `inkling.fmt` stamp map and its verification against FORMATS.md arithmetic.
 //! - [`reader`]: [`Container`]: memory-mapped shards, stamps verified at open, linears as
 //!   zero-copy [`crate::formats::QMatrix`], expert slabs as contiguous byte ranges.
