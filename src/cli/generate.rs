@@ -191,13 +191,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .collect();
         if !given.is_empty() {
             eprintln!(
-                "warning: {} only matter when sampling, and the temperature is 0 (greedy{}); \
+                "warning: {} {} no effect: the temperature is 0, so decoding is greedy{}; \
                  add --temperature T (e.g. 0.8) to sample",
-                given.join(", "),
+                given.join(" and "),
+                if given.len() == 1 { "has" } else { "have" },
                 if args.temperature.is_some() {
                     ""
                 } else {
-                    ": generation_config.json does not set do_sample"
+                    " (generation_config.json does not set do_sample)"
                 }
             );
         }

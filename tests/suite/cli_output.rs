@@ -123,7 +123,10 @@ fn a_normal_run_prints_no_error_line() {
         ])
         .env_remove("NODEVICE_SELECT")
         .env_remove("XDG_RUNTIME_DIR")
-        .env("XDG_CACHE_HOME", crate::model_common::scratch("no-error-cache"))
+        .env(
+            "XDG_CACHE_HOME",
+            crate::model_common::scratch("no-error-cache"),
+        )
         .output()
         .unwrap();
     let e = stderr(&o);

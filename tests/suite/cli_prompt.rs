@@ -132,7 +132,7 @@ fn sampling_flags_at_temperature_zero_warn_and_change_nothing() {
     let o = generate(&b, None);
     let e = stderr(&o);
     assert!(
-        e.contains("warning: --top-k, --seed only matter when sampling, and the temperature is 0 (greedy: generation_config.json does not set do_sample); add --temperature T (e.g. 0.8) to sample"),
+        e.contains("warning: --top-k and --seed have no effect: the temperature is 0, so decoding is greedy (generation_config.json does not set do_sample); add --temperature T (e.g. 0.8) to sample"),
         "{e}"
     );
     assert_eq!(json(&o)["generated_ids"], plain["generated_ids"]);
@@ -142,7 +142,7 @@ fn sampling_flags_at_temperature_zero_warn_and_change_nothing() {
     let e = stderr(&generate(&b, None));
     assert!(
         e.contains(
-            "warning: --top-p only matter when sampling, and the temperature is 0 (greedy);"
+            "warning: --top-p has no effect: the temperature is 0, so decoding is greedy; add"
         ),
         "{e}"
     );
