@@ -193,7 +193,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             eprintln!(
                 "warning: {} {} no effect: the temperature is 0, so decoding is greedy{}; \
                  add --temperature T (e.g. 0.8) to sample",
-                given.join(" and "),
+                match given.split_last() {
+                    Some((last, [])) => last.to_string(),
+                    Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
+                    None => String::new(),
+                },
                 if given.len() == 1 { "has" } else { "have" },
                 if args.temperature.is_some() {
                     ""
