@@ -6,6 +6,7 @@ use super::stamp::{
     SCALES_SUFFIX, SHAPE_KEY, STAMP_KEY,
 };
 use super::{expert_name, Proj, EXPERT_PROJS};
+use crate::formats::finite::{describe, first_non_finite_bytes};
 use crate::formats::{Encoding, Format, QMatrix};
 use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors};
@@ -529,7 +530,16 @@ fn tensor_bytes(
     let qs = format!("{}{SCALES_SUFFIX}", t.name);
     let scale_count = match shard.get(&qs) {
         None => 0,
-        Some(q) if q.dtype == Dtype::F32 => q.numel(),
+        Some(q) if q.dtype == Dtype::F32 => {
+            // a non-finite scale turns its whole group into NaN or Inf at run time
+            if let Some((i, v)) = first_non_finite_bytes(shard.bytes(q), Dtype::F32) {
+                return Err(bad(format!(
+                    "scale {i} of {qs} is {} (scales must be finite; the container is damaged)",
+                    describe(v)
+                )));
+            }
+            q.numel()
+        }
         Some(q) => return Err(bad(format!("its scales {qs} are {:?}, not F32", q.dtype))),
     };
     Ok(TensorBytes {

@@ -26,6 +26,7 @@ mod model_formats_on_disk;
 mod model_gpu_cli;
 mod model_gpu_pairs;
 mod model_gpu_reference;
+mod model_non_finite;
 mod model_sampling;
 mod model_stream;
 mod ops_attention;
