@@ -29,6 +29,7 @@ mod model_gpu_reference;
 mod model_non_finite;
 mod model_sampling;
 mod model_stream;
+mod non_finite_files;
 mod ops_attention;
 mod ops_chain;
 mod ops_conv;
