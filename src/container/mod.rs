@@ -8,6 +8,7 @@
 //!   zero-copy [`crate::formats::QMatrix`], expert slabs as contiguous byte ranges.
 //! - [`convert`]: the conversion itself (source name mapping of both checkpoint layouts,
 //!   quantisation, slab planning, sharding).
+//! - [`verify`]: the full NaN/Inf scan of every tensor (`info --verify`).
 //!
 //! Tensor names in a container are the transformers `InklingForCausalLM` names (layout a), except
 //! that routed and shared experts are stored per expert ([`expert_name`], [`shared_expert_name`])
@@ -16,6 +17,7 @@ pub mod convert;
 pub mod reader;
 pub mod stamp;
 pub mod synth;
+pub mod verify;
 pub mod writer;
 
 pub use convert::{convert, ConvertOptions, ConvertSummary};

@@ -193,6 +193,25 @@ pub struct Container {
     verified: HashMap<String, Verified>,
 }
 
+/// Why `name`, a shard named by `model.safetensors.index.json`, is not a plain file name in the
+/// model directory (a path separator, `.`, `..`, empty, absolute or a drive prefix), or `Ok`.
+/// Symbolic links are not looked at: a plain name that is a link (the Hugging Face cache links
+/// shards into a blob store) is fine.
+pub fn check_shard_name(name: &str) -> Result<(), String> {
+    let mut parts = Path::new(name).components();
+    let plain = !name.contains(['/', '\\', '\0'])
+        && matches!(parts.next(), Some(std::path::Component::Normal(n)) if n == name)
+        && parts.next().is_none();
+    if plain {
+        Ok(())
+    } else {
+        Err(format!(
+            "shard name {name:?} is not a plain file name in the model directory (no path \
+             separators, no `.` or `..`, not absolute)"
+        ))
+    }
+}
+
 /// Shard files of a checkpoint directory, in index order (or `model.safetensors`).
 pub fn shard_files(dir: &Path) -> Result<Vec<PathBuf>, ContainerError> {
     let index = dir.join("model.safetensors.index.json");
@@ -203,10 +222,13 @@ pub fn shard_files(dir: &Path) -> Result<Vec<PathBuf>, ContainerError> {
             .get("weight_map")
             .and_then(|w| w.as_object())
             .ok_or_else(|| io_err(&index, "no weight_map object"))?;
-        let mut files: Vec<String> = wm
-            .values()
-            .filter_map(|f| f.as_str().map(String::from))
-            .collect();
+        let mut files: Vec<String> = Vec::new();
+        for (tensor, f) in wm {
+            let Some(f) = f.as_str() else { continue };
+            check_shard_name(f)
+                .map_err(|why| io_err(&index, format!("field `weight_map.{tensor}`: {why}")))?;
+            files.push(f.to_string());
+        }
         files.sort();
         files.dedup();
         return Ok(files.into_iter().map(|f| dir.join(f)).collect());

@@ -15,6 +15,7 @@
 use super::config::{AttnGeom, GenerationConfig, MlpKind, TextConfig};
 use super::error::{ModelError, Result};
 use super::names::causal_to_released;
+use crate::container::reader::check_shard_name;
 use crate::container::{expert_name, shared_expert_name, Container, Proj, STAMP_KEY, VERSION_KEY};
 use crate::formats::{Encoding, QMatrix};
 use half::{bf16, f16};
@@ -153,6 +154,11 @@ impl Checkpoint {
                     file: index_path.clone(),
                     field: format!("weight_map.{tensor}"),
                     msg: "expected a file name".into(),
+                })?;
+                check_shard_name(file).map_err(|msg| ModelError::BadField {
+                    file: index_path.clone(),
+                    field: format!("weight_map.{tensor}"),
+                    msg,
                 })?;
                 let si = match shard_of.get(file) {
                     Some(&i) => i,

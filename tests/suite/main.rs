@@ -5,6 +5,7 @@ mod model_common;
 #[allow(dead_code)]
 mod ops_util;
 
+mod bad_files;
 mod cli_validation;
 mod container_stamp;
 mod convert_roundtrip;
