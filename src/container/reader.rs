@@ -5,6 +5,7 @@ use super::stamp::{
     check_unique, parse_shape_map, parse_string_map, verify_tensor, ContainerError, TensorBytes,
     SCALES_SUFFIX, SHAPE_KEY, STAMP_KEY,
 };
+use super::header::check_header;
 use super::{expert_name, Proj, EXPERT_PROJS};
 use crate::formats::finite::{describe, first_non_finite_bytes};
 use crate::formats::{Encoding, Format, QMatrix};
@@ -109,6 +110,10 @@ impl Shard {
                 ),
             });
         }
+        check_header(&mmap).map_err(|detail| ContainerError::BadFile {
+            shard: shard.clone(),
+            detail,
+        })?;
         let (_, meta) = SafeTensors::read_metadata(&mmap).map_err(|e| ContainerError::BadFile {
             shard: shard.clone(),
             detail: format!("{e:?}"),

@@ -156,3 +156,231 @@ fn info_verify_reads_every_tensor_and_names_each_damaged_one() {
         "{err}"
     );
 }
+
+/// Edit the JSON file `name` of `dir` as a value.
+fn edit_json(dir: &Path, name: &str, edit: impl FnOnce(&mut serde_json::Value)) {
+    let p = dir.join(name);
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    edit(&mut v);
+    std::fs::write(&p, serde_json::to_string_pretty(&v).unwrap()).unwrap();
+}
+
+fn open_err(dir: &Path) -> String {
+    match Checkpoint::open(dir) {
+        Ok(_) => panic!("{} opened", dir.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn integers_in_json_are_range_checked_never_wrapped() {
+    let big = 4_294_967_307u64; // 2^32 + 11: `as u32` would make it 11
+    let range = "is out of range (token ids are below 2^32 = 4294967296)";
+    let cases: Vec<(&str, serde_json::Value, &str, String)> = vec![
+        ("config.json", big.into(), "eos_token_id", format!("token id {big} {range}")),
+        (
+            "generation_config.json",
+            serde_json::json!([2, big]),
+            "eos_token_id",
+            format!("token id {big} {range}"),
+        ),
+        ("config.json", big.into(), "pad_token_id", format!("token id {big} {range}")),
+        (
+            "config.json",
+            (-1).into(),
+            "bos_token_id",
+            "bad token id -1 (expected a non-negative integer)".into(),
+        ),
+        (
+            "config.json",
+            1e300.into(),
+            "route_scale",
+            "expected a number within the f32 range, got 1e+300".into(),
+        ),
+        (
+            "generation_config.json",
+            1e39.into(),
+            "temperature",
+            "expected a number within the f32 range, got 1e+39".into(),
+        ),
+        (
+            "generation_config.json",
+            (-3).into(),
+            "max_new_tokens",
+            "bad value -3".into(),
+        ),
+    ];
+    for (file, value, field, msg) in cases {
+        let dir = copy_fixture("tiny-causal-f32", "json-int");
+        edit_json(&dir, file, |v| v[field] = value.clone());
+        assert_eq!(
+            open_err(&dir),
+            format!("{}: field `{field}`: {msg}", dir.join(file).display()),
+            "{file} {field} = {value}"
+        );
+    }
+}
+
+#[test]
+fn an_eos_id_past_the_logits_is_ignored_with_a_warning() {
+    let dir = copy_fixture("tiny-causal-f32", "eos-past-vocab");
+    edit_json(&dir, "generation_config.json", |v| {
+        v["eos_token_id"] = serde_json::json!([2, 221, 100_000])
+    });
+    let r = reference("tiny-causal-f32");
+    let c = &r.cases[0];
+    let ids: Vec<String> = c.prompt_ids.iter().map(|i| i.to_string()).collect();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_inkling-wgpu"))
+        .args(["generate", "--device", "cpu", "--json", "--prompt-ids"])
+        .arg(ids.join(","))
+        .arg("--model")
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains(
+            "warning: EOS id 100000 is past the model's 400 logits and can never be generated; \
+             ignored (as transformers does)"
+        ),
+        "{err}"
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(ids_of(&v["generated_ids"]), c.generated_ids, "the other EOS ids still stop");
+    assert_eq!(v["finish_reason"], "eos");
+}
+
+fn ids_of(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+#[test]
+fn a_config_with_fewer_layers_than_the_weights_warns_that_tensors_are_unused() {
+    let dir = copy_fixture("tiny-causal-f32", "fewer-layers");
+    edit_json(&dir, "config.json", |v| {
+        v["num_hidden_layers"] = 3.into();
+        for k in ["layer_types", "mlp_layer_types"] {
+            v[k].as_array_mut().unwrap().truncate(3);
+        }
+    });
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_inkling-wgpu"))
+        .args([
+            "generate",
+            "--device",
+            "cpu",
+            "--prompt-ids",
+            "5,6,7",
+            "--max-tokens",
+            "2",
+            "--model",
+        ])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!(
+            "warning: {}: num_hidden_layers is 3, but the weights hold 4 layers; the tensors of \
+             layers 3..=3 are unused",
+            dir.join("config.json").display()
+        )),
+        "{err}"
+    );
+}
+
+/// Rewrite the header of safetensors file `file` through `edit` (on its JSON text), keeping the
+/// data bytes.
+fn edit_header(file: &Path, edit: impl FnOnce(&serde_json::Value) -> String) {
+    let b = std::fs::read(file).unwrap();
+    let n = u64::from_le_bytes(b[..8].try_into().unwrap()) as usize;
+    let h: serde_json::Value = serde_json::from_slice(&b[8..8 + n]).unwrap();
+    let text = edit(&h);
+    let mut out = (text.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(text.as_bytes());
+    out.extend_from_slice(&b[8 + n..]);
+    std::fs::write(file, out).unwrap();
+}
+
+#[test]
+fn header_errors_name_the_file_and_every_tensor_involved() {
+    let norm = "model.norm.weight";
+    type Edit = Box<dyn Fn(&serde_json::Value) -> String>;
+    let cases: Vec<(Edit, String)> = vec![
+        (
+            // a duplicated name (serde_json maps would keep the last entry silently)
+            Box::new(move |h| {
+                let text = serde_json::to_string(h).unwrap();
+                let entry = serde_json::to_string(&h["lm_head.weight"]).unwrap();
+                text.replacen(
+                    &format!("\"{norm}\":"),
+                    &format!("\"{norm}\":{entry},\"{norm}\":"),
+                    1,
+                )
+            }),
+            format!("tensor `{norm}` is listed twice in the header"),
+        ),
+        (
+            Box::new(move |h| {
+                let mut h = h.clone();
+                h[norm]["shape"] = serde_json::json!([65]);
+                serde_json::to_string(&h).unwrap()
+            }),
+            {
+                let h = header("tiny-causal-f32");
+                let o = &h[norm]["data_offsets"];
+                format!(
+                    "tensor `{norm}`: shape [65] of F32 needs 260 bytes, but its data_offsets [{}, {}] hold 256",
+                    o[0], o[1]
+                )
+            },
+        ),
+        (
+            Box::new(move |h| {
+                let mut h = h.clone();
+                let s = h["lm_head.weight"]["data_offsets"][0].as_u64().unwrap();
+                h[norm]["data_offsets"] = serde_json::json!([s + 256, s + 512]);
+                serde_json::to_string(&h).unwrap()
+            }),
+            {
+                let h = header("tiny-causal-f32");
+                let o = &h["lm_head.weight"]["data_offsets"];
+                let s = o[0].as_u64().unwrap();
+                format!(
+                    "tensors `lm_head.weight` (bytes [{s}, {})) and `{norm}` (bytes [{}, {})) overlap",
+                    o[1],
+                    s + 256,
+                    s + 512
+                )
+            },
+        ),
+    ];
+    for (edit, msg) in cases {
+        let dir = copy_fixture("tiny-causal-f32", "header");
+        let file = dir.join("model.safetensors");
+        edit_header(&file, edit);
+        let f = file.display();
+        assert_eq!(
+            open_err(&dir),
+            format!("{f}: truncated or corrupt safetensors file: {msg}")
+        );
+        let got = match Container::open(&dir) {
+            Ok(_) => panic!("container reader accepted: {msg}"),
+            Err(e) => e.to_string(),
+        };
+        assert_eq!(got, format!("{f}: not a valid safetensors file: {msg}"));
+    }
+}
+
+/// The parsed safetensors header of a fixture's `model.safetensors`.
+fn header(name: &str) -> serde_json::Value {
+    let b = std::fs::read(fixture(name).join("model.safetensors")).unwrap();
+    let n = u64::from_le_bytes(b[..8].try_into().unwrap()) as usize;
+    serde_json::from_slice(&b[8..8 + n]).unwrap()
+}
