@@ -101,13 +101,11 @@ impl Shard {
                     .unwrap_or(0) as usize
             })
             .unwrap_or(0);
-        if 8 + n + data_end > len {
+        let data_last = (8 + n as u64).saturating_add(data_end as u64);
+        if data_last > len as u64 {
             return Err(ContainerError::Truncated {
                 shard,
-                detail: format!(
-                    "tensor data ends at byte {}, the file has {len} bytes",
-                    8 + n + data_end
-                ),
+                detail: format!("tensor data ends at byte {data_last}, the file has {len} bytes"),
             });
         }
         check_header(&mmap).map_err(|detail| ContainerError::BadFile {

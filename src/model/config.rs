@@ -60,6 +60,13 @@ impl AttnGeom {
     }
 }
 
+/// Largest width accepted in config.json (hidden, head and MLP widths): 2^20.
+pub const MAX_WIDTH: usize = 1 << 20;
+/// Largest count accepted in config.json (layers, heads, experts, top-k, d_rel, conv kernel): 2^16.
+pub const MAX_COUNT: usize = 1 << 16;
+/// Largest length accepted in config.json (vocabulary, window, relative extent): 2^31 − 1.
+pub const MAX_LENGTH: usize = (1 << 31) - 1;
+
 /// The text model's settings (`InklingTextConfig`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct TextConfig {
@@ -254,6 +261,12 @@ impl TextConfig {
         };
         let f = Fields { map, file };
         let n_layers = f.usize_req("num_hidden_layers")?;
+        if n_layers > MAX_COUNT {
+            return Err(f.bad(
+                "num_hidden_layers",
+                format!("{n_layers} is past the engine's limit of {MAX_COUNT}"),
+            ));
+        }
         let mut intermediate_size = f.usize_req("intermediate_size")?;
         let mut moe_intermediate_size = f.usize_or("moe_intermediate_size", 3072)?;
         if let Some(dense) = f.usize_opt("dense_intermediate_size")? {
@@ -374,6 +387,31 @@ impl TextConfig {
             field: field.into(),
             msg,
         };
+        // Limits far past any real model, so that products of shapes (and byte counts) never
+        // overflow 64 bits.
+        for (name, v, max) in [
+            ("hidden_size", self.hidden_size, MAX_WIDTH),
+            ("head_dim", self.head_dim, MAX_WIDTH),
+            ("swa_head_dim", self.swa_head_dim, MAX_WIDTH),
+            ("intermediate_size", self.intermediate_size, MAX_WIDTH),
+            ("moe_intermediate_size", self.moe_intermediate_size, MAX_WIDTH),
+            ("num_attention_heads", self.num_attention_heads, MAX_COUNT),
+            ("num_key_value_heads", self.num_key_value_heads, MAX_COUNT),
+            ("swa_num_attention_heads", self.swa_num_attention_heads, MAX_COUNT),
+            ("swa_num_key_value_heads", self.swa_num_key_value_heads, MAX_COUNT),
+            ("n_routed_experts", self.n_routed_experts, MAX_COUNT),
+            ("n_shared_experts", self.n_shared_experts, MAX_COUNT),
+            ("num_experts_per_tok", self.num_experts_per_tok, MAX_COUNT),
+            ("d_rel", self.d_rel, MAX_COUNT),
+            ("conv_kernel_size", self.conv_kernel_size, MAX_COUNT),
+            ("vocab_size", self.vocab_size, MAX_LENGTH),
+            ("sliding_window_size", self.sliding_window_size, MAX_LENGTH),
+            ("rel_extent", self.rel_extent, MAX_LENGTH),
+        ] {
+            if v > max {
+                return Err(bad(name, format!("{v} is past the engine's limit of {max}")));
+            }
+        }
         for (name, v) in [
             ("hidden_size", self.hidden_size),
             ("num_attention_heads", self.num_attention_heads),

@@ -13,6 +13,7 @@ mod decode_profile;
 mod expert_cache;
 mod formats_doc;
 mod formats_quant;
+mod fuzz_loaders;
 mod gemv_cli;
 mod gemv_large;
 mod gemv_parity;
