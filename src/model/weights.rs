@@ -18,6 +18,7 @@ use super::names::causal_to_released;
 use crate::container::header::check_header;
 use crate::container::reader::check_shard_name;
 use crate::container::{expert_name, shared_expert_name, Container, Proj, STAMP_KEY, VERSION_KEY};
+use crate::formats::finite::{describe, first_non_finite};
 use crate::formats::{Encoding, QMatrix};
 use half::{bf16, f16};
 use memmap2::Mmap;
@@ -379,6 +380,17 @@ impl Checkpoint {
                 file: t.file.into(),
                 tensor: name.into(),
                 msg: format!("{} values for shape {expected:?}", v.len()),
+            });
+        }
+        // norms, convolutions, router biases and scales are copied here anyway: check them once
+        if let Some((i, x)) = first_non_finite(&v) {
+            return Err(ModelError::Tensor {
+                file: t.file.into(),
+                tensor: name.into(),
+                msg: format!(
+                    "element {i} (flat index) is {}; non-finite weights are refused",
+                    describe(x)
+                ),
             });
         }
         Ok(v)

@@ -210,6 +210,12 @@ fn integers_in_json_are_range_checked_never_wrapped() {
             "max_new_tokens",
             "bad value -3".into(),
         ),
+        (
+            "config.json",
+            big.into(),
+            "hidden_size",
+            format!("{big} is past the engine's limit of 1048576"),
+        ),
     ];
     for (file, value, field, msg) in cases {
         let dir = copy_fixture("tiny-causal-f32", "json-int");

@@ -85,3 +85,30 @@ fn loader_refuses_a_non_finite_container_scale_naming_shard_and_tensor() {
         )
     );
 }
+
+#[test]
+fn loader_refuses_non_finite_small_weights_it_copies() {
+    // norms, convolutions, the router bias and global scales are read into f32 at load: a NaN or
+    // an Inf there is refused at once, naming file, tensor and flat index
+    for (tensor, at, v, what) in [
+        ("model.layers.2.mlp.gate.e_score_correction_bias", 5, f32::NAN, "NaN"),
+        ("model.layers.0.input_layernorm.weight", 0, f32::INFINITY, "+inf"),
+    ] {
+        let dir = copy_fixture("tiny-causal-f32", "nan-small");
+        let file = dir.join("model.safetensors");
+        poke_f32(&file, tensor, at, v);
+        let ck = inkling_wgpu::model::Checkpoint::open(&dir).unwrap();
+        let e = match inkling_wgpu::model::Weights::load(&ck) {
+            Ok(_) => panic!("{tensor}: loaded"),
+            Err(e) => e.to_string(),
+        };
+        assert_eq!(
+            e,
+            format!(
+                "{}: tensor `{tensor}`: element {at} (flat index) is {what}; non-finite weights \
+                 are refused",
+                file.display()
+            )
+        );
+    }
+}
