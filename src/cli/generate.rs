@@ -1,7 +1,7 @@
 //! `inkling-wgpu generate`: load a checkpoint, run a forward backend, stream text.
+use crate::model::config::reachable_eos;
 use crate::model::generate::{generate, GenOutput, GenerateParams};
 use crate::model::sampling::SamplingParams;
-use crate::model::config::reachable_eos;
 use crate::model::text::{load_tokenizer, tokenizer_eos_ids, TextStream};
 use crate::model::usage::{self, Usage};
 use crate::model::{Checkpoint, CpuModel, Forward, GpuModel, GpuModelOptions, Placement, Weights};

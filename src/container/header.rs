@@ -122,7 +122,9 @@ mod tests {
             Err("tensors `a` (bytes [0, 16)) and `b` (bytes [8, 24)) overlap".into())
         );
         let huge = r#"{"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,16]}}"#;
-        assert!(check_header(&file(huge)).unwrap_err().contains("more than 2^64"));
+        assert!(check_header(&file(huge))
+            .unwrap_err()
+            .contains("more than 2^64"));
         // unreadable headers are left to the loaders' own messages
         assert_eq!(check_header(b"\x10\x00"), Ok(()));
         assert_eq!(check_header(&file("{not json")), Ok(()));

@@ -1,11 +1,11 @@
 //! Reading checkpoint directories (source checkpoints and converted containers) through memory
 //! maps, with every stamp verified at open time.
 
+use super::header::check_header;
 use super::stamp::{
     check_unique, parse_shape_map, parse_string_map, verify_tensor, ContainerError, TensorBytes,
     SCALES_SUFFIX, SHAPE_KEY, STAMP_KEY,
 };
-use super::header::check_header;
 use super::{expert_name, Proj, EXPERT_PROJS};
 use crate::formats::finite::{describe, first_non_finite_bytes};
 use crate::formats::{Encoding, Format, QMatrix};

@@ -4,9 +4,7 @@ use safetensors::Dtype;
 
 /// The first NaN or ±Inf of `v`: (flat index, value).
 pub fn first_non_finite(v: &[f32]) -> Option<(usize, f32)> {
-    v.iter()
-        .position(|x| !x.is_finite())
-        .map(|i| (i, v[i]))
+    v.iter().position(|x| !x.is_finite()).map(|i| (i, v[i]))
 }
 
 /// The first NaN or ±Inf of little-endian `bytes` of `dtype` (F32, BF16, F16; other dtypes hold

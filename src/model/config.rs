@@ -168,7 +168,10 @@ impl<'a> Fields<'a> {
                 .filter(|x| x.abs() <= f32::MAX as f64)
                 .map(Some)
                 .ok_or_else(|| {
-                    self.bad(name, format!("expected a number within the f32 range, got {v}"))
+                    self.bad(
+                        name,
+                        format!("expected a number within the f32 range, got {v}"),
+                    )
                 }),
         }
     }
@@ -201,7 +204,9 @@ fn parse_id(v: &Value) -> std::result::Result<u32, String> {
         Some(x) => u32::try_from(x).map_err(|_| {
             format!("token id {x} is out of range (token ids are below 2^32 = 4294967296)")
         }),
-        None => Err(format!("bad token id {v} (expected a non-negative integer)")),
+        None => Err(format!(
+            "bad token id {v} (expected a non-negative integer)"
+        )),
     }
 }
 
@@ -394,11 +399,23 @@ impl TextConfig {
             ("head_dim", self.head_dim, MAX_WIDTH),
             ("swa_head_dim", self.swa_head_dim, MAX_WIDTH),
             ("intermediate_size", self.intermediate_size, MAX_WIDTH),
-            ("moe_intermediate_size", self.moe_intermediate_size, MAX_WIDTH),
+            (
+                "moe_intermediate_size",
+                self.moe_intermediate_size,
+                MAX_WIDTH,
+            ),
             ("num_attention_heads", self.num_attention_heads, MAX_COUNT),
             ("num_key_value_heads", self.num_key_value_heads, MAX_COUNT),
-            ("swa_num_attention_heads", self.swa_num_attention_heads, MAX_COUNT),
-            ("swa_num_key_value_heads", self.swa_num_key_value_heads, MAX_COUNT),
+            (
+                "swa_num_attention_heads",
+                self.swa_num_attention_heads,
+                MAX_COUNT,
+            ),
+            (
+                "swa_num_key_value_heads",
+                self.swa_num_key_value_heads,
+                MAX_COUNT,
+            ),
             ("n_routed_experts", self.n_routed_experts, MAX_COUNT),
             ("n_shared_experts", self.n_shared_experts, MAX_COUNT),
             ("num_experts_per_tok", self.num_experts_per_tok, MAX_COUNT),
@@ -409,7 +426,10 @@ impl TextConfig {
             ("rel_extent", self.rel_extent, MAX_LENGTH),
         ] {
             if v > max {
-                return Err(bad(name, format!("{v} is past the engine's limit of {max}")));
+                return Err(bad(
+                    name,
+                    format!("{v} is past the engine's limit of {max}"),
+                ));
             }
         }
         for (name, v) in [
@@ -554,7 +574,10 @@ impl GenerationConfig {
                         .map(|f| f as f32)
                         .filter(|f| f.is_finite())
                         .ok_or_else(|| {
-                            bad(k, format!("expected a number within the f32 range, got {x}"))
+                            bad(
+                                k,
+                                format!("expected a number within the f32 range, got {x}"),
+                            )
                         })
                 })
                 .transpose()

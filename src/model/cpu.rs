@@ -123,12 +123,7 @@ fn rank_desc(a: f32, b: f32) -> std::cmp::Ordering {
 
 /// One token's MoE output; `layer` and `position` (0-based) name the place in the error when the
 /// router logits hold a NaN or an Inf.
-fn moe_forward(
-    moe: &MoeWeights<'_>,
-    x: &[f32],
-    layer: usize,
-    position: usize,
-) -> Result<Vec<f32>> {
+fn moe_forward(moe: &MoeWeights<'_>, x: &[f32], layer: usize, position: usize) -> Result<Vec<f32>> {
     let logits = router_logits(moe, x);
     if logits.iter().any(|v| !v.is_finite()) {
         return Err(ModelError::NonFiniteRouter { position, layer });
@@ -297,7 +292,12 @@ impl<'w, 'a> CpuModel<'w, 'a> {
         }
         rms_norm_rows(&mut x, &w.embed_norm, eps);
 
-        for (li, (lw, lc)) in w.layers.iter().zip(self.cache.layers.iter_mut()).enumerate() {
+        for (li, (lw, lc)) in w
+            .layers
+            .iter()
+            .zip(self.cache.layers.iter_mut())
+            .enumerate()
+        {
             let mut xn = x.clone();
             rms_norm_rows(&mut xn, &lw.input_norm, eps);
             let a = attention(&lw.attn, lc, &xn, p0, eps);

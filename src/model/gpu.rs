@@ -2252,7 +2252,12 @@ impl<'w> GpuModel<'w> {
                         vocab: cfg.logits_width() as u32,
                         out_idx: 0,
                     }
-                    .bind_flagged(gpu, &a.logits, &a.argmax, Some(status::LOGITS_BAD as u32)),
+                    .bind_flagged(
+                        gpu,
+                        &a.logits,
+                        &a.argmax,
+                        Some(status::LOGITS_BAD as u32),
+                    ),
                 ));
             }
             Head::All => {

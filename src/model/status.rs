@@ -62,7 +62,9 @@ mod tests {
              scans every tensor of the model)"
         );
         let e = check(&[7, 1, 0, 0], 14).unwrap_err();
-        assert!(e.to_string().starts_with("non-finite logit at position 14:"));
+        assert!(e
+            .to_string()
+            .starts_with("non-finite logit at position 14:"));
         assert!(check(&[7, 0, 0, 0], 14).is_ok());
         let e = check_logits(&[0.0, 1.0, 2.0, f32::NAN], 2, 3).unwrap_err();
         assert!(e.to_string().starts_with("non-finite logit at position 4:"));

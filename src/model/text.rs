@@ -27,7 +27,9 @@ pub fn load_tokenizer(dir: &Path) -> Result<Option<Tokenizer>> {
     };
     match parsed {
         Ok(r) => r.map(Some).map_err(|e| bad(e.to_string())),
-        Err(_) => Err(bad("the tokenizers library could not read it (it panicked)".into())),
+        Err(_) => Err(bad(
+            "the tokenizers library could not read it (it panicked)".into(),
+        )),
     }
 }
 

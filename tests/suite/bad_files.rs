@@ -123,24 +123,34 @@ fn shards_that_are_symbolic_links_into_a_blob_store_load() {
 
 #[test]
 fn info_verify_reads_every_tensor_and_names_each_damaged_one() {
-    let clean = cli(&["info", "--summary", "--verify"], &fixture("tiny-causal-f32"));
+    let clean = cli(
+        &["info", "--summary", "--verify"],
+        &fixture("tiny-causal-f32"),
+    );
     assert!(clean.status.success());
     let text = String::from_utf8(clean.stdout).unwrap();
-    assert!(text.ends_with("verify: 1.10 MiB read, no NaN or Inf\n"), "{text}");
+    assert!(
+        text.ends_with("verify: 1.10 MiB read, no NaN or Inf\n"),
+        "{text}"
+    );
     let dir = copy_fixture("tiny-causal-f32", "verify");
     let file = dir.join("model.safetensors");
-    poke_f32(&file, "model.layers.3.self_attn.q_proj.weight", 100, f32::NAN);
+    poke_f32(
+        &file,
+        "model.layers.3.self_attn.q_proj.weight",
+        100,
+        f32::NAN,
+    );
     poke_f32(&file, "model.norm.weight", 63, f32::NEG_INFINITY);
     let out = cli(&["info", "--summary", "--verify"], &dir);
     assert!(!out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
     let f = file.display();
-    let lines: Vec<&str> = text
-        .lines()
-        .filter(|l| l.contains("flat index"))
-        .collect();
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains("flat index")).collect();
     let mut want = vec![
-        format!("{f}: tensor `model.layers.3.self_attn.q_proj.weight`: element 100 (flat index) is NaN"),
+        format!(
+            "{f}: tensor `model.layers.3.self_attn.q_proj.weight`: element 100 (flat index) is NaN"
+        ),
         format!("{f}: tensor `model.norm.weight`: element 63 (flat index) is -inf"),
     ];
     let mut got: Vec<String> = lines.iter().map(|s| s.to_string()).collect();
@@ -178,14 +188,24 @@ fn integers_in_json_are_range_checked_never_wrapped() {
     let big = 4_294_967_307u64; // 2^32 + 11: `as u32` would make it 11
     let range = "is out of range (token ids are below 2^32 = 4294967296)";
     let cases: Vec<(&str, serde_json::Value, &str, String)> = vec![
-        ("config.json", big.into(), "eos_token_id", format!("token id {big} {range}")),
+        (
+            "config.json",
+            big.into(),
+            "eos_token_id",
+            format!("token id {big} {range}"),
+        ),
         (
             "generation_config.json",
             serde_json::json!([2, big]),
             "eos_token_id",
             format!("token id {big} {range}"),
         ),
-        ("config.json", big.into(), "pad_token_id", format!("token id {big} {range}")),
+        (
+            "config.json",
+            big.into(),
+            "pad_token_id",
+            format!("token id {big} {range}"),
+        ),
         (
             "config.json",
             (-1).into(),
@@ -254,7 +274,11 @@ fn an_eos_id_past_the_logits_is_ignored_with_a_warning() {
         "{err}"
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(ids_of(&v["generated_ids"]), c.generated_ids, "the other EOS ids still stop");
+    assert_eq!(
+        ids_of(&v["generated_ids"]),
+        c.generated_ids,
+        "the other EOS ids still stop"
+    );
     assert_eq!(v["finish_reason"], "eos");
 }
 

@@ -308,9 +308,24 @@ fn every_parser_survives_seeded_mutations_without_a_panic() {
         target("config", &small, "config.json", Kind::Json),
         target("generation", &small, "generation_config.json", Kind::Json),
         target("tokenizer", &small, "tokenizer.json", Kind::Json),
-        target("safetensors", &small, "model.safetensors", Kind::Safetensors),
-        target("index", &sharded, "model.safetensors.index.json", Kind::Json),
-        target("container", &container, "model.safetensors", Kind::Safetensors),
+        target(
+            "safetensors",
+            &small,
+            "model.safetensors",
+            Kind::Safetensors,
+        ),
+        target(
+            "index",
+            &sharded,
+            "model.safetensors.index.json",
+            Kind::Json,
+        ),
+        target(
+            "container",
+            &container,
+            "model.safetensors",
+            Kind::Safetensors,
+        ),
     ];
     for t in &targets {
         load(&t.dir).unwrap_or_else(|e| panic!("{}: the unmutated copy fails: {e}", t.name));

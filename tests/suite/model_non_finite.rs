@@ -105,7 +105,12 @@ fn nan_in_an_embedding_row_stops_at_its_position_and_first_sparse_layer() {
                 break;
             }
         }
-        assert_eq!(err.as_deref(), Some(&want[..]), "{}: one by one", m.backend());
+        assert_eq!(
+            err.as_deref(),
+            Some(&want[..]),
+            "{}: one by one",
+            m.backend()
+        );
     });
     // a generated token whose row is damaged: the pipelined GPU decode names its position
     let r = reference("tiny-causal-f32");
@@ -141,7 +146,17 @@ fn nan_in_the_head_stops_at_the_logits() {
     );
     let prompt = [5u32, 6, 7, 8];
     on_both(&dir, |m| {
-        assert_eq!(gen_err(m, &prompt, 4), logit_msg(3), "{}: generate", m.backend());
-        assert_eq!(forward_err(m, &prompt), logit_msg(3), "{}: forward", m.backend());
+        assert_eq!(
+            gen_err(m, &prompt, 4),
+            logit_msg(3),
+            "{}: generate",
+            m.backend()
+        );
+        assert_eq!(
+            forward_err(m, &prompt),
+            logit_msg(3),
+            "{}: forward",
+            m.backend()
+        );
     });
 }

@@ -27,7 +27,12 @@ fn convert_refuses_a_non_finite_source_value_naming_tensor_and_flat_index() {
     let file = src.join("model.safetensors");
     // expert 3, row 40 (the up half of gate_up_proj [8, 64, 64]), column 7: quantised per expert
     let at = (3 * 64 + 40) * 64 + 7;
-    poke_f32(&file, "model.layers.1.mlp.experts.gate_up_proj", at, f32::NAN);
+    poke_f32(
+        &file,
+        "model.layers.1.mlp.experts.gate_up_proj",
+        at,
+        f32::NAN,
+    );
     let dst = scratch("nan-convert-out");
     let e = convert(&src, &dst.join("out"), &ConvertOptions::default()).unwrap_err();
     assert_eq!(
@@ -91,8 +96,18 @@ fn loader_refuses_non_finite_small_weights_it_copies() {
     // norms, convolutions, the router bias and global scales are read into f32 at load: a NaN or
     // an Inf there is refused at once, naming file, tensor and flat index
     for (tensor, at, v, what) in [
-        ("model.layers.2.mlp.gate.e_score_correction_bias", 5, f32::NAN, "NaN"),
-        ("model.layers.0.input_layernorm.weight", 0, f32::INFINITY, "+inf"),
+        (
+            "model.layers.2.mlp.gate.e_score_correction_bias",
+            5,
+            f32::NAN,
+            "NaN",
+        ),
+        (
+            "model.layers.0.input_layernorm.weight",
+            0,
+            f32::INFINITY,
+            "+inf",
+        ),
     ] {
         let dir = copy_fixture("tiny-causal-f32", "nan-small");
         let file = dir.join("model.safetensors");

@@ -328,11 +328,7 @@ fn argmax_flags_non_finite_logits() {
             .bind_flagged(&gpu, &lb, &out, Some(1))
             .run(&gpu);
             let o = gpu.read_u32(&out, 4).unwrap();
-            assert_eq!(
-                (o[1], o[2], o[3]),
-                (flagged, 5, 6),
-                "V={v}: {bad} at {at}"
-            );
+            assert_eq!((o[1], o[2], o[3]), (flagged, 5, 6), "V={v}: {bad} at {at}");
             assert!((o[0] as usize) < v, "V={v}: id {}", o[0]);
         }
     }

@@ -410,11 +410,24 @@ fn underflow_saturation_and_non_finite_logits() {
         let got: Vec<u32> = pv[tt * k..(tt + 1) * k].iter().map(|p| p.expert).collect();
         assert_eq!(got, ch, "token {tt}");
         assert!(gv[tt * k..(tt + 1) * k].iter().all(|v| v.is_finite()));
-        assert_close(&format!("gammas token {tt}"), &gv[tt * k..(tt + 1) * k], &g, 1e-5);
-        assert_close(&format!("shared token {tt}"), &sv[tt * s..(tt + 1) * s], &sg, 1e-5);
+        assert_close(
+            &format!("gammas token {tt}"),
+            &gv[tt * k..(tt + 1) * k],
+            &g,
+            1e-5,
+        );
+        assert_close(
+            &format!("shared token {tt}"),
+            &sv[tt * s..(tt + 1) * s],
+            &sg,
+            1e-5,
+        );
     }
     // token 0: the bias alone chose 7, 5, 4 (6 is −inf)
-    assert_eq!(&pv[..k].iter().map(|p| p.expert).collect::<Vec<_>>(), &[7, 5, 4]);
+    assert_eq!(
+        &pv[..k].iter().map(|p| p.expert).collect::<Vec<_>>(),
+        &[7, 5, 4]
+    );
     // token 2 with k = 8 would rank −inf (6) above NaN (1); with k = 3 neither is chosen, so check
     // the full order with k = E
     let full = Router::new(RouterShape {
