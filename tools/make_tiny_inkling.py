@@ -313,6 +313,49 @@ FIXTURES = [
             pad_token_id=PAD,
         ),
     ),
+    # Router extremes: channel 0 of every embedding is a large constant and router column 0 is scaled per
+    # layer, so every router logit of every token underflows (sigmoid == 0 in f32, layer 0) or saturates
+    # (sigmoid == 1, layer 1). Tiny (hidden 32, single BF16 file); no reference.safetensors, only tokens.
+    dict(
+        name="tiny-router-extremes",
+        layout="causal",
+        dtype="BF16",
+        seed=99,
+        lm_head_std=14.0,
+        router_extremes=dict(embed_col0=8.0, router_col0=[-60.0, 20.0]),
+        logits_file=False,
+        text=dict(
+            vocab_size=400,
+            unpadded_vocab_size=None,
+            hidden_size=32,
+            num_hidden_layers=2,
+            layer_types=["hybrid_sliding", "hybrid"],
+            mlp_layer_types=["sparse", "sparse"],
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=16,
+            swa_num_attention_heads=2,
+            swa_num_key_value_heads=1,
+            swa_head_dim=16,
+            sliding_window_size=4,
+            d_rel=2,
+            rel_extent=5,
+            log_scaling_n_floor=None,
+            conv_kernel_size=3,
+            intermediate_size=32,
+            moe_intermediate_size=16,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            n_shared_experts=1,
+            route_scale=2.0,
+            logits_mup_width_multiplier=8.0,
+            rms_norm_eps=1e-6,
+            max_position_embeddings=4096,
+            bos_token_id=BOS,
+            eos_token_id=EOS,
+            pad_token_id=PAD,
+        ),
+    ),
 ]
 
 MM_VISION = dict(num_hidden_layers=2, patch_size=2, temporal_patch_size=2)
@@ -333,7 +376,51 @@ def build_model(spec, seed):
         model = InklingForConditionalGeneration(cfg)
     g = torch.Generator().manual_seed(seed)
     perturb(model, spec["lm_head_std"], g)
+    if "router_extremes" in spec:
+        router_extremes(model, spec["router_extremes"])
     return model.eval()
+
+
+@torch.no_grad()
+def router_extremes(model, ex):
+    """Make channel 0 of the residual stream a large positive constant (embedding column 0, the norm
+    weights of channel 0 set to 1) and scale router column 0 of layer i by ex["router_col0"][i], so the
+    router logits of layer i are all far below 0 (underflow) or far above (saturation)."""
+    for name, p in model.named_parameters():
+        if name.endswith("embed_tokens.weight"):
+            p[:, 0] = ex["embed_col0"]
+        elif name.endswith("norm.weight") and ("layernorm" in name or "embed_norm" in name):
+            p[0] = 1.0
+    for i, layer in enumerate(model.model.layers):
+        layer.mlp.gate.weight[:, 0] = ex["router_col0"][i]
+
+
+@torch.no_grad()
+def router_logits_extreme(model, prompts):
+    """None when, on every prompt, every router logit of layer 0 has sigmoid == 0 and of layer 1
+    sigmoid == 1 in f32 (the fixture's purpose), else why not."""
+    seen = {}
+    hooks = []
+    for i, layer in enumerate(model.model.layers):
+        gate = layer.mlp.gate
+
+        def hook(mod, args, i=i):
+            flat = args[0].reshape(-1, mod.hidden_dim).float()
+            seen.setdefault(i, []).append(torch.nn.functional.linear(flat, mod.weight.float()))
+
+        hooks.append(gate.register_forward_pre_hook(hook))
+    try:
+        for p in prompts:
+            greedy(model, p)
+    finally:
+        for h in hooks:
+            h.remove()
+    l0, l1 = torch.cat(seen[0]), torch.cat(seen[1])
+    if not bool((l0.sigmoid() == 0).all()):
+        return f"layer 0 logits do not all underflow (max {float(l0.max()):.1f})"
+    if not bool((l1.sigmoid() == 1).all()):
+        return f"layer 1 logits do not all saturate (min {float(l1.min()):.1f})"
+    return None
 
 
 def load(spec, d):
@@ -380,6 +467,10 @@ def choose_cases(model, spec, tok, prompts):
     tcfg = text_cfg(model)
     vocab = tcfg.unpadded_vocab_size or tcfg.vocab_size
     enc = [tok.encode(p, add_special_tokens=False).ids for p in prompts]
+    if "router_extremes" in spec:
+        why = router_logits_extreme(model, enc)
+        if why:
+            return None, why
     runs = [greedy(model, p) for p in enc]
     # EOS from prompt 0, step >= EOS_STEP, token unseen earlier in continuation and prompt
     c0 = runs[0]
@@ -499,7 +590,11 @@ def make_fixture(spec, tok, min_margin_target):
         assert out == c["generated_ids"], (out, c["generated_ids"])
 
     tensors = {c["logits_key"]: c.pop("_logits") for c in cases}
-    save_file(tensors, os.path.join(d, "reference.safetensors"))
+    if spec.get("logits_file", True):
+        save_file(tensors, os.path.join(d, "reference.safetensors"))
+    else:
+        for c in cases:
+            del c["logits_key"]
     tcfg = text_cfg(ref)
     rt_texts = ["Once upon a time", "The fox said: \"hello, world\" 42 times.\n", "  two  spaces\tand tab", "héllo wörld ✓"]
     reference = dict(

@@ -11,13 +11,16 @@
 // argmax_partial / argmax_final: two-pass argmax over V logits, ties -> lowest index, one u32 out.
 //              Partials of 1024 logits (one vec4 per invocation when V % 4 == 0: argmax_partial_vec4,
 //              else four independent scalar loads), then one workgroup over the partials.
+//              Non-finite check: partial k sets part_i[n_partials + k] = 1 when its logits hold a NaN
+//              or an Inf; when flag_idx1 != 0 the final pass then sets out_u[flag_idx1 - 1] = 1
+//              (it never clears it: the run-time status word of model::status).
 
 struct Params {
     n: u32,      // elements (silu_mul: P*I; combine: T*C; argmax: V)
     a: u32,      // silu_mul: I; combine: C; scale: op; add_scaled: s_idx; argmax: chunk
     b: u32,      // silu_mul: g_off; combine: top_k; argmax: n_partials
     c: u32,      // silu_mul: g_rs; combine: n_shared; argmax: out_idx
-    d: u32,      // silu_mul: g_es; combine: weight_routed
+    d: u32,      // silu_mul: g_es; combine: weight_routed; argmax: flag_idx1
     e: u32,      // silu_mul: u_off; combine: weight_shared
     f: u32,      // silu_mul: u_rs; combine: accumulate
     g: u32,      // silu_mul: u_es
@@ -126,6 +129,12 @@ fn moe_combine(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
 
 var<workgroup> rv: array<f32, WG>;
 var<workgroup> ri: array<u32, WG>;
+var<workgroup> am_bad: atomic<u32>;
+
+// NaN or +-Inf, tested on the bits (`v != v` may be folded away by compilers that assume no NaN).
+fn non_finite(v: f32) -> bool {
+    return (bitcast<u32>(v) & 0x7fffffffu) >= 0x7f800000u;
+}
 
 fn better(va: f32, ia: u32, vb: f32, ib: u32) -> bool {
     // NaN never wins; an unset slot (index 0xffffffff) always loses.
@@ -168,6 +177,10 @@ fn argmax_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
     var bv = 0.0;
     var bi = 0xffffffffu;
     var vals: array<f32, 4>;
+    if (tid == 0u) {
+        atomicStore(&am_bad, 0u);
+    }
+    workgroupBarrier();
     for (var k = 0u; k < 4u; k++) {
         let i = lo + tid + k * WG;
         vals[k] = 0.0;
@@ -175,18 +188,24 @@ fn argmax_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
             vals[k] = in0[i];
         }
     }
+    var bad = false;
     for (var k = 0u; k < 4u; k++) {
         let i = lo + tid + k * WG;
         let v = vals[k];
+        bad = bad || non_finite(v);
         if (i < hi && v == v && better(v, i, bv, bi)) {
             bv = v;
             bi = i;
         }
     }
+    if (bad) {
+        atomicOr(&am_bad, 1u);
+    }
     reduce_best(tid, bv, bi);
     if (tid == 0u) {
         part_v[part] = rv[0];
         part_i[part] = ri[0];
+        part_i[p.b + part] = atomicLoad(&am_bad);
     }
 }
 
@@ -202,20 +221,30 @@ fn argmax_partial_vec4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workg
     let u = part * (p.a / 4u) + tid;
     var bv = 0.0;
     var bi = 0xffffffffu;
+    if (tid == 0u) {
+        atomicStore(&am_bad, 0u);
+    }
+    workgroupBarrier();
     if (4u * u < p.n) {
         let v4 = logits4[u];
+        var bad = false;
         for (var k = 0u; k < 4u; k++) {
             let v = v4[k];
+            bad = bad || non_finite(v);
             if (v == v && better(v, 4u * u + k, bv, bi)) {
                 bv = v;
                 bi = 4u * u + k;
             }
+        }
+        if (bad) {
+            atomicOr(&am_bad, 1u);
         }
     }
     reduce_best(tid, bv, bi);
     if (tid == 0u) {
         part_v[part] = rv[0];
         part_i[part] = ri[0];
+        part_i[p.b + part] = atomicLoad(&am_bad);
     }
 }
 
@@ -224,13 +253,22 @@ fn argmax_final(@builtin(local_invocation_id) lid: vec3<u32>) {
     let tid = lid.x;
     var bv = 0.0;
     var bi = 0xffffffffu;
+    if (tid == 0u) {
+        atomicStore(&am_bad, 0u);
+    }
+    workgroupBarrier();
+    var bad = 0u;
     for (var k = tid; k < p.b; k += WG) {
         let v = part_v_r[k];
         let i = part_i_r[k];
+        bad |= part_i_r[p.b + k];
         if (better(v, i, bv, bi)) {
             bv = v;
             bi = i;
         }
+    }
+    if (bad != 0u) {
+        atomicOr(&am_bad, 1u);
     }
     reduce_best(tid, bv, bi);
     if (tid == 0u) {
@@ -239,5 +277,8 @@ fn argmax_final(@builtin(local_invocation_id) lid: vec3<u32>) {
             r = 0u; // all NaN
         }
         out_u[p.c] = r;
+        if (p.d != 0u && atomicLoad(&am_bad) != 0u) {
+            out_u[p.d - 1u] = 1u;
+        }
     }
 }

@@ -1,9 +1,16 @@
 // MoE router, everything f32, one workgroup per token; experts are looped with stride so any count works.
-//   choose = topk(sigmoid(L[:E]) + bias, top_k)            (ties -> lower index; NaN below every number)
+//   choose = topk(sigmoid(L[:E]) + bias, top_k)            (ties -> lower index; NaN below every value)
 //   sel    = [L[chosen], L[E:E+S]]
-//   w      = sigmoid(sel) / sum(sigmoid(sel)) * scale       (scale = route_scale * gate.global_scale)
+//   ls     = logsigmoid(sel) = min(sel, 0) - log(1 + exp(-|sel|))
+//   w      = exp(ls - logsumexp(ls)) * scale                (scale = route_scale * gate.global_scale)
+// as transformers 5.24.0 InklingTopkRouter.forward: finite when every sigmoid of the token underflows
+// to 0 in f32 (logits below about -88), where sigmoid(sel) / sum(sigmoid(sel)) would be 0/0.
 // Writes pairs[t*k + s] = (expert, t, t*k + s, 0), gammas[t*k + s], shared_gammas[t*S + j].
 // L is [T, E + S] (routed first, then shared).
+// Run-time check: a token whose logits hold a NaN or an Inf sets status[2] = layer + 1 unless an
+// earlier layer (of this step or an earlier one) already did, and status[3] = max(0xffffffff - pos)
+// over such tokens of that layer, pos = pos0 + t their absolute position (so the first one is
+// recorded); the host reads the words with the step's result (model::status).
 //
 // Top-k by rank, rank(e) = #{o : score[o] > score[e]} + #{o < e : score[o] == score[e]} (a strict total
 // order: ranks 0..E-1 without repeats); the experts of rank < k are the choice, in selection order.
@@ -19,7 +26,7 @@ struct Params {
     n_shared: u32,
     top_k: u32,
     scale: f32,
-    _p0: u32,
+    layer: u32,
     _p1: u32,
     _p2: u32,
 }
@@ -41,6 +48,8 @@ const MAX_K: u32 = 32u;
 @group(0) @binding(3) var<storage, read_write> pairs: array<Pair>;
 @group(0) @binding(4) var<storage, read_write> gammas: array<f32>;
 @group(0) @binding(5) var<storage, read_write> shared_gammas: array<f32>;
+@group(0) @binding(6) var<storage, read_write> status: array<atomic<u32>>;
+@group(0) @binding(7) var<uniform> pos0: vec4<u32>;
 
 const MAX_S: u32 = 32u;
 
@@ -49,18 +58,40 @@ var<workgroup> chosen: array<u32, MAX_K>;
 var<workgroup> sig_sh: array<f32, MAX_K>;
 var<workgroup> slots: array<atomic<u32>, MAX_K>;
 var<workgroup> shared_sig: array<f32, MAX_S>;
+// bit e set: expert e's score is NaN (stored as -inf in `score`, ranked below a true -inf)
+var<workgroup> nan_bits: array<atomic<u32>, MAX_E / 32u>;
+var<workgroup> row_bad: atomic<u32>;
 
 fn sigmoid(v: f32) -> f32 {
     return 1.0 / (1.0 + exp(-v));
+}
+
+// log(sigmoid(v)) without underflow (torch's log_sigmoid: min(v, 0) - log1p(exp(-|v|))).
+fn log_sigmoid(v: f32) -> f32 {
+    return min(v, 0.0) - log(1.0 + exp(-abs(v)));
+}
+
+// NaN or +-Inf, tested on the bits (`v != v` may be folded away by compilers that assume no NaN).
+fn non_finite(v: f32) -> bool {
+    return (bitcast<u32>(v) & 0x7fffffffu) >= 0x7f800000u;
+}
+
+fn is_nan(e: u32) -> bool {
+    return (atomicLoad(&nan_bits[e / 32u]) & (1u << (e % 32u))) != 0u;
 }
 
 fn score_at(o: u32) -> f32 {
     return score[o / 4u][o % 4u];
 }
 
-// a beats b: larger value, or equal value and lower index.
+// a beats b: larger value, or equal value and lower index; NaN (stored as -inf) loses to every value.
 fn better(va: f32, ia: u32, vb: f32, ib: u32) -> bool {
-    return va > vb || (va == vb && ia < ib);
+    if (va == vb) {
+        let na = is_nan(ia);
+        let nb = is_nan(ib);
+        return (!na && nb) || (na == nb && ia < ib);
+    }
+    return va > vb;
 }
 
 // #{o : score[o] >= v} (exact in f32 for E <= 2048).
@@ -101,21 +132,45 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
     if (tid < MAX_K) {
         atomicStore(&slots[tid], 0u);
     }
-    for (var e = tid; e < p.n_routed; e += WG) {
-        var v = sigmoid(logits[lb + e]) + bias[e];
-        // NaN ranks below every number (tested on the bits: `v != v` may be folded away by
-        // compilers that assume no NaN)
-        if ((bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u) {
-            v = -3.4e38;
-        }
-        score[e / 4u][e % 4u] = v;
+    for (var i = tid; i < MAX_E / 32u; i += WG) {
+        atomicStore(&nan_bits[i], 0u);
     }
-    for (var j = tid; j < min(p.n_shared, MAX_S); j += WG) {
-        shared_sig[j] = sigmoid(logits[lb + p.n_routed + j]);
+    if (tid == 0u) {
+        atomicStore(&row_bad, 0u);
     }
     workgroupBarrier();
     for (var e = tid; e < p.n_routed; e += WG) {
-        let sg = sigmoid(logits[lb + e]); // issued early: its latency hides behind the count
+        let l = logits[lb + e];
+        var v = sigmoid(l) + bias[e];
+        if (non_finite(l)) {
+            atomicOr(&row_bad, 1u);
+        }
+        // NaN: -inf in `score`, and its bit set, so it ranks below every value (a true -inf included)
+        if ((bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u) {
+            v = bitcast<f32>(0xff800000u);
+            atomicOr(&nan_bits[e / 32u], 1u << (e % 32u));
+        }
+        score[e / 4u][e % 4u] = v;
+    }
+    for (var j = tid; j < p.n_shared; j += WG) {
+        let l = logits[lb + p.n_routed + j];
+        if (non_finite(l)) {
+            atomicOr(&row_bad, 1u);
+        }
+        if (j < MAX_S) {
+            shared_sig[j] = log_sigmoid(l);
+        }
+    }
+    workgroupBarrier();
+    if (tid == 0u && atomicLoad(&row_bad) != 0u) {
+        let first = atomicLoad(&status[2]);
+        if (first == 0u || first == p.layer + 1u) {
+            atomicStore(&status[2], p.layer + 1u);
+            atomicMax(&status[3], 0xffffffffu - (pos0.x + t));
+        }
+    }
+    for (var e = tid; e < p.n_routed; e += WG) {
+        let sg = log_sigmoid(logits[lb + e]); // issued early: its latency hides behind the count
         let r = u32(count_ge(score_at(e))) - 1u;
         if (r < p.top_k) {
             atomicAdd(&slots[r], 1u);
@@ -138,36 +193,42 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
             }
             if (rank < p.top_k) {
                 chosen[rank] = e;
-                sig_sh[rank] = sigmoid(logits[lb + e]);
+                sig_sh[rank] = log_sigmoid(logits[lb + e]);
             }
         }
     }
     workgroupBarrier();
-    // every invocation sums (chosen in selection order, then the shared experts)
-    var sum = 0.0;
+    // every invocation reduces (chosen in selection order, then the shared experts):
+    // logsumexp(ls) = m + log(sum exp(ls - m)), m = max(ls)
+    var m = bitcast<f32>(0xff800000u);
     for (var s = 0u; s < p.top_k; s++) {
-        sum += sig_sh[s];
+        m = max(m, sig_sh[s]);
     }
     for (var j = 0u; j < p.n_shared; j++) {
-        if (j < MAX_S) {
-            sum += shared_sig[j];
-        } else {
-            sum += sigmoid(logits[lb + p.n_routed + j]);
-        }
+        m = max(m, shared_ls(lb, j));
     }
-    let f = p.scale / sum;
+    var sum = 0.0;
+    for (var s = 0u; s < p.top_k; s++) {
+        sum += exp(sig_sh[s] - m);
+    }
+    for (var j = 0u; j < p.n_shared; j++) {
+        sum += exp(shared_ls(lb, j) - m);
+    }
+    let lse = m + log(sum);
     if (tid < p.top_k) {
         let wi = t * p.top_k + tid;
         pairs[wi] = Pair(chosen[tid], t, wi, 0u);
-        gammas[wi] = sig_sh[tid] * f;
+        gammas[wi] = exp(sig_sh[tid] - lse) * p.scale;
     }
     for (var j = tid; j < p.n_shared; j += WG) {
-        var sj = 0.0;
-        if (j < MAX_S) {
-            sj = shared_sig[j];
-        } else {
-            sj = sigmoid(logits[lb + p.n_routed + j]);
-        }
-        shared_gammas[t * p.n_shared + j] = sj * f;
+        shared_gammas[t * p.n_shared + j] = exp(shared_ls(lb, j) - lse) * p.scale;
     }
+}
+
+// logsigmoid of shared logit j of the token whose row starts at lb (from workgroup memory for j < MAX_S).
+fn shared_ls(lb: u32, j: u32) -> f32 {
+    if (j < MAX_S) {
+        return shared_sig[j];
+    }
+    return log_sigmoid(logits[lb + p.n_routed + j]);
 }

@@ -1,5 +1,6 @@
 //! `inkling-wgpu generate`: load a checkpoint, run a forward backend, stream text.
 use super::output::{out, outln};
+use crate::model::config::reachable_eos;
 use crate::model::generate::{fit_new_tokens, generate, GenOutput, GenerateParams};
 use crate::model::sampling::SamplingParams;
 use crate::model::text::{load_tokenizer, tokenizer_eos_ids, TextStream};
@@ -165,6 +166,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 eos.push(id);
             }
         }
+    }
+    let (eos, unreachable) = reachable_eos(&eos, ck.config.logits_width());
+    for id in unreachable {
+        eprintln!(
+            "warning: EOS id {id} is past the model's {} logits and can never be generated; \
+             ignored (as transformers does)",
+            ck.config.logits_width()
+        );
     }
     let temperature = args.temperature.unwrap_or(if gen_cfg.do_sample {
         gen_cfg.temperature.unwrap_or(1.0)

@@ -1,6 +1,6 @@
 //! `inkling-wgpu info`: each tensor's format, bytes per format, total resident size.
-use super::output::out;
-use crate::container::{is_pad, Container, SCALES_SUFFIX};
+use super::output::{out, outln};
+use crate::container::{is_pad, verify, Container, SCALES_SUFFIX};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -13,6 +13,10 @@ pub struct Args {
     /// Only the totals.
     #[arg(long)]
     pub summary: bool,
+    /// Also read every tensor and refuse the model if any value is NaN or ±Inf (a progress bar
+    /// on a terminal; exit 1 with each damaged tensor named).
+    #[arg(long)]
+    pub verify: bool,
 }
 
 /// Bytes in human units (KiB, MiB, GiB).
@@ -102,5 +106,42 @@ pub fn report(c: &Container, summary: bool) -> String {
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let c = Container::open(&a.model)?;
     out!("{}", report(&c, a.summary))?;
+    if a.verify {
+        verify(&c)?;
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--verify`: scan every tensor for NaN and Inf, with a progress bar on a terminal.
+fn verify(c: &Container) -> anyhow::Result<()> {
+    let total = verify::scan_bytes(c);
+    let pb = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        let pb = indicatif::ProgressBar::with_draw_target(
+            Some(total),
+            indicatif::ProgressDrawTarget::stderr(),
+        );
+        pb.set_style(
+            indicatif::ProgressStyle::with_template(
+                "verify {bar:40} {bytes}/{total_bytes} [{elapsed_precise}, eta {eta}]",
+            )
+            .expect("a valid template"),
+        );
+        pb
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let found = verify::scan(c, &mut |b| pb.inc(b));
+    pb.finish_and_clear();
+    if found.is_empty() {
+        outln!("verify: {} read, no NaN or Inf", human(total))?;
+        return Ok(());
+    }
+    for f in &found {
+        outln!("{f}")?;
+    }
+    anyhow::bail!(
+        "{}: {} tensor(s) hold NaN or Inf (listed above); the model is damaged",
+        c.dir.display(),
+        found.len()
+    )
 }

@@ -10,6 +10,7 @@ use super::{
     expert_name, shared_expert_name, Proj, PART_ALIGN, SLAB_ALIGN, TENSOR_ALIGN, VERSION,
     VERSION_KEY,
 };
+use crate::formats::finite::{describe, first_non_finite, first_non_finite_bytes};
 use crate::formats::{quantize, Encoding, Format};
 use crate::model::names::released_to_causal;
 use anyhow::{bail, Context, Result};
@@ -799,8 +800,20 @@ impl ItemSource for ConvertSource<'_> {
         let j = self.jobs[group][item];
         let (shard, t) = self.src.tensor(&j.src).unwrap();
         let bytes = shard.bytes(t);
+        let refuse = |i: usize, v: f32| {
+            anyhow::anyhow!(
+                "{}: tensor `{}`: element {i} (flat index) is {}; convert refuses a non-finite \
+                 source value (the checkpoint is damaged)",
+                shard.display(),
+                j.src,
+                describe(v)
+            )
+        };
         Ok(match &j.kind {
             JobKind::Copy => {
+                if let Some((i, v)) = first_non_finite_bytes(bytes, t.dtype) {
+                    return Err(refuse(i, v));
+                }
                 if t.dtype == Dtype::F16 {
                     let v = to_f32(bytes, t.dtype).unwrap();
                     vec![Cow::Owned(v.iter().flat_map(|x| x.to_le_bytes()).collect())]
@@ -812,6 +825,11 @@ impl ItemSource for ConvertSource<'_> {
                 let enc = resolve(*enc, t.dtype);
                 let vals = read_rows(bytes, t, *sel, *cols)
                     .with_context(|| format!("reading {}", j.src))?;
+                if let Some((i, v)) = first_non_finite(&vals) {
+                    // value i is column i % cols of selected row i / cols
+                    let row = sel.base + (i / cols) * sel.step;
+                    return Err(refuse(row * cols + i % cols, v));
+                }
                 let q = quantize(enc, &vals, sel.count, *cols)?;
                 let mut v = vec![Cow::Owned(q.data.into_owned())];
                 if !q.scales.is_empty() {

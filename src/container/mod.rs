@@ -4,18 +4,23 @@
 //! - [`writer`]: safetensors shards written by hand (exact tensor order, alignment padding), to
 //!   `*.PID.tmp` files renamed into place when complete.
 //! - [`stamp`]: the `inkling.fmt` stamp map and its verification against FORMATS.md arithmetic.
+//! - [`header`]: safetensors header checks that name every tensor involved (duplicates, shape
+//!   against byte range, overlaps).
 //! - [`reader`]: [`Container`]: memory-mapped shards, stamps verified at open, linears as
 //!   zero-copy [`crate::formats::QMatrix`], expert slabs as contiguous byte ranges.
 //! - [`convert`]: the conversion itself (source name mapping of both checkpoint layouts,
 //!   quantisation, slab planning, sharding).
+//! - [`verify`]: the full NaN/Inf scan of every tensor (`info --verify`).
 //!
 //! Tensor names in a container are the transformers `InklingForCausalLM` names (layout a), except
 //! that routed and shared experts are stored per expert ([`expert_name`], [`shared_expert_name`])
 //! with gate and up de-interleaved.
 pub mod convert;
+pub mod header;
 pub mod reader;
 pub mod stamp;
 pub mod synth;
+pub mod verify;
 pub mod writer;
 
 pub use convert::{convert, ConvertOptions, ConvertSummary};

@@ -1,11 +1,13 @@
 //! Reading checkpoint directories (source checkpoints and converted containers) through memory
 //! maps, with every stamp verified at open time.
 
+use super::header::check_header;
 use super::stamp::{
     check_unique, parse_shape_map, parse_string_map, verify_tensor, ContainerError, TensorBytes,
     SCALES_SUFFIX, SHAPE_KEY, STAMP_KEY,
 };
 use super::{expert_name, Proj, EXPERT_PROJS};
+use crate::formats::finite::{describe, first_non_finite_bytes};
 use crate::formats::{Encoding, Format, QMatrix};
 use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors};
@@ -99,15 +101,17 @@ impl Shard {
                     .unwrap_or(0) as usize
             })
             .unwrap_or(0);
-        if 8 + n + data_end > len {
+        let data_last = (8 + n as u64).saturating_add(data_end as u64);
+        if data_last > len as u64 {
             return Err(ContainerError::Truncated {
                 shard,
-                detail: format!(
-                    "tensor data ends at byte {}, the file has {len} bytes",
-                    8 + n + data_end
-                ),
+                detail: format!("tensor data ends at byte {data_last}, the file has {len} bytes"),
             });
         }
+        check_header(&mmap).map_err(|detail| ContainerError::BadFile {
+            shard: shard.clone(),
+            detail,
+        })?;
         let (_, meta) = SafeTensors::read_metadata(&mmap).map_err(|e| ContainerError::BadFile {
             shard: shard.clone(),
             detail: format!("{e:?}"),
@@ -192,6 +196,25 @@ pub struct Container {
     verified: HashMap<String, Verified>,
 }
 
+/// Why `name`, a shard named by `model.safetensors.index.json`, is not a plain file name in the
+/// model directory (a path separator, `.`, `..`, empty, absolute or a drive prefix), or `Ok`.
+/// Symbolic links are not looked at: a plain name that is a link (the Hugging Face cache links
+/// shards into a blob store) is fine.
+pub fn check_shard_name(name: &str) -> Result<(), String> {
+    let mut parts = Path::new(name).components();
+    let plain = !name.contains(['/', '\\', '\0'])
+        && matches!(parts.next(), Some(std::path::Component::Normal(n)) if n == name)
+        && parts.next().is_none();
+    if plain {
+        Ok(())
+    } else {
+        Err(format!(
+            "shard name {name:?} is not a plain file name in the model directory (no path \
+             separators, no `.` or `..`, not absolute)"
+        ))
+    }
+}
+
 /// Shard files of a checkpoint directory, in index order (or `model.safetensors`).
 pub fn shard_files(dir: &Path) -> Result<Vec<PathBuf>, ContainerError> {
     let index = dir.join("model.safetensors.index.json");
@@ -202,10 +225,13 @@ pub fn shard_files(dir: &Path) -> Result<Vec<PathBuf>, ContainerError> {
             .get("weight_map")
             .and_then(|w| w.as_object())
             .ok_or_else(|| io_err(&index, "no weight_map object"))?;
-        let mut files: Vec<String> = wm
-            .values()
-            .filter_map(|f| f.as_str().map(String::from))
-            .collect();
+        let mut files: Vec<String> = Vec::new();
+        for (tensor, f) in wm {
+            let Some(f) = f.as_str() else { continue };
+            check_shard_name(f)
+                .map_err(|why| io_err(&index, format!("field `weight_map.{tensor}`: {why}")))?;
+            files.push(f.to_string());
+        }
         files.sort();
         files.dedup();
         return Ok(files.into_iter().map(|f| dir.join(f)).collect());
@@ -529,7 +555,16 @@ fn tensor_bytes(
     let qs = format!("{}{SCALES_SUFFIX}", t.name);
     let scale_count = match shard.get(&qs) {
         None => 0,
-        Some(q) if q.dtype == Dtype::F32 => q.numel(),
+        Some(q) if q.dtype == Dtype::F32 => {
+            // a non-finite scale turns its whole group into NaN or Inf at run time
+            if let Some((i, v)) = first_non_finite_bytes(shard.bytes(q), Dtype::F32) {
+                return Err(bad(format!(
+                    "scale {i} of {qs} is {} (scales must be finite; the container is damaged)",
+                    describe(v)
+                )));
+            }
+            q.numel()
+        }
         Some(q) => return Err(bad(format!("its scales {qs} are {:?}, not F32", q.dtype))),
     };
     Ok(TensorBytes {

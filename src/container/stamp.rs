@@ -105,7 +105,10 @@ pub fn parse_shape_map(json: &str) -> Result<Vec<(String, [usize; 2])>, String> 
     parse_pairs::<[usize; 2]>(json)
 }
 
-fn parse_pairs<V: serde::de::DeserializeOwned>(json: &str) -> Result<Vec<(String, V)>, String> {
+/// Parse a JSON object into (key, value) pairs in document order, keeping duplicate keys.
+pub(crate) fn parse_pairs<V: serde::de::DeserializeOwned>(
+    json: &str,
+) -> Result<Vec<(String, V)>, String> {
     struct Pairs<V>(std::marker::PhantomData<V>);
     impl<'de, V: serde::de::DeserializeOwned> Visitor<'de> for Pairs<V> {
         type Value = Vec<(String, V)>;

@@ -27,6 +27,7 @@ use super::writer::PlannedTensor;
 use super::{
     expert_name, shared_expert_name, Proj, EXPERT_PROJS, PART_ALIGN, SLAB_ALIGN, TENSOR_ALIGN,
 };
+use crate::formats::finite::{describe, first_non_finite_bytes};
 use crate::formats::{Encoding, Format};
 use anyhow::{bail, Result};
 use safetensors::Dtype;
@@ -731,12 +732,14 @@ fn generate(g: &Gen, seed: u64, threads: usize) -> (Vec<u8>, Vec<u8>) {
 type Generated = ((usize, usize), Vec<u8>, Vec<u8>);
 
 /// Hands out the items that a generator thread produces in plan order, one item ahead of the
-/// writer, so that generation overlaps writing.
-struct SynthSource {
+/// writer, so that generation overlaps writing. Refuses an item holding a NaN or an Inf (weights
+/// or scales), naming the tensor and the flat index.
+struct SynthSource<'p> {
     rx: std::sync::mpsc::Receiver<Generated>,
+    groups: &'p [OutGroup],
 }
 
-impl ItemSource for SynthSource {
+impl ItemSource for SynthSource<'_> {
     fn produce(&mut self, group: usize, item: usize) -> Result<Vec<Cow<'_, [u8]>>> {
         let Ok((at, data, scales)) = self.rx.recv() else {
             bail!("synth: the generator thread stopped");
@@ -746,6 +749,17 @@ impl ItemSource for SynthSource {
                 "synth: generated item {at:?}, the writer asks for {:?}",
                 (group, item)
             );
+        }
+        let planned = &self.groups[group].items[item].tensors;
+        for (bytes, t) in [&data, &scales].into_iter().zip(planned) {
+            if let Some((i, v)) = first_non_finite_bytes(bytes, t.dtype) {
+                bail!(
+                    "synth: tensor `{}`: generated element {i} (flat index) is {}; synth refuses \
+                     a non-finite value",
+                    t.name,
+                    describe(v)
+                );
+            }
         }
         let mut v = vec![Cow::Owned(data)];
         if !scales.is_empty() {
@@ -822,7 +836,10 @@ pub fn synth(spec: &SynthSpec, dst: &Path, opts: &SynthOptions) -> Result<Conver
                 }
             }
         });
-        let mut source = SynthSource { rx };
+        let mut source = SynthSource {
+            rx,
+            groups: &p.groups,
+        };
         let r = write_container(dst, &p.groups, &mut source, &files, &wopts);
         drop(source);
         r

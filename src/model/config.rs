@@ -60,6 +60,13 @@ impl AttnGeom {
     }
 }
 
+/// Largest width accepted in config.json (hidden, head and MLP widths): 2^20.
+pub const MAX_WIDTH: usize = 1 << 20;
+/// Largest count accepted in config.json (layers, heads, experts, top-k, d_rel, conv kernel): 2^16.
+pub const MAX_COUNT: usize = 1 << 16;
+/// Largest length accepted in config.json (vocabulary, window, relative extent): 2^31 − 1.
+pub const MAX_LENGTH: usize = (1 << 31) - 1;
+
 /// The text model's settings (`InklingTextConfig`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct TextConfig {
@@ -134,8 +141,16 @@ impl<'a> Fields<'a> {
             None => Ok(None),
             Some(v) => v
                 .as_u64()
-                .map(|x| Some(x as usize))
+                .and_then(|x| usize::try_from(x).ok())
+                .map(Some)
                 .ok_or_else(|| self.bad(name, format!("expected a non-negative integer, got {v}"))),
+        }
+    }
+    /// A token id (bos, pad): a non-negative integer that fits in 32 bits.
+    fn id_opt(&self, name: &str) -> Result<Option<u32>> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(v) => parse_id(v).map(Some).map_err(|m| self.bad(name, m)),
         }
     }
     fn usize_req(&self, name: &str) -> Result<usize> {
@@ -153,8 +168,14 @@ impl<'a> Fields<'a> {
             None => Ok(None),
             Some(v) => v
                 .as_f64()
+                .filter(|x| x.abs() <= f32::MAX as f64)
                 .map(Some)
-                .ok_or_else(|| self.bad(name, format!("expected a number, got {v}"))),
+                .ok_or_else(|| {
+                    self.bad(
+                        name,
+                        format!("expected a number within the f32 range, got {v}"),
+                    )
+                }),
         }
     }
     fn f64_or(&self, name: &str, default: f64) -> Result<f64> {
@@ -180,24 +201,33 @@ impl<'a> Fields<'a> {
     }
 }
 
+/// A token id: a non-negative integer that fits in 32 bits (never wrapped).
+fn parse_id(v: &Value) -> std::result::Result<u32, String> {
+    match v.as_u64() {
+        Some(x) => u32::try_from(x).map_err(|_| {
+            format!("token id {x} is out of range (token ids are below 2^32 = 4294967296)")
+        }),
+        None => Err(format!(
+            "bad token id {v} (expected a non-negative integer)"
+        )),
+    }
+}
+
 /// An id or list of ids (`eos_token_id: 2` or `[2, 221]`); null/absent → empty.
 fn parse_ids(v: Option<&Value>) -> std::result::Result<Vec<u32>, String> {
     match v {
         None | Some(Value::Null) => Ok(vec![]),
-        Some(Value::Number(n)) => n
-            .as_u64()
-            .map(|x| vec![x as u32])
-            .ok_or_else(|| format!("bad token id {n}")),
-        Some(Value::Array(a)) => a
-            .iter()
-            .map(|x| {
-                x.as_u64()
-                    .map(|x| x as u32)
-                    .ok_or_else(|| format!("bad token id {x}"))
-            })
-            .collect(),
+        Some(n @ Value::Number(_)) => Ok(vec![parse_id(n)?]),
+        Some(Value::Array(a)) => a.iter().map(parse_id).collect(),
         Some(v) => Err(format!("expected an id or a list of ids, got {v}")),
     }
+}
+
+/// Split EOS ids into those the model can generate (below `logits_width`) and those it never can.
+/// transformers compares each generated id with every EOS id, so an id past the logits is never
+/// matched: it is ignored (the caller warns), not an error.
+pub fn reachable_eos(ids: &[u32], logits_width: usize) -> (Vec<u32>, Vec<u32>) {
+    ids.iter().partition(|&&id| (id as usize) < logits_width)
 }
 
 fn read_json(file: &Path) -> Result<Value> {
@@ -239,6 +269,12 @@ impl TextConfig {
         };
         let f = Fields { map, file };
         let n_layers = f.usize_req("num_hidden_layers")?;
+        if n_layers > MAX_COUNT {
+            return Err(f.bad(
+                "num_hidden_layers",
+                format!("{n_layers} is past the engine's limit of {MAX_COUNT}"),
+            ));
+        }
         let mut intermediate_size = f.usize_req("intermediate_size")?;
         let mut moe_intermediate_size = f.usize_or("moe_intermediate_size", 3072)?;
         if let Some(dense) = f.usize_opt("dense_intermediate_size")? {
@@ -261,7 +297,7 @@ impl TextConfig {
                         a.iter()
                             .map(|x| {
                                 x.as_u64()
-                                    .map(|x| x as usize)
+                                    .and_then(|x| usize::try_from(x).ok())
                                     .ok_or_else(|| f.bad("local_layer_ids", "bad id"))
                             })
                             .collect::<Result<Vec<_>>>()?,
@@ -344,9 +380,9 @@ impl TextConfig {
             n_shared_experts: f.usize_or("n_shared_experts", 2)?,
             route_scale: f.f64_or("route_scale", 8.0)?,
             logits_mup_width_multiplier: f.f64_or("logits_mup_width_multiplier", 24.0)?,
-            bos_token_id: f.usize_opt("bos_token_id")?.map(|x| x as u32),
+            bos_token_id: f.id_opt("bos_token_id")?,
             eos_token_ids: f.ids("eos_token_id")?,
-            pad_token_id: f.usize_opt("pad_token_id")?.map(|x| x as u32),
+            pad_token_id: f.id_opt("pad_token_id")?,
             max_position_embeddings: f.usize_opt("max_position_embeddings")?.filter(|&n| n > 0),
             multimodal,
         };
@@ -360,6 +396,46 @@ impl TextConfig {
             field: field.into(),
             msg,
         };
+        // Limits far past any real model, so that products of shapes (and byte counts) never
+        // overflow 64 bits.
+        for (name, v, max) in [
+            ("hidden_size", self.hidden_size, MAX_WIDTH),
+            ("head_dim", self.head_dim, MAX_WIDTH),
+            ("swa_head_dim", self.swa_head_dim, MAX_WIDTH),
+            ("intermediate_size", self.intermediate_size, MAX_WIDTH),
+            (
+                "moe_intermediate_size",
+                self.moe_intermediate_size,
+                MAX_WIDTH,
+            ),
+            ("num_attention_heads", self.num_attention_heads, MAX_COUNT),
+            ("num_key_value_heads", self.num_key_value_heads, MAX_COUNT),
+            (
+                "swa_num_attention_heads",
+                self.swa_num_attention_heads,
+                MAX_COUNT,
+            ),
+            (
+                "swa_num_key_value_heads",
+                self.swa_num_key_value_heads,
+                MAX_COUNT,
+            ),
+            ("n_routed_experts", self.n_routed_experts, MAX_COUNT),
+            ("n_shared_experts", self.n_shared_experts, MAX_COUNT),
+            ("num_experts_per_tok", self.num_experts_per_tok, MAX_COUNT),
+            ("d_rel", self.d_rel, MAX_COUNT),
+            ("conv_kernel_size", self.conv_kernel_size, MAX_COUNT),
+            ("vocab_size", self.vocab_size, MAX_LENGTH),
+            ("sliding_window_size", self.sliding_window_size, MAX_LENGTH),
+            ("rel_extent", self.rel_extent, MAX_LENGTH),
+        ] {
+            if v > max {
+                return Err(bad(
+                    name,
+                    format!("{v} is past the engine's limit of {max}"),
+                ));
+            }
+        }
         for (name, v) in [
             ("hidden_size", self.hidden_size),
             ("num_attention_heads", self.num_attention_heads),
@@ -500,7 +576,22 @@ impl GenerationConfig {
                 .map(|x| {
                     x.as_f64()
                         .map(|f| f as f32)
-                        .ok_or_else(|| bad(k, format!("expected a number, got {x}")))
+                        .filter(|f| f.is_finite())
+                        .ok_or_else(|| {
+                            bad(
+                                k,
+                                format!("expected a number within the f32 range, got {x}"),
+                            )
+                        })
+                })
+                .transpose()
+        };
+        let usize_of = |k: &str| -> Result<Option<usize>> {
+            num(k)
+                .map(|x| {
+                    x.as_u64()
+                        .and_then(|u| usize::try_from(u).ok())
+                        .ok_or_else(|| bad(k, format!("bad value {x}")))
                 })
                 .transpose()
         };
@@ -513,21 +604,9 @@ impl GenerationConfig {
                     .ok_or_else(|| bad("do_sample", format!("expected a bool, got {x}")))?,
             },
             temperature: f32_of("temperature")?,
-            top_k: num("top_k")
-                .map(|x| {
-                    x.as_u64()
-                        .map(|u| u as usize)
-                        .ok_or_else(|| bad("top_k", format!("bad value {x}")))
-                })
-                .transpose()?,
+            top_k: usize_of("top_k")?,
             top_p: f32_of("top_p")?,
-            max_new_tokens: num("max_new_tokens")
-                .map(|x| {
-                    x.as_u64()
-                        .map(|u| u as usize)
-                        .ok_or_else(|| bad("max_new_tokens", format!("bad value {x}")))
-                })
-                .transpose()?,
+            max_new_tokens: usize_of("max_new_tokens")?,
         }))
     }
 }

@@ -62,38 +62,73 @@ fn ffn(f: &Ffn<'_>, x: &[f32]) -> Vec<f32> {
     y
 }
 
-/// The MoE router for one token: returns (chosen routed expert ids, their weights, shared gammas).
-///
-/// Selection: top-k of `sigmoid(L) + e_score_correction_bias` over the routed logits; ties are
-/// broken towards the lower expert index (torch.topk on CPU does the same for our sizes; the order
-/// of the chosen set does not matter since the outputs are summed). Weights: `sigmoid` of the
-/// chosen routed logits and of all shared logits, normalised together (the shared-expert sink),
-/// times `route_scale · gate.global_scale`.
-pub fn route(moe: &MoeWeights<'_>, x: &[f32]) -> (Vec<usize>, Vec<f32>, Vec<f32>) {
-    let e = moe.experts.len();
+/// `log(sigmoid(x))` without underflow, as torch's `log_sigmoid`: `min(x, 0) − log1p(exp(−|x|))`.
+#[inline]
+pub fn log_sigmoid(x: f32) -> f32 {
+    x.min(0.0) - (-x.abs()).exp().ln_1p()
+}
+
+/// The router logits of one token: `W_router x`, `x` `[H]` → `[E + S]` (routed first, then shared).
+pub fn router_logits(moe: &MoeWeights<'_>, x: &[f32]) -> Vec<f32> {
     let mut logits = vec![0f32; moe.router.rows];
     moe.router.gemv(x, &mut logits);
+    logits
+}
+
+/// The MoE router for one token: returns (chosen routed expert ids, their weights, shared gammas).
+/// See [`route_logits`].
+pub fn route(moe: &MoeWeights<'_>, x: &[f32]) -> (Vec<usize>, Vec<f32>, Vec<f32>) {
+    route_logits(moe, &router_logits(moe, x))
+}
+
+/// The router's choice and weights from its logits `[E + S]`, as transformers 5.24.0
+/// `InklingTopkRouter.forward` (everything f32).
+///
+/// Selection: top-k of `sigmoid(L) + e_score_correction_bias` over the routed logits; exact ties
+/// go to the lower expert index and NaN ranks below every value (a true −inf included). torch.topk
+/// promises no order among exact ties, so a tie at the k-th place is the one case where the choice
+/// may differ from transformers (README, *Bad input*); the order of the chosen set does not matter
+/// since the outputs are summed. Weights: over the chosen routed logits and all shared logits
+/// (the shared-expert sink), `exp(logsigmoid(l) − logsumexp(logsigmoid(l)))` times
+/// `route_scale · gate.global_scale`: finite even where every sigmoid underflows to 0 in f32.
+pub fn route_logits(moe: &MoeWeights<'_>, logits: &[f32]) -> (Vec<usize>, Vec<f32>, Vec<f32>) {
+    let e = moe.experts.len();
     let choice: Vec<f32> = (0..e)
         .map(|i| sigmoid(logits[i]) + moe.router_bias[i])
         .collect();
     let mut order: Vec<usize> = (0..e).collect();
-    order.sort_by(|&a, &b| choice[b].total_cmp(&choice[a]).then(a.cmp(&b)));
+    order.sort_by(|&a, &b| rank_desc(choice[a], choice[b]).then(a.cmp(&b)));
     order.truncate(moe.top_k);
-    let sel: Vec<f32> = order
+    let ls: Vec<f32> = order
         .iter()
         .map(|&i| logits[i])
         .chain(logits[e..].iter().copied())
-        .map(sigmoid)
+        .map(log_sigmoid)
         .collect();
-    let sum: f32 = sel.iter().sum();
+    let m = ls.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let lse = m + ls.iter().map(|&v| (v - m).exp()).sum::<f32>().ln();
     let scale = moe.route_scale * moe.router_scale;
-    let w: Vec<f32> = sel.iter().map(|s| s / sum * scale).collect();
+    let w: Vec<f32> = ls.iter().map(|&v| (v - lse).exp() * scale).collect();
     let (routed, shared) = w.split_at(moe.top_k);
     (order, routed.to_vec(), shared.to_vec())
 }
 
-fn moe_forward(moe: &MoeWeights<'_>, x: &[f32]) -> Vec<f32> {
-    let (ids, weights, gammas) = route(moe, x);
+/// Descending order of router scores, NaN last (below −inf); −0 and +0 are equal.
+fn rank_desc(a: f32, b: f32) -> std::cmp::Ordering {
+    match (a.is_nan(), b.is_nan()) {
+        (false, false) => b.partial_cmp(&a).expect("no NaN"),
+        (an, bn) => an.cmp(&bn),
+    }
+}
+
+/// One token's MoE output; `layer` and `position` (0-based) name the place in the error when the
+/// router logits hold a NaN or an Inf.
+fn moe_forward(moe: &MoeWeights<'_>, x: &[f32], layer: usize, position: usize) -> Result<Vec<f32>> {
+    let logits = router_logits(moe, x);
+    if logits.iter().any(|v| !v.is_finite()) {
+        return Err(ModelError::NonFiniteRouter { position, layer });
+    }
+    let (ids, weights, gammas) = route_logits(moe, &logits);
     let mut y = vec![0f32; x.len()];
     for (&id, &w) in ids.iter().zip(&weights) {
         for (a, b) in y.iter_mut().zip(ffn(&moe.experts[id], x)) {
@@ -105,7 +140,7 @@ fn moe_forward(moe: &MoeWeights<'_>, x: &[f32]) -> Vec<f32> {
             *a += g * b;
         }
     }
-    y
+    Ok(y)
 }
 
 /// Attention of a chunk `xn` ([T][hidden], already input-normalised) at absolute positions
@@ -257,7 +292,12 @@ impl<'w, 'a> CpuModel<'w, 'a> {
         }
         rms_norm_rows(&mut x, &w.embed_norm, eps);
 
-        for (lw, lc) in w.layers.iter().zip(self.cache.layers.iter_mut()) {
+        for (li, (lw, lc)) in w
+            .layers
+            .iter()
+            .zip(self.cache.layers.iter_mut())
+            .enumerate()
+        {
             let mut xn = x.clone();
             rms_norm_rows(&mut xn, &lw.input_norm, eps);
             let a = attention(&lw.attn, lc, &xn, p0, eps);
@@ -268,12 +308,12 @@ impl<'w, 'a> CpuModel<'w, 'a> {
             let mut xn = x.clone();
             rms_norm_rows(&mut xn, &lw.post_attn_norm, eps);
             let mut m = Vec::with_capacity(x.len());
-            for row in xn.chunks_exact(hdim) {
+            for (ti, row) in xn.chunks_exact(hdim).enumerate() {
                 match &lw.mlp {
                     Mlp::Dense(dm) => {
                         m.extend(ffn(&dm.ffn, row).into_iter().map(|y| y * dm.global_scale))
                     }
-                    Mlp::Moe(moe) => m.extend(moe_forward(moe, row)),
+                    Mlp::Moe(moe) => m.extend(moe_forward(moe, row, li, p0 + ti)?),
                 }
             }
             let m = lc.conv[MLP_SCONV].apply(&lw.mlp_sconv.w, &m);
@@ -287,7 +327,7 @@ impl<'w, 'a> CpuModel<'w, 'a> {
         let head = w.lm_head.rows_view(0, cfg.logits_width());
         let mup = cfg.logits_mup_width_multiplier as f32;
         let mut out = Vec::with_capacity(t_len - first);
-        for row in x.chunks_exact(hdim).skip(first) {
+        for (ti, row) in x.chunks_exact(hdim).enumerate().skip(first) {
             let mut h = row.to_vec();
             rms_norm_rows(&mut h, &w.norm, eps);
             for v in h.iter_mut() {
@@ -295,6 +335,7 @@ impl<'w, 'a> CpuModel<'w, 'a> {
             }
             let mut logits = vec![0f32; head.rows];
             head.gemv(&h, &mut logits);
+            super::status::check_logits(&logits, logits.len(), p0 + ti)?;
             out.push(logits);
         }
         Ok(out)

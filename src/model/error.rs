@@ -62,6 +62,19 @@ pub enum ModelError {
     EmptyInput,
     #[error("token id {id} is outside the vocabulary ({vocab} entries)")]
     TokenOutOfRange { id: u32, vocab: usize },
+    /// A router saw a NaN or an Inf (GPU: flagged by the router kernel; CPU: checked in `route`).
+    #[error(
+        "non-finite value in the forward pass at position {position}: the router logits of layer \
+         {layer} hold a NaN or an Inf (damaged weights or activations; `inkling-wgpu info --verify` \
+         scans every tensor of the model)"
+    )]
+    NonFiniteRouter { position: usize, layer: usize },
+    /// The output logits of a position hold a NaN or an Inf.
+    #[error(
+        "non-finite logit at position {position}: the output logits hold a NaN or an Inf (damaged \
+         weights or activations; `inkling-wgpu info --verify` scans every tensor of the model)"
+    )]
+    NonFiniteLogits { position: usize },
 }
 
 pub type Result<T> = std::result::Result<T, ModelError>;

@@ -20,6 +20,7 @@
 use super::config::{AttnGeom, TextConfig};
 use super::expert_cache::{Assign, ExpertCache};
 use super::profile::{DecodeProfile, Phase};
+use super::status;
 use super::stream::{Placement, StreamStats};
 use super::usage::Usage;
 use super::weights::{Ffn, Mlp, Weights};
@@ -59,6 +60,8 @@ type StepKey = (u32, Head, bool);
 
 /// Readback buffers of the pipelined greedy decode (a ring: step k copies its id into slot k % 2).
 const RING: usize = 2;
+/// Bytes of the status words (model::status) read back with every result.
+const STATUS_BYTES: u64 = 4 * status::WORDS as u64;
 
 /// One recorded kernel invocation.
 enum Rec {
@@ -810,17 +813,18 @@ impl GpuModel<'static> {
             shared_pairs: gpu.storage_init("shared pairs", bytemuck::cast_slice(&shared_pairs)),
             hn: zeroed(gpu, "hn", t * hid),
             logits: zeroed(gpu, "logits", logits_rows),
-            argmax: zeroed(gpu, "argmax", 1),
+            argmax: zeroed(gpu, "argmax and status", status::WORDS),
             readback: gpu.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("logits readback"),
-                size: (4 * logits_rows as u64).next_multiple_of(4).max(4),
+                // the logits, then the status words
+                size: 4 * logits_rows as u64 + STATUS_BYTES,
                 usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             }),
             ring: std::array::from_fn(|_| {
                 gpu.device.create_buffer(&wgpu::BufferDescriptor {
                     label: Some("greedy id ring"),
-                    size: 8,
+                    size: STATUS_BYTES,
                     usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                     mapped_at_creation: false,
                 })
@@ -1387,13 +1391,15 @@ impl<'w> GpuModel<'w> {
     /// ties to the lowest id; 4 bytes read back).
     pub fn forward_greedy(&mut self, tokens: &[u32]) -> Result<u32> {
         self.check(tokens)?;
+        self.clear_status();
         let chunks: Vec<&[u32]> = tokens.chunks(self.max_chunk).collect();
         let last = chunks.len() - 1;
         for (ci, c) in chunks.into_iter().enumerate() {
             if ci == last {
                 self.submit(c, Head::Last, Readback::Argmax)?;
-                let b = self.read_back(4)?;
-                return Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+                let w = words(&self.read_back(STATUS_BYTES)?);
+                status::check(&w, self.pos - 1)?;
+                return Ok(w[status::ID]);
             }
             self.submit(c, Head::None, Readback::None)?;
         }
@@ -1420,8 +1426,15 @@ impl<'w> GpuModel<'w> {
         Ok(())
     }
 
+    /// Zero the status words (all but the greedy id) before a call feeds tokens.
+    fn clear_status(&self) {
+        let zeros = [0u8; STATUS_BYTES as usize - 4];
+        self.gpu.queue.write_buffer(&self.acts.argmax, 4, &zeros);
+    }
+
     fn run(&mut self, tokens: &[u32], head: Head) -> Result<Vec<Vec<f32>>> {
         self.check(tokens)?;
+        self.clear_status();
         let width = self.cfg.logits_width();
         let chunks: Vec<&[u32]> = tokens.chunks(self.max_chunk).collect();
         let last = chunks.len() - 1;
@@ -1445,11 +1458,13 @@ impl<'w> GpuModel<'w> {
             };
             self.submit(c, h, rb)?;
             if rows > 0 {
-                let b = self.read_back(bytes)?;
-                let v: Vec<f32> = b
+                let b = self.read_back(bytes + STATUS_BYTES)?;
+                status::check(&words(&b[bytes as usize..]), self.pos - 1)?;
+                let v: Vec<f32> = b[..bytes as usize]
                     .chunks_exact(4)
                     .map(|x| f32::from_le_bytes([x[0], x[1], x[2], x[3]]))
                     .collect();
+                status::check_logits(&v, width, self.pos - rows)?;
                 out.extend(v.chunks_exact(width).map(|r| r.to_vec()));
             }
         }
@@ -1669,10 +1684,15 @@ impl<'w> GpuModel<'w> {
         match copy {
             Readback::None => {}
             Readback::Logits(n) => {
-                enc.copy_buffer_to_buffer(&a.logits, 0, &a.readback, 0, n.next_multiple_of(4))
+                enc.copy_buffer_to_buffer(&a.logits, 0, &a.readback, 0, n);
+                enc.copy_buffer_to_buffer(&a.argmax, 0, &a.readback, n, STATUS_BYTES);
             }
-            Readback::Argmax => enc.copy_buffer_to_buffer(&a.argmax, 0, &a.readback, 0, 4),
-            Readback::Ring(slot) => enc.copy_buffer_to_buffer(&a.argmax, 0, &a.ring[slot], 0, 4),
+            Readback::Argmax => {
+                enc.copy_buffer_to_buffer(&a.argmax, 0, &a.readback, 0, STATUS_BYTES)
+            }
+            Readback::Ring(slot) => {
+                enc.copy_buffer_to_buffer(&a.argmax, 0, &a.ring[slot], 0, STATUS_BYTES)
+            }
         }
         let t_fin = std::time::Instant::now();
         let cb = enc.finish();
@@ -1752,18 +1772,22 @@ impl<'w> GpuModel<'w> {
         self.host = HostTimes::default();
     }
 
-    /// Wait for submission `idx` only (later ones keep running), then read the id in ring `slot`.
-    fn read_ring(&mut self, slot: usize, idx: wgpu::SubmissionIndex) -> Result<u32> {
+    /// Wait for submission `idx` only (later ones keep running), then read the id in ring `slot`
+    /// (its step's last token at position `last`; an error when its status words report a
+    /// non-finite value).
+    fn read_ring(&mut self, slot: usize, idx: wgpu::SubmissionIndex, last: usize) -> Result<u32> {
         let t0 = std::time::Instant::now();
         let r = self.read_ring_inner(slot, idx);
         self.host.wait_s += t0.elapsed().as_secs_f64();
-        r
+        let w = r?;
+        status::check(&w, last)?;
+        Ok(w[status::ID])
     }
 
-    fn read_ring_inner(&self, slot: usize, idx: wgpu::SubmissionIndex) -> Result<u32> {
+    fn read_ring_inner(&self, slot: usize, idx: wgpu::SubmissionIndex) -> Result<Vec<u32>> {
         use std::sync::atomic::Ordering;
         let buf = &self.acts.ring[slot];
-        let slice = buf.slice(0..8);
+        let slice = buf.slice(0..STATUS_BYTES);
         self.map_flag.store(0, Ordering::Release);
         let flag = self.map_flag.clone();
         slice.map_async(wgpu::MapMode::Read, move |r| {
@@ -1788,14 +1812,14 @@ impl<'w> GpuModel<'w> {
             self.map_flag.load(Ordering::Acquire) == 1,
             "GPU readback of the greedy id failed"
         );
-        let id = {
+        let w = {
             let m = slice
                 .get_mapped_range()
                 .map_err(|e| anyhow::anyhow!("GPU readback failed: {e:?}"))?;
-            u32::from_le_bytes([m[0], m[1], m[2], m[3]])
+            words(&m)
         };
         buf.unmap();
-        Ok(id)
+        Ok(w)
     }
 
     /// Greedy decode with one step in flight: feed `prompt`, then hand each greedy id to `on_id`
@@ -1827,6 +1851,8 @@ impl<'w> GpuModel<'w> {
         if max_new == 0 {
             return Ok(true);
         }
+        self.clear_status();
+        let prompt_last = self.pos + prompt.len() - 1;
         let chunks = prompt.len().div_ceil(self.max_chunk);
         let mut cur = None;
         for (ci, c) in prompt.chunks(self.max_chunk).enumerate() {
@@ -1846,7 +1872,7 @@ impl<'w> GpuModel<'w> {
             } else {
                 None
             };
-            let id = self.read_ring(slot, idx)?;
+            let id = self.read_ring(slot, idx, prompt_last + n)?;
             n += 1;
             if !on_id(id)? || n >= max_new {
                 return Ok(true);
@@ -2114,13 +2140,15 @@ impl<'w> GpuModel<'w> {
                             top_k: *top_k,
                             scale: *scale,
                         })
-                        .bind(
+                        .bind_checked(
                             gpu,
                             &a.router_logits,
                             bias,
                             &a.pairs,
                             &a.gammas,
                             &a.shared_gammas,
+                            (&a.argmax, &self.pos_buf.buffer),
+                            li as u32,
                         ),
                     ));
                     // shared experts first (static pairs), so they do not wait on routing
@@ -2224,7 +2252,12 @@ impl<'w> GpuModel<'w> {
                         vocab: cfg.logits_width() as u32,
                         out_idx: 0,
                     }
-                    .bind(gpu, &a.logits, &a.argmax),
+                    .bind_flagged(
+                        gpu,
+                        &a.logits,
+                        &a.argmax,
+                        Some(status::LOGITS_BAD as u32),
+                    ),
                 ));
             }
             Head::All => {
@@ -2565,4 +2598,11 @@ impl super::Forward for GpuModel<'_> {
     fn adapter(&self) -> String {
         self.gpu.describe()
     }
+}
+
+/// Little-endian u32 words of `b`.
+fn words(b: &[u8]) -> Vec<u32> {
+    b.chunks_exact(4)
+        .map(|x| u32::from_le_bytes([x[0], x[1], x[2], x[3]]))
+        .collect()
 }

@@ -9,6 +9,7 @@
 //! - [`usage`]: the per-model routing-count file that ranks the expert cache's pinned hot set.
 //! - [`cpu`]: the CPU forward ([`CpuModel`]), the oracle.
 //! - [`sampling`], [`generate`], [`text`]: the decode loop, sampling and streamed detokenisation.
+//! - [`status`]: the run-time non-finite checks' status words and their errors.
 pub mod cache;
 pub mod config;
 pub mod cpu;
@@ -19,6 +20,7 @@ pub mod gpu;
 pub mod names;
 pub mod profile;
 pub mod sampling;
+pub mod status;
 pub mod stream;
 pub mod text;
 pub mod usage;

@@ -1,6 +1,7 @@
 //! Tokenizer side: loading `tokenizer.json`, the tokenizer's own EOS, and UTF-8-safe streaming.
 use super::error::{ModelError, Result};
 use std::path::Path;
+use std::str::FromStr;
 use tokenizers::Tokenizer;
 
 /// Load `DIR/tokenizer.json`; `Ok(None)` when the directory has none.
@@ -9,13 +10,27 @@ pub fn load_tokenizer(dir: &Path) -> Result<Option<Tokenizer>> {
     if !file.exists() {
         return Ok(None);
     }
-    Tokenizer::from_file(&file)
-        .map(Some)
-        .map_err(|e| ModelError::BadField {
-            file,
-            field: "(tokenizer)".into(),
-            msg: e.to_string(),
-        })
+    let text = std::fs::read_to_string(&file).map_err(|e| ModelError::Io {
+        file: file.clone(),
+        source: e,
+    })?;
+    // the JSON syntax first: tokenizers 0.22 panics (`expect("Helper")`) on a syntax error inside
+    // the decoder section instead of returning an error
+    if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(&text) {
+        return Err(ModelError::Json { file, source: e });
+    }
+    let parsed = std::panic::catch_unwind(|| Tokenizer::from_str(&text));
+    let bad = |msg: String| ModelError::BadField {
+        file: file.clone(),
+        field: "(tokenizer)".into(),
+        msg,
+    };
+    match parsed {
+        Ok(r) => r.map(Some).map_err(|e| bad(e.to_string())),
+        Err(_) => Err(bad(
+            "the tokenizers library could not read it (it panicked)".into(),
+        )),
+    }
 }
 
 /// The EOS token named by `tokenizer_config.json` (`eos_token`: string or `{content}`), as an id.

@@ -15,7 +15,10 @@
 use super::config::{AttnGeom, GenerationConfig, MlpKind, TextConfig};
 use super::error::{ModelError, Result};
 use super::names::causal_to_released;
+use crate::container::header::check_header;
+use crate::container::reader::check_shard_name;
 use crate::container::{expert_name, shared_expert_name, Container, Proj, STAMP_KEY, VERSION_KEY};
+use crate::formats::finite::{describe, first_non_finite};
 use crate::formats::{Encoding, QMatrix};
 use half::{bf16, f16};
 use memmap2::Mmap;
@@ -44,6 +47,10 @@ impl Shard {
         let map = unsafe { Mmap::map(&file) }.map_err(|e| ModelError::Io {
             file: path.into(),
             source: e,
+        })?;
+        check_header(&map).map_err(|msg| ModelError::Safetensors {
+            file: path.into(),
+            msg,
         })?;
         let (n, meta) = SafeTensors::read_metadata(&map).map_err(|e| ModelError::Safetensors {
             file: path.into(),
@@ -153,6 +160,11 @@ impl Checkpoint {
                     file: index_path.clone(),
                     field: format!("weight_map.{tensor}"),
                     msg: "expected a file name".into(),
+                })?;
+                check_shard_name(file).map_err(|msg| ModelError::BadField {
+                    file: index_path.clone(),
+                    field: format!("weight_map.{tensor}"),
+                    msg,
                 })?;
                 let si = match shard_of.get(file) {
                     Some(&i) => i,
@@ -368,6 +380,17 @@ impl Checkpoint {
                 file: t.file.into(),
                 tensor: name.into(),
                 msg: format!("{} values for shape {expected:?}", v.len()),
+            });
+        }
+        // norms, convolutions, router biases and scales are copied here anyway: check them once
+        if let Some((i, x)) = first_non_finite(&v) {
+            return Err(ModelError::Tensor {
+                file: t.file.into(),
+                tensor: name.into(),
+                msg: format!(
+                    "element {i} (flat index) is {}; non-finite weights are refused",
+                    describe(x)
+                ),
             });
         }
         Ok(v)
@@ -594,6 +617,9 @@ impl<'a> Weights<'a> {
         let norm = ck.load_f32(&nm.get("model.norm.weight"), &[h])?;
         let lm_head = ck.load_linear(&nm.get("lm_head.weight"), &[cfg.vocab_size, h])?;
 
+        if let Some(msg) = unused_layers_warning(ck, &nm) {
+            eprintln!("{msg}");
+        }
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for i in 0..cfg.num_hidden_layers {
             let g = cfg.attn(i);
@@ -752,6 +778,24 @@ impl<'a> Weights<'a> {
             lm_head,
         })
     }
+}
+
+/// The warning for weights that hold more decoder layers than `config.json` names (their tensors
+/// are never read), or `None`. Layers are counted by their `input_layernorm` weight.
+fn unused_layers_warning(ck: &Checkpoint, nm: &Names) -> Option<String> {
+    let n = ck.config.num_hidden_layers;
+    let extra = (n..)
+        .take_while(|&i| ck.has(&nm.layer(i, "input_layernorm.weight")))
+        .count();
+    (extra > 0).then(|| {
+        format!(
+            "warning: {}: num_hidden_layers is {n}, but the weights hold {} layers; the tensors of \
+             layers {n}..={} are unused",
+            ck.dir.join("config.json").display(),
+            n + extra,
+            n + extra - 1
+        )
+    })
 }
 
 /// `n` experts stored one matrix per expert and projection (`name(expert, proj)`): gate and up

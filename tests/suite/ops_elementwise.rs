@@ -301,3 +301,35 @@ fn argmax_ties_across_partials_both_variants() {
         }
     }
 }
+
+#[test]
+fn argmax_flags_non_finite_logits() {
+    // the flag word is set (never cleared) when any logit within the vocab is NaN or ±Inf, for the
+    // vec4 (V % 4 == 0) and the scalar partials; logits past the vocab are not looked at
+    let gpu = gpu();
+    let mut rng = Rng(9);
+    for (v, width) in [(4096usize, 4096usize), (401, 416)] {
+        for (at, bad, flagged) in [
+            (3, f32::NAN, 1),
+            (v - 1, f32::INFINITY, 1),
+            (1500 % v, f32::NEG_INFINITY, 1),
+            (v + 5, f32::NAN, 0),
+        ] {
+            let mut l = rng.vec(width + 8, 1.0);
+            if at < l.len() {
+                l[at] = bad;
+            }
+            let lb = buf_f32(&gpu, &l);
+            let out = buf_u32(&gpu, &[u32::MAX, 0, 5, 6]);
+            Argmax {
+                vocab: v as u32,
+                out_idx: 0,
+            }
+            .bind_flagged(&gpu, &lb, &out, Some(1))
+            .run(&gpu);
+            let o = gpu.read_u32(&out, 4).unwrap();
+            assert_eq!((o[1], o[2], o[3]), (flagged, 5, 6), "V={v}: {bad} at {at}");
+            assert!((o[0] as usize) < v, "V={v}: id {}", o[0]);
+        }
+    }
+}

@@ -7,6 +7,20 @@ fn sig(x: f64) -> f64 {
     1.0 / (1.0 + (-x).exp())
 }
 
+/// f64 log(sigmoid(x)) = min(x, 0) − log1p(exp(−|x|)).
+fn log_sig(x: f64) -> f64 {
+    x.min(0.0) - (-x.abs()).exp().ln_1p()
+}
+
+/// Weights over `sel` (chosen routed logits, then the shared ones), transformers' formula in f64:
+/// `exp(logsigmoid(l) − logsumexp(logsigmoid(l))) · scale`.
+fn weights(sel: &[f32], scale: f64) -> Vec<f64> {
+    let ls: Vec<f64> = sel.iter().map(|&v| log_sig(v as f64)).collect();
+    let m = ls.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let lse = m + ls.iter().map(|v| (v - m).exp()).sum::<f64>().ln();
+    ls.iter().map(|v| (v - lse).exp() * scale).collect()
+}
+
 /// Reference: (chosen experts in selection order, gammas, shared gammas), f64.
 fn reference(
     l: &[f32],
@@ -20,14 +34,17 @@ fn reference(
     let mut idx: Vec<usize> = (0..e).collect();
     idx.sort_by(|&a, &b| score[b].partial_cmp(&score[a]).unwrap().then(a.cmp(&b)));
     let chosen: Vec<usize> = idx[..k].to_vec();
-    let sum: f64 = chosen.iter().map(|&i| sig(l[i] as f64)).sum::<f64>()
-        + (0..s).map(|j| sig(l[e + j] as f64)).sum::<f64>();
-    let g = chosen
+    let sel: Vec<f32> = chosen
         .iter()
-        .map(|&i| sig(l[i] as f64) / sum * scale)
+        .map(|&i| l[i])
+        .chain(l[e..e + s].iter().copied())
         .collect();
-    let sg = (0..s).map(|j| sig(l[e + j] as f64) / sum * scale).collect();
-    (chosen.iter().map(|&i| i as u32).collect(), g, sg)
+    let w = weights(&sel, scale);
+    (
+        chosen.iter().map(|&i| i as u32).collect(),
+        w[..k].to_vec(),
+        w[k..].to_vec(),
+    )
 }
 
 #[test]
@@ -287,10 +304,13 @@ fn nan_scores_and_ties_inside_the_top_k() {
         let ch: Vec<u32> = idx[..k].iter().map(|&i| i as u32).collect();
         let got: Vec<u32> = pv[tt * k..(tt + 1) * k].iter().map(|p| p.expert).collect();
         assert_eq!(got, ch, "token {tt}");
-        let sig_or_0 = |v: f32| sig(v as f64);
-        let sum: f64 = ch.iter().map(|&i| sig_or_0(row[i as usize])).sum::<f64>()
-            + (0..s).map(|j| sig_or_0(row[e + j])).sum::<f64>();
-        if sum.is_nan() {
+        let sel: Vec<f32> = ch
+            .iter()
+            .map(|&i| row[i as usize])
+            .chain(row[e..].iter().copied())
+            .collect();
+        let w = weights(&sel, 0.9);
+        if sel.iter().any(|v| v.is_nan()) {
             // a chosen NaN logit makes every weight NaN, as in the reference formula
             assert!(
                 gv[tt * k..(tt + 1) * k].iter().all(|v| v.is_nan()),
@@ -298,17 +318,14 @@ fn nan_scores_and_ties_inside_the_top_k() {
             );
             continue;
         }
-        let g: Vec<f64> = ch
-            .iter()
-            .map(|&i| sig_or_0(row[i as usize]) / sum * 0.9)
-            .collect();
+        let g = w[..k].to_vec();
         assert_close(
             &format!("gammas token {tt}"),
             &gv[tt * k..(tt + 1) * k],
             &g,
             1e-5,
         );
-        let sg: Vec<f64> = (0..s).map(|j| sig_or_0(row[e + j]) / sum * 0.9).collect();
+        let sg = w[k..].to_vec();
         assert_close(
             &format!("shared token {tt}"),
             &sv[tt * s..(tt + 1) * s],
@@ -316,4 +333,117 @@ fn nan_scores_and_ties_inside_the_top_k() {
             1e-5,
         );
     }
+}
+
+#[test]
+fn underflow_saturation_and_non_finite_logits() {
+    // token 0: every logit below −88 (each sigmoid is 0 in f32; the bias alone chooses, and the
+    // weights are softmax(logits) over the chosen and shared ones); token 1: every logit above 17
+    // (each sigmoid is 1); token 2: a NaN score and a −inf score (bias −inf): NaN ranks last;
+    // token 3: finite. The run-time status words name the first token with a non-finite logit
+    // (token 2, at absolute position 40 + 2) and the layer; a later layer does not overwrite them.
+    let gpu = shared_gpu();
+    let (e, s, k, t) = (8usize, 2usize, 3usize, 4usize);
+    let ne = e + s;
+    let mut rng = Rng(77);
+    let mut l = Vec::new();
+    for tok in 0..t {
+        let row: Vec<f32> = match tok {
+            0 => (0..ne).map(|_| -150.0 + rng.f() * 20.0).collect(),
+            1 => (0..ne).map(|_| 30.0 + rng.f() * 20.0).collect(),
+            _ => rng.vec(ne, 2.0),
+        };
+        l.extend(row);
+    }
+    l[2 * ne + 1] = f32::NAN;
+    let mut bias: Vec<f32> = (0..e).map(|i| 0.01 * i as f32).collect();
+    bias[6] = f32::NEG_INFINITY;
+    let (lb, bb) = (buf_f32(&gpu, &l), buf_f32(&gpu, &bias));
+    let pairs = poisoned_u32(&gpu, t * k * 4);
+    let gam = poisoned(&gpu, t * k);
+    let sgam = poisoned(&gpu, t * s);
+    let status = buf_u32(&gpu, &[7, 0, 0, 0]);
+    let pos = inkling_wgpu::gpu::ops::PosBuffer::new(&gpu, 40);
+    let router = Router::new(RouterShape {
+        tokens: t as u32,
+        n_routed: e as u32,
+        n_shared: s as u32,
+        top_k: k as u32,
+        scale: 1.7,
+    });
+    router
+        .bind_checked(
+            &gpu,
+            &lb,
+            &bb,
+            &pairs,
+            &gam,
+            &sgam,
+            (&status, &pos.buffer),
+            5,
+        )
+        .run(&gpu);
+    // a later layer (9) with a bad token 0 leaves the words of layer 5 alone
+    router
+        .bind_checked(
+            &gpu,
+            &buf_f32(&gpu, &[f32::INFINITY; 40]),
+            &bb,
+            &poisoned_u32(&gpu, t * k * 4),
+            &poisoned(&gpu, t * k),
+            &poisoned(&gpu, t * s),
+            (&status, &pos.buffer),
+            9,
+        )
+        .run(&gpu);
+    assert_eq!(
+        gpu.read_u32(&status, 4).unwrap(),
+        vec![7, 0, 6, u32::MAX - 42],
+        "status words"
+    );
+    let pv: Vec<Pair> = bytemuck::cast_slice(&gpu.read_u32(&pairs, t * k * 4).unwrap()).to_vec();
+    let gv = read(&gpu, &gam, t * k);
+    let sv = read(&gpu, &sgam, t * s);
+    for tt in [0usize, 1, 3] {
+        let row = &l[tt * ne..(tt + 1) * ne];
+        let (ch, g, sg) = reference(row, &bias, e, s, k, 1.7);
+        let got: Vec<u32> = pv[tt * k..(tt + 1) * k].iter().map(|p| p.expert).collect();
+        assert_eq!(got, ch, "token {tt}");
+        assert!(gv[tt * k..(tt + 1) * k].iter().all(|v| v.is_finite()));
+        assert_close(
+            &format!("gammas token {tt}"),
+            &gv[tt * k..(tt + 1) * k],
+            &g,
+            1e-5,
+        );
+        assert_close(
+            &format!("shared token {tt}"),
+            &sv[tt * s..(tt + 1) * s],
+            &sg,
+            1e-5,
+        );
+    }
+    // token 0: the bias alone chose 7, 5, 4 (6 is −inf)
+    assert_eq!(
+        &pv[..k].iter().map(|p| p.expert).collect::<Vec<_>>(),
+        &[7, 5, 4]
+    );
+    // token 2 with k = 8 would rank −inf (6) above NaN (1); with k = 3 neither is chosen, so check
+    // the full order with k = E
+    let full = Router::new(RouterShape {
+        tokens: 1,
+        n_routed: e as u32,
+        n_shared: s as u32,
+        top_k: e as u32,
+        scale: 1.0,
+    });
+    let row = buf_f32(&gpu, &l[2 * ne..3 * ne]);
+    let p8 = poisoned_u32(&gpu, e * 4);
+    full.bind(&gpu, &row, &bb, &p8, &poisoned(&gpu, e), &poisoned(&gpu, s))
+        .run(&gpu);
+    let order: Vec<u32> = bytemuck::cast_slice::<u32, Pair>(&gpu.read_u32(&p8, e * 4).unwrap())
+        .iter()
+        .map(|p| p.expert)
+        .collect();
+    assert_eq!(&order[6..], &[6, 1], "−inf, then NaN, last");
 }

@@ -301,15 +301,31 @@ const CHUNK: u32 = 1024;
 
 impl Argmax {
     pub fn bind(&self, gpu: &Gpu, logits: &wgpu::Buffer, out: &wgpu::Buffer) -> ArgmaxCall {
+        self.bind_flagged(gpu, logits, out, None)
+    }
+
+    /// [`Argmax::bind`], and when `flag_idx` is given, `out[flag_idx]` is set to 1 if any of the
+    /// logits is NaN or ±Inf (never cleared by the kernel: the run-time status word of
+    /// `model::status`).
+    pub fn bind_flagged(
+        &self,
+        gpu: &Gpu,
+        logits: &wgpu::Buffer,
+        out: &wgpu::Buffer,
+        flag_idx: Option<u32>,
+    ) -> ArgmaxCall {
         super::need(logits, self.vocab as u64, "argmax logits");
-        super::need(out, self.out_idx as u64 + 1, "argmax out");
+        let last = flag_idx.map_or(self.out_idx, |f| f.max(self.out_idx));
+        super::need(out, last as u64 + 1, "argmax out");
         let parts = self.vocab.div_ceil(CHUNK).max(1);
         let pv = gpu.storage("argmax partial values", parts as u64 * 4);
-        let pi = gpu.storage("argmax partial indices", parts as u64 * 4);
+        // indices, then one non-finite flag per partial
+        let pi = gpu.storage("argmax partial indices", 2 * parts as u64 * 4);
+        let flag1 = flag_idx.map_or(0, |f| f + 1);
         let u = uniform_words(
             gpu,
             "argmax params",
-            &words(self.vocab, CHUNK, parts, self.out_idx, 0, 0, 0, 0, 0.0),
+            &words(self.vocab, CHUNK, parts, self.out_idx, flag1, 0, 0, 0, 0.0),
         );
         // vocab % 4 == 0: the buffer holds whole vec4s up to the vocab (need() checked `vocab` floats)
         let vec4 = self.vocab.is_multiple_of(4);

@@ -49,10 +49,12 @@ impl Router {
     }
 
     /// Top-k of `sigmoid(logits[:E]) + bias` (larger first, ties to the lower index, NaN below every
-    /// number; see `wgsl/router.wgsl` for the counting scheme), weights as `model::cpu::route`.
-    /// `logits` f32 [T, E+S] (routed first), `bias` f32 [E] (e_score_correction_bias) →
-    /// `pairs` [T·top_k] of [`Pair`], `gammas` f32 [T·top_k], `shared_gammas` f32 [T·S]
-    /// (bind a 4-byte buffer when S = 0).
+    /// value, a true −inf included; see `wgsl/router.wgsl` for the counting scheme), weights
+    /// `exp(logsigmoid(l) − logsumexp(logsigmoid(l))) · scale` over the chosen and shared logits, as
+    /// `model::cpu::route`. `logits` f32 [T, E+S] (routed first), `bias` f32 [E]
+    /// (e_score_correction_bias) → `pairs` [T·top_k] of [`Pair`], `gammas` f32 [T·top_k],
+    /// `shared_gammas` f32 [T·S] (bind a 4-byte buffer when S = 0). Non-finite logits are not
+    /// reported (see [`Router::bind_checked`]).
     pub fn bind(
         &self,
         gpu: &Gpu,
@@ -62,6 +64,40 @@ impl Router {
         gammas: &wgpu::Buffer,
         shared_gammas: &wgpu::Buffer,
     ) -> OpCall {
+        let status = gpu.storage("router status (unread)", 16);
+        let pos = uniform_words(gpu, "router pos0 (unread)", &[0, 0, 0, 0]);
+        let mut call = self.bind_checked(
+            gpu,
+            logits,
+            bias,
+            pairs,
+            gammas,
+            shared_gammas,
+            (&status, &pos),
+            0,
+        );
+        call.owned.extend([status, pos]);
+        call
+    }
+
+    /// [`Router::bind`], and a token whose logits hold a NaN or an Inf sets the run-time status
+    /// words `status[2] = layer + 1` (unless an earlier layer already set them) and
+    /// `status[3] = max(u32::MAX − (pos0 + t))` over such tokens t (layout: `model::status`);
+    /// `check.0` is the status buffer, u32 [≥ 4], `check.1` the uniform `[pos0, 0, 0, 0]` of the
+    /// chunk's first absolute position ([`super::PosBuffer`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn bind_checked(
+        &self,
+        gpu: &Gpu,
+        logits: &wgpu::Buffer,
+        bias: &wgpu::Buffer,
+        pairs: &wgpu::Buffer,
+        gammas: &wgpu::Buffer,
+        shared_gammas: &wgpu::Buffer,
+        check: (&wgpu::Buffer, &wgpu::Buffer),
+        layer: u32,
+    ) -> OpCall {
+        let (status, pos) = check;
         let s = &self.shape;
         let t = s.tokens as u64;
         super::need(
@@ -73,6 +109,7 @@ impl Router {
         super::need(pairs, t * s.top_k as u64 * 4, "router pairs");
         super::need(gammas, t * s.top_k as u64, "router gammas");
         super::need(shared_gammas, t * s.n_shared as u64, "router shared_gammas");
+        super::need(status, 4, "router status");
         let pl = pipeline(
             gpu,
             "router/route",
@@ -85,6 +122,8 @@ impl Router {
                 (3, Bind::Write),
                 (4, Bind::Write),
                 (5, Bind::Write),
+                (6, Bind::Write),
+                (7, Bind::Uniform),
             ],
         );
         let u = uniform_words(
@@ -96,7 +135,7 @@ impl Router {
                 s.n_shared,
                 s.top_k,
                 s.scale.to_bits(),
-                0,
+                layer,
                 0,
                 0,
             ],
@@ -112,6 +151,8 @@ impl Router {
                 (3, pairs),
                 (4, gammas),
                 (5, shared_gammas),
+                (6, status),
+                (7, pos),
             ],
         );
         OpCall {
