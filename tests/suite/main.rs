@@ -35,7 +35,7 @@ mod ops_elementwise;
 mod ops_norm;
 mod ops_residual;
 mod ops_router;
-mod ops_wgsl_validate;
+mod shader_translation;
 mod synth_smoke;
 mod tokenizer_o200k;
 mod wgsl_validate;
