@@ -18,6 +18,7 @@ mod gemv_parity;
 mod gemv_slots;
 mod gemv_tuning;
 mod generate_cli;
+mod limit_profiles;
 mod model_bad_inputs;
 mod model_config;
 mod model_container;
