@@ -19,6 +19,7 @@ mod gemv_slots;
 mod gemv_tuning;
 mod generate_cli;
 mod limit_profiles;
+mod mlx_script;
 mod model_bad_inputs;
 mod model_config;
 mod model_container;
