@@ -154,10 +154,12 @@ mod tests {
 
     #[test]
     fn clamping_takes_the_worse_value_of_adapter_and_profile() {
-        let mut adapter = wgpu::Limits::default();
-        adapter.max_compute_workgroup_storage_size = 65536;
-        adapter.max_storage_buffers_per_shader_stage = 16;
-        adapter.min_storage_buffer_offset_alignment = 64;
+        let adapter = wgpu::Limits {
+            max_compute_workgroup_storage_size: 65536,
+            max_storage_buffers_per_shader_stage: 16,
+            min_storage_buffer_offset_alignment: 64,
+            ..Default::default()
+        };
         let l = LimitProfile::AppleM1.clamp_limits(&adapter);
         assert_eq!(l.max_compute_workgroup_storage_size, 32768);
         // the adapter's 256 invocations stay: a profile never raises a limit
