@@ -199,6 +199,24 @@ const SHAPES: &[Shape] = &[
     },
 ];
 
+impl Shape {
+    /// The printed name with the dimensions divided by `div` (`--quick`: 4).
+    fn name(&self, div: usize) -> String {
+        let (o, i) = (self.o / div, self.i / div);
+        if self.experts == 1 {
+            format!("{} [{o}x{i}]", self.label)
+        } else {
+            format!("{} {}x[{o}x{i}]", self.label, self.experts)
+        }
+    }
+}
+
+/// The names of `bench kernels`' shapes with the dimensions divided by `div`, in order (the
+/// native scripts in benches/native/ print the same names).
+pub fn shape_names(div: usize) -> Vec<String> {
+    SHAPES.iter().map(|s| s.name(div)).collect()
+}
+
 /// splitmix64 bytes that decode to finite values in every format.
 fn slab_bytes(enc: Encoding, n_bytes: usize, seed: u64) -> Vec<u8> {
     let mut s = seed;
@@ -385,11 +403,7 @@ fn kernels(a: KernelArgs) -> anyhow::Result<ExitCode> {
                 };
                 let gbs = bytes as f64 / t / 1e9;
                 let frac = a.peak_gbs.map(|p| gbs / p);
-                let shape = if s.experts == 1 {
-                    format!("{} [{o}x{i}]", s.label)
-                } else {
-                    format!("{} {}x[{o}x{i}]", s.label, s.experts)
-                };
+                let shape = s.name(div);
                 say(format!(
                     "{:<16} {:<47} {:>3} {:>12} {:>10.1} {:>9.1} {:>7}",
                     label,

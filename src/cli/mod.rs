@@ -10,6 +10,7 @@ pub mod generate;
 pub mod info;
 pub mod output;
 pub mod prompt;
+pub mod shaders;
 pub mod smoke;
 pub mod synth;
 
@@ -37,6 +38,8 @@ pub enum Command {
     Info(info::Args),
     /// Write a container of random weights at the real Inkling shapes (benchmarks).
     Synth(synth::Args),
+    /// Write every WGSL module the engine can build, named by pipeline key (no device).
+    Shaders(shaders::Args),
 }
 
 /// Run a parsed command line; the exit code reflects failures the command reports itself.
@@ -59,5 +62,6 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Convert(a) => convert::run(a),
         Command::Info(a) => info::run(a),
         Command::Synth(a) => synth::run(a),
+        Command::Shaders(a) => shaders::run(a),
     }
 }

@@ -3,8 +3,10 @@
 //! Backend choice follows `WGPU_BACKEND` (e.g. `vulkan`, `metal`); without it, Vulkan, Metal and DX12
 //! are tried. The GL backend is not compiled in, so a missing driver is an error, never a silent
 //! fallback. The device is created with the adapter's own limits (`adapter.limits()`), not wgpu's
-//! defaults, and with `SUBGROUP` and `TIMESTAMP_QUERY` when the adapter has them.
+//! defaults, and with `SUBGROUP` and `TIMESTAMP_QUERY` when the adapter has them; a limit profile
+//! (`INKLING_LIMITS`, `gpu::limits`) clamps both.
 
+use crate::gpu::limits::LimitProfile;
 use std::sync::Arc;
 use wgpu::util::DeviceExt;
 
@@ -38,6 +40,9 @@ pub enum GpuError {
     /// The device reported a validation or out-of-memory error.
     #[error("GPU error: {0}")]
     Device(String),
+    /// `INKLING_LIMITS` names no limit profile.
+    #[error("{0}")]
+    Profile(String),
 }
 
 /// An open GPU: device, queue and what the adapter can do.
@@ -46,21 +51,32 @@ pub struct Gpu {
     pub device: wgpu::Device,
     pub queue: wgpu::Queue,
     pub info: wgpu::AdapterInfo,
-    /// Limits the device was created with (= the adapter's).
+    /// Limits the device was created with (the adapter's, clamped by `profile`).
     pub limits: wgpu::Limits,
     /// Features the device was created with.
     pub features: wgpu::Features,
     /// Shared pipeline cache for kernels (see `gpu::kernel`).
     pub cache: Arc<crate::gpu::kernel::PipelineCache>,
+    /// The limit profile the device was clamped to, if any (see `gpu::limits`).
+    pub profile: Option<LimitProfile>,
 }
 
 impl Gpu {
-    /// Open the first adapter of the backends allowed by `WGPU_BACKEND` (all native ones if unset).
+    /// Open the first adapter of the backends allowed by `WGPU_BACKEND` (all native ones if unset),
+    /// clamped to the limit profile named by `INKLING_LIMITS` if set ([`GpuError::Profile`] for
+    /// an unknown name).
     pub fn new() -> Result<Gpu, GpuError> {
-        pollster::block_on(Self::new_async())
+        let profile = LimitProfile::from_env().map_err(GpuError::Profile)?;
+        Self::with_profile(profile)
     }
 
-    async fn new_async() -> Result<Gpu, GpuError> {
+    /// [`Gpu::new`] with an explicit limit profile (`None`: the adapter's limits and features),
+    /// whatever `INKLING_LIMITS` says.
+    pub fn with_profile(profile: Option<LimitProfile>) -> Result<Gpu, GpuError> {
+        pollster::block_on(Self::new_async(profile))
+    }
+
+    async fn new_async(profile: Option<LimitProfile>) -> Result<Gpu, GpuError> {
         let backends = wgpu::Backends::from_env().unwrap_or(wgpu::Backends::PRIMARY);
         let mut desc = wgpu::InstanceDescriptor::new_without_display_handle().with_env();
         desc.backends = backends;
@@ -80,12 +96,16 @@ impl Gpu {
                 },
             })?;
         let info = adapter.get_info();
-        let limits = adapter.limits();
+        let mut limits = adapter.limits();
         let wanted = wgpu::Features::SUBGROUP
             | wgpu::Features::TIMESTAMP_QUERY
             | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
             | wgpu::Features::SHADER_F16;
-        let features = adapter.features() & wanted;
+        let mut features = adapter.features() & wanted;
+        if let Some(p) = profile {
+            limits = p.clamp_limits(&limits);
+            features = p.clamp_features(features);
+        }
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("inkling-wgpu"),
@@ -107,6 +127,7 @@ impl Gpu {
             limits,
             features,
             cache: Arc::new(Default::default()),
+            profile,
         })
     }
 
@@ -125,10 +146,15 @@ impl Gpu {
         self.limits.max_storage_buffer_binding_size
     }
 
-    /// One line naming the adapter: `backend, name (driver driver_info)`.
+    /// One line naming the adapter: `backend, name (driver driver_info), type`, then the limit
+    /// profile if any.
     pub fn describe(&self) -> String {
+        let profile = self
+            .profile
+            .map(|p| format!(", limits clamped to {p}"))
+            .unwrap_or_default();
         format!(
-            "{:?}, {} ({} {}), {:?}",
+            "{:?}, {} ({} {}), {:?}{profile}",
             self.info.backend,
             self.info.name,
             self.info.driver,

@@ -57,6 +57,7 @@
 
 use crate::formats::{Encoding, Format, QMatrix};
 use crate::gpu::dispatch::{self, DispatchError};
+use crate::gpu::kernel::{Bind, KernelSpec};
 use crate::gpu::Gpu;
 use std::sync::Arc;
 
@@ -1251,17 +1252,74 @@ fn entry(binding: u32, buf: &wgpu::Buffer) -> wgpu::BindGroupEntry<'_> {
     }
 }
 
-fn layout_entry(binding: u32, ty: wgpu::BufferBindingType) -> wgpu::BindGroupLayoutEntry {
-    wgpu::BindGroupLayoutEntry {
-        binding,
-        visibility: wgpu::ShaderStages::COMPUTE,
-        ty: wgpu::BindingType::Buffer {
-            ty,
-            has_dynamic_offset: false,
-            min_binding_size: None,
-        },
-        count: None,
+/// The kernel of one instantiation: key, WGSL of [`wgsl_source_tuned`] and layout (uniform
+/// params, then weights, scales, x, pairs and gamma read-only, y read-write). The key holds
+/// everything that changes the WGSL: the encoding (FMT, GS, CPU, VPU, PPV), the reduction, the
+/// tuning, the x tile (unused, 0, when direct) and the x variant.
+pub fn kernel_spec(enc: Encoding, subgroups: bool, t: Tuning, xt: u32, direct: bool) -> KernelSpec {
+    let xt = if direct { 0 } else { xt };
+    let key = format!(
+        "gemv:{}:{}:{}x{}:{}:{xt}",
+        enc.spelling(),
+        if subgroups { "sg" } else { "smem" },
+        t.tpr,
+        t.rpt,
+        if direct { "xdirect" } else { "xstaged" }
+    );
+    let ro = Bind::Read;
+    let binds = [
+        (0, Bind::Uniform),
+        (1, ro),
+        (2, ro),
+        (3, ro),
+        (4, ro),
+        (5, ro),
+        (6, Bind::Write),
+    ];
+    let source = wgsl_source_tuned(enc, subgroups, t, xt, direct);
+    KernelSpec {
+        subgroups,
+        ..KernelSpec::new(key, "main", &binds, source)
     }
+}
+
+/// Every x tile [`GemvCall::new`] can pick for tuning `t` of `f` on a device with
+/// `smem_limit` bytes of workgroup memory: 512 columns (taken even when it does not fit), then
+/// every multiple of 512 up to 16384 that fits.
+pub fn x_tiles(f: Format, t: Tuning, smem_limit: u64) -> Vec<u32> {
+    (1..=XT_MAX / 512)
+        .map(|k| 512 * k)
+        .filter(|&xt| xt == 512 || smem_bytes(f, t, xt) <= smem_limit)
+        .collect()
+}
+
+/// Workgroup-memory bytes of the instantiation of [`kernel_spec`] (`xt` ignored when `direct`).
+pub fn workgroup_bytes(f: Format, t: Tuning, xt: u32, direct: bool) -> u64 {
+    smem_bytes(f, t, if direct { 0 } else { xt })
+}
+
+/// Every GEMV kernel the engine builds without a forced tuning on a device with `smem_limit`
+/// bytes of workgroup memory (`u64::MAX`: any device), with the subgroup reduction too when
+/// `subgroups`: each kernel encoding × reduction × ([`candidates`] × [`x_tiles`] staged, and
+/// [`direct_candidates`] direct for f32 and bf16). Forced tunings (`bench kernels --tune`,
+/// [`GemvArgs::tuning`]) may build others.
+pub fn kernels(smem_limit: u64, subgroups: bool) -> Vec<KernelSpec> {
+    let mut v = Vec::new();
+    for enc in kernel_encodings() {
+        for sg in [false, true].into_iter().filter(|&sg| !sg || subgroups) {
+            for &t in candidates(enc.format) {
+                for xt in x_tiles(enc.format, t, smem_limit) {
+                    v.push(kernel_spec(enc, sg, t, xt, false));
+                }
+            }
+            if matches!(enc.format, Format::F32 | Format::Bf16) {
+                for &t in direct_candidates() {
+                    v.push(kernel_spec(enc, sg, t, 0, true));
+                }
+            }
+        }
+    }
+    v
 }
 
 /// The compiled pipeline of one instantiation (cached on the device).
@@ -1273,51 +1331,7 @@ fn pipeline(
     xt: u32,
     direct: bool,
 ) -> Arc<wgpu::ComputePipeline> {
-    // everything that changes the WGSL of `wgsl_source_tuned`: the encoding (FMT, GS, CPU, VPU,
-    // PPV), the reduction, the tuning, the x tile (unused, 0, when direct) and the x variant
-    let xt = if direct { 0 } else { xt };
-    let key = format!(
-        "gemv:{}:{}:{}x{}:{}:{xt}",
-        enc.spelling(),
-        if subgroups { "sg" } else { "smem" },
-        t.tpr,
-        t.rpt,
-        if direct { "xdirect" } else { "xstaged" }
-    );
-    gpu.cache.get_or_create(&key, || {
-        let ro = wgpu::BufferBindingType::Storage { read_only: true };
-        let bgl = gpu
-            .device
-            .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-                label: Some("gemv"),
-                entries: &[
-                    layout_entry(0, wgpu::BufferBindingType::Uniform),
-                    layout_entry(1, ro),
-                    layout_entry(2, ro),
-                    layout_entry(3, ro),
-                    layout_entry(4, ro),
-                    layout_entry(5, ro),
-                    layout_entry(6, wgpu::BufferBindingType::Storage { read_only: false }),
-                ],
-            });
-        let pl = gpu
-            .device
-            .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-                label: Some("gemv"),
-                bind_group_layouts: &[Some(&bgl)],
-                immediate_size: 0,
-            });
-        let module = gpu.shader(&key, &wgsl_source_tuned(enc, subgroups, t, xt, direct));
-        gpu.device
-            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                label: Some(&key),
-                layout: Some(&pl),
-                module: &module,
-                entry_point: Some("main"),
-                compilation_options: Default::default(),
-                cache: None,
-            })
-    })
+    crate::gpu::kernel::pipeline(gpu, &kernel_spec(enc, subgroups, t, xt, direct))
 }
 
 #[cfg(test)]

@@ -1,6 +1,9 @@
-//! Kernel plumbing shared by every WGSL kernel family: a pipeline cache keyed by each kernel's
-//! own cache key (ratchet-style: the kernel owns its key, bind layout and dispatch size).
+//! Kernel plumbing shared by every WGSL kernel family: the description of one pipeline
+//! ([`KernelSpec`]: key, WGSL, entry point, bind layout), the pipeline cache keyed by each
+//! kernel's own cache key (ratchet-style: the kernel owns its key, bind layout and dispatch
+//! size) and the WGSL preprocessor.
 
+use crate::gpu::Gpu;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -30,77 +33,100 @@ impl PipelineCache {
     }
 }
 
-/// Every instantiation of a WGSL file of `wgsl/` that a device could be handed, as
-/// `(label, source)`: files with a preprocessing step list each variant, others are used as is.
-/// `tests/wgsl_validate.rs` validates all of them with naga, without a device.
-pub fn wgsl_instantiations(file_name: &str, source: &str) -> Vec<(String, String)> {
-    match file_name {
-        "gemv.wgsl" => {
-            use crate::gpu::gemv;
-            let mut v = Vec::new();
-            for enc in gemv::kernel_encodings() {
-                for sg in [false, true] {
-                    let red = if sg { "subgroup" } else { "shared" };
-                    v.push((
-                        format!("gemv.wgsl [{} {red}]", enc.spelling()),
-                        gemv::wgsl_source(enc, sg),
-                    ));
-                    // every tuning `gemv::plan` can pick, staged and (f32/bf16) direct x
-                    for &t in gemv::candidates(enc.format) {
-                        let direct = [false, true].into_iter().filter(|&d| {
-                            !d || (matches!(
-                                enc.format,
-                                crate::formats::Format::F32 | crate::formats::Format::Bf16
-                            ) && t.rows_per_workgroup() <= gemv::DIRECT_MAX_RPW)
-                        });
-                        for d in direct {
-                            let label = format!(
-                                "gemv.wgsl [{} {red} {}x{} {}]",
-                                enc.spelling(),
-                                t.tpr,
-                                t.rpt,
-                                if d { "direct x" } else { "staged x" }
-                            );
-                            v.push((label, gemv::wgsl_source_tuned(enc, sg, t, 2048, d)));
-                        }
-                    }
-                }
-            }
-            v
+/// How a kernel binding is declared in its bind-group layout (group 0, compute stage).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bind {
+    /// `var<uniform>`.
+    Uniform,
+    /// `var<storage, read>`.
+    Read,
+    /// `var<storage, read_write>`.
+    Write,
+}
+
+/// One compute pipeline the engine can build: its cache key (unique per WGSL text and entry
+/// point), the WGSL after preprocessing, the entry point and the explicit bind-group layout.
+/// [`crate::gpu::variants`] lists every one of them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelSpec {
+    pub key: String,
+    pub entry: String,
+    pub binds: Vec<(u32, Bind)>,
+    pub source: String,
+    /// Whether the WGSL uses subgroup operations (needs the `SUBGROUP` feature).
+    pub subgroups: bool,
+}
+
+impl KernelSpec {
+    /// A spec without subgroup operations.
+    pub fn new(key: impl Into<String>, entry: &str, binds: &[(u32, Bind)], source: String) -> Self {
+        KernelSpec {
+            key: key.into(),
+            entry: entry.to_string(),
+            binds: binds.to_vec(),
+            source,
+            subgroups: false,
         }
-        "norm.wgsl" => [(false, false), (false, true), (true, false), (true, true)]
-            .into_iter()
-            .map(|(v, inplace)| {
-                (
-                    format!(
-                        "{file_name} [{}{}]",
-                        if v { "vec4" } else { "f32" },
-                        if inplace { " inplace" } else { "" }
-                    ),
-                    crate::gpu::ops::norm::norm_source(v, inplace),
-                )
-            })
-            .collect(),
-        "conv.wgsl" => [false, true]
-            .into_iter()
-            .map(|pair| {
-                (
-                    format!("{file_name} [{}]", if pair { "pair" } else { "single" }),
-                    preprocess(source, &[("PAIR", pair)]),
-                )
-            })
-            .collect(),
-        "attention.wgsl" | "residual.wgsl" => [false, true]
-            .into_iter()
-            .map(|v| {
-                (
-                    format!("{file_name} [{}]", if v { "vec4" } else { "f32" }),
-                    crate::gpu::ops::wgsl_variant(source, v),
-                )
-            })
-            .collect(),
-        _ => vec![(file_name.to_string(), source.to_string())],
     }
+
+    /// Storage-buffer bindings (read-only and read-write) in the layout.
+    pub fn storage_buffers(&self) -> u32 {
+        self.binds.iter().filter(|b| b.1 != Bind::Uniform).count() as u32
+    }
+
+    /// Uniform-buffer bindings in the layout.
+    pub fn uniform_buffers(&self) -> u32 {
+        self.binds.iter().filter(|b| b.1 == Bind::Uniform).count() as u32
+    }
+}
+
+/// Build (or fetch from the device's cache) the pipeline of `spec` with its explicit layout.
+pub fn pipeline(gpu: &Gpu, spec: &KernelSpec) -> Arc<wgpu::ComputePipeline> {
+    gpu.cache.get_or_create(&spec.key, || {
+        let entries: Vec<wgpu::BindGroupLayoutEntry> = spec
+            .binds
+            .iter()
+            .map(|&(binding, b)| wgpu::BindGroupLayoutEntry {
+                binding,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer {
+                    ty: match b {
+                        Bind::Uniform => wgpu::BufferBindingType::Uniform,
+                        Bind::Read | Bind::Write => wgpu::BufferBindingType::Storage {
+                            read_only: b == Bind::Read,
+                        },
+                    },
+                    has_dynamic_offset: false,
+                    min_binding_size: None,
+                },
+                count: None,
+            })
+            .collect();
+        let key = spec.key.as_str();
+        let bgl = gpu
+            .device
+            .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                label: Some(key),
+                entries: &entries,
+            });
+        let layout = gpu
+            .device
+            .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: Some(key),
+                bind_group_layouts: &[Some(&bgl)],
+                immediate_size: 0,
+            });
+        let module = gpu.shader(key, &spec.source);
+        gpu.device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(key),
+                layout: Some(&layout),
+                module: &module,
+                entry_point: Some(&spec.entry),
+                compilation_options: Default::default(),
+                cache: None,
+            })
+    })
 }
 
 /// Keep the lines of the active branches of `//!IF FLAG` / `//!ELSE` / `//!END` blocks (blocks

@@ -1,7 +1,9 @@
 //! GPU side: device, buffers, kernels and the format dispatcher.
 pub mod device;
 pub mod kernel;
+pub mod limits;
 pub mod ops;
+pub mod variants;
 
 pub use device::{Gpu, GpuError};
 pub mod dispatch;

@@ -610,6 +610,7 @@ impl GpuModel<'static> {
             binding_limit,
         } = opts;
         let cfg = w.config.clone();
+        crate::gpu::variants::check_device(gpu)?;
         ensure!(max_seq >= 1, "max_seq must be at least 1");
         ensure!(
             u32::try_from(max_seq).is_ok(),

@@ -4,10 +4,55 @@
 //! q·k dot and the relative bias, then every invocation accumulating one vec4 column of V over a
 //! strided share of the block's keys). Head dims divisible by 4 use the vec4 variant of the kernel.
 
-use super::{bind_group, grid, pipeline, uniform_words, Bind, Dispatch, OpCall, PosBuffer};
+use super::{bind_group, grid, uniform_words, Bind, Dispatch, OpCall, PosBuffer};
+use crate::gpu::kernel::KernelSpec;
 use crate::gpu::Gpu;
 
 const SRC: &str = include_str!("../../../wgsl/attention.wgsl");
+
+/// `entry` (`attn` or `attn_append`) of attention.wgsl in its f32 or vec4 variant.
+fn attention_spec(entry: &str, vec4: bool) -> KernelSpec {
+    let binds: &[(u32, Bind)] = match entry {
+        "attn" => &[
+            (0, Bind::Uniform),
+            (1, Bind::Uniform),
+            (2, Bind::Read),
+            (3, Bind::Read),
+            (4, Bind::Read),
+            (5, Bind::Read),
+            (6, Bind::Read),
+            (7, Bind::Read),
+            (8, Bind::Read),
+            (9, Bind::Write),
+        ],
+        "attn_append" => &[
+            (0, Bind::Uniform),
+            (1, Bind::Uniform),
+            (3, Bind::Read),
+            (4, Bind::Read),
+            (10, Bind::Write),
+            (11, Bind::Write),
+        ],
+        _ => unreachable!("attention.wgsl has no {entry}"),
+    };
+    let tag = if vec4 { "vec4" } else { "f32" };
+    KernelSpec::new(
+        format!("attention/{entry}/{tag}"),
+        entry,
+        binds,
+        super::wgsl_variant(SRC, vec4),
+    )
+}
+
+/// Both entry points of attention.wgsl, each in the f32 and vec4 variant.
+pub(crate) fn kernels() -> Vec<KernelSpec> {
+    let mut v = Vec::new();
+    for vec4 in [false, true] {
+        v.push(attention_spec("attn", vec4));
+        v.push(attention_spec("attn_append", vec4));
+    }
+    v
+}
 
 /// Shape and settings of one attention layer for a call of `tokens` new tokens.
 #[derive(Clone, Copy, Debug)]
@@ -132,40 +177,8 @@ impl AttentionKernel {
         let u = uniform_words(gpu, "attention params", &words);
         // D % 4 == 0: every row is 16-byte aligned and every buffer a whole number of vec4s.
         let vec4 = s.head_dim.is_multiple_of(4);
-        let src = super::wgsl_variant(SRC, vec4);
-        let tag = if vec4 { "vec4" } else { "f32" };
-        let attn = pipeline(
-            gpu,
-            &format!("attention/attn/{tag}"),
-            &src,
-            "attn",
-            &[
-                (0, Bind::Uniform),
-                (1, Bind::Uniform),
-                (2, Bind::Read),
-                (3, Bind::Read),
-                (4, Bind::Read),
-                (5, Bind::Read),
-                (6, Bind::Read),
-                (7, Bind::Read),
-                (8, Bind::Read),
-                (9, Bind::Write),
-            ],
-        );
-        let append = pipeline(
-            gpu,
-            &format!("attention/attn_append/{tag}"),
-            &src,
-            "attn_append",
-            &[
-                (0, Bind::Uniform),
-                (1, Bind::Uniform),
-                (3, Bind::Read),
-                (4, Bind::Read),
-                (10, Bind::Write),
-                (11, Bind::Write),
-            ],
-        );
+        let attn = super::listed_pipeline(gpu, &attention_spec("attn", vec4));
+        let append = super::listed_pipeline(gpu, &attention_spec("attn_append", vec4));
         let bg_attn = bind_group(
             gpu,
             "attn",

@@ -1,9 +1,37 @@
 //! Causal depthwise short convolution with the residual inside (`wgsl/conv.wgsl`).
 
-use super::{bind_group, pipeline, uniform_words, Bind, Dispatch, OpCall};
+use super::{bind_group, uniform_words, Bind, Dispatch, OpCall};
+use crate::gpu::kernel::KernelSpec;
 use crate::gpu::Gpu;
 
 const SRC: &str = include_str!("../../../wgsl/conv.wgsl");
+
+/// The single or the `PAIR` kernel of conv.wgsl: per set k, x and w read at bindings 1 + 4k and
+/// 2 + 4k, state and y written at 3 + 4k and 4 + 4k.
+fn conv_spec(paired: bool) -> KernelSpec {
+    let mut binds = vec![(0, Bind::Uniform)];
+    for k in 0..1 + paired as u32 {
+        let b = 4 * k;
+        binds.extend([
+            (1 + b, Bind::Read),
+            (2 + b, Bind::Read),
+            (3 + b, Bind::Write),
+            (4 + b, Bind::Write),
+        ]);
+    }
+    let key = if paired {
+        "conv/short_conv/pair"
+    } else {
+        "conv/short_conv/single"
+    };
+    let src = crate::gpu::kernel::preprocess(SRC, &[("PAIR", paired)]);
+    KernelSpec::new(key, "short_conv", &binds, src)
+}
+
+/// Both kernels of conv.wgsl (single, pair).
+pub(crate) fn kernels() -> Vec<KernelSpec> {
+    vec![conv_spec(false), conv_spec(true)]
+}
 
 /// `out[t,c] = x[t,c] + Σ_k w[c,k]·xin[t−(K−1)+k, c]` over `tokens` new tokens and `channels` channels,
 /// with the previous K−1 inputs in a state buffer `[K−1, C]` (oldest first), updated in place.
@@ -60,26 +88,17 @@ impl ShortConvKernel {
             super::need(state, (self.kernel as u64 - 1) * c, "short_conv state");
             super::need(y, t * c, "short_conv y");
         }
-        // per set k: x, w read at 1 + 4k, 2 + 4k; state, y written at 3 + 4k, 4 + 4k
-        let mut binds = vec![(0, Bind::Uniform)];
         let mut entries = Vec::new();
         for (k, set) in sets.iter().enumerate() {
             let b = 4 * k as u32;
-            binds.extend([
-                (1 + b, Bind::Read),
-                (2 + b, Bind::Read),
-                (3 + b, Bind::Write),
-                (4 + b, Bind::Write),
-            ]);
             entries.extend((1..=4).map(|i| (i + b, set[i as usize - 1])));
         }
-        let (key, label) = if paired {
-            ("conv/short_conv/pair", "short_conv x2")
+        let label = if paired {
+            "short_conv x2"
         } else {
-            ("conv/short_conv/single", "short_conv")
+            "short_conv"
         };
-        let src = crate::gpu::kernel::preprocess(SRC, &[("PAIR", paired)]);
-        let pl = pipeline(gpu, key, &src, "short_conv", &binds);
+        let pl = super::listed_pipeline(gpu, &conv_spec(paired));
         let u = uniform_words(
             gpu,
             "short_conv params",

@@ -1,9 +1,95 @@
 //! Elementwise kernels (`wgsl/elementwise.wgsl`): silu·up, residual adds, scaling, MoE combine, argmax.
 
-use super::{bind_group, grid, pipeline, uniform_words, Bind, Dispatch, OpCall};
+use super::{bind_group, grid, uniform_words, Bind, Dispatch, OpCall};
+use crate::gpu::kernel::KernelSpec;
 use crate::gpu::Gpu;
 
 const SRC: &str = include_str!("../../../wgsl/elementwise.wgsl");
+
+/// Every entry point of elementwise.wgsl with its bind layout.
+const ENTRIES: &[(&str, &[(u32, Bind)])] = &[
+    (
+        "silu_mul",
+        &[
+            (0, Bind::Uniform),
+            (1, Bind::Read),
+            (2, Bind::Read),
+            (5, Bind::Write),
+        ],
+    ),
+    (
+        "add",
+        &[(0, Bind::Uniform), (1, Bind::Read), (5, Bind::Write)],
+    ),
+    (
+        "add_scaled",
+        &[
+            (0, Bind::Uniform),
+            (1, Bind::Read),
+            (2, Bind::Read),
+            (5, Bind::Write),
+        ],
+    ),
+    ("scale", &[(0, Bind::Uniform), (5, Bind::Write)]),
+    (
+        "moe_combine",
+        &[
+            (0, Bind::Uniform),
+            (1, Bind::Read),
+            (2, Bind::Read),
+            (3, Bind::Read),
+            (4, Bind::Read),
+            (5, Bind::Write),
+        ],
+    ),
+    (
+        "argmax_partial",
+        &[
+            (0, Bind::Uniform),
+            (1, Bind::Read),
+            (6, Bind::Write),
+            (7, Bind::Write),
+        ],
+    ),
+    (
+        "argmax_partial_vec4",
+        &[
+            (0, Bind::Uniform),
+            (11, Bind::Read),
+            (6, Bind::Write),
+            (7, Bind::Write),
+        ],
+    ),
+    (
+        "argmax_final",
+        &[
+            (0, Bind::Uniform),
+            (8, Bind::Write),
+            (9, Bind::Read),
+            (10, Bind::Read),
+        ],
+    ),
+];
+
+/// The kernel of `entry` (one of [`ENTRIES`]).
+fn spec(entry: &str) -> KernelSpec {
+    let binds = ENTRIES
+        .iter()
+        .find(|e| e.0 == entry)
+        .unwrap_or_else(|| unreachable!("elementwise.wgsl has no {entry}"))
+        .1;
+    KernelSpec::new(
+        format!("elementwise/{entry}"),
+        entry,
+        binds,
+        SRC.to_string(),
+    )
+}
+
+/// Every kernel of elementwise.wgsl (one per entry point).
+pub(crate) fn kernels() -> Vec<KernelSpec> {
+    ENTRIES.iter().map(|e| spec(e.0)).collect()
+}
 
 fn elem_groups(n: u32) -> [u32; 3] {
     grid(n.div_ceil(256))
@@ -68,13 +154,11 @@ fn words(n: u32, a: u32, b: u32, c: u32, d: u32, e: u32, f: u32, g: u32, fc: f32
 fn one(
     gpu: &Gpu,
     entry: &str,
-    binds: &[(u32, Bind)],
     w: &[u32],
     bufs: &[(u32, &wgpu::Buffer)],
     groups: [u32; 3],
 ) -> OpCall {
-    let key = format!("elementwise/{entry}");
-    let pl = pipeline(gpu, &key, SRC, entry, binds);
+    let pl = super::listed_pipeline(gpu, &spec(entry));
     let u = uniform_words(gpu, entry, w);
     let mut all = vec![(0u32, &u)];
     all.extend_from_slice(bufs);
@@ -114,12 +198,6 @@ impl Elementwise {
         one(
             gpu,
             "silu_mul",
-            &[
-                (0, Bind::Uniform),
-                (1, Bind::Read),
-                (2, Bind::Read),
-                (5, Bind::Write),
-            ],
             &words(
                 n,
                 i,
@@ -143,7 +221,6 @@ impl Elementwise {
         one(
             gpu,
             "add",
-            &[(0, Bind::Uniform), (1, Bind::Read), (5, Bind::Write)],
             &words(n, 0, 0, 0, 0, 0, 0, 0, 0.0),
             &[(1, y), (5, x)],
             elem_groups(n),
@@ -165,12 +242,6 @@ impl Elementwise {
         one(
             gpu,
             "add_scaled",
-            &[
-                (0, Bind::Uniform),
-                (1, Bind::Read),
-                (2, Bind::Read),
-                (5, Bind::Write),
-            ],
             &words(n, s_idx, 0, 0, 0, 0, 0, 0, 0.0),
             &[(1, y), (2, s), (5, x)],
             elem_groups(n),
@@ -183,7 +254,6 @@ impl Elementwise {
         one(
             gpu,
             "scale",
-            &[(0, Bind::Uniform), (5, Bind::Write)],
             &words(n, 0, 0, 0, 0, 0, 0, 0, c),
             &[(5, x)],
             elem_groups(n),
@@ -196,7 +266,6 @@ impl Elementwise {
         one(
             gpu,
             "scale",
-            &[(0, Bind::Uniform), (5, Bind::Write)],
             &words(n, 1, 0, 0, 0, 0, 0, 0, c),
             &[(5, x)],
             elem_groups(n),
@@ -244,14 +313,6 @@ impl Elementwise {
         let mut call = one(
             gpu,
             "moe_combine",
-            &[
-                (0, Bind::Uniform),
-                (1, Bind::Read),
-                (2, Bind::Read),
-                (3, Bind::Read),
-                (4, Bind::Read),
-                (5, Bind::Write),
-            ],
             &words(
                 n,
                 hidden,
@@ -334,30 +395,8 @@ impl Argmax {
         } else {
             ("argmax_partial", 1)
         };
-        let p1 = pipeline(
-            gpu,
-            &format!("elementwise/{entry}"),
-            SRC,
-            entry,
-            &[
-                (0, Bind::Uniform),
-                (input, Bind::Read),
-                (6, Bind::Write),
-                (7, Bind::Write),
-            ],
-        );
-        let p2 = pipeline(
-            gpu,
-            "elementwise/argmax_final",
-            SRC,
-            "argmax_final",
-            &[
-                (0, Bind::Uniform),
-                (8, Bind::Write),
-                (9, Bind::Read),
-                (10, Bind::Read),
-            ],
-        );
+        let p1 = super::listed_pipeline(gpu, &spec(entry));
+        let p2 = super::listed_pipeline(gpu, &spec("argmax_final"));
         let b1 = bind_group(
             gpu,
             "argmax_partial",

@@ -43,69 +43,37 @@ pub fn grid(n: u32) -> [u32; 3] {
     }
 }
 
-/// How a kernel binding is declared.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Bind {
-    Uniform,
-    Read,
-    Write,
+pub(crate) use crate::gpu::kernel::Bind;
+use crate::gpu::kernel::KernelSpec;
+
+/// Build (or fetch from the cache) the pipeline of `spec`. Debug builds (the tests) check that
+/// the kernel is one of [`kernels`], so a new variant cannot escape `inkling-wgpu shaders` and
+/// the MSL/HLSL translation test.
+pub(crate) fn listed_pipeline(gpu: &Gpu, spec: &KernelSpec) -> Arc<wgpu::ComputePipeline> {
+    if cfg!(debug_assertions) {
+        static LISTED: std::sync::OnceLock<Vec<KernelSpec>> = std::sync::OnceLock::new();
+        let listed = LISTED.get_or_init(kernels);
+        assert!(
+            listed.contains(spec),
+            "op kernel {} (entry {}) is not listed, or listed with another WGSL or \
+             layout, by gpu::ops::kernels(); list every variant there",
+            spec.key,
+            spec.entry
+        );
+    }
+    crate::gpu::kernel::pipeline(gpu, spec)
 }
 
-/// Build (or fetch from the cache) the pipeline for `entry` of `src` with an explicit layout.
-pub(crate) fn pipeline(
-    gpu: &Gpu,
-    key: &str,
-    src: &str,
-    entry: &str,
-    binds: &[(u32, Bind)],
-) -> Arc<wgpu::ComputePipeline> {
-    gpu.cache.get_or_create(key, || {
-        let entries: Vec<wgpu::BindGroupLayoutEntry> = binds
-            .iter()
-            .map(|&(binding, b)| wgpu::BindGroupLayoutEntry {
-                binding,
-                visibility: wgpu::ShaderStages::COMPUTE,
-                ty: match b {
-                    Bind::Uniform => wgpu::BindingType::Buffer {
-                        ty: wgpu::BufferBindingType::Uniform,
-                        has_dynamic_offset: false,
-                        min_binding_size: None,
-                    },
-                    Bind::Read | Bind::Write => wgpu::BindingType::Buffer {
-                        ty: wgpu::BufferBindingType::Storage {
-                            read_only: matches!(b, Bind::Read),
-                        },
-                        has_dynamic_offset: false,
-                        min_binding_size: None,
-                    },
-                },
-                count: None,
-            })
-            .collect();
-        let bgl = gpu
-            .device
-            .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-                label: Some(key),
-                entries: &entries,
-            });
-        let layout = gpu
-            .device
-            .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-                label: Some(key),
-                bind_group_layouts: &[Some(&bgl)],
-                immediate_size: 0,
-            });
-        let module = gpu.shader(key, src);
-        gpu.device
-            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                label: Some(key),
-                layout: Some(&layout),
-                module: &module,
-                entry_point: Some(entry),
-                compilation_options: Default::default(),
-                cache: None,
-            })
-    })
+/// Every pipeline the op kernels can build, each variant of each file.
+pub fn kernels() -> Vec<KernelSpec> {
+    let mut v = Vec::new();
+    v.extend(attention::kernels());
+    v.extend(conv::kernels());
+    v.extend(elementwise::kernels());
+    v.extend(norm::kernels());
+    v.extend(residual::kernels());
+    v.extend(router::kernels());
+    v
 }
 
 /// A bind group for `pipeline` from `(binding, buffer)` pairs (whole buffers).

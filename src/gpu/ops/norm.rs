@@ -3,7 +3,8 @@
 //! Each row gets about one invocation per vec4 (up to 256, several short rows per workgroup), four
 //! independent accumulators per invocation, vec4 loads when widths, offsets and strides allow.
 
-use super::{bind_group, grid, pipeline, uniform_words, Bind, Dispatch, OpCall};
+use super::{bind_group, grid, uniform_words, Bind, Dispatch, OpCall};
+use crate::gpu::kernel::KernelSpec;
 use crate::gpu::Gpu;
 use std::sync::Arc;
 
@@ -12,12 +13,12 @@ const SRC: &str = include_str!("../../../wgsl/norm.wgsl");
 /// Kernel variant and row split for rows of `width` floats: the vec4 variant when `aligned` (width,
 /// offsets and strides divisible by 4), and `tpr` invocations per row (a power of two ≤ 256, about one
 /// per vec4 of the row, so short rows share a 256-invocation workgroup). Returns
-/// `(vec4, tpr, pipeline key suffix)`.
-fn split(width: u32, aligned: bool) -> (bool, u32, &'static str) {
+/// `(vec4, tpr)`.
+fn split(width: u32, aligned: bool) -> (bool, u32) {
     let vec4 = aligned && width.is_multiple_of(4);
     let units = if vec4 { width / 4 } else { width };
     let tpr = units.clamp(1, 256).next_power_of_two();
-    (vec4, tpr, if vec4 { "vec4" } else { "f32" })
+    (vec4, tpr)
 }
 
 /// Workgroups for `rows` rows at `tpr` invocations per row.
@@ -25,23 +26,56 @@ fn row_groups(rows: u32, tpr: u32) -> [u32; 3] {
     grid(rows.div_ceil(256 / tpr))
 }
 
-/// The pipeline of `entry` in the VEC4 (`vec4`, cache tag `tag`) and INPLACE variant of norm.wgsl.
-fn norm_pipeline(
-    gpu: &Gpu,
-    entry: &str,
-    vec4: bool,
-    inplace: bool,
-    tag: &str,
-    binds: &[(u32, Bind)],
-) -> Arc<wgpu::ComputePipeline> {
+/// The kernel of `entry` (`rms_norm` or `embed_norm`) in the VEC4 and INPLACE variant of
+/// norm.wgsl, with its layout.
+fn norm_spec(entry: &str, vec4: bool, inplace: bool) -> KernelSpec {
+    let binds: &[(u32, Bind)] = match (entry, inplace) {
+        ("rms_norm", false) => &[
+            (0, Bind::Uniform),
+            (1, Bind::Read),
+            (2, Bind::Read),
+            (3, Bind::Write),
+        ],
+        ("rms_norm", true) => &[(0, Bind::Uniform), (1, Bind::Read), (2, Bind::Write)],
+        ("embed_norm", false) => &[
+            (0, Bind::Uniform),
+            (1, Bind::Read),
+            (3, Bind::Write),
+            (5, Bind::Read),
+            (6, Bind::Read),
+            (7, Bind::Read),
+        ],
+        _ => unreachable!("norm.wgsl has no {entry} (inplace {inplace})"),
+    };
+    let tag = if vec4 { "vec4" } else { "f32" };
     let variant = if inplace { "inplace" } else { "out" };
-    pipeline(
-        gpu,
-        &format!("norm/{entry}/{tag}/{variant}"),
-        &norm_source(vec4, inplace),
+    KernelSpec::new(
+        format!("norm/{entry}/{tag}/{variant}"),
         entry,
         binds,
+        norm_source(vec4, inplace),
     )
+}
+
+/// Every kernel of norm.wgsl: RMSNorm out of place and in place, the embedding gather + norm,
+/// each in the f32 and vec4 variant.
+pub(crate) fn kernels() -> Vec<KernelSpec> {
+    let mut v = Vec::new();
+    for vec4 in [false, true] {
+        for (entry, inplace) in [
+            ("rms_norm", false),
+            ("rms_norm", true),
+            ("embed_norm", false),
+        ] {
+            v.push(norm_spec(entry, vec4, inplace));
+        }
+    }
+    v
+}
+
+/// The pipeline of [`norm_spec`].
+fn norm_pipeline(gpu: &Gpu, entry: &str, vec4: bool, inplace: bool) -> Arc<wgpu::ComputePipeline> {
+    super::listed_pipeline(gpu, &norm_spec(entry, vec4, inplace))
 }
 
 /// norm.wgsl with its `VEC4` and `INPLACE` flags set.
@@ -98,20 +132,8 @@ impl RmsNorm {
         let aligned = [self.x_off, self.x_stride, self.y_off, self.y_stride]
             .iter()
             .all(|v| v.is_multiple_of(4));
-        let (vec4, tpr, tag) = split(self.width, aligned);
-        let pl = norm_pipeline(
-            gpu,
-            "rms_norm",
-            vec4,
-            false,
-            tag,
-            &[
-                (0, Bind::Uniform),
-                (1, Bind::Read),
-                (2, Bind::Read),
-                (3, Bind::Write),
-            ],
-        );
+        let (vec4, tpr) = split(self.width, aligned);
+        let pl = norm_pipeline(gpu, "rms_norm", vec4, false);
         let last = (self.rows.max(1) as u64 - 1) * self.x_stride as u64 + self.width as u64;
         super::need(x, self.x_off as u64 + last, "rms_norm x");
         let last_y = (self.rows.max(1) as u64 - 1) * self.y_stride as u64 + self.width as u64;
@@ -133,15 +155,8 @@ impl RmsNorm {
     /// In place on `x` (per-head q/k norm: `rows = T·heads`, `width = head_dim`; only x_off/x_stride used).
     pub fn bind_inplace(&self, gpu: &Gpu, x: &wgpu::Buffer, w: &wgpu::Buffer) -> OpCall {
         let aligned = self.x_off.is_multiple_of(4) && self.x_stride.is_multiple_of(4);
-        let (vec4, tpr, tag) = split(self.width, aligned);
-        let pl = norm_pipeline(
-            gpu,
-            "rms_norm",
-            vec4,
-            true,
-            tag,
-            &[(0, Bind::Uniform), (1, Bind::Read), (2, Bind::Write)],
-        );
+        let (vec4, tpr) = split(self.width, aligned);
+        let pl = norm_pipeline(gpu, "rms_norm", vec4, true);
         let last = (self.rows.max(1) as u64 - 1) * self.x_stride as u64 + self.width as u64;
         super::need(x, self.x_off as u64 + last, "rms_norm_inplace x");
         super::need(w, self.width as u64, "rms_norm_inplace w");
@@ -205,22 +220,8 @@ impl EmbedNorm {
                 if s.bf16 { elems.div_ceil(2) } else { elems },
                 "embed_norm table shard",
             );
-            let (vec4, tpr, tag) = split(self.hidden, true);
-            let pl = norm_pipeline(
-                gpu,
-                "embed_norm",
-                vec4,
-                false,
-                tag,
-                &[
-                    (0, Bind::Uniform),
-                    (1, Bind::Read),
-                    (3, Bind::Write),
-                    (5, Bind::Read),
-                    (6, Bind::Read),
-                    (7, Bind::Read),
-                ],
-            );
+            let (vec4, tpr) = split(self.hidden, true);
+            let pl = norm_pipeline(gpu, "embed_norm", vec4, false);
             let words = vec![
                 self.tokens,
                 self.hidden,

@@ -5,10 +5,38 @@
 //! For T = 1 every step of the chain is per channel except the norm's one row reduction, so the
 //! whole chain is one workgroup of 256 invocations instead of two or three small dispatches.
 
-use super::{bind_group, pipeline, uniform_words, Bind, ConvCall, Dispatch, OpCall};
+use super::{bind_group, uniform_words, Bind, ConvCall, Dispatch, OpCall};
+use crate::gpu::kernel::KernelSpec;
 use crate::gpu::Gpu;
 
 const SRC: &str = include_str!("../../../wgsl/residual.wgsl");
+
+/// The kernel of residual.wgsl in its f32 or vec4 variant.
+fn sconv_rms_norm_spec(vec4: bool) -> KernelSpec {
+    let tag = if vec4 { "vec4" } else { "f32" };
+    KernelSpec::new(
+        format!("residual/sconv_rms_norm/{tag}"),
+        "sconv_rms_norm",
+        &[
+            (0, Bind::Uniform),
+            (1, Bind::Read),
+            (2, Bind::Read),
+            (3, Bind::Write),
+            (4, Bind::Write),
+            (5, Bind::Read),
+            (6, Bind::Write),
+            (7, Bind::Read),
+            (8, Bind::Read),
+            (9, Bind::Read),
+        ],
+        super::wgsl_variant(SRC, vec4),
+    )
+}
+
+/// Both variants (f32, vec4) of residual.wgsl.
+pub(crate) fn kernels() -> Vec<KernelSpec> {
+    vec![sconv_rms_norm_spec(false), sconv_rms_norm_spec(true)]
+}
 
 /// The conv input `xin` of [`SconvRmsNorm`].
 #[derive(Clone, Copy)]
@@ -100,25 +128,7 @@ impl SconvRmsNorm {
         if mode != 2 {
             super::need(x, c, "sconv+rms_norm x");
         }
-        let tag = if vec4 { "vec4" } else { "f32" };
-        let pl = pipeline(
-            gpu,
-            &format!("residual/sconv_rms_norm/{tag}"),
-            &super::wgsl_variant(SRC, vec4),
-            "sconv_rms_norm",
-            &[
-                (0, Bind::Uniform),
-                (1, Bind::Read),
-                (2, Bind::Read),
-                (3, Bind::Write),
-                (4, Bind::Write),
-                (5, Bind::Read),
-                (6, Bind::Write),
-                (7, Bind::Read),
-                (8, Bind::Read),
-                (9, Bind::Read),
-            ],
-        );
+        let pl = super::listed_pipeline(gpu, &sconv_rms_norm_spec(vec4));
         let u = uniform_words(
             gpu,
             "sconv+rms_norm params",

@@ -1,9 +1,34 @@
 //! MoE router: top-k selection, gammas and the pairs list for the MoE GEMV (`wgsl/router.wgsl`).
 
-use super::{bind_group, grid, pipeline, uniform_words, Bind, Dispatch, OpCall};
+use super::{bind_group, grid, uniform_words, Bind, Dispatch, OpCall};
+use crate::gpu::kernel::KernelSpec;
 use crate::gpu::Gpu;
 
 const SRC: &str = include_str!("../../../wgsl/router.wgsl");
+
+/// The top-k kernel of router.wgsl.
+fn route_spec() -> KernelSpec {
+    KernelSpec::new(
+        "router/route",
+        "route",
+        &[
+            (0, Bind::Uniform),
+            (1, Bind::Read),
+            (2, Bind::Read),
+            (3, Bind::Write),
+            (4, Bind::Write),
+            (5, Bind::Write),
+            (6, Bind::Write),
+            (7, Bind::Uniform),
+        ],
+        SRC.to_string(),
+    )
+}
+
+/// The one kernel of router.wgsl.
+pub(crate) fn kernels() -> Vec<KernelSpec> {
+    vec![route_spec()]
+}
 
 /// One (routed expert, token) work item for the MoE GEMV: 16 bytes, `weight_idx = t·top_k + s` indexes
 /// the gammas buffer (and the routed output rows `[T·top_k, hidden]`).
@@ -110,22 +135,7 @@ impl Router {
         super::need(gammas, t * s.top_k as u64, "router gammas");
         super::need(shared_gammas, t * s.n_shared as u64, "router shared_gammas");
         super::need(status, 4, "router status");
-        let pl = pipeline(
-            gpu,
-            "router/route",
-            SRC,
-            "route",
-            &[
-                (0, Bind::Uniform),
-                (1, Bind::Read),
-                (2, Bind::Read),
-                (3, Bind::Write),
-                (4, Bind::Write),
-                (5, Bind::Write),
-                (6, Bind::Write),
-                (7, Bind::Uniform),
-            ],
-        );
+        let pl = super::listed_pipeline(gpu, &route_spec());
         let u = uniform_words(
             gpu,
             "router params",

@@ -1,0 +1,158 @@
+//! Every compute kernel the engine can build, as [`KernelSpec`]s (pipeline key, WGSL, entry point,
+//! bind layout), from the code's own variant lists: the GEMV's kernel encodings (the format
+//! registry) × reductions × tunings × x tiles × x variants ([`gemv::kernels`]), every op kernel
+//! variant ([`ops::kernels`]) and the copy kernel of `bench copy`. `inkling-wgpu shaders` writes
+//! them; the tests translate each to MSL, HLSL and SPIR-V. [`check_device`] refuses a device whose
+//! limits cannot hold them, naming the limit.
+
+use crate::gpu::gemv::{self, Tuning};
+use crate::gpu::kernel::{Bind, KernelSpec};
+use crate::gpu::limits::LimitProfile;
+use crate::gpu::{ops, Gpu};
+
+/// WGSL of `bench copy`'s compute-shader copy.
+const COPY_WGSL: &str = include_str!("../../wgsl/copy.wgsl");
+
+/// `bench copy`'s kernel (its pipeline uses the layout wgpu derives from the WGSL).
+pub fn bench_copy() -> KernelSpec {
+    KernelSpec::new(
+        "bench/copy",
+        "main",
+        &[(0, Bind::Uniform), (1, Bind::Read), (2, Bind::Write)],
+        COPY_WGSL.to_string(),
+    )
+}
+
+/// Every kernel the engine can build on a device of `profile` (`None`: any device, i.e. every
+/// x tile up to 16384 columns and both reductions), GEMV first, in a fixed order. Keys are unique.
+pub fn all(profile: Option<LimitProfile>) -> Vec<KernelSpec> {
+    let smem = profile
+        .and_then(|p| p.limits())
+        .map_or(u64::MAX, |l| l.max_compute_workgroup_storage_size as u64);
+    let subgroups = profile.is_none_or(|p| p.subgroups());
+    let mut v = gemv::kernels(smem, subgroups);
+    v.extend(ops::kernels());
+    v.push(bench_copy());
+    v
+}
+
+/// A device limit that a kernel of the engine exceeds.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "kernel {kernel} needs {need} {what}, but this device allows {have} \
+     (wgpu limit `{limit}`{profile}); the engine cannot run on it"
+)]
+pub struct LimitError {
+    /// The pipeline key.
+    pub kernel: String,
+    /// What is counted (e.g. "storage buffers in one bind group").
+    pub what: &'static str,
+    pub need: u64,
+    pub have: u64,
+    /// The `wgpu::Limits` field.
+    pub limit: &'static str,
+    /// `", limit profile NAME"` when the device is clamped to a profile.
+    pub profile: String,
+}
+
+/// Check the limits every kernel depends on against `gpu`'s: storage and uniform buffers per
+/// stage of every op kernel and of the GEMV layout (shared by all GEMV kernels), and the
+/// workgroup memory of every GEMV tuning at its smallest x tile (512 columns). The op kernels'
+/// workgroup memory (under 10 KiB each) and workgroup sizes (≤ 256) are within WebGPU's defaults,
+/// which the translation tests check with naga.
+pub fn check_device(gpu: &Gpu) -> Result<(), LimitError> {
+    check_limits(&gpu.limits, gpu.profile)
+}
+
+/// [`check_device`] for a device with `limits`.
+pub fn check_limits(
+    limits: &wgpu::Limits,
+    profile: Option<LimitProfile>,
+) -> Result<(), LimitError> {
+    let err = |kernel: &str, what, need: u64, have: u64, limit| LimitError {
+        kernel: kernel.to_string(),
+        what,
+        need,
+        have,
+        limit,
+        profile: profile
+            .map(|p| format!(", limit profile {p}"))
+            .unwrap_or_default(),
+    };
+    let encs = gemv::kernel_encodings();
+    let mut specs = ops::kernels();
+    specs.push(gemv::kernel_spec(
+        encs[0],
+        false,
+        gemv::tuning(encs[0].format),
+        512,
+        false,
+    ));
+    for s in &specs {
+        let (sb, ub) = (s.storage_buffers(), s.uniform_buffers());
+        if sb > limits.max_storage_buffers_per_shader_stage {
+            return Err(err(
+                &s.key,
+                "storage buffers in one bind group",
+                sb as u64,
+                limits.max_storage_buffers_per_shader_stage as u64,
+                "max_storage_buffers_per_shader_stage",
+            ));
+        }
+        if ub > limits.max_uniform_buffers_per_shader_stage {
+            return Err(err(
+                &s.key,
+                "uniform buffers in one bind group",
+                ub as u64,
+                limits.max_uniform_buffers_per_shader_stage as u64,
+                "max_uniform_buffers_per_shader_stage",
+            ));
+        }
+    }
+    let smem = limits.max_compute_workgroup_storage_size as u64;
+    for enc in encs {
+        for &t in gemv::candidates(enc.format) {
+            let need = gemv::workgroup_bytes(enc.format, t, 512, false);
+            if need > smem {
+                let Tuning { tpr, rpt } = t;
+                return Err(err(
+                    &format!("gemv {} {tpr}x{rpt}", enc.spelling()),
+                    "bytes of workgroup memory",
+                    need,
+                    smem,
+                    "max_compute_workgroup_storage_size",
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_unique_and_profiles_only_drop_kernels() {
+        let every = all(None);
+        let keys: std::collections::HashSet<&str> = every.iter().map(|s| s.key.as_str()).collect();
+        assert_eq!(keys.len(), every.len(), "duplicate pipeline keys");
+        for p in LimitProfile::ALL {
+            let sub = all(Some(p));
+            assert!(sub.len() < every.len(), "{p}");
+            assert!(sub.iter().all(|s| keys.contains(s.key.as_str())), "{p}");
+            assert_eq!(sub.iter().any(|s| s.subgroups), p.subgroups(), "{p}");
+        }
+    }
+
+    #[test]
+    fn webgpu_defaults_cannot_bind_the_fused_residual_kernel() {
+        let e = check_limits(&wgpu::Limits::default(), Some(LimitProfile::WebGpu)).unwrap_err();
+        assert_eq!(e.limit, "max_storage_buffers_per_shader_stage");
+        assert_eq!((e.need, e.have), (9, 8));
+        assert!(e.kernel.starts_with("residual/sconv_rms_norm/"), "{e}");
+        let msg = e.to_string();
+        assert!(msg.contains("limit profile webgpu"), "{msg}");
+        check_limits(&crate::gpu::limits::apple_m1_limits(), None).unwrap();
+    }
+}
