@@ -845,3 +845,40 @@ pub fn synth(spec: &SynthSpec, dst: &Path, opts: &SynthOptions) -> Result<Conver
         r
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_generated_non_finite_value_is_refused_naming_the_tensor() {
+        let t = |name: &str, dtype: Dtype, n: usize| PlannedTensor {
+            name: name.into(),
+            dtype,
+            shape: vec![n],
+            align: 64,
+        };
+        let groups = vec![OutGroup {
+            items: vec![OutItem {
+                tensors: vec![t("w", Dtype::U8, 4), t("w.qs", Dtype::F32, 2)],
+                stamp: None,
+            }],
+        }];
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Generated>(2);
+        let scales: Vec<u8> = [1.0f32, f32::INFINITY]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        tx.send(((0, 0), vec![0xff; 4], scales)).unwrap();
+        let mut src = SynthSource {
+            rx,
+            groups: &groups,
+        };
+        let e = src.produce(0, 0).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "synth: tensor `w.qs`: generated element 1 (flat index) is +inf; synth refuses a \
+             non-finite value"
+        );
+    }
+}

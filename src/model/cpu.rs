@@ -260,7 +260,10 @@ impl<'w, 'a> CpuModel<'w, 'a> {
     }
 
     /// Feed `tokens` (a prefill chunk or one decode token) and return the logits of the last one
-    /// (`config.logits_width()` values).
+    /// (`config.logits_width()` values). Errors: no tokens, a token past the vocabulary, and a NaN
+    /// or an Inf in a router's logits or in the returned logits ([`ModelError::NonFiniteRouter`]
+    /// naming position and layer, [`ModelError::NonFiniteLogits`] naming the position; the cache
+    /// is then inconsistent until [`CpuModel::reset`]).
     pub fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
         Ok(self.run(tokens, false)?.pop().expect("at least one row"))
     }
@@ -339,5 +342,27 @@ impl<'w, 'a> CpuModel<'w, 'a> {
             out.push(logits);
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn router_order_puts_nan_below_minus_infinity_and_ties_to_the_lower_index() {
+        let score = [0.5, f32::NAN, f32::NEG_INFINITY, 0.5, 0.9, -0.0, 0.0];
+        let mut order: Vec<usize> = (0..score.len()).collect();
+        order.sort_by(|&a, &b| rank_desc(score[a], score[b]).then(a.cmp(&b)));
+        assert_eq!(order, [4, 0, 3, 5, 6, 2, 1]);
+    }
+
+    #[test]
+    fn log_sigmoid_is_finite_where_sigmoid_underflows() {
+        assert_eq!(sigmoid(-120.0), 0.0);
+        assert_eq!(log_sigmoid(-120.0), -120.0);
+        assert!((log_sigmoid(0.0) + std::f32::consts::LN_2).abs() < 1e-7);
+        let tiny = log_sigmoid(40.0);
+        assert!(tiny < 0.0 && tiny > -1e-17, "{tiny}");
     }
 }

@@ -1378,6 +1378,10 @@ impl<'w> GpuModel<'w> {
     }
 
     /// Feed `tokens` and return the logits of the last one (`config.logits_width()` values).
+    /// Errors (as every forward of this type): a token past the vocabulary, `max_seq` exceeded,
+    /// and a NaN or an Inf in a router's logits or in the logits
+    /// ([`super::ModelError::NonFiniteRouter`] / [`super::ModelError::NonFiniteLogits`], naming
+    /// the position; the model must be [`GpuModel::reset`] before it is used again).
     pub fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
         let mut out = self.run(tokens, Head::Last)?;
         Ok(out.pop().expect("one row"))
