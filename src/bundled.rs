@@ -2,15 +2,15 @@
 //! time and written once to a per-user cache directory, so `generate` without `--model` works
 //! wherever the binary is (after `cargo install`, with the checkout moved or deleted).
 //!
-//! Which model: [`bundled_dir!`] (the checkout directory, relative to the crate root) and the file
-//! list in [`FILES`]; changing the default model means changing those two lines.
+//! Which model: `bundled_dir!` (the checkout directory, relative to the crate root) and the file
+//! list in [`FILES`]; changing the default model means changing those two lines of this file.
 //!
 //! Where: `$XDG_CACHE_HOME/inkling-wgpu/bundled-HASH/` (else `~/.cache/...` on Unix,
-//! `~/Library/Caches/...` on macOS, `%LOCALAPPDATA%\inkling-wgpu\...` on Windows), HASH the
-//! FNV-1a 64 of the embedded names and bytes, so a binary with another bundled model uses another
-//! directory. The directory is written under a temporary name and renamed into place, and reused
-//! while its files equal the embedded ones.
-use anyhow::{bail, Context};
+//! `~/Library/Caches/...` on macOS, `%LOCALAPPDATA%\inkling-wgpu\...` on Windows, else under the
+//! system's temporary directory), HASH the FNV-1a 64 of the embedded names and bytes, so a binary
+//! with another bundled model uses another directory. The directory is written under a temporary
+//! name and renamed into place, and reused while its files equal the embedded ones.
+use anyhow::Context;
 use std::path::{Path, PathBuf};
 
 /// The bundled model's directory in the checkout, relative to the crate root.
@@ -58,8 +58,13 @@ pub fn content_hash() -> String {
     format!("{h:016x}")
 }
 
-/// The per-user cache directory (see the module docs), or `None` when no variable names one.
-pub fn cache_root() -> Option<PathBuf> {
+/// The per-user cache directory (see the module docs); without the variables that name one, a
+/// directory in the system's temporary directory.
+pub fn cache_root() -> PathBuf {
+    user_cache_root().unwrap_or_else(|| std::env::temp_dir().join("inkling-wgpu-cache"))
+}
+
+fn user_cache_root() -> Option<PathBuf> {
     let var = |k: &str| {
         std::env::var_os(k)
             .filter(|v| !v.is_empty())
@@ -87,13 +92,7 @@ fn is_complete(dir: &Path) -> bool {
 /// The bundled model as a directory on disk: the cache directory when it is complete, else written
 /// now. Errors say where it tried and what to pass instead.
 pub fn materialize() -> anyhow::Result<PathBuf> {
-    let Some(root) = cache_root() else {
-        bail!(
-            "no --model given, and the bundled model has nowhere to go: set XDG_CACHE_HOME or \
-             HOME, or pass --model DIR (a checkpoint directory with config.json, *.safetensors \
-             and tokenizer.json)"
-        );
-    };
+    let root = cache_root();
     let dir = root.join(format!("bundled-{}", content_hash()));
     if is_complete(&dir) {
         return Ok(dir);
