@@ -4,10 +4,13 @@ use std::process::ExitCode;
 
 pub mod bench;
 pub mod bench_decode;
+pub mod chat;
 pub mod convert;
 pub mod formats;
 pub mod generate;
 pub mod info;
+pub mod load;
+pub mod serve;
 pub mod smoke;
 pub mod synth;
 
@@ -35,6 +38,10 @@ pub enum Command {
     Info(info::Args),
     /// Write a container of random weights at the real Inkling shapes (benchmarks).
     Synth(synth::Args),
+    /// Chat with a model in Inkling's chat format (interactive, or one message per stdin line).
+    Chat(chat::Args),
+    /// Serve a model over an OpenAI-compatible HTTP API.
+    Serve(serve::Args),
 }
 
 /// Run a parsed command line; the exit code reflects failures the command reports itself.
@@ -57,5 +64,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Convert(a) => convert::run(a),
         Command::Info(a) => info::run(a),
         Command::Synth(a) => synth::run(a),
+        Command::Chat(a) => chat::run(a),
+        Command::Serve(a) => serve::run(a),
     }
 }
