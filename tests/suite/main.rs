@@ -1,10 +1,15 @@
 //! The integration test suite: one binary (one link of wgpu) for every test module.
 
 #[allow(dead_code)]
+mod chat_common;
+#[allow(dead_code)]
 mod model_common;
 #[allow(dead_code)]
 mod ops_util;
 
+mod chat_cli;
+mod chat_render;
+mod chat_session;
 mod cli_validation;
 mod container_stamp;
 mod convert_roundtrip;
@@ -36,6 +41,7 @@ mod ops_norm;
 mod ops_residual;
 mod ops_router;
 mod ops_wgsl_validate;
+mod serve_openai;
 mod synth_smoke;
 mod tokenizer_o200k;
 mod wgsl_validate;
