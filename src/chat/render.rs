@@ -147,7 +147,9 @@ impl Renderer {
             .map_err(|e| anyhow::anyhow!("encoding text: {e}"))?;
         let ids = enc.get_ids().to_vec();
         if let Some(id) = ids.iter().find(|&&id| self.sp.is_special(id)) {
-            bail!("text encoded to the special token {id}; refusing to render it as a control token");
+            bail!(
+                "text encoded to the special token {id}; refusing to render it as a control token"
+            );
         }
         Ok(ids)
     }
@@ -191,8 +193,16 @@ impl Renderer {
         let sp = &self.sp;
         let mut out = Vec::new();
         match m.role {
-            Role::System => self.block(&mut out, sp.message_system, None, sp.content_text, &m.content)?,
-            Role::User => self.block(&mut out, sp.message_user, None, sp.content_text, &m.content)?,
+            Role::System => self.block(
+                &mut out,
+                sp.message_system,
+                None,
+                sp.content_text,
+                &m.content,
+            )?,
+            Role::User => {
+                self.block(&mut out, sp.message_user, None, sp.content_text, &m.content)?
+            }
             Role::Tool => self.block(
                 &mut out,
                 sp.message_tool,
@@ -202,7 +212,13 @@ impl Renderer {
             )?,
             Role::Model => {
                 if !m.content.is_empty() || m.tool_calls.is_empty() {
-                    self.block(&mut out, sp.message_model, None, sp.content_text, &m.content)?;
+                    self.block(
+                        &mut out,
+                        sp.message_model,
+                        None,
+                        sp.content_text,
+                        &m.content,
+                    )?;
                 }
                 for call in &m.tool_calls {
                     let kind = sp.invoke_tool_json.context(
@@ -340,6 +356,9 @@ mod tests {
     fn sorted_compact_json() {
         let v: serde_json::Value =
             serde_json::from_str(r#"{"b":1,"a":{"y":[1,{"d":2,"c":"x"}],"x":null}}"#).unwrap();
-        assert_eq!(sorted_json(&v), r#"{"a":{"x":null,"y":[1,{"c":"x","d":2}]},"b":1}"#);
+        assert_eq!(
+            sorted_json(&v),
+            r#"{"a":{"x":null,"y":[1,{"c":"x","d":2}]},"b":1}"#
+        );
     }
 }

@@ -30,7 +30,12 @@ impl StopMatcher {
             return String::new();
         }
         self.held.push_str(text);
-        if let Some(at) = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min() {
+        if let Some(at) = self
+            .stops
+            .iter()
+            .filter_map(|s| self.held.find(s.as_str()))
+            .min()
+        {
             self.stopped = true;
             let out = self.held[..at].to_string();
             self.held.clear();

@@ -249,7 +249,11 @@ impl Shown {
         match block {
             Block::Thinking if self.thinking => {
                 if !self.in_thinking {
-                    o.write_all(if self.color { b"\x1b[2m" } else { b"[thinking]\n" })?;
+                    o.write_all(if self.color {
+                        b"\x1b[2m"
+                    } else {
+                        b"[thinking]\n"
+                    })?;
                     self.in_thinking = true;
                 }
                 o.write_all(text.as_bytes())?;
@@ -265,7 +269,11 @@ impl Shown {
 
     fn close_thinking(&mut self, o: &mut impl Write) -> std::io::Result<()> {
         if self.in_thinking {
-            o.write_all(if self.color { b"\x1b[0m\n" } else { b"\n[/thinking]\n" })?;
+            o.write_all(if self.color {
+                b"\x1b[0m\n"
+            } else {
+                b"\n[/thinking]\n"
+            })?;
             self.in_thinking = false;
         }
         Ok(())

@@ -55,8 +55,8 @@ pub fn open_tokenizer(dir: &std::path::Path) -> anyhow::Result<(Tokenizer, Rende
             dir.display()
         )
     })?;
-    let renderer = Renderer::new(&tok)
-        .with_context(|| format!("{}", dir.join("tokenizer.json").display()))?;
+    let renderer =
+        Renderer::new(&tok).with_context(|| format!("{}", dir.join("tokenizer.json").display()))?;
     Ok((tok, renderer))
 }
 
@@ -73,7 +73,10 @@ pub fn with_chat_model<R>(
     let weights = Weights::load(&ck)?;
     let generation = ck.generation.clone().unwrap_or_default();
     let mut stop_ids = vec![renderer.specials().model_end_sampling];
-    let eos = generation.eos_token_ids.iter().chain(&ck.config.eos_token_ids);
+    let eos = generation
+        .eos_token_ids
+        .iter()
+        .chain(&ck.config.eos_token_ids);
     for id in eos.copied().chain(tokenizer_eos_ids(&dir, tok)) {
         if !stop_ids.contains(&id) {
             stop_ids.push(id);
@@ -125,9 +128,7 @@ pub fn sampling(
     if !temperature.is_finite() || temperature < 0.0 {
         bail!("temperature must be a finite number ≥ 0 (0 = greedy), got {temperature}");
     }
-    let top_p = top_p
-        .or(generation.top_p.filter(|_| g))
-        .unwrap_or(1.0);
+    let top_p = top_p.or(generation.top_p.filter(|_| g)).unwrap_or(1.0);
     if !(top_p > 0.0 && top_p <= 1.0) {
         bail!("top_p must be in (0, 1] (1 = off), got {top_p}");
     }

@@ -99,7 +99,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         } else {
             "reachable from other machines; there is no authentication"
         };
-        eprintln!("inkling-wgpu serve: listening on http://{addr} ({scope}); model id {model_id:?}");
+        eprintln!(
+            "inkling-wgpu serve: listening on http://{addr} ({scope}); model id {model_id:?}"
+        );
         axum::serve(listener, router(state, args.max_body_bytes))
             .await
             .context("serving HTTP")

@@ -226,18 +226,19 @@ pub fn chat_request(body: &[u8], r: &Renderer, lim: &Limits<'_>) -> Result<Reque
     let mut messages = Vec::new();
     let mut call_names: Vec<(String, String)> = Vec::new();
     for m in b.messages {
-        let role = match m.role.as_str() {
-            "system" | "developer" => Role::System,
-            "user" => Role::User,
-            "assistant" => Role::Model,
-            "tool" => Role::Tool,
-            other => {
-                return Err(ApiError::bad_request(
-                    format!("unknown message role {other:?} (system, developer, user, assistant, tool)"),
+        let role =
+            match m.role.as_str() {
+                "system" | "developer" => Role::System,
+                "user" => Role::User,
+                "assistant" => Role::Model,
+                "tool" => Role::Tool,
+                other => return Err(ApiError::bad_request(
+                    format!(
+                        "unknown message role {other:?} (system, developer, user, assistant, tool)"
+                    ),
                     Some("messages"),
-                ))
-            }
-        };
+                )),
+            };
         let mut msg = Message::new(role, text_of(m.content)?);
         for c in m.tool_calls.unwrap_or_default() {
             let arguments: Value = serde_json::from_str(&c.function.arguments).map_err(|e| {
@@ -283,7 +284,9 @@ pub fn completion_request(
     let prompt = match b.prompt {
         Prompt::Text(s) => r.encode_text(&s).map_err(|e| bad(&format!("{e:#}")))?,
         Prompt::Ids(ids) => ids,
-        Prompt::Texts(v) if v.len() == 1 => r.encode_text(&v[0]).map_err(|e| bad(&format!("{e:#}")))?,
+        Prompt::Texts(v) if v.len() == 1 => {
+            r.encode_text(&v[0]).map_err(|e| bad(&format!("{e:#}")))?
+        }
         Prompt::IdLists(mut v) if v.len() == 1 => v.remove(0),
         _ => return Err(bad("batched prompts are not supported: give one prompt")),
     };
@@ -312,7 +315,10 @@ fn finish(
                     404,
                     "invalid_request_error",
                     "model_not_found",
-                    format!("The model `{m}` does not exist; this server serves `{}`", lim.model_id),
+                    format!(
+                        "The model `{m}` does not exist; this server serves `{}`",
+                        lim.model_id
+                    ),
                 )
             });
         }
@@ -321,7 +327,10 @@ fn finish(
         return Err(ApiError::bad_request("only n = 1 is supported", Some("n")));
     }
     if prompt.is_empty() {
-        return Err(ApiError::bad_request("the prompt has no tokens", Some("prompt")));
+        return Err(ApiError::bad_request(
+            "the prompt has no tokens",
+            Some("prompt"),
+        ));
     }
     let d = lim.sampling;
     let temperature = c.temperature.unwrap_or(d.temperature as f64);
@@ -344,30 +353,34 @@ fn finish(
         Some(Stop::Many(v)) => v,
     };
     if stop.len() > 4 {
-        return Err(ApiError::bad_request("at most 4 stop strings", Some("stop")));
+        return Err(ApiError::bad_request(
+            "at most 4 stop strings",
+            Some("stop"),
+        ));
     }
     let asked = c.max_completion_tokens.or(c.max_tokens);
     if asked == Some(0) {
-        return Err(ApiError::bad_request("max_tokens must be at least 1", Some("max_tokens")));
+        return Err(ApiError::bad_request(
+            "max_tokens must be at least 1",
+            Some("max_tokens"),
+        ));
     }
     let room = lim.ctx.saturating_sub(prompt.len());
-    let too_long = |n: u64| {
-        ApiError {
-            param: Some("messages"),
-            ..ApiError::new(
-                400,
-                "invalid_request_error",
-                "context_length_exceeded",
-                format!(
-                    "This model's maximum context length is {} tokens. However, you requested {} \
+    let too_long = |n: u64| ApiError {
+        param: Some("messages"),
+        ..ApiError::new(
+            400,
+            "invalid_request_error",
+            "context_length_exceeded",
+            format!(
+                "This model's maximum context length is {} tokens. However, you requested {} \
                      tokens ({} in the prompt, {n} in the completion). Please reduce the prompt \
                      or the completion length.",
-                    lim.ctx,
-                    prompt.len() as u64 + n,
-                    prompt.len()
-                ),
-            )
-        }
+                lim.ctx,
+                prompt.len() as u64 + n,
+                prompt.len()
+            ),
+        )
     };
     let max_new = match asked {
         Some(n) if n > room as u64 => return Err(too_long(n)),

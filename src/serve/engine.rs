@@ -39,7 +39,10 @@ pub enum Event {
     /// The job left the queue; its prefill starts.
     Started,
     /// Text made final (after stop-string matching for the answer).
-    Delta { block: Block, text: String },
+    Delta {
+        block: Block,
+        text: String,
+    },
     /// The end: "stop" or "length".
     Done {
         finish: &'static str,

@@ -304,7 +304,9 @@ async fn collect(mut rx: UnboundedReceiver<Event>, meta: Meta) -> Response {
             }
         }
     }
-    error_response(&engine_error("the engine ended the request without an answer".into()))
+    error_response(&engine_error(
+        "the engine ended the request without an answer".into(),
+    ))
 }
 
 /// A streamed response: engine events → SSE chunks, then `data: [DONE]`. Dropped with its
@@ -318,7 +320,8 @@ struct Chunks {
 
 impl Chunks {
     fn push(&mut self, v: &Value) {
-        self.pending.push_back(SseEvent::default().data(v.to_string()));
+        self.pending
+            .push_back(SseEvent::default().data(v.to_string()));
     }
 
     fn delta(&self, delta: Value) -> Value {
@@ -368,8 +371,7 @@ impl Chunks {
                     u["usage"] = api::usage(prompt_tokens, generated_ids.len(), cached_tokens);
                     self.push(&u);
                 }
-                self.pending
-                    .push_back(SseEvent::default().data("[DONE]"));
+                self.pending.push_back(SseEvent::default().data("[DONE]"));
                 self.done = true;
             }
             Event::Error(m) => {

@@ -140,7 +140,7 @@ stop = None
 pos = 0
 for a, b in zip(pieces, pieces[1:]):
     pos += len(a)
-    if len(a) >= 2 and len(b) >= 1:
+    if pos > len(full) // 3 and len(a) >= 2 and len(b) >= 1:
         s = a[-2:] + b[:1]
         if full.find(s) == pos - 2:
             stop = s

@@ -80,12 +80,19 @@ fn two_turns_through_stdin_equal_one_shot_generations() {
     assert!(!turns[0].is_empty() && !turns[1].is_empty());
 
     // one stats line per turn; the second turn prefilled only its new tokens
-    let stats: Vec<&str> = stderr.lines().filter(|l| l.starts_with("[prompt")).collect();
+    let stats: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("[prompt"))
+        .collect();
     assert_eq!(stats.len(), 3, "{stderr}");
     assert!(stats[0].contains("(0 reused)"), "{}", stats[0]);
     assert!(!stats[1].contains("(0 reused)"), "{}", stats[1]);
     assert!(stats[1].contains("tok/s"), "{}", stats[1]);
-    assert!(stats[2].contains("(0 reused)"), "after /clear: {}", stats[2]);
+    assert!(
+        stats[2].contains("(0 reused)"),
+        "after /clear: {}",
+        stats[2]
+    );
 }
 
 #[test]
@@ -99,7 +106,12 @@ fn chat_refuses_a_model_without_chat_specials() {
         "{err}"
     );
     let out = chat(
-        &["--model", chat_model().to_str().unwrap(), "--effort", "extreme"],
+        &[
+            "--model",
+            chat_model().to_str().unwrap(),
+            "--effort",
+            "extreme",
+        ],
         "",
     );
     assert!(!out.status.success());

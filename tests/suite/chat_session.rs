@@ -81,7 +81,10 @@ fn check_continuation(model: &mut dyn Forward, eos: &[u32]) {
     model.reset();
     let whole = model.forward(&p2).unwrap();
     let e = rel_err(&split, &whole);
-    assert!(e < 1e-5, "relative error {e} between split and whole prefill");
+    assert!(
+        e < 1e-5,
+        "relative error {e} between split and whole prefill"
+    );
 }
 
 #[test]

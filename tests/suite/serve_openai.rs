@@ -85,7 +85,8 @@ fn serve_with_the_openai_client() {
     let model = model.to_str().unwrap();
 
     // what `generate` gives for the same prompt ids
-    let expected: Vec<serde_json::Value> = PROMPTS.iter().map(|p| generate_json(model, p)).collect();
+    let expected: Vec<serde_json::Value> =
+        PROMPTS.iter().map(|p| generate_json(model, p)).collect();
     assert!(
         expected.iter().any(|c| c["text"]
             .as_str()
@@ -99,7 +100,17 @@ fn serve_with_the_openai_client() {
     std::fs::write(&exp_path, serde_json::to_vec(&expected).unwrap()).unwrap();
 
     let mut child = Command::new(BIN)
-        .args(["serve", "--model", model, "--port", "0", "--queue", "3", "--ping-ms", "20"])
+        .args([
+            "serve",
+            "--model",
+            model,
+            "--port",
+            "0",
+            "--queue",
+            "3",
+            "--ping-ms",
+            "20",
+        ])
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
