@@ -257,11 +257,25 @@ check(b_text == EXPECTED[1]["text"], f"B {b_text!r}")
 check(b_lines[-1] == "data: [DONE]", f"B ends with {b_lines[-1]}")
 b.close()
 
+# a non-streamed request whose client leaves is cancelled too (hyper sees the connection close)
+before = raw("GET", "/health")[2]["counts"]
+d = http.client.HTTPConnection(URL.hostname, URL.port, timeout=300)
+d.request("POST", "/v1/completions", body=json.dumps(dict(short, max_tokens=3000)).encode(),
+          headers={"Content-Type": "application/json"})
+while raw("GET", "/health")[2]["counts"]["requests"] == before["requests"]:
+    time.sleep(0.02)
+d.sock.close()
+d.close()
+r = client.completions.create(**short)
+check(r.choices[0].text == EXPECTED[1]["text"], "the request after a disconnect")
+
 st, _, health = raw("GET", "/health")
 counts = health["counts"]
-check(st == 200 and counts["cancelled"] == 2, f"cancelled (A running, C queued): {counts}")
+check(st == 200 and counts["cancelled"] == 3,
+      f"cancelled (A running, C queued, D non-streamed): {counts}")
 check(counts["rejected_429"] == 3, f"429s: {counts}")
 check(counts["failed"] == 0, f"failed: {counts}")
 print(f"queue: {len(rejected)} got 429 with Retry-After 1, A cancelled mid-stream, C cancelled "
-      f"while queued, B got {pings} pings while waiting, accepted ones correct")
+      f"while queued, D (not streamed) cancelled, B got {pings} pings while waiting, accepted "
+      f"ones correct")
 print("counts " + json.dumps(counts, sort_keys=True))
