@@ -117,3 +117,40 @@ fn chat_refuses_a_model_without_chat_specials() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("none, minimal, low"));
 }
+
+#[test]
+fn ctrl_c_stops_the_answer_not_the_program() {
+    use std::io::Read;
+    let model = chat_model();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_inkling-wgpu"))
+        .args(["chat", "--model", model.to_str().unwrap()])
+        .args(["--effort", "none", "--max-tokens", "400"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    // greedy, this message runs to the 400-token limit on the chat fixture
+    stdin.write_all(b"Tell me a long story\n").unwrap();
+    let mut first = [0u8; 1];
+    stdout.read_exact(&mut first).unwrap();
+    let kill = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    stdin.write_all(b"Hello there\n").unwrap();
+    drop(stdin);
+    let mut rest = Vec::new();
+    stdout.read_to_end(&mut rest).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let stats: Vec<&str> = stderr.lines().filter(|l| l.starts_with("[prompt")).collect();
+    assert_eq!(stats.len(), 2, "{stderr}");
+    assert!(stats[0].contains("| stopped |"), "{}", stats[0]);
+    assert!(!stats[0].contains("| 400 tok"), "{}", stats[0]);
+    assert!(!stats[1].contains("stopped"), "{}", stats[1]);
+}
