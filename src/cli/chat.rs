@@ -162,8 +162,15 @@ fn chat(args: &Args, cm: ChatModel<'_>) -> anyhow::Result<ExitCode> {
             }
             _ => {}
         }
+        let user = match r.message(&Message::new(Role::User, line.as_str())) {
+            Ok(ids) => ids,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                continue;
+            }
+        };
         let mut prompt = history.clone();
-        prompt.extend(r.message(&Message::new(Role::User, line.as_str()))?);
+        prompt.extend(user);
         prompt.extend_from_slice(&gen_prompt);
         if prompt.len() >= cm.ctx {
             eprintln!(

@@ -226,19 +226,20 @@ pub fn chat_request(body: &[u8], r: &Renderer, lim: &Limits<'_>) -> Result<Reque
     let mut messages = Vec::new();
     let mut call_names: Vec<(String, String)> = Vec::new();
     for m in b.messages {
-        let role =
-            match m.role.as_str() {
-                "system" | "developer" => Role::System,
-                "user" => Role::User,
-                "assistant" => Role::Model,
-                "tool" => Role::Tool,
-                other => return Err(ApiError::bad_request(
+        let role = match m.role.as_str() {
+            "system" | "developer" => Role::System,
+            "user" => Role::User,
+            "assistant" => Role::Model,
+            "tool" => Role::Tool,
+            other => {
+                return Err(ApiError::bad_request(
                     format!(
                         "unknown message role {other:?} (system, developer, user, assistant, tool)"
                     ),
                     Some("messages"),
-                )),
-            };
+                ))
+            }
+        };
         let mut msg = Message::new(role, text_of(m.content)?);
         for c in m.tool_calls.unwrap_or_default() {
             let arguments: Value = serde_json::from_str(&c.function.arguments).map_err(|e| {

@@ -148,9 +148,29 @@ fn ctrl_c_stops_the_answer_not_the_program() {
     let out = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    let stats: Vec<&str> = stderr.lines().filter(|l| l.starts_with("[prompt")).collect();
+    let stats: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("[prompt"))
+        .collect();
     assert_eq!(stats.len(), 2, "{stderr}");
     assert!(stats[0].contains("| stopped |"), "{}", stats[0]);
     assert!(!stats[0].contains("| 400 tok"), "{}", stats[0]);
     assert!(!stats[1].contains("stopped"), "{}", stats[1]);
+}
+
+#[test]
+fn interactive_chat_through_a_pseudo_terminal() {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/chat_pty.py");
+    let out = Command::new("python3")
+        .arg(script)
+        .arg(env!("CARGO_BIN_EXE_inkling-wgpu"))
+        .arg(chat_model())
+        .output()
+        .expect("python3 (standard library only) drives the pseudo-terminal");
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
