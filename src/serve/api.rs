@@ -402,7 +402,13 @@ fn finish(
                 top_k: c.top_k.map_or(d.top_k, |k| k as usize),
                 top_p: top_p as f32,
             },
-            seed: c.seed.unwrap_or(0),
+            // without a seed, each request samples differently (as OpenAI's API does)
+            seed: c.seed.unwrap_or_else(|| {
+                use std::hash::{BuildHasher, Hasher};
+                std::collections::hash_map::RandomState::new()
+                    .build_hasher()
+                    .finish()
+            }),
             eos_ids: lim.stop_ids.to_vec(),
         },
         prompt,
