@@ -57,7 +57,8 @@ pub struct Specials {
     pub end_message: u32,
     pub endoftext: Option<u32>,
     pub invoke_tool_json: Option<u32>,
-    /// Every added special token of the tokenizer (never printed as text).
+    /// Every added special token of the tokenizer and every chat special above, sorted (never
+    /// printed as text).
     pub all: Vec<u32>,
 }
 
@@ -94,7 +95,15 @@ impl Specials {
             .filter(|(_, t)| t.special)
             .map(|(id, _)| id)
             .collect();
+        // the chat specials count as control tokens even where the tokenizer does not flag them
+        all.extend(&ids);
+        let optional = [
+            find(OPTIONAL[0].0, OPTIONAL[0].1)?,
+            find(OPTIONAL[1].0, OPTIONAL[1].1)?,
+        ];
+        all.extend(optional.iter().flatten());
         all.sort_unstable();
+        all.dedup();
         Ok(Specials {
             message_user: ids[0],
             message_model: ids[1],
@@ -104,8 +113,8 @@ impl Specials {
             model_end_sampling: ids[5],
             content_thinking: ids[6],
             end_message: ids[7],
-            endoftext: find(OPTIONAL[0].0, OPTIONAL[0].1)?,
-            invoke_tool_json: find(OPTIONAL[1].0, OPTIONAL[1].1)?,
+            endoftext: optional[0],
+            invoke_tool_json: optional[1],
             all,
         })
     }
