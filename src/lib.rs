@@ -1,14 +1,17 @@
 //! inkling-wgpu: Inkling mixture-of-experts language models on any GPU through wgpu.
 //!
 //! Layout: [`formats`] (registry and CPU reference), [`gpu`] (device, kernels, dispatcher),
-//! [`model`] (config, weights, forward), [`cli`] (the `inkling-wgpu` command).
+//! [`model`] (config, weights, forward), [`chat`] (the TMLv0 chat format), [`serve`] (the
+//! OpenAI-compatible HTTP server), [`cli`] (the `inkling-wgpu` command).
 pub mod bundled;
+pub mod chat;
 pub mod cli;
 pub mod container;
 pub mod formats;
 pub mod gpu;
 pub mod model;
 pub mod tempfiles;
+pub mod serve;
 
 /// `n` bytes as `B`, `KiB`, `MiB`, `GiB` or `TiB` (powers of 1024, two decimals above bytes).
 pub fn human_bytes(n: u64) -> String {

@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 pub mod bench;
 pub mod bench_decode;
+pub mod chat;
 pub mod convert;
 pub mod formats;
 pub mod generate;
@@ -11,6 +12,8 @@ pub mod info;
 pub mod output;
 pub mod prompt;
 pub mod shaders;
+pub mod load;
+pub mod serve;
 pub mod smoke;
 pub mod synth;
 
@@ -40,6 +43,10 @@ pub enum Command {
     Synth(synth::Args),
     /// Write every WGSL module the engine can build, named by pipeline key (no device).
     Shaders(shaders::Args),
+    /// Chat with a model in Inkling's chat format (interactive, or one message per stdin line).
+    Chat(chat::Args),
+    /// Serve a model over an OpenAI-compatible HTTP API.
+    Serve(serve::Args),
 }
 
 /// Run a parsed command line; the exit code reflects failures the command reports itself.
@@ -63,5 +70,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Info(a) => info::run(a),
         Command::Synth(a) => synth::run(a),
         Command::Shaders(a) => shaders::run(a),
+        Command::Chat(a) => chat::run(a),
+        Command::Serve(a) => serve::run(a),
     }
 }

@@ -75,8 +75,20 @@ pub fn generate(
     params: &GenerateParams,
     on_token: &mut dyn FnMut(u32) -> anyhow::Result<()>,
 ) -> anyhow::Result<GenOutput> {
-    anyhow::ensure!(!prompt.is_empty(), "the prompt has no tokens");
     model.reset();
+    generate_continue(model, prompt, params, on_token)
+}
+
+/// [`generate`] without the reset: `prompt` is fed after the tokens the model already holds
+/// (KV cache and conv states kept), so a chat turn prefills only its new tokens.
+/// `stats.prompt_tokens` counts the tokens fed here.
+pub fn generate_continue(
+    model: &mut dyn Forward,
+    prompt: &[u32],
+    params: &GenerateParams,
+    on_token: &mut dyn FnMut(u32) -> anyhow::Result<()>,
+) -> anyhow::Result<GenOutput> {
+    anyhow::ensure!(!prompt.is_empty(), "the prompt has no tokens");
     let mut rng = Rng::new(params.seed);
     let mut stats = GenStats {
         prompt_tokens: prompt.len(),

@@ -1,6 +1,8 @@
 //! The integration test suite: one binary (one link of wgpu) for every test module.
 
 #[allow(dead_code)]
+mod chat_common;
+#[allow(dead_code)]
 mod model_common;
 #[allow(dead_code)]
 mod ops_util;
@@ -9,6 +11,9 @@ mod bundled_model;
 mod cli_output;
 mod cli_prompt;
 mod bad_files;
+mod chat_cli;
+mod chat_render;
+mod chat_session;
 mod cli_validation;
 mod container_stamp;
 mod convert_inputs;
@@ -46,7 +51,10 @@ mod ops_norm;
 mod ops_residual;
 mod ops_router;
 mod shader_translation;
+mod ops_wgsl_validate;
+mod serve_openai;
 mod synth_smoke;
 mod tokenizer_o200k;
 mod usage_concurrent;
 mod wgsl_validate;
+mod test_python;

@@ -1,5 +1,5 @@
-//! `benches/native/mlx_gemv.py` on MLX's CPU package (`pip install "mlx[cpu]" numpy`, done by
-//! .ci/run): small shapes in check mode, every call checked against NumPy by the script itself;
+//! `benches/native/mlx_gemv.py` on MLX's CPU package (`tests/python/requirements.txt`, installed into
+//! `.ci/.venv` by .ci/run): small shapes in check mode, every call checked against NumPy by the script itself;
 //! here the JSON it prints has `bench kernels --json`'s schema, its rows are named as `bench
 //! kernels` names them, and `bench compare` matches every row.
 use inkling_wgpu::cli::bench::shape_names;
@@ -10,7 +10,7 @@ const DIV: usize = 16;
 #[test]
 fn mlx_script_prints_the_bench_kernels_schema_and_checks_its_numbers() {
     let root = env!("CARGO_MANIFEST_DIR");
-    let out = Command::new("python3")
+    let out = Command::new(crate::test_python::python())
         .arg(format!("{root}/benches/native/mlx_gemv.py"))
         .args([
             "--div",
@@ -22,11 +22,11 @@ fn mlx_script_prints_the_bench_kernels_schema_and_checks_its_numbers() {
             "0",
         ])
         .output()
-        .expect("python3 runs");
+        .expect("the test Python runs");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success(),
-        "mlx_gemv.py failed (needs `pip install \"mlx[cpu]\" numpy`, which .ci/run does):\n{stderr}"
+        "mlx_gemv.py failed (needs tests/python/requirements.txt, which .ci/run installs into .ci/.venv):\n{stderr}"
     );
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(doc["backend"].as_str().unwrap().starts_with("MLX "));

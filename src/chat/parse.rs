@@ -1,0 +1,123 @@
+//! Model output → blocks. After the generation prompt (`<|message_model|>`) the model writes
+//! self-describing blocks in any order (`<|content_thinking|>…<|end_message|>`,
+//! `<|message_model|><|content_text|>…<|end_message|>`, …) and ends its turn with
+//! `<|content_model_end_sampling|>`. It may also start right at a kind token, or inside a text
+//! block when the prompt prefilled `<|content_text|>`. Each block's text is detokenised by its own
+//! UTF-8-safe stream; special tokens are never part of any text.
+use super::specials::Specials;
+use crate::model::text::TextStream;
+use tokenizers::Tokenizer;
+
+/// Which block a piece of text belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Block {
+    /// `<|content_thinking|>`: reasoning (OpenAI `reasoning_content`).
+    Thinking,
+    /// `<|content_text|>`: the answer.
+    Text,
+    /// Anything else (tool-call JSON, block headers, text outside a block): not shown.
+    Other,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Piece {
+    pub block: Block,
+    pub text: String,
+}
+
+/// Incremental parser of one model turn.
+pub struct OutputParser<'t> {
+    tok: &'t Tokenizer,
+    sp: Specials,
+    block: Block,
+    stream: TextStream<'t>,
+    ended: bool,
+}
+
+impl<'t> OutputParser<'t> {
+    /// `in_text`: the prompt ended with `<|content_text|>` (the turn starts inside a text block).
+    pub fn new(tok: &'t Tokenizer, sp: &Specials, in_text: bool) -> OutputParser<'t> {
+        OutputParser {
+            tok,
+            sp: sp.clone(),
+            block: if in_text { Block::Text } else { Block::Other },
+            stream: TextStream::new(tok),
+            ended: false,
+        }
+    }
+
+    /// Feed one generated id; the text it made final (at most one piece).
+    pub fn push(&mut self, id: u32) -> anyhow::Result<Option<Piece>> {
+        let sp = &self.sp;
+        if !sp.is_special(id) {
+            let text = self.stream.step(id)?;
+            return Ok(self.piece(text));
+        }
+        let next = if id == sp.content_text {
+            Block::Text
+        } else if id == sp.content_thinking {
+            Block::Thinking
+        } else if id == sp.end_message
+            || id == sp.message_model
+            || id == sp.model_end_sampling
+            || Some(id) == sp.invoke_tool_json
+        {
+            Block::Other
+        } else {
+            // another special (e.g. an image or unused slot): dropped, the block goes on
+            return Ok(None);
+        };
+        if id == sp.model_end_sampling {
+            self.ended = true;
+        }
+        let tail = self.stream.finish()?;
+        let piece = self.piece(tail);
+        self.block = next;
+        self.stream = TextStream::new(self.tok);
+        Ok(piece)
+    }
+
+    /// At the end of generation: the open block's remaining text.
+    pub fn finish(&mut self) -> anyhow::Result<Option<Piece>> {
+        let tail = self.stream.finish()?;
+        self.stream = TextStream::new(self.tok);
+        Ok(self.piece(tail))
+    }
+
+    /// Whether `<|content_model_end_sampling|>` was seen.
+    pub fn ended(&self) -> bool {
+        self.ended
+    }
+
+    fn piece(&self, text: String) -> Option<Piece> {
+        (!text.is_empty()).then_some(Piece {
+            block: self.block,
+            text,
+        })
+    }
+}
+
+/// Parse a whole turn: (thinking, text).
+pub fn split_turn(
+    tok: &Tokenizer,
+    sp: &Specials,
+    in_text: bool,
+    ids: &[u32],
+) -> anyhow::Result<(String, String)> {
+    let mut p = OutputParser::new(tok, sp, in_text);
+    let (mut thinking, mut text) = (String::new(), String::new());
+    let mut add = |piece: Option<Piece>| {
+        if let Some(pc) = piece {
+            match pc.block {
+                Block::Thinking => thinking.push_str(&pc.text),
+                Block::Text => text.push_str(&pc.text),
+                Block::Other => {}
+            }
+        }
+    };
+    for &id in ids {
+        add(p.push(id)?);
+    }
+    add(p.finish()?);
+    Ok((thinking, text))
+}

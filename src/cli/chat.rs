@@ -1,0 +1,294 @@
+//! `inkling-wgpu chat`: an interactive chat in Inkling's TMLv0 format. The conversation is kept as
+//! token ids and the model's KV cache and conv states follow it, so each turn prefills only its
+//! new tokens. With a terminal on stdin it reads through a line editor; otherwise each line of
+//! stdin is one message (for scripts). Ctrl-C stops the current answer.
+use super::load::{open_tokenizer, sampling, with_chat_model, ChatModel, ModelArgs};
+use crate::chat::parse::{Block, OutputParser};
+use crate::chat::session::{Finish, Halt, Session};
+use crate::chat::{Effort, Message, Role};
+use crate::model::generate::GenerateParams;
+use std::io::{BufRead, IsTerminal, Write};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// A system message before the conversation.
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Thinking effort: a number in [0, 1] or none (0), minimal (0.1), low (0.2), medium (0.7),
+    /// high (0.9), xhigh or max (0.99). `none` answers without a thinking block.
+    #[arg(long, default_value = "high", value_parser = Effort::parse)]
+    pub effort: Effort,
+    /// Print the model's thinking (hidden by default).
+    #[arg(long)]
+    pub show_thinking: bool,
+    /// Maximum tokens per answer (thinking included).
+    #[arg(long, default_value_t = 1024)]
+    pub max_tokens: usize,
+    /// Sampling temperature; 0 = greedy (default: generation_config.json when it sets do_sample, else 0).
+    #[arg(long, allow_negative_numbers = true)]
+    pub temperature: Option<f32>,
+    /// Keep only the k most likely tokens (0 = off).
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    /// Nucleus sampling mass in (0, 1] (1 = off).
+    #[arg(long, allow_negative_numbers = true)]
+    pub top_p: Option<f32>,
+    /// PRNG seed for sampling (each turn continues the same stream of seeds: turn n uses seed + n).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+const HELP: &str = "commands: /clear (start a new conversation), /exit (or Ctrl-D), /help; \
+                    Ctrl-C stops the current answer";
+
+/// Set by SIGINT while an answer is being generated.
+static CANCEL: AtomicBool = AtomicBool::new(false);
+/// Whether an answer is being generated (SIGINT then cancels it instead of ending the program).
+static GENERATING: AtomicBool = AtomicBool::new(false);
+
+fn install_sigint() -> anyhow::Result<()> {
+    // SAFETY: the handler only touches atomics and calls `low_level::exit` (`_exit`), both
+    // async-signal-safe.
+    unsafe {
+        signal_hook::low_level::register(signal_hook::consts::SIGINT, || {
+            if GENERATING.load(Ordering::SeqCst) {
+                CANCEL.store(true, Ordering::SeqCst);
+            } else {
+                signal_hook::low_level::exit(130);
+            }
+        })?;
+    }
+    Ok(())
+}
+
+/// Where the user's lines come from.
+enum Input {
+    Editor(Box<rustyline::DefaultEditor>),
+    Lines(std::io::StdinLock<'static>),
+}
+
+impl Input {
+    /// The next line; `None` at the end of input.
+    fn next(&mut self) -> anyhow::Result<Option<String>> {
+        match self {
+            Input::Editor(ed) => loop {
+                match ed.readline("> ") {
+                    Ok(line) => {
+                        if !line.trim().is_empty() {
+                            let _ = ed.add_history_entry(line.as_str());
+                        }
+                        return Ok(Some(line));
+                    }
+                    // Ctrl-C at the prompt clears the line
+                    Err(rustyline::error::ReadlineError::Interrupted) => continue,
+                    Err(rustyline::error::ReadlineError::Eof) => return Ok(None),
+                    Err(e) => return Err(e.into()),
+                }
+            },
+            Input::Lines(lock) => {
+                let mut line = String::new();
+                if lock.read_line(&mut line)? == 0 {
+                    return Ok(None);
+                }
+                Ok(Some(line.trim_end_matches(['\n', '\r']).to_string()))
+            }
+        }
+    }
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let (tok, renderer) = open_tokenizer(&args.model.dir())?;
+    with_chat_model(&args.model, &tok, &renderer, |cm| chat(&args, cm))
+}
+
+fn chat(args: &Args, cm: ChatModel<'_>) -> anyhow::Result<ExitCode> {
+    let interactive = std::io::stdin().is_terminal();
+    let color = std::io::stdout().is_terminal();
+    let r = cm.renderer;
+    let sp = r.specials().clone();
+    let params = GenerateParams {
+        max_new_tokens: args.max_tokens,
+        sampling: sampling(&cm.generation, args.temperature, args.top_k, args.top_p)?,
+        seed: args.seed,
+        eos_ids: cm.stop_ids.clone(),
+    };
+    let effort = Some(args.effort);
+    // system message(s) and the effort line: every conversation starts with them
+    let system: Vec<Message> = args
+        .system
+        .iter()
+        .map(|s| Message::new(Role::System, s.as_str()))
+        .collect();
+    let prefix = r.render(&system, effort)?;
+    let gen_prompt = r.generation_prompt(effort);
+    let in_text = gen_prompt.last() == Some(&sp.content_text);
+    install_sigint()?;
+    let mut input = if interactive {
+        eprintln!(
+            "chat with {} ({}, {} tokens of context); {HELP}",
+            cm.dir.display(),
+            cm.model.adapter(),
+            cm.ctx
+        );
+        Input::Editor(Box::new(rustyline::DefaultEditor::new()?))
+    } else {
+        Input::Lines(std::io::stdin().lock())
+    };
+    let mut session = Session::new(cm.model);
+    let mut history = prefix.clone();
+    let mut turn_no = 0u64;
+    let stdout = std::io::stdout();
+    while let Some(line) = input.next()? {
+        let text = line.trim();
+        match text {
+            "" => continue,
+            "/exit" | "/quit" => break,
+            "/help" => {
+                eprintln!("{HELP}");
+                continue;
+            }
+            "/clear" => {
+                history = prefix.clone();
+                eprintln!("(new conversation)");
+                continue;
+            }
+            t if t.starts_with('/') => {
+                eprintln!("unknown command {t}; {HELP}");
+                continue;
+            }
+            _ => {}
+        }
+        let user = match r.message(&Message::new(Role::User, line.as_str())) {
+            Ok(ids) => ids,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                continue;
+            }
+        };
+        let mut prompt = history.clone();
+        prompt.extend(user);
+        prompt.extend_from_slice(&gen_prompt);
+        if prompt.len() >= cm.ctx {
+            eprintln!(
+                "the conversation would be {} tokens, more than the context of {} (--ctx); \
+                 /clear starts a new one",
+                prompt.len(),
+                cm.ctx
+            );
+            if !interactive {
+                return Ok(ExitCode::FAILURE);
+            }
+            continue;
+        }
+        let mut p = params.clone();
+        p.max_new_tokens = p.max_new_tokens.min(cm.ctx - prompt.len());
+        p.seed = args.seed.wrapping_add(turn_no);
+        turn_no += 1;
+        let mut parser = OutputParser::new(cm.tok, &sp, in_text);
+        let mut shown = Shown::new(args.show_thinking, color);
+        CANCEL.store(false, Ordering::SeqCst);
+        GENERATING.store(true, Ordering::SeqCst);
+        let turn = session.generate(&prompt, &p, &mut |id| {
+            if CANCEL.load(Ordering::SeqCst) {
+                return Err(Halt::Cancelled.into());
+            }
+            if let Some(piece) = parser.push(id)? {
+                shown.print(&mut stdout.lock(), piece.block, &piece.text)?;
+            }
+            Ok(())
+        });
+        GENERATING.store(false, Ordering::SeqCst);
+        let turn = turn?;
+        if let Some(piece) = parser.finish()? {
+            shown.print(&mut stdout.lock(), piece.block, &piece.text)?;
+        }
+        shown.end(&mut stdout.lock())?;
+        history = prompt;
+        history.extend_from_slice(&turn.generated_ids);
+        let close = r.close_model_turn(&history);
+        history.extend(close);
+        let s = &turn.stats;
+        let finish = match turn.finish {
+            Finish::Eos => "end",
+            Finish::Length => "max tokens",
+            Finish::Halted(_) => "stopped",
+        };
+        eprintln!(
+            "[prompt {} tok ({} reused) {:.1} tok/s | {} tok {:.1} tok/s | {finish} | context {}/{}]",
+            s.prompt_tokens,
+            turn.reused,
+            if s.prefill_s > 0.0 {
+                s.prompt_tokens as f64 / s.prefill_s
+            } else {
+                0.0
+            },
+            s.generated_tokens,
+            s.decode_tok_s,
+            history.len(),
+            cm.ctx
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Prints an answer's blocks: text always, thinking when asked (dim on a terminal, between
+/// `[thinking]` lines otherwise); ends the answer with a newline.
+struct Shown {
+    thinking: bool,
+    color: bool,
+    in_thinking: bool,
+}
+
+impl Shown {
+    fn new(thinking: bool, color: bool) -> Shown {
+        Shown {
+            thinking,
+            color,
+            in_thinking: false,
+        }
+    }
+
+    fn print(&mut self, o: &mut impl Write, block: Block, text: &str) -> std::io::Result<()> {
+        match block {
+            Block::Thinking if self.thinking => {
+                if !self.in_thinking {
+                    o.write_all(if self.color {
+                        b"\x1b[2m"
+                    } else {
+                        b"[thinking]\n"
+                    })?;
+                    self.in_thinking = true;
+                }
+                o.write_all(text.as_bytes())?;
+            }
+            Block::Text => {
+                self.close_thinking(o)?;
+                o.write_all(text.as_bytes())?;
+            }
+            _ => return Ok(()),
+        }
+        o.flush()
+    }
+
+    fn close_thinking(&mut self, o: &mut impl Write) -> std::io::Result<()> {
+        if self.in_thinking {
+            o.write_all(if self.color {
+                b"\x1b[0m\n"
+            } else {
+                b"\n[/thinking]\n"
+            })?;
+            self.in_thinking = false;
+        }
+        Ok(())
+    }
+
+    fn end(&mut self, o: &mut impl Write) -> std::io::Result<()> {
+        self.close_thinking(o)?;
+        o.write_all(b"\n")?;
+        o.flush()
+    }
+}

@@ -1,0 +1,110 @@
+//! `inkling-wgpu serve`: an OpenAI-compatible HTTP server (axum on a single-threaded tokio
+//! runtime). The model loads on the engine thread while the server already answers
+//! (`/health` 503 until it is ready). Binds to loopback unless `--host` says otherwise.
+use super::load::{open_tokenizer, sampling, with_chat_model, ModelArgs};
+use crate::model::{GenerationConfig, TextConfig};
+use crate::serve::engine::{self, Shared};
+use crate::serve::http::{router, AppState};
+use anyhow::Context;
+use std::process::ExitCode;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Address to bind. The default, loopback, accepts only this machine; 0.0.0.0 accepts any
+    /// (there is no authentication).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// TCP port (0 = any free port; the bound address is printed).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Requests that may wait behind the running one; past that, 429 with Retry-After.
+    #[arg(long, default_value_t = 8)]
+    pub queue: usize,
+    /// Largest request body in bytes (413 past it).
+    #[arg(long, default_value_t = 4 << 20)]
+    pub max_body_bytes: usize,
+    /// Interval of the SSE comment pings sent while a streamed request waits or prefills, in ms.
+    #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub ping_ms: u64,
+    /// Model id in the API (default: the model directory's name).
+    #[arg(long)]
+    pub model_id: Option<String>,
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let dir = args.model.dir();
+    let (tok, renderer) = open_tokenizer(&dir)?;
+    let config = TextConfig::from_dir(&dir)?;
+    let generation = GenerationConfig::from_dir(&dir)?.unwrap_or_default();
+    let defaults = sampling(&generation, None, None, None)?;
+    let model_id = args.model_id.clone().unwrap_or_else(|| {
+        let canon = dir.canonicalize().unwrap_or_else(|_| dir.clone());
+        canon
+            .file_name()
+            .map_or("model".into(), |n| n.to_string_lossy().into_owned())
+    });
+    let (tok, renderer) = (Arc::new(tok), Arc::new(renderer));
+    let shared = Arc::new(Shared::default());
+    let (jobs, jobs_rx) = std::sync::mpsc::sync_channel(args.queue);
+    {
+        let (tok, renderer, shared) = (tok.clone(), renderer.clone(), shared.clone());
+        let margs = args.model.clone();
+        std::thread::Builder::new()
+            .name("engine".into())
+            .spawn(move || {
+                let res = with_chat_model(&margs, &tok, &renderer, |cm| {
+                    let _ = shared.stop_ids.set(cm.stop_ids.clone());
+                    eprintln!(
+                        "inkling-wgpu serve: model loaded ({}, {} tokens of context)",
+                        cm.model.adapter(),
+                        cm.ctx
+                    );
+                    engine::run(cm.model, cm.tok, renderer.specials(), jobs_rx, &shared);
+                    Ok(())
+                });
+                if let Err(e) = res {
+                    eprintln!("error: loading the model failed: {e:#}");
+                    std::process::exit(1);
+                }
+            })
+            .context("starting the engine thread")?;
+    }
+    let state = Arc::new(AppState {
+        shared,
+        renderer,
+        jobs,
+        model_id: model_id.clone(),
+        ctx: args.model.ctx as usize,
+        vocab: config.vocab_size,
+        sampling: defaults,
+        ping: Duration::from_millis(args.ping_ms),
+        next_id: AtomicU64::new(0),
+    });
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
+            .await
+            .with_context(|| format!("binding {}:{}", args.host, args.port))?;
+        let addr = listener.local_addr()?;
+        let scope = if addr.ip().is_loopback() {
+            "loopback only: other machines cannot connect; --host 0.0.0.0 to accept them"
+        } else {
+            "reachable from other machines; there is no authentication"
+        };
+        eprintln!(
+            "inkling-wgpu serve: listening on http://{addr} ({scope}); model id {model_id:?}"
+        );
+        axum::serve(listener, router(state, args.max_body_bytes))
+            .await
+            .context("serving HTTP")
+    })?;
+    Ok(ExitCode::SUCCESS)
+}

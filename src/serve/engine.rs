@@ -1,0 +1,228 @@
+//! The engine thread: owns the forward backend and a [`Session`] (so a request that extends the
+//! previous sequence exactly reuses its KV cache and conv states), takes [`Job`]s from a bounded
+//! queue one at a time and streams [`Event`]s back. A job whose event receiver is gone (the
+//! client disconnected) is skipped when it comes up, or halted at its next token when running.
+use crate::chat::parse::{Block, OutputParser};
+use crate::chat::session::{Finish, Halt, Session};
+use crate::chat::specials::Specials;
+use crate::chat::stop::StopMatcher;
+use crate::model::generate::GenerateParams;
+use crate::model::text::TextStream;
+use crate::model::Forward;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::Receiver;
+use std::sync::OnceLock;
+use tokenizers::Tokenizer;
+use tokio::sync::mpsc::UnboundedSender;
+
+/// How the generated ids become text.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JobKind {
+    /// A chat turn: TMLv0 blocks; `in_text` when the prompt ended with `<|content_text|>`.
+    Chat { in_text: bool },
+    /// Plain text: every non-special id detokenised.
+    Completion,
+}
+
+pub struct Job {
+    /// The whole prompt.
+    pub prompt: Vec<u32>,
+    pub params: GenerateParams,
+    /// Stop strings, matched on the answer text.
+    pub stop: Vec<String>,
+    pub kind: JobKind,
+    pub events: UnboundedSender<Event>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// The job left the queue; its prefill starts.
+    Started,
+    /// Text made final (after stop-string matching for the answer).
+    Delta {
+        block: Block,
+        text: String,
+    },
+    /// The end: "stop" or "length".
+    Done {
+        finish: &'static str,
+        prompt_tokens: usize,
+        /// Prompt tokens whose state was reused from the previous request.
+        cached_tokens: usize,
+        generated_ids: Vec<u32>,
+    },
+    Error(String),
+}
+
+/// What the engine shares with the HTTP side.
+#[derive(Default)]
+pub struct Shared {
+    /// Set once the model is loaded.
+    pub ready: AtomicBool,
+    /// Stop ids of the loaded model (`<|content_model_end_sampling|>` and its EOS ids).
+    pub stop_ids: OnceLock<Vec<u32>>,
+    pub counters: Counters,
+}
+
+/// Request counts since start (shown by `/health`).
+#[derive(Default)]
+pub struct Counters {
+    /// Generation requests received (accepted or not).
+    pub requests: AtomicU64,
+    /// Finished with "stop" or "length".
+    pub completed: AtomicU64,
+    /// Refused with 429 (queue full).
+    pub rejected: AtomicU64,
+    /// Dropped by their client while queued or running.
+    pub cancelled: AtomicU64,
+    /// Failed in the engine.
+    pub failed: AtomicU64,
+    /// Prompt tokens reused from the previous request's state.
+    pub cached_tokens: AtomicU64,
+}
+
+impl Counters {
+    pub fn to_json(&self) -> serde_json::Value {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        serde_json::json!({
+            "requests": g(&self.requests),
+            "completed": g(&self.completed),
+            "rejected_429": g(&self.rejected),
+            "cancelled": g(&self.cancelled),
+            "failed": g(&self.failed),
+            "cached_tokens": g(&self.cached_tokens),
+        })
+    }
+}
+
+/// Run jobs until every sender is gone.
+pub fn run(
+    model: &mut dyn Forward,
+    tok: &Tokenizer,
+    sp: &Specials,
+    jobs: Receiver<Job>,
+    shared: &Shared,
+) {
+    let mut session = Session::new(model);
+    shared.ready.store(true, Ordering::SeqCst);
+    let c = &shared.counters;
+    for job in jobs {
+        if job.events.is_closed() {
+            c.cancelled.fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
+        match run_job(&mut session, tok, sp, &job) {
+            Ok(Some(done)) => {
+                if let Event::Done { cached_tokens, .. } = &done {
+                    c.cached_tokens
+                        .fetch_add(*cached_tokens as u64, Ordering::Relaxed);
+                }
+                c.completed.fetch_add(1, Ordering::Relaxed);
+                let _ = job.events.send(done);
+            }
+            Ok(None) => {
+                c.cancelled.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => {
+                c.failed.fetch_add(1, Ordering::Relaxed);
+                let _ = job.events.send(Event::Error(format!("{e:#}")));
+            }
+        }
+    }
+}
+
+/// One job; `Ok(None)` when its client went away.
+fn run_job(
+    session: &mut Session<'_>,
+    tok: &Tokenizer,
+    sp: &Specials,
+    job: &Job,
+) -> anyhow::Result<Option<Event>> {
+    let _ = job.events.send(Event::Started);
+    let mut out = Output {
+        parser: match job.kind {
+            JobKind::Chat { in_text } => Some(OutputParser::new(tok, sp, in_text)),
+            JobKind::Completion => None,
+        },
+        plain: TextStream::new(tok),
+        stop: StopMatcher::new(&job.stop),
+        sp,
+        events: &job.events,
+    };
+    let turn = session.generate(&job.prompt, &job.params, &mut |id| {
+        if job.events.is_closed() {
+            return Err(Halt::Cancelled.into());
+        }
+        out.push(id)
+    })?;
+    let finish = match turn.finish {
+        Finish::Halted(Halt::Cancelled) => return Ok(None),
+        Finish::Halted(Halt::Stop) | Finish::Eos => "stop",
+        Finish::Length => "length",
+    };
+    if turn.finish != Finish::Halted(Halt::Stop) {
+        out.finish()?;
+    }
+    Ok(Some(Event::Done {
+        finish,
+        prompt_tokens: job.prompt.len(),
+        cached_tokens: turn.reused,
+        generated_ids: turn.generated_ids,
+    }))
+}
+
+/// Generated ids → text events.
+struct Output<'a, 't> {
+    parser: Option<OutputParser<'t>>,
+    plain: TextStream<'t>,
+    stop: StopMatcher,
+    sp: &'a Specials,
+    events: &'a UnboundedSender<Event>,
+}
+
+impl Output<'_, '_> {
+    fn push(&mut self, id: u32) -> anyhow::Result<()> {
+        let piece = match self.parser.as_mut() {
+            Some(p) => p.push(id)?.map(|pc| (pc.block, pc.text)),
+            None if self.sp.is_special(id) => None,
+            None => Some((Block::Text, self.plain.step(id)?)),
+        };
+        if let Some((block, text)) = piece {
+            self.emit(block, &text);
+            if self.stop.stopped() {
+                return Err(Halt::Stop.into());
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self) -> anyhow::Result<()> {
+        let tail = match self.parser.as_mut() {
+            Some(p) => p.finish()?.map(|pc| (pc.block, pc.text)),
+            None => Some((Block::Text, self.plain.finish()?)),
+        };
+        if let Some((block, text)) = tail {
+            self.emit(block, &text);
+        }
+        let held = self.stop.finish();
+        self.send(Block::Text, held);
+        Ok(())
+    }
+
+    fn emit(&mut self, block: Block, text: &str) {
+        match block {
+            Block::Text => {
+                let t = self.stop.push(text);
+                self.send(block, t);
+            }
+            Block::Thinking => self.send(block, text.to_string()),
+            Block::Other => {}
+        }
+    }
+
+    fn send(&self, block: Block, text: String) {
+        if !text.is_empty() {
+            let _ = self.events.send(Event::Delta { block, text });
+        }
+    }
+}

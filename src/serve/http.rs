@@ -1,0 +1,408 @@
+//! Routes: `POST /v1/chat/completions`, `POST /v1/completions` (both streaming as SSE or not),
+//! `GET /v1/models`, `GET /health` (503 while the model loads; request counts once it runs).
+//! Request bodies are size-limited (413 past the limit); every error is an OpenAI envelope.
+//! A streamed response carries SSE comment pings (`: ping`) while it waits in the queue or its
+//! prefill runs, so clients with idle timeouts keep the connection.
+use super::api::{self, ApiError, Limits, Request};
+use super::engine::{Event, Job, JobKind, Shared};
+use crate::chat::parse::Block;
+use crate::chat::Renderer;
+use crate::model::sampling::SamplingParams;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use serde_json::{json, Value};
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{SyncSender, TrySendError};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+/// Everything a handler needs.
+pub struct AppState {
+    pub shared: Arc<Shared>,
+    pub renderer: Arc<Renderer>,
+    pub jobs: SyncSender<Job>,
+    pub model_id: String,
+    /// Context length in tokens.
+    pub ctx: usize,
+    /// The model's vocabulary size (prompt ids must be below it).
+    pub vocab: usize,
+    /// Sampling when a request does not say.
+    pub sampling: SamplingParams,
+    /// Interval of SSE comment pings.
+    pub ping: Duration,
+    pub next_id: AtomicU64,
+}
+
+/// The application: routes, body limit (`max_body` bytes), state.
+pub fn router(state: Arc<AppState>, max_body: usize) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/v1/models", get(models))
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(max_body))
+        .with_state(state)
+}
+
+fn json_response(status: u16, v: &Value) -> Response {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        v.to_string(),
+    )
+        .into_response()
+}
+
+fn error_response(e: &ApiError) -> Response {
+    let mut r = json_response(e.status, &e.body());
+    if e.status == 429 {
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    r
+}
+
+fn unix_time() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+async fn health(State(st): State<Arc<AppState>>) -> Response {
+    if !st.shared.ready.load(Ordering::SeqCst) {
+        return json_response(503, &json!({"status": "loading model"}));
+    }
+    let mut v = json!({"status": "ok"});
+    v["counts"] = st.shared.counters.to_json();
+    json_response(200, &v)
+}
+
+async fn models(State(st): State<Arc<AppState>>) -> Response {
+    json_response(
+        200,
+        &json!({"object": "list", "data": [{
+            "id": st.model_id, "object": "model", "created": 0, "owned_by": "inkling-wgpu",
+        }]}),
+    )
+}
+
+async fn not_found() -> Response {
+    error_response(&ApiError::new(
+        404,
+        "invalid_request_error",
+        "not_found",
+        "no such endpoint (POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health)"
+            .into(),
+    ))
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Endpoint {
+    Chat,
+    Completion,
+}
+
+async fn chat(State(st): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    handle(st, body, Endpoint::Chat).await
+}
+
+async fn completions(
+    State(st): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    handle(st, body, Endpoint::Completion).await
+}
+
+/// What every response body of one request carries.
+struct Meta {
+    id: String,
+    created: u64,
+    model: String,
+    endpoint: Endpoint,
+    include_usage: bool,
+    return_token_ids: bool,
+    prompt: Vec<u32>,
+}
+
+impl Meta {
+    fn object(&self, chunk: bool) -> &'static str {
+        match (self.endpoint, chunk) {
+            (Endpoint::Chat, false) => "chat.completion",
+            (Endpoint::Chat, true) => "chat.completion.chunk",
+            (Endpoint::Completion, _) => "text_completion",
+        }
+    }
+
+    fn envelope(&self, chunk: bool, choices: Value) -> Value {
+        json!({
+            "id": self.id, "object": self.object(chunk), "created": self.created,
+            "model": self.model, "choices": choices,
+        })
+    }
+}
+
+async fn handle(st: Arc<AppState>, body: Result<Bytes, BytesRejection>, ep: Endpoint) -> Response {
+    let body = match body {
+        Ok(b) => b,
+        Err(rej) => {
+            return error_response(&ApiError {
+                status: rej.status().as_u16(),
+                message: rej.body_text(),
+                kind: "invalid_request_error",
+                param: None,
+                code: None,
+            })
+        }
+    };
+    let c = &st.shared.counters;
+    c.requests.fetch_add(1, Ordering::Relaxed);
+    let stop_ids = match st.shared.stop_ids.get() {
+        Some(ids) if st.shared.ready.load(Ordering::SeqCst) => ids,
+        _ => {
+            return error_response(&ApiError::new(
+                503,
+                "server_error",
+                "model_loading",
+                "the model is still loading; retry when GET /health answers 200".into(),
+            ))
+        }
+    };
+    let lim = Limits {
+        model_id: &st.model_id,
+        ctx: st.ctx,
+        stop_ids,
+        vocab: st.vocab,
+        sampling: st.sampling,
+    };
+    let parsed = match ep {
+        Endpoint::Chat => api::chat_request(&body, &st.renderer, &lim),
+        Endpoint::Completion => api::completion_request(&body, &st.renderer, &lim),
+    };
+    let req: Request = match parsed {
+        Ok(r) => r,
+        Err(e) => return error_response(&e),
+    };
+    let (tx, rx) = unbounded_channel();
+    let job = Job {
+        prompt: req.prompt.clone(),
+        params: req.params.clone(),
+        stop: req.stop.clone(),
+        kind: match ep {
+            Endpoint::Chat => JobKind::Chat {
+                in_text: req.in_text,
+            },
+            Endpoint::Completion => JobKind::Completion,
+        },
+        events: tx,
+    };
+    match st.jobs.try_send(job) {
+        Ok(()) => {}
+        Err(TrySendError::Full(_)) => {
+            c.rejected.fetch_add(1, Ordering::Relaxed);
+            return error_response(&ApiError::new(
+                429,
+                "rate_limit_error",
+                "queue_full",
+                "the request queue is full; retry later".into(),
+            ));
+        }
+        Err(TrySendError::Disconnected(_)) => {
+            return error_response(&ApiError::new(
+                503,
+                "server_error",
+                "engine_stopped",
+                "the engine has stopped".into(),
+            ))
+        }
+    }
+    let n = st.next_id.fetch_add(1, Ordering::Relaxed);
+    let meta = Meta {
+        id: match ep {
+            Endpoint::Chat => format!("chatcmpl-{n}"),
+            Endpoint::Completion => format!("cmpl-{n}"),
+        },
+        created: unix_time(),
+        model: st.model_id.clone(),
+        endpoint: ep,
+        include_usage: req.include_usage,
+        return_token_ids: req.return_token_ids,
+        prompt: req.prompt,
+    };
+    if req.stream {
+        let chunks = Chunks {
+            rx,
+            meta,
+            pending: VecDeque::new(),
+            done: false,
+        };
+        Sse::new(chunks)
+            .keep_alive(KeepAlive::new().interval(st.ping).text("ping"))
+            .into_response()
+    } else {
+        collect(rx, meta).await
+    }
+}
+
+/// The final choice fields: `finish_reason`, and `token_ids` when asked.
+fn finish_fields(meta: &Meta, choice: &mut Value, finish: &str, ids: &[u32]) {
+    choice["finish_reason"] = json!(finish);
+    if meta.return_token_ids {
+        choice["token_ids"] = json!(ids);
+        choice["prompt_token_ids"] = json!(meta.prompt);
+    }
+}
+
+fn engine_error(msg: String) -> ApiError {
+    ApiError::new(500, "server_error", "engine_error", msg)
+}
+
+/// A non-streamed response: wait for the whole answer. Dropped with its connection, which drops
+/// the receiver and so cancels the job.
+async fn collect(mut rx: UnboundedReceiver<Event>, meta: Meta) -> Response {
+    let (mut text, mut thinking) = (String::new(), String::new());
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            Event::Started => {}
+            Event::Delta { block, text: t } => match block {
+                Block::Thinking => thinking.push_str(&t),
+                _ => text.push_str(&t),
+            },
+            Event::Error(m) => return error_response(&engine_error(m)),
+            Event::Done {
+                finish,
+                prompt_tokens,
+                cached_tokens,
+                generated_ids,
+            } => {
+                let mut choice = match meta.endpoint {
+                    Endpoint::Chat => {
+                        let mut m = json!({"role": "assistant", "content": text});
+                        if !thinking.is_empty() {
+                            m["reasoning_content"] = json!(thinking);
+                        }
+                        json!({"index": 0, "message": m})
+                    }
+                    Endpoint::Completion => json!({"index": 0, "text": text, "logprobs": null}),
+                };
+                finish_fields(&meta, &mut choice, finish, &generated_ids);
+                let mut v = meta.envelope(false, json!([choice]));
+                v["usage"] = api::usage(prompt_tokens, generated_ids.len(), cached_tokens);
+                return json_response(200, &v);
+            }
+        }
+    }
+    error_response(&engine_error(
+        "the engine ended the request without an answer".into(),
+    ))
+}
+
+/// A streamed response: engine events → SSE chunks, then `data: [DONE]`. Dropped with its
+/// connection, which drops the receiver and so cancels the job.
+struct Chunks {
+    rx: UnboundedReceiver<Event>,
+    meta: Meta,
+    pending: VecDeque<SseEvent>,
+    done: bool,
+}
+
+impl Chunks {
+    fn push(&mut self, v: &Value) {
+        self.pending
+            .push_back(SseEvent::default().data(v.to_string()));
+    }
+
+    fn delta(&self, delta: Value) -> Value {
+        let choice = match self.meta.endpoint {
+            Endpoint::Chat => json!({"index": 0, "delta": delta, "finish_reason": null}),
+            Endpoint::Completion => {
+                json!({"index": 0, "text": delta["content"], "logprobs": null, "finish_reason": null})
+            }
+        };
+        self.meta.envelope(true, json!([choice]))
+    }
+
+    fn on_event(&mut self, ev: Event) {
+        match ev {
+            Event::Started => {
+                if self.meta.endpoint == Endpoint::Chat {
+                    let v = self.delta(json!({"role": "assistant", "content": ""}));
+                    self.push(&v);
+                }
+            }
+            Event::Delta { block, text } => {
+                let key = match (block, self.meta.endpoint) {
+                    (Block::Thinking, Endpoint::Chat) => "reasoning_content",
+                    (Block::Thinking, Endpoint::Completion) => return,
+                    _ => "content",
+                };
+                let v = self.delta(json!({ key: text }));
+                self.push(&v);
+            }
+            Event::Done {
+                finish,
+                prompt_tokens,
+                cached_tokens,
+                generated_ids,
+            } => {
+                let mut v = self.delta(json!({}));
+                if self.meta.endpoint == Endpoint::Completion {
+                    v["choices"][0]["text"] = json!("");
+                }
+                finish_fields(&self.meta, &mut v["choices"][0], finish, &generated_ids);
+                if self.meta.include_usage {
+                    v["usage"] = Value::Null;
+                }
+                self.push(&v);
+                if self.meta.include_usage {
+                    let mut u = self.meta.envelope(true, json!([]));
+                    u["usage"] = api::usage(prompt_tokens, generated_ids.len(), cached_tokens);
+                    self.push(&u);
+                }
+                self.pending.push_back(SseEvent::default().data("[DONE]"));
+                self.done = true;
+            }
+            Event::Error(m) => {
+                self.push(&engine_error(m).body());
+                self.done = true;
+            }
+        }
+    }
+}
+
+impl futures_core::Stream for Chunks {
+    type Item = Result<SseEvent, Infallible>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        loop {
+            if let Some(e) = this.pending.pop_front() {
+                return Poll::Ready(Some(Ok(e)));
+            }
+            if this.done {
+                return Poll::Ready(None);
+            }
+            match this.rx.poll_recv(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Some(ev)) => this.on_event(ev),
+                Poll::Ready(None) => {
+                    let e = engine_error("the engine ended the request without an answer".into());
+                    this.push(&e.body());
+                    this.done = true;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,176 @@
+//! `inkling-wgpu chat` driven through stdin (one message per line): two turns, compared with a
+//! one-shot generation of the whole conversation; `/clear` starts over; a model without the chat
+//! specials is refused.
+use crate::chat_common::{chat_model, stop_ids, tokenizer_and_renderer};
+use crate::model_common::greedy;
+use inkling_wgpu::chat::parse::split_turn;
+use inkling_wgpu::chat::{Effort, Message, Role};
+use inkling_wgpu::gpu::device::Gpu;
+use inkling_wgpu::model::generate::generate;
+use inkling_wgpu::model::{Checkpoint, GpuModel, Weights};
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+fn chat(args: &[&str], stdin: &str) -> std::process::Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_inkling-wgpu"))
+        .arg("chat")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn two_turns_through_stdin_equal_one_shot_generations() {
+    const MAX: usize = 10;
+    let model = chat_model();
+    let out = chat(
+        &[
+            "--model",
+            model.to_str().unwrap(),
+            "--system",
+            "Be brief.",
+            "--effort",
+            "none",
+            "--max-tokens",
+            &MAX.to_string(),
+        ],
+        "Hello there\nWhat did the fox do?\n/clear\nHello there\n",
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "chat failed: {stderr}");
+    let stdout = String::from_utf8(out.stdout).unwrap();
+
+    // the same conversation, each turn generated from a fresh state over all of its ids
+    let (tok, r) = tokenizer_and_renderer();
+    let ck = Checkpoint::open(&model).unwrap();
+    let w = Weights::load(&ck).unwrap();
+    let gpu = Gpu::new().expect("a GPU adapter (lavapipe: WGPU_BACKEND=vulkan)");
+    let mut m = GpuModel::new(&gpu, &w, 512).unwrap();
+    let params = greedy(stop_ids(&ck, &r), MAX);
+    let effort = Some(Effort::NONE);
+    let sys = [Message::new(Role::System, "Be brief.")];
+    let mut conv = r.render(&sys, effort).unwrap();
+    let mut expected = String::new();
+    let mut turns = Vec::new();
+    for line in ["Hello there", "What did the fox do?"] {
+        conv.extend(r.message(&Message::new(Role::User, line)).unwrap());
+        conv.extend(r.generation_prompt(effort));
+        let g = generate(&mut m, &conv, &params, &mut |_| Ok(())).unwrap();
+        let (thinking, text) = split_turn(&tok, r.specials(), true, &g.generated_ids).unwrap();
+        assert!(thinking.is_empty());
+        expected.push_str(&text);
+        expected.push('\n');
+        turns.push(text);
+        conv.extend(&g.generated_ids);
+        conv.extend(r.close_model_turn(&conv));
+    }
+    expected.push_str(&turns[0]);
+    expected.push('\n');
+    assert_eq!(stdout, expected, "chat output vs one-shot generations");
+    assert!(!turns[0].is_empty() && !turns[1].is_empty());
+
+    // one stats line per turn; the second turn prefilled only its new tokens
+    let stats: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("[prompt"))
+        .collect();
+    assert_eq!(stats.len(), 3, "{stderr}");
+    assert!(stats[0].contains("(0 reused)"), "{}", stats[0]);
+    assert!(!stats[1].contains("(0 reused)"), "{}", stats[1]);
+    assert!(stats[1].contains("tok/s"), "{}", stats[1]);
+    assert!(
+        stats[2].contains("(0 reused)"),
+        "after /clear: {}",
+        stats[2]
+    );
+}
+
+#[test]
+fn chat_refuses_a_model_without_chat_specials() {
+    let plain = inkling_wgpu::bundled_model_dir();
+    let out = chat(&["--model", plain.to_str().unwrap()], "Hello\n");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("tokenizer.json") && err.contains("<|message_user|>"),
+        "{err}"
+    );
+    let out = chat(
+        &[
+            "--model",
+            chat_model().to_str().unwrap(),
+            "--effort",
+            "extreme",
+        ],
+        "",
+    );
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("none, minimal, low"));
+}
+
+#[test]
+fn ctrl_c_stops_the_answer_not_the_program() {
+    use std::io::Read;
+    let model = chat_model();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_inkling-wgpu"))
+        .args(["chat", "--model", model.to_str().unwrap()])
+        .args(["--effort", "none", "--max-tokens", "400"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    // greedy, this message runs to the 400-token limit on the chat fixture
+    stdin.write_all(b"Tell me a long story\n").unwrap();
+    let mut first = [0u8; 1];
+    stdout.read_exact(&mut first).unwrap();
+    let kill = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    stdin.write_all(b"Hello there\n").unwrap();
+    drop(stdin);
+    let mut rest = Vec::new();
+    stdout.read_to_end(&mut rest).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let stats: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("[prompt"))
+        .collect();
+    assert_eq!(stats.len(), 2, "{stderr}");
+    assert!(stats[0].contains("| stopped |"), "{}", stats[0]);
+    assert!(!stats[0].contains("| 400 tok"), "{}", stats[0]);
+    assert!(!stats[1].contains("stopped"), "{}", stats[1]);
+}
+
+#[test]
+fn interactive_chat_through_a_pseudo_terminal() {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/chat_pty.py");
+    let out = Command::new("python3")
+        .arg(script)
+        .arg(env!("CARGO_BIN_EXE_inkling-wgpu"))
+        .arg(chat_model())
+        .output()
+        .expect("python3 (standard library only) drives the pseudo-terminal");
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -1,0 +1,32 @@
+//! Shared by the `chat` and `serve` end-to-end tests: the one model they run on, and the
+//! renderer of its tokenizer.
+use inkling_wgpu::chat::Renderer;
+use inkling_wgpu::model::text::load_tokenizer;
+use std::path::PathBuf;
+use tokenizers::Tokenizer;
+
+/// The model of every chat/serve end-to-end test (a fixture directory whose tokenizer carries
+/// Inkling's chat specials). Switch it to the bundled demo model once that exists.
+pub const CHAT_MODEL: &str = "tests/fixtures/tiny-chat-f32";
+
+pub fn chat_model() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(CHAT_MODEL)
+}
+
+pub fn tokenizer_and_renderer() -> (Tokenizer, Renderer) {
+    let tok = load_tokenizer(&chat_model()).unwrap().unwrap();
+    let r = Renderer::new(&tok).unwrap();
+    (tok, r)
+}
+
+/// The stop ids `chat` and `serve` use: `<|content_model_end_sampling|>` and the model's EOS ids.
+pub fn stop_ids(ck: &inkling_wgpu::model::Checkpoint, r: &Renderer) -> Vec<u32> {
+    let mut ids = vec![r.specials().model_end_sampling];
+    let gen_eos = ck.generation.iter().flat_map(|g| g.eos_token_ids.iter());
+    for &id in gen_eos.chain(&ck.config.eos_token_ids) {
+        if !ids.contains(&id) {
+            ids.push(id);
+        }
+    }
+    ids
+}

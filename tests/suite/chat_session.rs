@@ -1,0 +1,100 @@
+//! The chat's KV continuation: a turn that prefills only its new tokens (KV cache and conv states
+//! kept) gives what a fresh prefill of the whole conversation gives, on the CPU and the GPU.
+use crate::chat_common::{chat_model, stop_ids, tokenizer_and_renderer};
+use crate::model_common::{greedy, rel_err};
+use inkling_wgpu::chat::session::{Finish, Halt, Session};
+use inkling_wgpu::chat::{Effort, Message, Role};
+use inkling_wgpu::gpu::device::Gpu;
+use inkling_wgpu::model::generate::generate;
+use inkling_wgpu::model::{Checkpoint, CpuModel, Forward, GpuModel, Weights};
+
+fn check_continuation(model: &mut dyn Forward, eos: &[u32]) {
+    let (_, r) = tokenizer_and_renderer();
+    let effort = Some(Effort::NONE);
+    let user = |s: &str| r.message(&Message::new(Role::User, s)).unwrap();
+    let mut p1 = r
+        .render(&[Message::new(Role::System, "Be brief.")], effort)
+        .unwrap();
+    p1.extend(user("Once upon a time"));
+    p1.extend(r.generation_prompt(effort));
+    let params = greedy(eos.to_vec(), 12);
+
+    // turn by turn through a session
+    let (t1, t2, p2) = {
+        let mut s = Session::new(model);
+        let t1 = s.generate(&p1, &params, &mut |_| Ok(())).unwrap();
+        assert_eq!(t1.reused, 0);
+        let mut p2 = p1.clone();
+        p2.extend(&t1.generated_ids);
+        p2.extend(r.close_model_turn(&p2));
+        p2.extend(user("the fox ran"));
+        p2.extend(r.generation_prompt(effort));
+        let t2 = s.generate(&p2, &params, &mut |_| Ok(())).unwrap();
+        assert!(
+            t2.reused >= p1.len() + t1.generated_ids.len() - 1,
+            "turn 2 reused {} tokens of {}",
+            t2.reused,
+            p2.len()
+        );
+        assert_eq!(t2.stats.prompt_tokens, p2.len() - t2.reused);
+        // a prompt that does not extend the held sequence starts over
+        let t3 = s.generate(&p1, &params, &mut |_| Ok(())).unwrap();
+        assert_eq!(t3.reused, 0);
+        assert_eq!(t3.generated_ids, t1.generated_ids);
+        // a halted turn keeps a consistent state: the next turn reuses it and agrees
+        let mut n = 0;
+        let h = s
+            .generate(&p2, &params, &mut |_| {
+                n += 1;
+                if n == 3 {
+                    Err(Halt::Cancelled.into())
+                } else {
+                    Ok(())
+                }
+            })
+            .unwrap();
+        assert_eq!(h.finish, Finish::Halted(Halt::Cancelled));
+        assert_eq!(h.generated_ids, t2.generated_ids[..3]);
+        // (the GPU's pipelined decode has already fed the third id: the next prompt must add
+        // tokens after it, as a chat's closing tokens and next message do)
+        let mut p3 = p2.clone();
+        p3.extend(&h.generated_ids);
+        p3.extend(r.close_model_turn(&p3));
+        p3.extend(user("and then"));
+        p3.extend(r.generation_prompt(effort));
+        let t4 = s.generate(&p3, &params, &mut |_| Ok(())).unwrap();
+        assert!(t4.reused > p2.len(), "reused {}", t4.reused);
+        let fresh4 = generate(s.model(), &p3, &params, &mut |_| Ok(())).unwrap();
+        assert_eq!(t4.generated_ids, fresh4.generated_ids);
+        (t1, t2, p2)
+    };
+    // one fresh prefill of the whole conversation
+    let fresh = generate(model, &p2, &params, &mut |_| Ok(())).unwrap();
+    assert_eq!(fresh.generated_ids, t2.generated_ids);
+    assert!(!t1.generated_ids.is_empty());
+
+    // the logits after a split prefill equal those of one prefill
+    let k = p1.len() + 3;
+    model.reset();
+    model.forward(&p2[..k]).unwrap();
+    let split = model.forward(&p2[k..]).unwrap();
+    model.reset();
+    let whole = model.forward(&p2).unwrap();
+    let e = rel_err(&split, &whole);
+    assert!(
+        e < 1e-5,
+        "relative error {e} between split and whole prefill"
+    );
+}
+
+#[test]
+fn kv_continuation_equals_fresh_prefill_cpu_and_gpu() {
+    let ck = Checkpoint::open(&chat_model()).unwrap();
+    let w = Weights::load(&ck).unwrap();
+    let (_, r) = tokenizer_and_renderer();
+    let eos = stop_ids(&ck, &r);
+    check_continuation(&mut CpuModel::new(&w), &eos);
+    let gpu = Gpu::new().expect("a GPU adapter (lavapipe: WGPU_BACKEND=vulkan)");
+    let mut g = GpuModel::new(&gpu, &w, 512).unwrap();
+    check_continuation(&mut g, &eos);
+}

@@ -1,0 +1,16 @@
+//! The Python interpreter of the tests that drive Python scripts (the `openai` client, MLX):
+//! `INKLING_TEST_PYTHON` when set, else `.ci/.venv` (made by `.ci/run` from
+//! `tests/python/requirements.txt`) when present, else `python3`.
+use std::path::PathBuf;
+
+pub fn python() -> PathBuf {
+    if let Ok(p) = std::env::var("INKLING_TEST_PYTHON") {
+        return p.into();
+    }
+    let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".ci/.venv/bin/python");
+    if venv.exists() {
+        venv
+    } else {
+        "python3".into()
+    }
+}
