@@ -33,9 +33,17 @@ fn logits_positions() -> Vec<Vec<usize>> {
         .collect()
 }
 
-/// Every case's teacher-forced sequence (prompt + continuation without its last token), the
-/// positions kept and transformers' rows there.
-fn teacher_forced_cases() -> Vec<(Vec<u32>, Vec<usize>, Vec<Vec<f32>>)> {
+/// One case's teacher-forced input and transformers' rows at the kept positions.
+struct TeacherForced {
+    /// Prompt + continuation without its last token.
+    seq: Vec<u32>,
+    /// Positions whose rows reference.safetensors keeps.
+    pos: Vec<usize>,
+    /// Transformers' logits at those positions, `[pos.len()][logits_width]`.
+    want: Vec<Vec<f32>>,
+}
+
+fn teacher_forced_cases() -> Vec<TeacherForced> {
     let r = reference(DEMO);
     r.cases
         .iter()
@@ -46,7 +54,7 @@ fn teacher_forced_cases() -> Vec<(Vec<u32>, Vec<usize>, Vec<Vec<f32>>)> {
             let want = reference_logits(DEMO, &c.logits_key);
             assert_eq!(want.len(), pos.len(), "{}: stored rows", c.logits_key);
             assert!(seq.len() < MAX_SEQ);
-            (seq, pos, want)
+            TeacherForced { seq, pos, want }
         })
         .collect()
 }
@@ -108,7 +116,7 @@ fn cpu_matches_transformers_on_the_demo() {
         m.reset();
         check_greedy_case(&mut m, DEMO, ci, c, &r.eos);
     }
-    for (ci, (seq, pos, want)) in teacher_forced_cases().iter().enumerate() {
+    for (ci, TeacherForced { seq, pos, want }) in teacher_forced_cases().iter().enumerate() {
         let got = CpuModel::new(&w).forward_all(seq).unwrap();
         let e = worst_rel_err(&got, pos, want, 1e-4, &format!("demo case {ci} CPU"));
         eprintln!(
@@ -129,7 +137,7 @@ fn gpu_matches_transformers_and_cpu_on_the_demo() {
         m.reset();
         check_greedy_case(&mut m, DEMO, ci, c, &r.eos);
     }
-    for (ci, (seq, pos, want)) in teacher_forced_cases().iter().enumerate() {
+    for (ci, TeacherForced { seq, pos, want }) in teacher_forced_cases().iter().enumerate() {
         m.reset();
         let got = m.forward_all(seq).unwrap();
         let e = worst_rel_err(&got, pos, want, 1e-4, &format!("demo case {ci} GPU"));
