@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 /// The bundled model's directory in the checkout, relative to the crate root.
 macro_rules! bundled_dir {
     () => {
-        "tests/fixtures/tiny-causal-f32"
+        "tests/fixtures/austen-demo"
     };
 }
 
@@ -32,6 +32,7 @@ pub const FILES: &[(&str, &[u8])] = embed!(
     "config.json",
     "generation_config.json",
     "tokenizer.json",
+    "tokenizer_config.json",
     "model.safetensors"
 );
 

@@ -29,8 +29,10 @@ pub fn human_bytes(n: u64) -> String {
     }
 }
 
-/// Directory of the bundled default model in the checkout ([`bundled::source_dir`]); the binary
-/// runs it from its embedded copy ([`bundled::materialize`]).
+/// Directory of the bundled default model in the checkout ([`bundled::source_dir`]:
+/// `tests/fixtures/austen-demo`, a small Inkling trained on Jane Austen's novels, int4-g64 routed
+/// experts, made by `tools/make_demo_model.py`); the binary runs it from its embedded copy
+/// ([`bundled::materialize`]).
 pub fn bundled_model_dir() -> std::path::PathBuf {
     bundled::source_dir()
 }
