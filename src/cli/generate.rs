@@ -102,7 +102,7 @@ fn parse_gpu_mem(s: &str) -> Result<GpuMem, String> {
 
 /// The GPU forward for sequences of up to `max_seq` tokens; a missing adapter is an error that
 /// points at `--device cpu`.
-fn gpu_backend<'w>(
+pub(crate) fn gpu_backend<'w>(
     w: &'w Weights<'w>,
     opts: GpuModelOptions,
     placement: Placement,

@@ -8,6 +8,7 @@ pub mod convert;
 pub mod formats;
 pub mod generate;
 pub mod info;
+pub mod perplexity;
 pub mod smoke;
 pub mod synth;
 
@@ -35,6 +36,8 @@ pub enum Command {
     Info(info::Args),
     /// Write a container of random weights at the real Inkling shapes (benchmarks).
     Synth(synth::Args),
+    /// Perplexity and bits per byte over a text; KL divergence to a base model (--kl-base).
+    Perplexity(perplexity::Args),
 }
 
 /// Run a parsed command line; the exit code reflects failures the command reports itself.
@@ -57,5 +60,6 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Convert(a) => convert::run(a),
         Command::Info(a) => info::run(a),
         Command::Synth(a) => synth::run(a),
+        Command::Perplexity(a) => perplexity::run(a),
     }
 }
