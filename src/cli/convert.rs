@@ -1,6 +1,6 @@
 //! `inkling-wgpu convert`: write a stamped quantised container (FORMATS.md, section Container).
 use crate::container::{convert, ConvertOptions};
-use crate::formats::Encoding;
+use crate::formats::{Encoding, ScaleRule};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -24,6 +24,10 @@ pub struct Args {
     /// The output head `lm_head` (same spellings; default keeps the source precision).
     #[arg(long, default_value = "keep")]
     pub head: String,
+    /// How each int4/int3 scale is chosen: `mse` searches the scale of least squared error per
+    /// row or group, `absmax` takes absmax/qmax (FORMATS.md, Quantisation).
+    #[arg(long, default_value = "mse")]
+    pub scales: ScaleRule,
     /// Replace a previous conversion in the destination.
     #[arg(long)]
     pub force: bool,
@@ -46,6 +50,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         shared: parse_encoding(&a.shared)?,
         dense: parse_encoding(&a.dense)?,
         head: parse_encoding(&a.head)?,
+        scales: a.scales,
         force: a.force,
         max_shard_bytes: a.max_shard_mib.max(1) << 20,
         fail_after_bytes: std::env::var("INKLING_CONVERT_FAIL_AFTER")
@@ -61,5 +66,15 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         s.shards.len(),
         a.out.display()
     );
+    for e in &s.weight_error {
+        eprintln!(
+            "relative weight error {:.6} (‖W − deq(W)‖/‖W‖): {} in {}, {} matrices, {} scales",
+            e.relative(),
+            e.class,
+            e.encoding,
+            e.matrices,
+            a.scales.name()
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }

@@ -219,6 +219,7 @@ pub fn evaluate(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use anyhow::Result;
 
     /// The windows score every token 1..n exactly once (stride < ctx).
     #[test]
@@ -251,6 +252,67 @@ mod tests {
         assert!(windows(10, 1, 1).is_err());
         assert!(windows(10, 4, 5).is_err());
         assert!(windows(10, 4, 0).is_err());
+    }
+
+    /// A backend whose logits after token id `t` are `f(t)` (2 values).
+    struct Table {
+        f: fn(u32) -> [f32; 2],
+        pos: usize,
+        calls: Vec<(usize, usize)>,
+    }
+
+    impl Forward for Table {
+        fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+            Ok(self.forward_all(tokens)?.pop().unwrap())
+        }
+        fn forward_all(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+            self.calls.push((self.pos, tokens.len()));
+            self.pos += tokens.len();
+            Ok(tokens.iter().map(|&t| (self.f)(t).to_vec()).collect())
+        }
+        fn reset(&mut self) {
+            self.pos = 0;
+        }
+        fn position(&self) -> usize {
+            self.pos
+        }
+        fn backend(&self) -> &'static str {
+            "cpu"
+        }
+        fn adapter(&self) -> String {
+            "table".into()
+        }
+    }
+
+    #[test]
+    fn evaluate_sums_nll_kl_and_agreement() {
+        // model: uniform after every token; base: 3:1 for id 0 after token 1, else uniform
+        let mut m = Table {
+            f: |_| [0.0, 0.0],
+            pos: 0,
+            calls: vec![],
+        };
+        let mut b = Table {
+            f: |t| if t == 1 { [3f32.ln(), 0.0] } else { [0.0, 0.0] },
+            pos: 0,
+            calls: vec![],
+        };
+        let tokens = [1u32, 0, 1, 1, 0, 0];
+        let wins = windows(tokens.len(), 4, 2).unwrap();
+        let mut scored = 0;
+        let st = evaluate(&mut m, Some(&mut b), &tokens, &wins, &mut |n| scored += n).unwrap();
+        assert_eq!((st.tokens, scored), (5, 5));
+        // every window starts from position 0; only predecessors of targets are fed for logits
+        assert_eq!(m.calls, [(0, 3), (0, 1), (1, 2)]);
+        assert!((st.perplexity().0 - 2.0).abs() < 1e-12);
+        // after token 1 (three of the five predictions): KL(0.75,0.25 ‖ 0.5,0.5)
+        let kl1 = 0.75 * (1.5f64).ln() + 0.25 * (0.5f64).ln();
+        assert!((st.kl().unwrap().0 - 3.0 * kl1 / 5.0).abs() < 1e-7); // ln 3 is rounded to f32
+        // argmax ties go to id 0 in both, so top-1 always agrees
+        assert_eq!(st.top1_agreement(), Some(1.0));
+        // base nll: targets after token 1 are 0, 1, 0 (−ln .75, −ln .25, −ln .75), after 0: ln 2
+        let bn = -(0.75f64.ln() * 2.0 + 0.25f64.ln()) + 2.0 * 2f64.ln();
+        assert!((st.base_perplexity().unwrap() - (bn / 5.0).exp()).abs() < 1e-6);
     }
 
     #[test]

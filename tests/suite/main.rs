@@ -36,6 +36,7 @@ mod ops_norm;
 mod ops_residual;
 mod ops_router;
 mod ops_wgsl_validate;
+mod perplexity_cli;
 mod synth_smoke;
 mod tokenizer_o200k;
 mod wgsl_validate;
