@@ -67,13 +67,19 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         a.out.display()
     );
     for e in &s.weight_error {
+        let scaled = crate::formats::Encoding::parse(&e.encoding)
+            .is_ok_and(|enc| enc.scale_count(1, 1) > 0);
         eprintln!(
-            "relative weight error {:.6} (‖W − deq(W)‖/‖W‖): {} in {}, {} matrices, {} scales",
-            e.relative(),
+            "{}: {}{}, {} matrices, relative weight error {:.6} (‖W − deq(W)‖/‖W‖)",
             e.class,
             e.encoding,
+            if scaled {
+                format!(" with {} scales", a.scales.name())
+            } else {
+                String::new()
+            },
             e.matrices,
-            a.scales.name()
+            e.relative()
         );
     }
     Ok(ExitCode::SUCCESS)

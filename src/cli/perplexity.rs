@@ -31,6 +31,9 @@ pub struct Args {
     /// Do not prepend the config's `bos_token_id` (then the text's first token is not scored).
     #[arg(long)]
     pub no_bos: bool,
+    /// Score only the text's first N tokens (llama-perplexity's `--chunks` in tokens).
+    #[arg(long)]
+    pub max_tokens: Option<usize>,
     /// Base model (same tokenizer) run on the same windows: mean KL(base ‖ model) of the token
     /// distributions, top-1 agreement and the base's perplexity.
     #[arg(long)]
@@ -75,16 +78,15 @@ fn backend<'w>(
     })
 }
 
-/// The token ids of `text` under `dir`'s tokenizer (no special tokens) and the byte end of the
-/// first token.
-fn encode(dir: &Path, text: &str) -> Result<(Vec<u32>, usize)> {
+/// The token ids of `text` under `dir`'s tokenizer (no special tokens) and each token's byte end.
+fn encode(dir: &Path, text: &str) -> Result<(Vec<u32>, Vec<usize>)> {
     let tok = load_tokenizer(dir)?
         .with_context(|| format!("{}: no tokenizer.json to encode the text", dir.display()))?;
     let enc = tok
         .encode(text, false)
         .map_err(|e| anyhow::anyhow!("{}: encoding the text: {e}", dir.display()))?;
-    let first_end = enc.get_offsets().first().map_or(0, |o| o.1);
-    Ok((enc.get_ids().to_vec(), first_end))
+    let ends = enc.get_offsets().iter().map(|o| o.1).collect();
+    Ok((enc.get_ids().to_vec(), ends))
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {
@@ -94,15 +96,23 @@ pub fn run(a: Args) -> Result<ExitCode> {
         .map_err(|e| anyhow::anyhow!("{}: not UTF-8 text ({e})", a.file.display()))?;
     let ck = Checkpoint::open(&dir)?;
     let weights = Weights::load(&ck)?;
-    let (mut tokens, first_end) = encode(&dir, &text)?;
+    let (mut tokens, ends) = encode(&dir, &text)?;
+    if let Some(n) = a.max_tokens {
+        tokens.truncate(n);
+    }
+    let last_end = match tokens.len() {
+        0 => 0,
+        n if n == ends.len() => text.len(),
+        n => ends[n - 1],
+    };
     let bos = ck.config.bos_token_id.filter(|_| !a.no_bos);
     // With a BOS every token of the text is predicted; without, the first one is not.
     let bytes = match bos {
         Some(b) => {
             tokens.insert(0, b);
-            text.len()
+            last_end
         }
-        None => text.len() - first_end.min(text.len()),
+        None => last_end - ends.first().map_or(0, |&e| e.min(last_end)),
     };
     if tokens.len() < 2 {
         bail!(
@@ -136,6 +146,9 @@ pub fn run(a: Args) -> Result<ExitCode> {
         }
         if bdir.join("tokenizer.json").exists() {
             let (mut bt, _) = encode(bdir, &text)?;
+            if let Some(n) = a.max_tokens {
+                bt.truncate(n);
+            }
             if let Some(b) = bos {
                 bt.insert(0, b);
             }
