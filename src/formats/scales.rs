@@ -7,11 +7,11 @@
 //! - [`ScaleRule::Absmax`]: `s = absmax / hi` (no value is clipped; the level `lo` is never used).
 //! - [`ScaleRule::Mse`]: the `s` of smallest squared error `Σ (w − q·s)²` found by a search over
 //!   clip ratios in the spirit of llama.cpp's `make_qx_quants` (ggml/src/ggml-quants.c): scales
-//!   `±r·absmax/hi` on a grid of ratios r (a negative `s` maps the largest magnitude onto the
-//!   extra level `lo`), a bisection around the best ratio, then least-squares refits
-//!   `s = Σwq / Σq²` of the best levels, re-rounded. The absmax scale is always a candidate and the
-//!   final comparison uses the exact decoded error, so `Mse` never has larger squared error than
-//!   `Absmax` on any unit.
+//!   `±r·absmax/hi` for r = 0.5, 0.6, …, 1.1 (a negative `s` maps the largest magnitude onto the
+//!   extra level `lo`), a bisection around the best ratio (±0.05, ±0.025, ±0.0125), then two
+//!   least-squares refits `s = Σwq / Σq²` of the levels (each re-rounded). The absmax scale is
+//!   always a candidate and the final comparison uses the exact decoded error, so `Mse` never has
+//!   larger squared error than `Absmax` on any unit.
 
 /// The signed level range of a format: int4 `[-8, 7]`, int3 `[-4, 3]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -162,6 +162,9 @@ pub fn mse_scale(vals: &[f32], lv: Levels) -> f32 {
     let mut best = (search_error(vals, s0, lv), s0, 1.0f32, 1.0f32);
     for sign in [1.0f32, -1.0] {
         for r in RATIOS {
+            if sign == 1.0 && r == 1.0 {
+                continue; // s0 itself
+            }
             let s = sign * r * s0;
             let e = search_error(vals, s, lv);
             if e < best.0 {
@@ -181,21 +184,17 @@ pub fn mse_scale(vals: &[f32], lv: Levels) -> f32 {
         }
         h *= 0.5;
     }
+    // Each refit keeps the levels and minimises over s, so its squared error is no larger
+    // before re-rounding, and re-rounding to the nearest levels can only lower it further.
+    let mut s_best = best.1;
     for _ in 0..2 {
-        match refit(vals, best.1, lv) {
-            Some(s) if s != best.1 => {
-                let e = search_error(vals, s, lv);
-                if e < best.0 {
-                    best = (e, s, best.2, best.3);
-                } else {
-                    break;
-                }
-            }
-            _ => break,
+        match refit(vals, s_best, lv) {
+            Some(s) => s_best = s,
+            None => break,
         }
     }
-    if best.1 != s0 && squared_error(vals, best.1, lv) < squared_error(vals, s0, lv) {
-        best.1
+    if s_best != s0 && squared_error(vals, s_best, lv) < squared_error(vals, s0, lv) {
+        s_best
     } else {
         s0
     }
