@@ -24,7 +24,8 @@ pub fn human_bytes(n: u64) -> String {
     }
 }
 
-/// Directory of the bundled default model (`tests/fixtures/tiny-causal-f32`).
+/// Directory of the bundled default model (`tests/fixtures/austen-demo`: a small Inkling trained on
+/// Jane Austen's novels, int4-g64 routed experts; made by `tools/make_demo_model.py`).
 pub fn bundled_model_dir() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-causal-f32")
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/austen-demo")
 }

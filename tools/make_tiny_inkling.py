@@ -148,14 +148,14 @@ def text_cfg(model):
 
 
 @torch.no_grad()
-def greedy(model, prompt, eos=None):
+def greedy(model, prompt, eos=None, max_new=MAX_NEW, pad=PAD, bos=BOS):
     ids = torch.tensor([prompt])
     gc = GenerationConfig(
         do_sample=False,
-        max_new_tokens=MAX_NEW,
+        max_new_tokens=max_new,
         eos_token_id=eos,
-        pad_token_id=PAD,
-        bos_token_id=BOS,
+        pad_token_id=pad,
+        bos_token_id=bos,
     )
     out = model.generate(ids, generation_config=gc, attention_mask=torch.ones_like(ids))
     return out[0, len(prompt) :].tolist()
@@ -439,6 +439,16 @@ def choose_cases(model, spec, tok, prompts):
     return (eos_ids, cases), None
 
 
+def roundtrip(tok, texts):
+    """reference.json's `tokenizer_roundtrip`: each text, its ids (no added special tokens) and the
+    decode of those ids (special tokens kept)."""
+    out = []
+    for t in texts:
+        ids = tok.encode(t, add_special_tokens=False).ids
+        out.append(dict(text=t, ids=ids, decoded=tok.decode(ids, skip_special_tokens=False)))
+    return out
+
+
 def make_fixture(spec, tok, min_margin_target):
     d = os.path.join(FIX, spec["name"])
     tries = []
@@ -517,14 +527,7 @@ def make_fixture(spec, tok, min_margin_target):
         logits_width=tcfg.unpadded_vocab_size or tcfg.vocab_size,
         min_top1_margin=min(c["min_top1_margin"] for c in cases),
         cases=cases,
-        tokenizer_roundtrip=[
-            dict(
-                text=t,
-                ids=tok.encode(t, add_special_tokens=False).ids,
-                decoded=tok.decode(tok.encode(t, add_special_tokens=False).ids, skip_special_tokens=False),
-            )
-            for t in rt_texts
-        ],
+        tokenizer_roundtrip=roundtrip(tok, rt_texts),
     )
     with open(os.path.join(d, "reference.json"), "w") as f:
         json.dump(reference, f, indent=1)

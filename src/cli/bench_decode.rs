@@ -22,7 +22,7 @@ pub const PROBE_PROMPT: usize = 16;
 
 #[derive(clap::Args, Debug)]
 pub struct DecodeArgs {
-    /// Checkpoint or container directory (default: the bundled tiny model).
+    /// Checkpoint or container directory (default: the bundled demo model).
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// Decode steps timed after the prompt.

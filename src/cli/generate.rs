@@ -17,7 +17,7 @@ pub enum Device {
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Checkpoint directory (config.json, safetensors, tokenizer.json). Default: the bundled tiny model.
+    /// Checkpoint directory (config.json, safetensors, tokenizer.json). Default: the bundled demo model.
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// Prompt text (encoded without special tokens).

@@ -22,7 +22,7 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Generate text from a checkpoint (default: the bundled tiny model).
+    /// Generate text from a checkpoint (default: the bundled demo model).
     Generate(generate::Args),
     /// Print the weight-format registry (FORMATS.md).
     Formats(formats::Args),

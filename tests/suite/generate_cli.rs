@@ -97,10 +97,18 @@ fn ids_of(v: &serde_json::Value) -> Vec<u32> {
 
 #[test]
 fn cli_text_prompt_streams_and_prints_stats() {
-    // Default model (bundled tiny-causal-f32) and a text prompt: the README demo.
-    let r = reference("tiny-causal-f32");
+    // Default model (the bundled demo) and a text prompt: the README demo.
+    let r = reference("austen-demo");
     let c = &r.cases[2];
-    let out = run(&["--prompt", "Once upon a time", "--device", "cpu"]);
+    let max = c.max_new_tokens.to_string();
+    let out = run(&[
+        "--prompt",
+        "Once upon a time",
+        "--device",
+        "cpu",
+        "--max-tokens",
+        &max,
+    ]);
     assert!(
         out.status.success(),
         "{}",
@@ -113,14 +121,15 @@ fn cli_text_prompt_streams_and_prints_stats() {
     let stdout = String::from_utf8(out.stdout).unwrap();
     assert_eq!(stdout.trim_end_matches('\n'), want);
     let stderr = String::from_utf8(out.stderr).unwrap();
-    for k in ["prompt tokens 9", "prefill", "TTFT", "tok/s", "cpu"] {
+    let prompt_tokens = format!("prompt tokens {}", c.prompt_ids.len());
+    for k in [prompt_tokens.as_str(), "prefill", "TTFT", "tok/s", "cpu"] {
         assert!(stderr.contains(k), "stats line lacks `{k}`: {stderr}");
     }
 }
 
 #[test]
 fn cli_eos_is_not_printed_and_sampling_is_seeded() {
-    let r = reference("tiny-causal-f32");
+    let r = reference("austen-demo");
     let c = &r.cases[0];
     assert_eq!(c.finish_reason, "eos");
     let ids = c
@@ -165,17 +174,27 @@ fn cli_eos_is_not_printed_and_sampling_is_seeded() {
             .clone()
     };
     assert_eq!(sample("3"), sample("3"));
-    // --max-tokens caps the length
+    // --max-tokens caps the length (on the length case: the EOS case stops after one token)
+    let long = &r.cases[1];
+    let long_ids = long
+        .prompt_ids
+        .iter()
+        .map(|x| x.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
     let v = json_of(&run(&[
         "--prompt-ids",
-        &ids,
+        &long_ids,
         "--device",
         "cpu",
         "--json",
         "--max-tokens",
         "3",
     ]));
-    assert_eq!(ids_of(&v["generated_ids"]), c.generated_ids[..3].to_vec());
+    assert_eq!(
+        ids_of(&v["generated_ids"]),
+        long.generated_ids[..3].to_vec()
+    );
     assert_eq!(v["finish_reason"], "length");
 }
 

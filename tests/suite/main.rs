@@ -22,6 +22,7 @@ mod model_bad_inputs;
 mod model_config;
 mod model_container;
 mod model_cpu_reference;
+mod model_demo;
 mod model_formats_on_disk;
 mod model_gpu_cli;
 mod model_gpu_pairs;
