@@ -11,8 +11,11 @@ of eager-attention InklingForCausalLM (truncated to unpadded_vocab_size by trans
         --file tests/fixtures/perplexity-text.txt --case 64:24:bos --case 32:32:nobos \
         --out tests/fixtures/tiny-causal-f32/perplexity.json
 
-Each --case is CTX:STRIDE:bos|nobos; `bos` prepends config.bos_token_id as the CLI does by
-default. The text is encoded with the directory's tokenizer.json without special tokens.
+Each --case is CTX:STRIDE:bos|nobos[:MAX_TOKENS]; `bos` prepends config.bos_token_id as the CLI
+does by default; MAX_TOKENS keeps the text's first tokens only (the CLI's --max-tokens). The text is
+encoded with the directory's tokenizer.json without special tokens. A converted container (shard
+metadata `inkling.fmt`) is decoded as FORMATS.md says by tools/make_demo_model.py's
+`load_dequantised`, so transformers runs the values the engine runs.
 """
 
 import argparse
@@ -20,10 +23,12 @@ import hashlib
 import json
 import math
 import os
+import sys
 
 import torch
 import transformers
 from tokenizers import Tokenizer
+from safetensors import safe_open
 from transformers import InklingForCausalLM
 
 
@@ -72,24 +77,39 @@ def main():
     with open(os.path.join(a.model, "config.json")) as f:
         cfg = json.load(f)
     bos = cfg.get("text_config", cfg).get("bos_token_id")
-    model = InklingForCausalLM.from_pretrained(a.model, dtype=torch.float32, attn_implementation="eager")
-    model.eval()
+    single = os.path.join(a.model, "model.safetensors")
+    meta = {}
+    if os.path.exists(single):
+        with safe_open(single, framework="pt") as f:
+            meta = f.metadata() or {}
+    if "inkling.fmt" in meta:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from make_demo_model import load_dequantised
+
+        model = load_dequantised(a.model)
+    else:
+        model = InklingForCausalLM.from_pretrained(a.model, dtype=torch.float32, attn_implementation="eager")
+        model.eval()
 
     cases = []
     for c in a.case:
-        ctx, stride, b = c.split(":")
-        ctx, stride = int(ctx), int(stride)
-        ids = list(enc.ids)
+        parts = c.split(":")
+        ctx, stride, b = int(parts[0]), int(parts[1]), parts[2]
+        keep = int(parts[3]) if len(parts) > 3 else len(enc.ids)
+        ids = list(enc.ids)[:keep]
+        # UTF-8 bytes the scored tokens cover (offsets are character offsets in Python)
+        end = len(raw) if keep >= len(enc.ids) else len(text[: enc.offsets[keep - 1][1]].encode("utf-8"))
         if b == "bos":
             ids = [bos] + ids
-            nbytes = len(raw)
+            nbytes = end
         else:
-            nbytes = len(raw) - enc.offsets[0][1]
+            nbytes = end - len(text[: enc.offsets[0][1]].encode("utf-8"))
         nll_sum, count = score(model, ids, ctx, stride)
         cases.append(
             {
                 "ctx": ctx,
                 "stride": stride,
+                "max_tokens": keep if keep < len(enc.ids) else None,
                 "bos": b == "bos",
                 "tokens": len(ids),
                 "tokens_scored": count,

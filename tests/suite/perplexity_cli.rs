@@ -12,6 +12,13 @@ fn text() -> PathBuf {
     fixture(TEXT)
 }
 
+/// The text a fixture's perplexity.json was computed on (`text_file`, relative to the fixture).
+fn text_of(name: &str) -> PathBuf {
+    let p = fixture(name).join("perplexity.json");
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+    fixture(name).join(v["text_file"].as_str().unwrap())
+}
+
 fn run(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_inkling-wgpu"))
         .arg("perplexity")
@@ -50,12 +57,12 @@ fn cases(name: &str) -> Vec<serde_json::Value> {
     v["cases"].as_array().unwrap().clone()
 }
 
-fn case_args(dir: &Path, c: &serde_json::Value, device: &str) -> Vec<String> {
+fn case_args(dir: &Path, text: &Path, c: &serde_json::Value, device: &str) -> Vec<String> {
     let mut a: Vec<String> = [
         "--model",
         dir.to_str().unwrap(),
         "--file",
-        text().to_str().unwrap(),
+        text.to_str().unwrap(),
         "--ctx",
         &c["ctx"].to_string(),
         "--stride",
@@ -67,6 +74,9 @@ fn case_args(dir: &Path, c: &serde_json::Value, device: &str) -> Vec<String> {
     .to_vec();
     if !c["bos"].as_bool().unwrap() {
         a.push("--no-bos".into());
+    }
+    if let Some(n) = c["max_tokens"].as_u64() {
+        a.extend(["--max-tokens".to_string(), n.to_string()]);
     }
     a
 }
@@ -90,18 +100,32 @@ fn check_case(v: &serde_json::Value, c: &serde_json::Value) {
 fn perplexity_matches_transformers_on_cpu() {
     let name = "tiny-causal-f32";
     for c in cases(name) {
-        let a = case_args(&fixture(name), &c, "cpu");
+        let a = case_args(&fixture(name), &text_of(name), &c, "cpu");
         let v = json(&a.iter().map(String::as_str).collect::<Vec<_>>());
         assert_eq!(v["backend"], "cpu");
         check_case(&v, &c);
     }
 }
 
+/// The bundled demo model (an int4-g64 container; transformers runs its decoded values) on the
+/// first 400 tokens of its held-out text, windows of 128 (past the sliding window of 64 and τ's
+/// floor) every 48 tokens.
+#[test]
+fn demo_model_perplexity_matches_transformers_on_cpu() {
+    let name = "austen-demo";
+    let c = &cases(name)[0];
+    let a = case_args(&fixture(name), &text_of(name), c, "cpu");
+    let v = json(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    check_case(&v, c);
+    let ppl = v["perplexity"].as_f64().unwrap();
+    assert!(ppl > 10.0 && ppl < 100.0, "a trained model: {ppl}");
+}
+
 #[test]
 fn perplexity_matches_transformers_on_gpu() {
     let name = "tiny-causal-f32";
     let c = &cases(name)[0];
-    let a = case_args(&fixture(name), c, "gpu");
+    let a = case_args(&fixture(name), &text_of(name), c, "gpu");
     let v = json(&a.iter().map(String::as_str).collect::<Vec<_>>());
     assert_eq!(v["backend"], "gpu");
     check_case(&v, c);
@@ -113,7 +137,7 @@ fn kl_base_against_itself_and_a_quantised_container() {
     let c = &cases(name)[0];
     let f32_dir = fixture(name);
     let base = f32_dir.to_str().unwrap();
-    let mut a = case_args(&f32_dir, c, "cpu");
+    let mut a = case_args(&f32_dir, &text_of(name), c, "cpu");
     a.extend(["--kl-base".to_string(), base.to_string()]);
     let v = json(&a.iter().map(String::as_str).collect::<Vec<_>>());
     let kb = &v["kl_base"];
@@ -130,7 +154,7 @@ fn kl_base_against_itself_and_a_quantised_container() {
         ..Default::default()
     };
     convert(&f32_dir, &dst, &opts).unwrap();
-    let mut a = case_args(&dst, c, "cpu");
+    let mut a = case_args(&dst, &text_of(name), c, "cpu");
     a.extend(["--kl-base".to_string(), base.to_string()]);
     let v = json(&a.iter().map(String::as_str).collect::<Vec<_>>());
     let kb = &v["kl_base"];
