@@ -1,6 +1,6 @@
 //! `inkling-wgpu convert`: write a stamped quantised container (FORMATS.md, section Container).
 use crate::container::{convert, ConvertOptions};
-use crate::formats::Encoding;
+use crate::formats::{Encoding, ScaleRule};
 use anyhow::Context;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -25,6 +25,10 @@ pub struct Args {
     /// The output head `lm_head` (same spellings; default keeps the source precision).
     #[arg(long, default_value = "keep")]
     pub head: String,
+    /// How each int4/int3 scale is chosen: `mse` searches the scale of least squared error per
+    /// row or group, `absmax` takes absmax/qmax (FORMATS.md, Quantisation).
+    #[arg(long, default_value = "mse")]
+    pub scales: ScaleRule,
     /// Replace a previous conversion in the destination.
     #[arg(long)]
     pub force: bool,
@@ -73,6 +77,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         shared: parse_encoding("shared", &a.shared)?,
         dense: parse_encoding("dense", &a.dense)?,
         head: parse_encoding("head", &a.head)?,
+        scales: a.scales,
         force: a.force,
         max_shard_bytes: a.max_shard_mib << 20,
         fail_after_bytes: std::env::var("INKLING_CONVERT_FAIL_AFTER")
@@ -88,5 +93,21 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         s.shards.len(),
         a.out.display()
     );
+    for e in &s.weight_error {
+        let scaled = crate::formats::Encoding::parse(&e.encoding)
+            .is_ok_and(|enc| enc.scale_count(1, 1) > 0);
+        eprintln!(
+            "{}: {}{}, {} matrices, relative weight error {:.6} (‖W − deq(W)‖/‖W‖)",
+            e.class,
+            e.encoding,
+            if scaled {
+                format!(" with {} scales", a.scales.name())
+            } else {
+                String::new()
+            },
+            e.matrices,
+            e.relative()
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }

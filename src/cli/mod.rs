@@ -14,6 +14,7 @@ pub mod prompt;
 pub mod shaders;
 pub mod load;
 pub mod serve;
+pub mod perplexity;
 pub mod smoke;
 pub mod synth;
 
@@ -47,6 +48,8 @@ pub enum Command {
     Chat(chat::Args),
     /// Serve a model over an OpenAI-compatible HTTP API.
     Serve(serve::Args),
+    /// Perplexity and bits per byte over a text; KL divergence to a base model (--kl-base).
+    Perplexity(perplexity::Args),
 }
 
 /// Run a parsed command line; the exit code reflects failures the command reports itself.
@@ -72,5 +75,6 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Shaders(a) => shaders::run(a),
         Command::Chat(a) => chat::run(a),
         Command::Serve(a) => serve::run(a),
+        Command::Perplexity(a) => perplexity::run(a),
     }
 }

@@ -11,7 +11,7 @@ use super::{
     VERSION_KEY,
 };
 use crate::formats::finite::{describe, first_non_finite, first_non_finite_bytes};
-use crate::formats::{quantize, Encoding, Format};
+use crate::formats::{quantize_with, Encoding, Format, ScaleRule};
 use crate::model::names::released_to_causal;
 use anyhow::{bail, Context, Result};
 use safetensors::Dtype;
@@ -25,6 +25,8 @@ pub struct ConvertOptions {
     pub shared: Option<Encoding>,
     pub dense: Option<Encoding>,
     pub head: Option<Encoding>,
+    /// How the int4 and int3 scales are chosen (FORMATS.md, Quantisation).
+    pub scales: ScaleRule,
     /// Overwrite a previous conversion in the destination.
     pub force: bool,
     /// Start a new shard once one holds this many bytes (a slab is never split).
@@ -45,6 +47,7 @@ impl Default for ConvertOptions {
             shared: Some(Encoding::BF16),
             dense: Some(Encoding::BF16),
             head: None,
+            scales: ScaleRule::default(),
             force: false,
             max_shard_bytes: 4 << 30,
             fail_after_bytes: None,
@@ -59,6 +62,39 @@ pub struct ConvertSummary {
     pub shards: Vec<PathBuf>,
     pub tensors: usize,
     pub bytes: u64,
+    /// Re-encoding error per class of matrix (empty for writers that re-encode nothing).
+    pub weight_error: Vec<WeightError>,
+}
+
+/// Squared re-encoding error of one class of matrices (routed experts, shared experts, dense,
+/// head): `Σ ‖W − deq(W)‖²` and `Σ ‖W‖²` over the class's matrices (f64).
+#[derive(Clone, Debug, PartialEq)]
+pub struct WeightError {
+    pub class: &'static str,
+    pub encoding: String,
+    pub matrices: usize,
+    pub err_sq: f64,
+    pub norm_sq: f64,
+}
+
+impl WeightError {
+    /// Relative Frobenius error `sqrt(Σ‖W − deq(W)‖² / Σ‖W‖²)` of the class.
+    pub fn relative(&self) -> f64 {
+        (self.err_sq / self.norm_sq.max(f64::MIN_POSITIVE)).sqrt()
+    }
+}
+
+/// The weight-error class of a matrix job.
+fn error_class(j: &Job) -> &'static str {
+    if j.in_slab {
+        "routed experts"
+    } else if j.out.contains(".shared_experts.") {
+        "shared experts"
+    } else if j.out == "lm_head.weight" {
+        "head"
+    } else {
+        "dense"
+    }
 }
 
 /// Rows `base + k·step`, k < count, of a source tensor viewed as `[numel / cols, cols]`.
@@ -784,6 +820,7 @@ pub fn write_container(
         shards: finals,
         tensors: done_tensors,
         bytes: budget.written,
+        weight_error: Vec::new(),
     })
 }
 
@@ -792,6 +829,9 @@ struct ConvertSource<'a> {
     src: &'a Container,
     /// The job behind each item, per group.
     jobs: Vec<Vec<&'a Job>>,
+    scales: ScaleRule,
+    /// Accumulated per class, in first-seen order.
+    errors: Vec<WeightError>,
 }
 
 impl ItemSource for ConvertSource<'_> {
@@ -830,7 +870,30 @@ impl ItemSource for ConvertSource<'_> {
                     let row = sel.base + (i / cols) * sel.step;
                     return Err(refuse(row * cols + i % cols, v));
                 }
-                let q = quantize(enc, &vals, sel.count, *cols)?;
+                let q = quantize_with(enc, &vals, sel.count, *cols, self.scales)?;
+                let class = error_class(j);
+                let at = match self.errors.iter().position(|e| e.class == class) {
+                    Some(i) => i,
+                    None => {
+                        self.errors.push(WeightError {
+                            class,
+                            encoding: enc.spelling(),
+                            matrices: 0,
+                            err_sq: 0.0,
+                            norm_sq: 0.0,
+                        });
+                        self.errors.len() - 1
+                    }
+                };
+                let e = &mut self.errors[at];
+                if e.encoding != enc.spelling() {
+                    e.encoding = "mixed".into();
+                }
+                e.matrices += 1;
+                for (&w, d) in vals.iter().zip(q.dequantize()) {
+                    e.err_sq += (w as f64 - d as f64).powi(2);
+                    e.norm_sq += (w as f64).powi(2);
+                }
                 let mut v = vec![Cow::Owned(q.data.into_owned())];
                 if !q.scales.is_empty() {
                     v.push(Cow::Owned(q.scales.into_owned()));
@@ -954,6 +1017,8 @@ pub fn convert(src_dir: &Path, dst_dir: &Path, opts: &ConvertOptions) -> Result<
     let mut source = ConvertSource {
         src: &src,
         jobs: plan.iter().map(|g| g.jobs.iter().collect()).collect(),
+        scales: opts.scales,
+        errors: Vec::new(),
     };
     let wopts = WriteOptions {
         force: opts.force,
@@ -961,13 +1026,16 @@ pub fn convert(src_dir: &Path, dst_dir: &Path, opts: &ConvertOptions) -> Result<
         fail_after_bytes: opts.fail_after_bytes,
         progress: opts.progress,
     };
-    write_container(dst_dir, &groups, &mut source, &files, &wopts).map_err(|e| {
-        e.context(format!(
-            "converting {} into {}",
-            src_dir.display(),
-            dst_dir.display()
-        ))
-    })
+    let mut summary =
+        write_container(dst_dir, &groups, &mut source, &files, &wopts).map_err(|e| {
+            e.context(format!(
+                "converting {} into {}",
+                src_dir.display(),
+                dst_dir.display()
+            ))
+        })?;
+    summary.weight_error = source.errors;
+    Ok(summary)
 }
 
 fn json_map<'a>(pairs: impl Iterator<Item = (&'a String, String)>) -> String {

@@ -3,6 +3,8 @@
 pub mod finite;
 pub mod quant;
 pub mod registry;
+pub mod scales;
 
-pub use quant::{quantize, QMatrix, QMatrixError};
+pub use quant::{quantize, quantize_with, QMatrix, QMatrixError};
 pub use registry::{Encoding, Format, FormatError, FormatSpec, ScaleLayout, REGISTRY};
+pub use scales::ScaleRule;

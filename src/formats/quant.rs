@@ -1,14 +1,15 @@
 //! CPU side of the formats: quantisation, dequantisation and the f64 reference GEMV.
 //!
-//! Quantisation is symmetric with `scale = absmax / qmax` per scale unit (row or group), where
-//! qmax is 7 for int4 (values q ∈ [−8, 7], stored q+8) and 3 for int3 (u ∈ [0, 7], w = (u−4)·s,
-//! so q = u−4 ∈ [−4, 3]). The nearest level is `round(w / scale)` clamped to the format's range.
-//! An all-zero unit gets scale 0.
+//! Quantisation is symmetric with one f32 scale per scale unit (row or group): int4 stores
+//! q ∈ [−8, 7] as q+8, int3 stores u = q+4 with q ∈ [−4, 3]. The level is `round(w / scale)`
+//! clamped to the format's range; the scale is chosen by a [`ScaleRule`] ([`super::scales`]:
+//! `absmax / qmax`, or the search of least squared error). An all-zero unit gets scale 0.
 //!
 //! The same bytes feed the GPU kernels and the CPU decode here: [`QMatrix`] borrows mapped
 //! container bytes (no alignment is assumed; scales are read as little-endian f32 from bytes).
 
 use super::registry::{Encoding, Format, FormatError};
+use super::scales::{choose_scale, level, Levels, ScaleRule};
 use half::bf16;
 use std::borrow::Cow;
 
@@ -211,26 +212,26 @@ impl<'a> QMatrix<'a> {
     }
 }
 
-fn symmetric_scale(vals: &[f32], qmax: f32) -> f32 {
-    let absmax = vals.iter().fold(0f32, |m, v| m.max(v.abs()));
-    absmax / qmax
-}
-
-fn level(v: f32, s: f32, lo: i32, hi: i32) -> i32 {
-    if s == 0.0 {
-        0
-    } else {
-        ((v / s).round() as i32).clamp(lo, hi)
-    }
-}
-
-/// Quantise a row-major f32 matrix [rows, cols] into `enc` (symmetric, scale = absmax/qmax; see
-/// the module docs). f32 copies; bf16 rounds to nearest even.
+/// Quantise a row-major f32 matrix [rows, cols] into `enc` with absmax scales (see the module
+/// docs): `quantize_with(enc, w, rows, cols, ScaleRule::Absmax)`.
 pub fn quantize(
     enc: Encoding,
     w: &[f32],
     rows: usize,
     cols: usize,
+) -> Result<QMatrix<'static>, QMatrixError> {
+    quantize_with(enc, w, rows, cols, ScaleRule::Absmax)
+}
+
+/// Quantise a row-major f32 matrix [rows, cols] into `enc`, each unit's scale chosen by `rule`
+/// ([`super::scales`]); the stored levels are `clamp(round(w / s))` of that scale. f32 copies;
+/// bf16 rounds to nearest even. Rows are split over the available CPU threads.
+pub fn quantize_with(
+    enc: Encoding,
+    w: &[f32],
+    rows: usize,
+    cols: usize,
+    rule: ScaleRule,
 ) -> Result<QMatrix<'static>, QMatrixError> {
     assert_eq!(
         w.len(),
@@ -241,11 +242,52 @@ pub fn quantize(
     enc.format.require_kernel()?;
     enc.format.check_group_size(enc.group_size)?;
     let rb = enc.bytes_per_row(cols);
+    let spr = enc.scale_count(1, cols);
     let mut data = vec![0u8; rows * rb];
-    let mut scales: Vec<f32> = Vec::with_capacity(enc.scale_count(rows, cols));
-    for r in 0..rows {
+    let mut scales = vec![0f32; rows * spr];
+    // Scale search costs ~40 passes over a unit; small matrices are not worth a thread.
+    let work = rows * cols * if rule == ScaleRule::Mse { 40 } else { 1 };
+    let threads = if work < (1 << 22) || rows < 2 || spr == 0 {
+        1
+    } else {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+            .min(rows)
+    };
+    let per = rows.div_ceil(threads);
+    if threads == 1 {
+        quantize_rows(enc, w, cols, &mut data, &mut scales, rule);
+    } else {
+        std::thread::scope(|sc| {
+            for ((wc, dc), sch) in w
+                .chunks(per * cols)
+                .zip(data.chunks_mut(per * rb))
+                .zip(scales.chunks_mut(per * spr))
+            {
+                sc.spawn(move || quantize_rows(enc, wc, cols, dc, sch, rule));
+            }
+        });
+    }
+    let scale_bytes: Vec<u8> = scales.iter().flat_map(|s| s.to_le_bytes()).collect();
+    QMatrix::new(enc, rows, cols, Cow::Owned(data), Cow::Owned(scale_bytes))
+}
+
+/// Encode the rows of `w` ([n, cols]) into `data` (n · bytes_per_row) and `scales`
+/// (n · scales_per_row, zeroed by the caller).
+fn quantize_rows(
+    enc: Encoding,
+    w: &[f32],
+    cols: usize,
+    data: &mut [u8],
+    scales: &mut [f32],
+    rule: ScaleRule,
+) {
+    let rb = enc.bytes_per_row(cols);
+    let spr = enc.scale_count(1, cols);
+    for (r, dst) in data.chunks_exact_mut(rb.max(1)).enumerate() {
         let src = &w[r * cols..(r + 1) * cols];
-        let dst = &mut data[r * rb..(r + 1) * rb];
+        let srow = &mut scales[r * spr..(r + 1) * spr];
         match enc.format {
             Format::F32 => {
                 for (i, v) in src.iter().enumerate() {
@@ -264,29 +306,26 @@ pub fn quantize(
                 } else {
                     enc.group_size
                 };
-                for g0 in (0..cols).step_by(gs) {
+                for (g, g0) in (0..cols).step_by(gs).enumerate() {
                     let g1 = (g0 + gs).min(cols);
-                    let s = symmetric_scale(&src[g0..g1], 7.0);
-                    scales.push(s);
+                    let s = choose_scale(rule, &src[g0..g1], Levels::INT4);
+                    srow[g] = s;
                     for i in g0..g1 {
-                        let q = (level(src[i], s, -8, 7) + 8) as u8;
+                        let q = (level(src[i], s, Levels::INT4) + 8) as u8;
                         dst[i >> 1] |= if i & 1 == 0 { q } else { q << 4 };
                     }
-                }
-                if cols == 0 && enc.format == Format::Int4 {
-                    scales.push(0.0);
                 }
             }
             Format::Int3G64 => {
                 for g in 0..cols.div_ceil(64) {
                     let g0 = g * 64;
                     let g1 = (g0 + 64).min(cols);
-                    let s = symmetric_scale(&src[g0..g1], 3.0);
-                    scales.push(s);
+                    let s = choose_scale(rule, &src[g0..g1], Levels::INT3);
+                    srow[g] = s;
                     let grp = &mut dst[g * 24..g * 24 + 24];
                     for k in 0..64 {
                         let u = if g0 + k < g1 {
-                            (level(src[g0 + k], s, -4, 3) + 4) as u8
+                            (level(src[g0 + k], s, Levels::INT3) + 4) as u8
                         } else {
                             4
                         };
@@ -298,6 +337,4 @@ pub fn quantize(
             _ => unreachable!("require_kernel checked"),
         }
     }
-    let scale_bytes: Vec<u8> = scales.iter().flat_map(|s| s.to_le_bytes()).collect();
-    QMatrix::new(enc, rows, cols, Cow::Owned(data), Cow::Owned(scale_bytes))
 }

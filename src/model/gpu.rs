@@ -2580,6 +2580,9 @@ impl super::Forward for GpuModel<'_> {
     fn forward(&mut self, tokens: &[u32]) -> anyhow::Result<Vec<f32>> {
         GpuModel::forward(self, tokens)
     }
+    fn forward_all(&mut self, tokens: &[u32]) -> anyhow::Result<Vec<Vec<f32>>> {
+        GpuModel::forward_all(self, tokens)
+    }
     fn forward_greedy(&mut self, tokens: &[u32]) -> anyhow::Result<u32> {
         GpuModel::forward_greedy(self, tokens)
     }

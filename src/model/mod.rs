@@ -10,10 +10,12 @@
 //! - [`cpu`]: the CPU forward ([`CpuModel`]), the oracle.
 //! - [`sampling`], [`generate`], [`text`]: the decode loop, sampling and streamed detokenisation.
 //! - [`status`]: the run-time non-finite checks' status words and their errors.
+//! - [`eval`]: perplexity and KL divergence to a base model over strided windows.
 pub mod cache;
 pub mod config;
 pub mod cpu;
 pub mod error;
+pub mod eval;
 pub mod expert_cache;
 pub mod generate;
 pub mod gpu;
@@ -39,6 +41,9 @@ pub trait Forward {
     /// Feed `tokens` (prefill chunk or one decode token); logits of the last one
     /// (`config.logits_width()` values).
     fn forward(&mut self, tokens: &[u32]) -> anyhow::Result<Vec<f32>>;
+    /// Feed `tokens` and return the logits of every one of them (`tokens.len()` rows of
+    /// `config.logits_width()` values).
+    fn forward_all(&mut self, tokens: &[u32]) -> anyhow::Result<Vec<Vec<f32>>>;
     /// Feed `tokens` and return only the greedy choice after the last one (ties to the lowest id).
     /// Backends that can pick it without handing back the logits (the GPU: argmax on the device,
     /// 4 bytes read back) override this; the default is the argmax of [`Forward::forward`].
@@ -71,6 +76,9 @@ pub trait Forward {
 impl Forward for CpuModel<'_, '_> {
     fn forward(&mut self, tokens: &[u32]) -> anyhow::Result<Vec<f32>> {
         Ok(CpuModel::forward(self, tokens)?)
+    }
+    fn forward_all(&mut self, tokens: &[u32]) -> anyhow::Result<Vec<Vec<f32>>> {
+        Ok(CpuModel::forward_all(self, tokens)?)
     }
     fn reset(&mut self) {
         CpuModel::reset(self)

@@ -1,11 +1,11 @@
-//! `convert` round trips on the fixtures: loaded QMatrix bytes equal `quantize()` of the source
+//! `convert` round trips on the fixtures: loaded QMatrix bytes equal `quantize_with()` of the source
 //! weights, quantisation error stays within the documented bound per format, bf16 conversion of a
 //! BF16 source is byte-identical, the expert slabs are page-aligned and contiguous, interrupted
 //! conversions leave nothing under a final name, and the CLI (`convert`, `info`) works.
 use inkling_wgpu::container::{
     convert, expert_name, shared_expert_name, Container, ConvertOptions, Proj, EXPERT_PROJS,
 };
-use inkling_wgpu::formats::{quantize, Encoding};
+use inkling_wgpu::formats::{quantize_with, Encoding, ScaleRule};
 use std::path::{Path, PathBuf};
 
 fn fixture(name: &str) -> PathBuf {
@@ -105,10 +105,17 @@ fn bound(spelling: &str) -> f64 {
 }
 
 fn roundtrip(fix: &str, experts: &str) -> f64 {
+    roundtrip_with(fix, experts, ScaleRule::default())
+}
+
+/// Convert with `scales`; every routed expert matrix must equal `quantize_with(.., scales)` of
+/// its source rows. Returns the worst per-matrix relative error.
+fn roundtrip_with(fix: &str, experts: &str, scales: ScaleRule) -> f64 {
     let src_dir = fixture(fix);
-    let dst = tmpdir(&format!("rt-{fix}-{experts}"));
+    let dst = tmpdir(&format!("rt-{fix}-{experts}-{}", scales.name()));
     let opts = ConvertOptions {
         experts: Some(enc(experts)),
+        scales,
         ..Default::default()
     };
     convert(&src_dir, &dst, &opts).unwrap();
@@ -136,7 +143,7 @@ fn roundtrip(fix: &str, experts: &str) -> f64 {
                 (Proj::Down, &ex.down[e], ex.h, ex.i),
             ] {
                 let q = c.linear(&expert_name(layer, e, proj), rows, cols).unwrap();
-                let want = quantize(e_enc, w, rows, cols).unwrap();
+                let want = quantize_with(e_enc, w, rows, cols, opts.scales).unwrap();
                 assert_eq!(q.enc.format, e_enc.format);
                 assert_eq!(
                     &q.data[..],
@@ -169,6 +176,17 @@ fn roundtrip(fix: &str, experts: &str) -> f64 {
     eprintln!("{fix} {experts}: worst per-tensor relative error {worst:.4}");
     let _ = std::fs::remove_dir_all(&dst);
     worst
+}
+
+/// The default scale search never does worse than absmax on the fixtures' expert matrices, and
+/// `--scales absmax` still writes exactly `quantize()`'s absmax bytes.
+#[test]
+fn mse_scales_beat_absmax_on_the_fixture() {
+    for experts in ["int4", "int4-g32", "int3-g64"] {
+        let absmax = roundtrip_with("tiny-causal-f32", experts, ScaleRule::Absmax);
+        let mse = roundtrip_with("tiny-causal-f32", experts, ScaleRule::Mse);
+        assert!(mse < absmax, "{experts}: mse {mse} vs absmax {absmax}");
+    }
 }
 
 #[test]

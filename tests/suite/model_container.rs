@@ -1,12 +1,12 @@
 //! The model loader on converted containers (`inkling-wgpu convert` output): for every expert
-//! format, the loaded linears are exactly `quantize()` of the source weights and borrow the mapped
+//! format, the loaded linears are exactly `quantize_with()` (default scale rule) of the source weights and borrow the mapped
 //! file (routed experts inside their slab); the CPU forward generates on them; a bf16-only
 //! conversion of a BF16 source reproduces transformers' tokens and the unconverted model's logits
 //! bit for bit; `generate --device cpu --json` and `info` work on converted and source
 //! directories; a corrupted stamp is refused through `Checkpoint::open`, naming shard and tensor.
 use crate::model_common;
 use inkling_wgpu::container::{convert, Container, ContainerError, ConvertOptions, STAMP_KEY};
-use inkling_wgpu::formats::{quantize, Encoding, QMatrix};
+use inkling_wgpu::formats::{quantize_with, Encoding, QMatrix};
 use inkling_wgpu::model::generate::generate;
 use inkling_wgpu::model::weights::Mlp;
 use inkling_wgpu::model::{Checkpoint, CpuModel, Layout, ModelError, Weights};
@@ -124,8 +124,8 @@ fn within(inner: &[u8], outer: &[u8]) -> bool {
     i0 >= o0 && i0 + inner.len() <= o0 + outer.len()
 }
 
-/// (a): every loaded linear of the converted model equals `quantize()` of the source linear in
-/// the requested format (copied tensors: the source bytes), and borrows the mapped file; each
+/// (a): every loaded linear of the converted model equals `quantize_with()` of the source linear in
+/// the requested format (default scale rule) (copied tensors: the source bytes), and borrows the mapped file; each
 /// routed expert's bytes lie inside that expert's one contiguous slab range.
 fn check_linears(name: &str, dst: &Path, experts: &str, shared: &str, dense: &str) {
     let src_ck = Checkpoint::open(&fixture(name)).unwrap();
@@ -157,7 +157,8 @@ fn check_linears(name: &str, dst: &Path, experts: &str, shared: &str, dense: &st
             Role::Shared => enc(shared),
             Role::Routed { .. } => enc(experts),
         };
-        let q = quantize(target, &s.dequantize(), s.rows, s.cols).unwrap();
+        let rule = ConvertOptions::default().scales;
+        let q = quantize_with(target, &s.dequantize(), s.rows, s.cols, rule).unwrap();
         if *role == Role::Copy {
             assert_eq!(g.enc, s.enc, "{what}: copied tensor changed format");
             assert!(
@@ -175,11 +176,11 @@ fn check_linears(name: &str, dst: &Path, experts: &str, shared: &str, dense: &st
         );
         assert!(
             g.data[..] == q.data[..],
-            "{what}: weight bytes differ from quantize()"
+            "{what}: weight bytes differ from quantize_with()"
         );
         assert!(
             g.scales[..] == q.scales[..],
-            "{what}: scales differ from quantize()"
+            "{what}: scales differ from quantize_with()"
         );
         if let Role::Routed { layer, expert } = *role {
             let slab = c
