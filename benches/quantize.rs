@@ -1,7 +1,8 @@
 //! Criterion bench: CPU quantisation throughput (MB/s of f32 source weights) of one [2048, 2048]
-//! gaussian matrix per format and scale rule, through `formats::quantize_with` (all CPU threads).
+//! gaussian matrix per kernel format (f32 aside) and scale rule, through `formats::quantize_with` (all CPU threads).
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use inkling_wgpu::formats::{quantize_with, Encoding, ScaleRule};
+use inkling_wgpu::gpu::gemv::kernel_encodings;
 
 fn bench(c: &mut Criterion) {
     let (o, i) = (2048, 2048);
@@ -18,8 +19,12 @@ fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("quantize_2048x2048");
     g.sample_size(10);
     g.throughput(Throughput::Bytes(4 * w.len() as u64));
-    for spelling in ["bf16", "int4", "int4-g32", "int4-g64", "int4-g128", "int3-g64"] {
-        let enc = Encoding::parse(spelling).unwrap();
+    // every format with a kernel except f32 (a copy)
+    for enc in kernel_encodings()
+        .into_iter()
+        .filter(|e| *e != Encoding::F32)
+    {
+        let spelling = enc.spelling();
         for rule in [ScaleRule::Absmax, ScaleRule::Mse] {
             if enc.scale_count(1, i) == 0 && rule == ScaleRule::Mse {
                 continue;
