@@ -94,8 +94,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         a.out.display()
     );
     for e in &s.weight_error {
-        let scaled = crate::formats::Encoding::parse(&e.encoding)
-            .is_ok_and(|enc| enc.scale_count(1, 1) > 0);
+        let scaled =
+            crate::formats::Encoding::parse(&e.encoding).is_ok_and(|enc| enc.scale_count(1, 1) > 0);
         eprintln!(
             "{}: {}{}, {} matrices, relative weight error {:.6} (‖W − deq(W)‖/‖W‖)",
             e.class,

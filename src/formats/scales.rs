@@ -242,7 +242,10 @@ mod tests {
             }
             let (sa, sm) = (absmax_scale(&v, lv), mse_scale(&v, lv));
             let (ea, em) = (squared_error(&v, sa, lv), squared_error(&v, sm, lv));
-            assert!(em <= ea, "case {case}: mse {em} > absmax {ea} (s {sm} vs {sa})");
+            assert!(
+                em <= ea,
+                "case {case}: mse {em} > absmax {ea} (s {sm} vs {sa})"
+            );
             if n >= 32 && mag == 1.0 {
                 total[0] += ea;
                 total[1] += em;
@@ -255,7 +258,18 @@ mod tests {
     #[test]
     fn level_is_clamped_f32_round() {
         let mut rng = Rng(3);
-        let specials = [0.5f32, -0.5, 1.5, -2.5, 7.5, -8.5, 0.49999997, -0.49999997, 1e30, -1e30];
+        let specials = [
+            0.5f32,
+            -0.5,
+            1.5,
+            -2.5,
+            7.5,
+            -8.5,
+            0.49999997,
+            -0.49999997,
+            1e30,
+            -1e30,
+        ];
         for lv in [Levels::INT4, Levels::INT3] {
             for i in 0..20000 {
                 let v = if i < specials.len() {

@@ -28,7 +28,10 @@ pub struct Window {
 /// The windows of the module docs over `n` tokens. Needs `ctx ≥ 2` and `1 ≤ stride ≤ ctx`
 /// (otherwise an error); fewer than 2 tokens give no window.
 pub fn windows(n: usize, ctx: usize, stride: usize) -> Result<Vec<Window>> {
-    ensure!(ctx >= 2, "the context must hold at least 2 tokens, got {ctx}");
+    ensure!(
+        ctx >= 2,
+        "the context must hold at least 2 tokens, got {ctx}"
+    );
     ensure!(
         (1..=ctx).contains(&stride),
         "the stride must be between 1 and the context ({ctx}), got {stride}"
@@ -36,7 +39,10 @@ pub fn windows(n: usize, ctx: usize, stride: usize) -> Result<Vec<Window>> {
     let mut out = Vec::new();
     let mut prev_end = 0;
     let mut begin = 0;
-    while n >= 2 {
+    if n < 2 {
+        return Ok(out);
+    }
+    loop {
         let end = (begin + ctx).min(n);
         let first_target = prev_end.max(begin + 1);
         if first_target < end {
@@ -201,7 +207,13 @@ pub fn evaluate(
                     let kl: f64 = blp
                         .iter()
                         .zip(&lp)
-                        .map(|(&b, &m)| if b > f64::NEG_INFINITY { b.exp() * (b - m) } else { 0.0 })
+                        .map(|(&b, &m)| {
+                            if b > f64::NEG_INFINITY {
+                                b.exp() * (b - m)
+                            } else {
+                                0.0
+                            }
+                        })
                         .sum();
                     bs.kl_sum += kl;
                     bs.kl_sq_sum += kl * kl;
@@ -235,7 +247,10 @@ mod tests {
             }
             assert_eq!(seen[0], 0);
             if stride < ctx {
-                assert!(seen[1..].iter().all(|&c| c == 1), "{n} {ctx} {stride}: {seen:?}");
+                assert!(
+                    seen[1..].iter().all(|&c| c == 1),
+                    "{n} {ctx} {stride}: {seen:?}"
+                );
             } else {
                 // disjoint windows: the first token of each later window is not scored
                 let unscored: Vec<usize> = (1..n).filter(|&i| seen[i] == 0).collect();
@@ -245,8 +260,13 @@ mod tests {
         }
         assert_eq!(
             windows(10, 4, 2).unwrap(),
-            [(0, 4, 1), (2, 6, 4), (4, 8, 6), (6, 10, 8)]
-                .map(|(begin, end, first_target)| Window { begin, end, first_target })
+            [(0, 4, 1), (2, 6, 4), (4, 8, 6), (6, 10, 8)].map(|(begin, end, first_target)| {
+                Window {
+                    begin,
+                    end,
+                    first_target,
+                }
+            })
         );
         assert!(windows(1, 4, 2).unwrap().is_empty());
         assert!(windows(10, 1, 1).is_err());
@@ -308,7 +328,7 @@ mod tests {
         // after token 1 (three of the five predictions): KL(0.75,0.25 ‖ 0.5,0.5)
         let kl1 = 0.75 * (1.5f64).ln() + 0.25 * (0.5f64).ln();
         assert!((st.kl().unwrap().0 - 3.0 * kl1 / 5.0).abs() < 1e-7); // ln 3 is rounded to f32
-        // argmax ties go to id 0 in both, so top-1 always agrees
+                                                                      // argmax ties go to id 0 in both, so top-1 always agrees
         assert_eq!(st.top1_agreement(), Some(1.0));
         // base nll: targets after token 1 are 0, 1, 0 (−ln .75, −ln .25, −ln .75), after 0: ln 2
         let bn = -(0.75f64.ln() * 2.0 + 0.25f64.ln()) + 2.0 * 2f64.ln();

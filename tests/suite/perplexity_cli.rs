@@ -173,23 +173,38 @@ fn kl_base_against_itself_and_a_quantised_container() {
 fn bad_input_names_the_file_or_the_option() {
     let dir = fixture("tiny-causal-f32");
     let m = dir.to_str().unwrap();
-    let e = failure(&["--model", m, "--file", "/nonexistent/x.txt", "--device", "cpu"]);
+    let on_cpu = |file: &Path| {
+        failure(&[
+            "--model",
+            m,
+            "--file",
+            file.to_str().unwrap(),
+            "--device",
+            "cpu",
+        ])
+    };
+    let e = on_cpu(Path::new("/nonexistent/x.txt"));
     assert!(e.contains("/nonexistent/x.txt"), "{e}");
 
     let tmp = scratch("ppl-bad");
     let bin = tmp.join("latin1.txt");
     std::fs::write(&bin, b"caf\xe9").unwrap();
-    let e = failure(&["--model", m, "--file", bin.to_str().unwrap(), "--device", "cpu"]);
+    let e = on_cpu(&bin);
     assert!(e.contains("latin1.txt") && e.contains("not UTF-8"), "{e}");
 
     let empty = tmp.join("empty.txt");
     std::fs::write(&empty, b"").unwrap();
-    let e = failure(&["--model", m, "--file", empty.to_str().unwrap(), "--device", "cpu"]);
-    assert!(e.contains("empty.txt") && e.contains("at least 2 tokens"), "{e}");
+    let e = on_cpu(&empty);
+    assert!(
+        e.contains("empty.txt") && e.contains("at least 2 tokens"),
+        "{e}"
+    );
 
     let t = text();
     let t = t.to_str().unwrap();
-    let e = failure(&["--model", m, "--file", t, "--ctx", "8", "--stride", "9", "--device", "cpu"]);
+    let e = failure(&[
+        "--model", m, "--file", t, "--ctx", "8", "--stride", "9", "--device", "cpu",
+    ]);
     assert!(e.contains("stride"), "{e}");
     let e = failure(&["--model", m, "--file", t, "--ctx", "1", "--device", "cpu"]);
     assert!(e.contains("context"), "{e}");
