@@ -10,8 +10,8 @@ pub mod container;
 pub mod formats;
 pub mod gpu;
 pub mod model;
-pub mod tempfiles;
 pub mod serve;
+pub mod tempfiles;
 
 /// `n` bytes as `B`, `KiB`, `MiB`, `GiB` or `TiB` (powers of 1024, two decimals above bytes).
 pub fn human_bytes(n: u64) -> String {

@@ -9,12 +9,12 @@ pub mod convert;
 pub mod formats;
 pub mod generate;
 pub mod info;
-pub mod output;
-pub mod prompt;
-pub mod shaders;
 pub mod load;
-pub mod serve;
+pub mod output;
 pub mod perplexity;
+pub mod prompt;
+pub mod serve;
+pub mod shaders;
 pub mod smoke;
 pub mod synth;
 

@@ -22,7 +22,6 @@ const MAX_TOKENS: usize = 24;
 /// long stream that is cut off).
 const LIMIT: Duration = Duration::from_secs(600);
 
-
 /// Kills the server when the test ends, however it ends.
 struct Server(Child);
 
