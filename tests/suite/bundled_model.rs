@@ -40,7 +40,7 @@ fn default_model_runs_from_the_binary_alone() {
         &Command::new(&exe)
             .args(args)
             .arg("--model")
-            .arg(fixture("tiny-causal-f32"))
+            .arg(inkling_wgpu::bundled_model_dir())
             .output()
             .unwrap(),
     );

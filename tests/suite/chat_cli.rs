@@ -97,7 +97,8 @@ fn two_turns_through_stdin_equal_one_shot_generations() {
 
 #[test]
 fn chat_refuses_a_model_without_chat_specials() {
-    let plain = inkling_wgpu::bundled_model_dir();
+    let plain =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-causal-f32");
     let out = chat(&["--model", plain.to_str().unwrap()], "Hello\n");
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
