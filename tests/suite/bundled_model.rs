@@ -1,7 +1,7 @@
 //! The default model comes from the binary itself: a copy of the binary outside the checkout,
 //! with its own cache directory, generates the same tokens as the checkout's fixture; an
 //! unwritable cache says what to pass instead.
-use crate::model_common::{fixture, scratch};
+use crate::model_common::scratch;
 use std::process::Command;
 
 fn json_ids(o: &std::process::Output) -> serde_json::Value {
