@@ -183,17 +183,8 @@ fn tokenizer_matches_python_on_the_heldout_text() {
         assert_eq!(tok.decode(&ids, false).unwrap(), decoded, "{t:?}");
     }
     // Inkling's chat specials, by name, as special tokens (skipped by a decode that skips them).
-    for name in [
-        "<|endoftext|>",
-        "<|message_user|>",
-        "<|message_model|>",
-        "<|message_system|>",
-        "<|message_tool|>",
-        "<|content_text|>",
-        "<|content_thinking|>",
-        "<|end_message|>",
-        "<|content_model_end_sampling|>",
-    ] {
+    let required = inkling_wgpu::chat::specials::REQUIRED.iter().map(|r| r.0);
+    for name in std::iter::once("<|endoftext|>").chain(required) {
         let id = tok
             .token_to_id(name)
             .unwrap_or_else(|| panic!("{name} missing"));
