@@ -9,7 +9,7 @@
 use super::output::outln;
 use crate::gpu::Gpu;
 use crate::model::profile::DecodeReport;
-use crate::model::{Checkpoint, GpuModel, Weights};
+use crate::model::{Checkpoint, GpuModel, GpuModelOptions, Weights};
 use anyhow::{ensure, Context};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -100,12 +100,12 @@ fn probe(m: &mut GpuModel, prompt: &[u32], steps: usize) -> anyhow::Result<(Vec<
     m.reset();
     let mut ids = Vec::with_capacity(steps + 1);
     let mut t0 = None;
-    let streamed = m.greedy_stream(prompt, steps + 1, &mut |id| {
-        ids.push(id);
-        t0.get_or_insert_with(Instant::now);
-        Ok(true)
-    })?;
-    if streamed {
+    if m.can_stream_greedy() {
+        m.greedy_stream(prompt, steps + 1, &mut |id| {
+            ids.push(id);
+            t0.get_or_insert_with(Instant::now);
+            Ok(true)
+        })?;
         let secs = t0.map_or(0.0, |t| t.elapsed().as_secs_f64());
         return Ok((ids, secs));
     }
@@ -193,9 +193,8 @@ pub fn run(a: DecodeArgs) -> anyhow::Result<ExitCode> {
     let w = Weights::load(&ck)?;
     let gpu = Gpu::new()?;
     let prompt = probe_prompt(w.config.logits_width());
-    let mut m = GpuModel::new(&gpu, &w, PROBE_PROMPT + a.tokens + 1)
+    let mut m = GpuModel::new(&gpu, &w, GpuModelOptions::new(PROBE_PROMPT + a.tokens + 1))
         .with_context(|| format!("building the GPU model on {}", gpu.describe()))?;
-    drop(w);
     m.set_pass_per_phase(a.pass_per_phase);
     m.set_fuse_residual(a.fuse_residual);
 

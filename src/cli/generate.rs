@@ -111,12 +111,10 @@ fn parse_gpu_mem(s: &str) -> Result<GpuMem, String> {
 pub(crate) fn gpu_backend<'w>(
     w: &'w Weights<'w>,
     opts: GpuModelOptions,
-    placement: Placement,
-    usage: Option<Usage>,
 ) -> anyhow::Result<GpuModel<'w>> {
     let gpu = crate::gpu::device::Gpu::new()
         .map_err(|e| anyhow::anyhow!("{e}; or run with `--device cpu` to use the CPU forward"))?;
-    let model = GpuModel::with_placement(&gpu, w, opts, placement, usage)
+    let model = GpuModel::new(&gpu, w, opts)
         .with_context(|| format!("building the GPU model on {}", gpu.describe()))?;
     Ok(model)
 }
@@ -265,14 +263,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     // the KV cache holds what can be used: prompt + new tokens, within the model's context
     let max_seq = prompt.len().saturating_add(params.max_new_tokens.max(1));
-    let opts = GpuModelOptions {
-        max_seq,
-        max_chunk: crate::model::gpu::DEFAULT_MAX_CHUNK,
-        binding_limit: None,
+    let mut opts = GpuModelOptions {
+        placement,
+        ..GpuModelOptions::new(max_seq)
     };
     // Only a run that really streams reads or writes the usage file.
-    let streams =
-        args.device == Device::Gpu && GpuModel::plan_slots(&weights, opts, placement)?.is_some();
+    let streams = args.device == Device::Gpu && GpuModel::plan_slots(&weights, &opts)?.is_some();
     let cfg = &ck.config;
     let usage_path = match args.usage_file.as_deref() {
         _ if !streams => None,
@@ -316,7 +312,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             &mut cpu_model
         }
         Device::Gpu => {
-            let m = gpu_model.insert(gpu_backend(&weights, opts, placement, usage_seed.clone())?);
+            opts.usage = usage_seed.clone();
+            let m = gpu_model.insert(gpu_backend(&weights, opts)?);
             if let Some((pos, layer)) = inject {
                 m.inject_routed_failure(pos, layer)?;
             }

@@ -5,9 +5,7 @@ use super::generate::{gpu_backend, Device};
 use crate::chat::Renderer;
 use crate::model::sampling::SamplingParams;
 use crate::model::text::{load_tokenizer, tokenizer_eos_ids};
-use crate::model::{
-    Checkpoint, CpuModel, Forward, GenerationConfig, GpuModelOptions, Placement, Weights,
-};
+use crate::model::{Checkpoint, CpuModel, Forward, GenerationConfig, GpuModelOptions, Weights};
 use anyhow::{bail, Context};
 use std::path::PathBuf;
 use tokenizers::Tokenizer;
@@ -91,12 +89,7 @@ pub fn with_chat_model<R>(
             &mut cpu
         }
         Device::Gpu => {
-            let opts = GpuModelOptions {
-                max_seq: ctx,
-                max_chunk: crate::model::gpu::DEFAULT_MAX_CHUNK,
-                binding_limit: None,
-            };
-            gpu = gpu_backend(&weights, opts, Placement::Resident, None)?;
+            gpu = gpu_backend(&weights, GpuModelOptions::new(ctx))?;
             &mut gpu
         }
     };

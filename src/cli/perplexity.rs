@@ -4,7 +4,7 @@
 use super::generate::{gpu_backend, Device};
 use crate::model::eval::{evaluate, windows, EvalStats};
 use crate::model::text::load_tokenizer;
-use crate::model::{Checkpoint, CpuModel, Forward, GpuModel, GpuModelOptions, Placement, Weights};
+use crate::model::{Checkpoint, CpuModel, Forward, GpuModel, GpuModelOptions, Weights};
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -67,14 +67,7 @@ fn backend<'w>(
 ) -> Result<&'w mut dyn Forward> {
     Ok(match device {
         Device::Cpu => cpu.insert(CpuModel::new(w)),
-        Device::Gpu => {
-            let opts = GpuModelOptions {
-                max_seq: ctx,
-                max_chunk: crate::model::gpu::DEFAULT_MAX_CHUNK,
-                binding_limit: None,
-            };
-            gpu.insert(gpu_backend(w, opts, Placement::Resident, None)?)
-        }
+        Device::Gpu => gpu.insert(gpu_backend(w, GpuModelOptions::new(ctx))?),
     })
 }
 

@@ -112,22 +112,22 @@ pub fn generate_continue(
         let mut t_first = None;
         let mut prefill_s = 0.0;
         let mut ttft_s = 0.0;
-        let streamed = model.greedy_stream(prompt, params.max_new_tokens, &mut |id| {
-            out.push(id);
-            if t_first.is_none() {
-                // the prompt's forward ends with the first id's readback
-                prefill_s = t0.elapsed().as_secs_f64();
-                ttft_s = prefill_s;
-                t_first = Some(Instant::now());
-            }
-            if params.eos_ids.contains(&id) {
-                finish = FinishReason::Eos;
-                return Ok(false);
-            }
-            on_token(id)?;
-            Ok(out.len() < params.max_new_tokens)
-        })?;
-        if streamed {
+        if let Some(pipe) = model.greedy_pipeline() {
+            pipe.greedy_stream(prompt, params.max_new_tokens, &mut |id| {
+                out.push(id);
+                if t_first.is_none() {
+                    // the prompt's forward ends with the first id's readback
+                    prefill_s = t0.elapsed().as_secs_f64();
+                    ttft_s = prefill_s;
+                    t_first = Some(Instant::now());
+                }
+                if params.eos_ids.contains(&id) {
+                    finish = FinishReason::Eos;
+                    return Ok(false);
+                }
+                on_token(id)?;
+                Ok(out.len() < params.max_new_tokens)
+            })?;
             stats.prefill_s = prefill_s;
             stats.ttft_s = ttft_s;
             return Ok(finish_output(out, finish, stats, t_first));

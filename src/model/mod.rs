@@ -8,6 +8,11 @@
 //! - [`expert_cache`]: slot bookkeeping of a GPU expert cache (which routed experts are resident).
 //! - [`usage`]: the per-model routing-count file that ranks the expert cache's pinned hot set.
 //! - [`cpu`]: the CPU forward ([`CpuModel`]), the oracle.
+//! - [`gpu`]: the GPU forward ([`GpuModel`]): residency, the layer recipe, recording, timers,
+//!   expert streaming.
+//! - [`stream`]: expert placement ([`Placement`]) and streaming counters ([`StreamStats`]).
+//! - [`profile`]: decode profiles (per phase, per op) and their roofline.
+//! - [`error`]: the model's typed errors ([`ModelError`]).
 //! - [`sampling`], [`generate`], [`text`]: the decode loop, sampling and streamed detokenisation.
 //! - [`status`]: the run-time non-finite checks' status words and their errors.
 //! - [`eval`]: perplexity and KL divergence to a base model over strided windows.
@@ -36,7 +41,7 @@ pub use gpu::{GpuModel, GpuModelOptions, HostTimes};
 pub use stream::{Placement, StreamStats};
 pub use weights::{Checkpoint, Layout, Weights};
 
-/// A forward backend (CPU now, GPU later) holding one sequence's state.
+/// A forward backend holding one sequence's state: [`CpuModel`] (the f32 oracle) or [`GpuModel`].
 pub trait Forward {
     /// Feed `tokens` (prefill chunk or one decode token); logits of the last one
     /// (`config.logits_width()` values).
@@ -50,18 +55,10 @@ pub trait Forward {
     fn forward_greedy(&mut self, tokens: &[u32]) -> anyhow::Result<u32> {
         Ok(sampling::argmax(&self.forward(tokens)?))
     }
-    /// Pipelined greedy decode: feed `prompt`, then hand each greedy id to `on_id` in order
-    /// (feeding it back) while `on_id` returns `true`, at most `max_new` ids. Returns `Ok(false)`,
-    /// having fed nothing, when the backend has no such path (the default; callers then loop over
-    /// [`Forward::forward_greedy`]). The GPU keeps one step in flight, so after a stop the state
-    /// may be one token ahead (see [`crate::model::GpuModel::greedy_stream`]); `position()` says so.
-    fn greedy_stream(
-        &mut self,
-        _prompt: &[u32],
-        _max_new: usize,
-        _on_id: &mut dyn FnMut(u32) -> anyhow::Result<bool>,
-    ) -> anyhow::Result<bool> {
-        Ok(false)
+    /// The backend's pipelined greedy decode, when it has one in its current mode (`None`, the
+    /// default: callers loop over [`Forward::forward_greedy`]).
+    fn greedy_pipeline(&mut self) -> Option<&mut dyn GreedyPipeline> {
+        None
     }
     /// Forget the sequence.
     fn reset(&mut self);
@@ -71,6 +68,20 @@ pub trait Forward {
     fn backend(&self) -> &'static str;
     /// Adapter description (`"cpu"` for the CPU path).
     fn adapter(&self) -> String;
+}
+
+/// A pipelined greedy decode (see [`Forward::greedy_pipeline`]).
+pub trait GreedyPipeline {
+    /// Feed `prompt`, then hand each greedy id to `on_id` in order (feeding it back) while
+    /// `on_id` returns `true`, at most `max_new` ids. The GPU keeps one step in flight, so after
+    /// a stop the state may be one token ahead (see [`crate::model::GpuModel::greedy_stream`]);
+    /// `position()` says so.
+    fn greedy_stream(
+        &mut self,
+        prompt: &[u32],
+        max_new: usize,
+        on_id: &mut dyn FnMut(u32) -> anyhow::Result<bool>,
+    ) -> anyhow::Result<()>;
 }
 
 impl Forward for CpuModel<'_, '_> {

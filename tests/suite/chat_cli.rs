@@ -7,7 +7,7 @@ use inkling_wgpu::chat::parse::split_turn;
 use inkling_wgpu::chat::{Effort, Message, Role};
 use inkling_wgpu::gpu::device::Gpu;
 use inkling_wgpu::model::generate::generate;
-use inkling_wgpu::model::{Checkpoint, GpuModel, Weights};
+use inkling_wgpu::model::{Checkpoint, GpuModel, GpuModelOptions, Weights};
 use std::io::Write;
 use std::process::{Command, Stdio};
 
@@ -55,7 +55,7 @@ fn two_turns_through_stdin_equal_one_shot_generations() {
     let ck = Checkpoint::open(&model).unwrap();
     let w = Weights::load(&ck).unwrap();
     let gpu = Gpu::new().expect("a GPU adapter (lavapipe: WGPU_BACKEND=vulkan)");
-    let mut m = GpuModel::new(&gpu, &w, 512).unwrap();
+    let mut m = GpuModel::new(&gpu, &w, GpuModelOptions::new(512)).unwrap();
     let params = greedy(stop_ids(&ck, &r), MAX);
     let effort = Some(Effort::NONE);
     let sys = [Message::new(Role::System, "Be brief.")];

@@ -6,7 +6,7 @@ use inkling_wgpu::chat::session::{Finish, Halt, Session};
 use inkling_wgpu::chat::{Effort, Message, Role};
 use inkling_wgpu::gpu::device::Gpu;
 use inkling_wgpu::model::generate::generate;
-use inkling_wgpu::model::{Checkpoint, CpuModel, Forward, GpuModel, Weights};
+use inkling_wgpu::model::{Checkpoint, CpuModel, Forward, GpuModel, GpuModelOptions, Weights};
 
 fn check_continuation(model: &mut dyn Forward, eos: &[u32]) {
     let (_, r) = tokenizer_and_renderer();
@@ -95,6 +95,6 @@ fn kv_continuation_equals_fresh_prefill_cpu_and_gpu() {
     let eos = stop_ids(&ck, &r);
     check_continuation(&mut CpuModel::new(&w), &eos);
     let gpu = Gpu::new().expect("a GPU adapter (lavapipe: WGPU_BACKEND=vulkan)");
-    let mut g = GpuModel::new(&gpu, &w, 512).unwrap();
+    let mut g = GpuModel::new(&gpu, &w, GpuModelOptions::new(512)).unwrap();
     check_continuation(&mut g, &eos);
 }

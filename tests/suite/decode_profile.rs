@@ -7,7 +7,7 @@ use crate::model_common;
 use crate::ops_util::shared_gpu as gpu;
 use inkling_wgpu::formats::QMatrix;
 use inkling_wgpu::model::weights::{Ffn, Mlp};
-use inkling_wgpu::model::{Checkpoint, GpuModel, Weights};
+use inkling_wgpu::model::{Checkpoint, GpuModel, GpuModelOptions, Weights};
 use model_common::*;
 use std::process::Command;
 
@@ -36,7 +36,7 @@ fn profile_mode_keeps_tokens_and_phases_add_up() {
     for name in FIXTURES {
         let ck = Checkpoint::open(&fixture(name)).unwrap();
         let w = Weights::load(&ck).unwrap();
-        let mut m = GpuModel::new(&gpu, &w, 64).unwrap();
+        let mut m = GpuModel::new(&gpu, &w, GpuModelOptions::new(64)).unwrap();
         let prompt: Vec<u32> = (0..7).map(|i| (i * 37 + 5) % 300).collect();
         let steps = 12;
         let (ids, logits) = greedy_run(&mut m, &prompt, steps);
@@ -252,7 +252,7 @@ fn pass_per_phase_recording_keeps_tokens_and_logits_and_host_times_count_steps()
     for name in FIXTURES {
         let ck = Checkpoint::open(&fixture(name)).unwrap();
         let w = Weights::load(&ck).unwrap();
-        let mut m = GpuModel::new(&gpu, &w, 64).unwrap();
+        let mut m = GpuModel::new(&gpu, &w, GpuModelOptions::new(64)).unwrap();
         let prompt: Vec<u32> = (0..9).map(|i| (i * 53 + 11) % 300).collect();
         let (ids, logits) = greedy_run(&mut m, &prompt, 10);
         m.set_pass_per_phase(true);

@@ -6,7 +6,7 @@ use crate::gemv_parity::parity_every_format;
 use crate::model_common::*;
 use inkling_wgpu::gpu::limits::LimitProfile;
 use inkling_wgpu::gpu::Gpu;
-use inkling_wgpu::model::{Checkpoint, GpuModel, Weights};
+use inkling_wgpu::model::{Checkpoint, GpuModel, GpuModelOptions, Weights};
 
 /// The GPU clamped to `p`, or a clear failure (never a skip).
 fn profile_gpu(p: LimitProfile) -> Gpu {
@@ -46,7 +46,7 @@ fn model_reference_under_every_limit_profile() {
             let w = Weights::load(&ck).unwrap();
             let r = reference(name);
             let eos = ck.generation.clone().unwrap().eos_token_ids;
-            match GpuModel::new(&gpu, &w, 128) {
+            match GpuModel::new(&gpu, &w, GpuModelOptions::new(128)) {
                 Ok(mut m) => {
                     assert_ne!(p, LimitProfile::WebGpu, "{name}: expected a limit error");
                     for (ci, c) in r.cases.iter().enumerate() {

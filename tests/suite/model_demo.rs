@@ -9,7 +9,7 @@ use crate::model_common;
 use crate::ops_util::shared_gpu as gpu;
 use inkling_wgpu::formats::Format;
 use inkling_wgpu::model::weights::Mlp;
-use inkling_wgpu::model::{Checkpoint, CpuModel, GpuModel, Weights};
+use inkling_wgpu::model::{Checkpoint, CpuModel, GpuModel, GpuModelOptions, Weights};
 use model_common::*;
 
 const DEMO: &str = "austen-demo";
@@ -132,7 +132,7 @@ fn gpu_matches_transformers_and_cpu_on_the_demo() {
     let ck = Checkpoint::open(&fixture(DEMO)).unwrap();
     let w = Weights::load(&ck).unwrap();
     let r = reference(DEMO);
-    let mut m = GpuModel::new(&gpu, &w, MAX_SEQ).unwrap();
+    let mut m = GpuModel::new(&gpu, &w, GpuModelOptions::new(MAX_SEQ)).unwrap();
     for (ci, c) in r.cases.iter().enumerate() {
         m.reset();
         check_greedy_case(&mut m, DEMO, ci, c, &r.eos);

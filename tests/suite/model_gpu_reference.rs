@@ -6,7 +6,7 @@
 use crate::model_common;
 use crate::ops_util::shared_gpu as gpu;
 use inkling_wgpu::model::generate::{generate, FinishReason};
-use inkling_wgpu::model::{Checkpoint, CpuModel, GpuModel, Weights};
+use inkling_wgpu::model::{Checkpoint, CpuModel, GpuModel, GpuModelOptions, Weights};
 use model_common::*;
 
 const MAX_SEQ: usize = 128;
@@ -42,7 +42,7 @@ fn greedy_matches_transformers_on_every_fixture() {
         let r = reference(name);
         let eos = ck.generation.clone().unwrap().eos_token_ids;
         assert_eq!(eos, r.eos, "{name}: eos ids");
-        let mut m = GpuModel::new(&gpu, &w, MAX_SEQ).unwrap();
+        let mut m = GpuModel::new(&gpu, &w, GpuModelOptions::new(MAX_SEQ)).unwrap();
         for (ci, c) in r.cases.iter().enumerate() {
             check_greedy_case(&mut m, name, ci, c, &eos);
             // The argmax-only fast path (GPU argmax, 4 bytes read back) agrees.
@@ -65,7 +65,7 @@ fn teacher_forced_logits_match_reference_and_cpu() {
         let ck = Checkpoint::open(&fixture(name)).unwrap();
         let w = Weights::load(&ck).unwrap();
         let r = reference(name);
-        let mut m = GpuModel::new(&gpu, &w, MAX_SEQ).unwrap();
+        let mut m = GpuModel::new(&gpu, &w, GpuModelOptions::new(MAX_SEQ)).unwrap();
         for c in &r.cases {
             let want = reference_logits(name, &c.logits_key);
             let mut seq = c.prompt_ids.clone();
@@ -118,7 +118,7 @@ fn chunked_prefill_and_decode_equal_full_recompute() {
         let w = Weights::load(&ck).unwrap();
         let win = w.config.sliding_window_size;
         let seq = long_seq(&w, 3 * win + 5);
-        let mut m = GpuModel::new(&gpu, &w, MAX_SEQ).unwrap();
+        let mut m = GpuModel::new(&gpu, &w, GpuModelOptions::new(MAX_SEQ)).unwrap();
         let full = m.forward_all(&seq).unwrap();
         let cpu = CpuModel::new(&w).forward_all(&seq).unwrap();
         let e = assert_close(
@@ -165,7 +165,15 @@ fn chunked_prefill_and_decode_equal_full_recompute() {
         // A model whose submissions hold at most 2 or W−1 tokens splits one call over several
         // submissions: same logits.
         for chunk in [2, win - 1] {
-            let mut small = GpuModel::with_chunk(&gpu, &w, MAX_SEQ, chunk).unwrap();
+            let mut small = GpuModel::new(
+                &gpu,
+                &w,
+                GpuModelOptions {
+                    max_chunk: chunk,
+                    ..GpuModelOptions::new(MAX_SEQ)
+                },
+            )
+            .unwrap();
             let got = small.forward_all(&seq).unwrap();
             assert_close(&got, &full, 1e-5, &format!("{name} max_chunk {chunk}"));
             small.reset();
@@ -187,7 +195,7 @@ fn window_edges_w_minus_1_w_w_plus_1() {
         let ck = Checkpoint::open(&fixture(name)).unwrap();
         let w = Weights::load(&ck).unwrap();
         let win = w.config.sliding_window_size;
-        let mut m = GpuModel::new(&gpu, &w, MAX_SEQ).unwrap();
+        let mut m = GpuModel::new(&gpu, &w, GpuModelOptions::new(MAX_SEQ)).unwrap();
         for plen in [win - 1, win, win + 1] {
             let seq = long_seq(&w, plen + 4);
             let full = CpuModel::new(&w).forward_all(&seq).unwrap();
@@ -222,7 +230,7 @@ fn two_prompts_in_one_process_do_not_leak_state() {
     let ck = Checkpoint::open(&fixture(name)).unwrap();
     let w = Weights::load(&ck).unwrap();
     let r = reference(name);
-    let mut m = GpuModel::new(&gpu, &w, MAX_SEQ).unwrap();
+    let mut m = GpuModel::new(&gpu, &w, GpuModelOptions::new(MAX_SEQ)).unwrap();
     for c in [&r.cases[0], &r.cases[1], &r.cases[0], &r.cases[2]] {
         let out = generate(
             &mut m,
@@ -235,12 +243,12 @@ fn two_prompts_in_one_process_do_not_leak_state() {
     }
     // reset clears the conv states (and the position): a short prefix first (shorter than the
     // conv kernel), then reset
-    let mut m = GpuModel::new(&gpu, &w, MAX_SEQ).unwrap();
+    let mut m = GpuModel::new(&gpu, &w, GpuModelOptions::new(MAX_SEQ)).unwrap();
     m.forward(&[5, 6]).unwrap();
     m.reset();
     assert_eq!(m.position(), 0);
     let a = m.forward(&r.cases[1].prompt_ids).unwrap();
-    let b = GpuModel::new(&gpu, &w, MAX_SEQ)
+    let b = GpuModel::new(&gpu, &w, GpuModelOptions::new(MAX_SEQ))
         .unwrap()
         .forward(&r.cases[1].prompt_ids)
         .unwrap();
@@ -255,7 +263,7 @@ fn decode_steps_are_built_once_and_reused() {
     let gpu = gpu();
     let ck = Checkpoint::open(&fixture("tiny-mm-bf16")).unwrap();
     let w = Weights::load(&ck).unwrap();
-    let mut m = GpuModel::new(&gpu, &w, MAX_SEQ).unwrap();
+    let mut m = GpuModel::new(&gpu, &w, GpuModelOptions::new(MAX_SEQ)).unwrap();
     m.forward(&[3, 4, 5]).unwrap();
     m.forward(&[6]).unwrap();
     let n = m.recorded_steps();
@@ -275,7 +283,7 @@ fn bad_inputs_are_errors() {
     let gpu = gpu();
     let ck = Checkpoint::open(&fixture("tiny-causal-f32")).unwrap();
     let w = Weights::load(&ck).unwrap();
-    let mut m = GpuModel::new(&gpu, &w, 8).unwrap();
+    let mut m = GpuModel::new(&gpu, &w, GpuModelOptions::new(8)).unwrap();
     assert!(m.forward(&[]).is_err());
     let e = m.forward(&[w.config.vocab_size as u32]).unwrap_err();
     assert!(e.to_string().contains("vocab"), "{e}");
@@ -287,25 +295,24 @@ fn bad_inputs_are_errors() {
 
 #[test]
 fn small_bindings_split_embedding_and_weights_without_changing_logits() {
-    use inkling_wgpu::model::GpuModelOptions;
     let gpu = gpu();
     for name in FIXTURES {
         let ck = Checkpoint::open(&fixture(name)).unwrap();
         let w = Weights::load(&ck).unwrap();
         let seq = long_seq(&w, 2 * w.config.sliding_window_size + 3);
-        let want = GpuModel::new(&gpu, &w, MAX_SEQ)
+        let want = GpuModel::new(&gpu, &w, GpuModelOptions::new(MAX_SEQ))
             .unwrap()
             .forward_all(&seq)
             .unwrap();
         // 1 KiB: the embedding table splits into many shards (4–8 rows each) and every weight
         // slab into several chunks (by experts, and by rows within an expert).
-        let mut m = GpuModel::with_options(
+        let mut m = GpuModel::new(
             &gpu,
             &w,
             GpuModelOptions {
-                max_seq: MAX_SEQ,
                 max_chunk: 4,
                 binding_limit: Some(1024),
+                ..GpuModelOptions::new(MAX_SEQ)
             },
         )
         .unwrap();
@@ -327,9 +334,16 @@ fn a_kv_cache_past_the_binding_limit_is_a_clear_error() {
     let w = Weights::load(&ck).unwrap();
     let kvd = w.config.num_key_value_heads * w.config.head_dim;
     let too_long = (gpu.max_binding() / (4 * kvd as u64)) as usize + 1;
-    let e = GpuModel::with_chunk(&gpu, &w, too_long, 1)
-        .err()
-        .expect("refused");
+    let e = GpuModel::new(
+        &gpu,
+        &w,
+        GpuModelOptions {
+            max_chunk: 1,
+            ..GpuModelOptions::new(too_long)
+        },
+    )
+    .err()
+    .expect("refused");
     assert!(e.to_string().contains("max_seq"), "{e}");
 }
 
@@ -344,7 +358,15 @@ fn pipelined_greedy_stop_on_eos_then_second_prompt_matches_reference() {
         let w = Weights::load(&ck).unwrap();
         let r = reference(name);
         for chunk in [64, 3] {
-            let mut m = GpuModel::with_chunk(&gpu, &w, MAX_SEQ, chunk).unwrap();
+            let mut m = GpuModel::new(
+                &gpu,
+                &w,
+                GpuModelOptions {
+                    max_chunk: chunk,
+                    ..GpuModelOptions::new(MAX_SEQ)
+                },
+            )
+            .unwrap();
             let n = r.cases.len();
             for (ci, c) in r.cases.iter().enumerate() {
                 if c.generated_ids.len() < 2 {
@@ -397,8 +419,9 @@ fn pipelined_greedy_respects_max_seq_and_profile_mode() {
     let c = &r.cases[0];
     let p = c.prompt_ids.len();
     // room for the prompt and 3 fed ids: 4 ids, then the same error as the unpipelined loop
-    let mut m = GpuModel::new(&gpu, &w, p + 3).unwrap();
+    let mut m = GpuModel::new(&gpu, &w, GpuModelOptions::new(p + 3)).unwrap();
     let mut ids = Vec::new();
+    assert!(m.can_stream_greedy());
     let e = m
         .greedy_stream(&c.prompt_ids, 100, &mut |id| {
             ids.push(id);
@@ -413,20 +436,20 @@ fn pipelined_greedy_respects_max_seq_and_profile_mode() {
     // max_new reached: nothing speculated, position as in the unpipelined loop
     m.reset();
     let mut ids = Vec::new();
-    assert!(m
-        .greedy_stream(&c.prompt_ids, 2, &mut |id| {
-            ids.push(id);
-            Ok(true)
-        })
-        .unwrap());
+    m.greedy_stream(&c.prompt_ids, 2, &mut |id| {
+        ids.push(id);
+        Ok(true)
+    })
+    .unwrap();
     assert_eq!(ids.len(), 2);
     assert_eq!(m.position(), p + 1);
-    // profile mode runs unpipelined: greedy_stream declines without feeding anything
+    // profile mode runs unpipelined: no pipelined decode, and asking for it feeds nothing
     m.reset();
     m.start_profile();
-    assert!(!m
+    assert!(!m.can_stream_greedy());
+    assert!(m
         .greedy_stream(&c.prompt_ids, 2, &mut |_| Ok(true))
-        .unwrap());
+        .is_err());
     assert_eq!(m.position(), 0);
     m.take_profile().unwrap();
 }
@@ -441,9 +464,9 @@ fn fused_residual_chains_keep_the_reference_tokens_and_logits() {
         let w = Weights::load(&ck).unwrap();
         let r = reference(name);
         let eos = ck.generation.clone().unwrap().eos_token_ids;
-        let mut fused = GpuModel::new(&gpu, &w, MAX_SEQ).unwrap();
+        let mut fused = GpuModel::new(&gpu, &w, GpuModelOptions::new(MAX_SEQ)).unwrap();
         fused.set_fuse_residual(true);
-        let mut plain = GpuModel::new(&gpu, &w, MAX_SEQ).unwrap();
+        let mut plain = GpuModel::new(&gpu, &w, GpuModelOptions::new(MAX_SEQ)).unwrap();
         for (ci, c) in r.cases.iter().enumerate() {
             fused.reset();
             let out = generate(

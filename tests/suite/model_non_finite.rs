@@ -5,7 +5,7 @@
 use crate::model_common;
 use crate::ops_util::shared_gpu as gpu;
 use inkling_wgpu::model::generate::generate;
-use inkling_wgpu::model::{Checkpoint, CpuModel, Forward, GpuModel, Weights};
+use inkling_wgpu::model::{Checkpoint, CpuModel, Forward, GpuModel, GpuModelOptions, Weights};
 use model_common::*;
 use std::path::Path;
 
@@ -19,7 +19,7 @@ fn router_logits_that_underflow_and_saturate_give_transformers_tokens() {
     let r = reference(EXTREMES);
     let gpu = gpu();
     let mut cpu = CpuModel::new(&w);
-    let mut g = GpuModel::new(&gpu, &w, 64).unwrap();
+    let mut g = GpuModel::new(&gpu, &w, GpuModelOptions::new(64)).unwrap();
     for (ci, c) in r.cases.iter().enumerate() {
         check_greedy_case(&mut cpu, EXTREMES, ci, c, &r.eos);
         check_greedy_case(&mut g, EXTREMES, ci, c, &r.eos);
@@ -61,7 +61,7 @@ fn on_both(dir: &Path, check: impl Fn(&mut dyn Forward)) {
     let w = Weights::load(&ck).unwrap();
     check(&mut CpuModel::new(&w));
     let gpu = gpu();
-    check(&mut GpuModel::new(&gpu, &w, 64).unwrap());
+    check(&mut GpuModel::new(&gpu, &w, GpuModelOptions::new(64)).unwrap());
 }
 
 fn router_msg(position: usize, layer: usize) -> String {

@@ -21,9 +21,17 @@ use std::process::Command;
 
 fn opts() -> GpuModelOptions {
     GpuModelOptions {
-        max_seq: 96,
         max_chunk: 64,
-        binding_limit: None,
+        ..GpuModelOptions::new(96)
+    }
+}
+
+/// [`opts`] with the routed experts placed by `placement`, recording into `usage`.
+fn placed(placement: Placement, usage: Option<Usage>) -> GpuModelOptions {
+    GpuModelOptions {
+        placement,
+        usage,
+        ..opts()
     }
 }
 
@@ -77,15 +85,14 @@ fn check_dir(dir: &Path, reference_ids: Option<&[u32]>, prompt: &[u32], eos: &[u
         dir.display()
     );
     let cpu = greedy_ids(&mut CpuModel::new(&w), prompt, eos, max);
-    let mut resident = GpuModel::with_options(&g, &w, opts()).unwrap();
+    let mut resident = GpuModel::new(&g, &w, opts()).unwrap();
     let res = greedy_ids(&mut resident, prompt, eos, max);
     assert_eq!(res, cpu, "{}: resident GPU vs CPU", dir.display());
     if let Some(r) = reference_ids {
         assert_eq!(res, r, "{}: resident GPU vs transformers", dir.display());
     }
     for slots in [1, k, k + 1, total - 1] {
-        let mut m =
-            GpuModel::with_placement(&g, &w, opts(), Placement::Slots(slots), None).unwrap();
+        let mut m = GpuModel::new(&g, &w, placed(Placement::Slots(slots), None)).unwrap();
         let ids = greedy_ids(&mut m, prompt, eos, max);
         assert_eq!(ids, cpu, "{}: {slots} slots vs CPU", dir.display());
         let s = m.stream_stats().expect("streaming");
@@ -165,14 +172,14 @@ fn injected_gpu_failure_mid_generation_keeps_the_reference_tokens() {
         .unwrap();
     // in the prefill (several tokens at once) and in a decode step
     for pos in [1, c.prompt_ids.len() + 2] {
-        let mut m = GpuModel::with_placement(&g, &w, opts(), Placement::Slots(k), None).unwrap();
+        let mut m = GpuModel::new(&g, &w, placed(Placement::Slots(k), None)).unwrap();
         m.inject_routed_failure(pos, layer).unwrap();
         let ids = greedy_ids(&mut m, &c.prompt_ids, &r.eos, c.max_new_tokens);
         assert_eq!(ids, c.generated_ids, "failure at position {pos}");
         assert_eq!(m.stream_stats().unwrap().cpu_fallbacks, 1, "position {pos}");
     }
     // a resident model has no streamed layer to fail
-    let mut m = GpuModel::with_options(&g, &w, opts()).unwrap();
+    let mut m = GpuModel::new(&g, &w, opts()).unwrap();
     assert!(m.inject_routed_failure(1, layer).is_err());
 }
 
@@ -190,15 +197,14 @@ fn a_failed_upload_leaves_no_stale_slot_behind() {
         let (_, total) = sizes(&w);
         let mut seq = c.prompt_ids.clone();
         seq.extend_from_slice(&c.generated_ids);
-        let mut resident = GpuModel::with_options(&g, &w, opts()).unwrap();
+        let mut resident = GpuModel::new(&g, &w, opts()).unwrap();
         let want: Vec<Vec<f32>> = seq
             .iter()
             .map(|&t| resident.forward(&[t]).unwrap())
             .collect();
         for layer in (0..w.layers.len()).filter(|&i| matches!(w.layers[i].mlp, Mlp::Moe(_))) {
             for slots in [total - 1, total / 2] {
-                let mut m = GpuModel::with_placement(&g, &w, opts(), Placement::Slots(slots), None)
-                    .unwrap();
+                let mut m = GpuModel::new(&g, &w, placed(Placement::Slots(slots), None)).unwrap();
                 m.inject_routed_failure(1, layer).unwrap();
                 for (p, &t) in seq.iter().enumerate() {
                     let got = m.forward(&[t]).unwrap();
@@ -220,21 +226,21 @@ fn a_budget_that_holds_everything_is_resident_and_a_tiny_one_is_refused() {
     let ck = Checkpoint::open(&fixture("tiny-causal-f32")).unwrap();
     let w = Weights::load(&ck).unwrap();
     let (_, total) = sizes(&w);
-    let m = GpuModel::with_placement(&g, &w, opts(), Placement::GpuMem(1 << 40), None).unwrap();
+    let m = GpuModel::new(&g, &w, placed(Placement::GpuMem(1 << 40), None)).unwrap();
     assert!(m.stream_stats().is_none(), "1 TiB holds every expert");
-    let m = GpuModel::with_placement(&g, &w, opts(), Placement::Slots(total), None).unwrap();
+    let m = GpuModel::new(&g, &w, placed(Placement::Slots(total), None)).unwrap();
     assert!(m.stream_stats().is_none(), "a slot per expert is resident");
     // the resident part plus three slots: streams with exactly three
-    let est = GpuModel::resident_bytes_estimate(&w, opts());
+    let est = GpuModel::resident_bytes_estimate(&w, &opts());
     let slot = GpuModel::slot_bytes(&w);
     let b = est + 3 * slot + slot / 2;
-    let m = GpuModel::with_placement(&g, &w, opts(), Placement::GpuMem(b), None).unwrap();
+    let m = GpuModel::new(&g, &w, placed(Placement::GpuMem(b), None)).unwrap();
     assert_eq!(m.stream_stats().unwrap().slots, 3);
-    let e = GpuModel::with_placement(&g, &w, opts(), Placement::GpuMem(1000), None)
+    let e = GpuModel::new(&g, &w, placed(Placement::GpuMem(1000), None))
         .err()
         .expect("a 1000-byte budget must be refused");
     assert!(format!("{e:#}").contains("holds no expert slot"), "{e:#}");
-    let e = GpuModel::with_placement(&g, &w, opts(), Placement::Slots(0), None)
+    let e = GpuModel::new(&g, &w, placed(Placement::Slots(0), None))
         .err()
         .expect("zero slots must be refused");
     assert!(format!("{e:#}").contains("at least 1"), "{e:#}");
@@ -253,12 +259,10 @@ fn the_usage_file_pins_a_hot_set_and_tokens_do_not_change() {
     let fp = usage::fingerprint(&dir).unwrap();
     let (nl, ne) = (w.config.num_hidden_layers, w.config.n_routed_experts);
     let slots = 2 * k + 1;
-    let mut m = GpuModel::with_placement(
+    let mut m = GpuModel::new(
         &g,
         &w,
-        opts(),
-        Placement::Slots(slots),
-        Some(Usage::new(&fp, nl, ne)),
+        placed(Placement::Slots(slots), Some(Usage::new(&fp, nl, ne))),
     )
     .unwrap();
     let first = greedy_ids(&mut m, &c.prompt_ids, &r.eos, c.max_new_tokens);
@@ -269,8 +273,7 @@ fn the_usage_file_pins_a_hot_set_and_tokens_do_not_change() {
     m.usage().unwrap().save(&path).unwrap();
     let hot = usage::load_or_warn(&path, &fp, nl, ne).expect("the file just written");
     assert_eq!(hot.counts, m.usage().unwrap().counts);
-    let mut m2 =
-        GpuModel::with_placement(&g, &w, opts(), Placement::Slots(slots), Some(hot)).unwrap();
+    let mut m2 = GpuModel::new(&g, &w, placed(Placement::Slots(slots), Some(hot))).unwrap();
     let second = greedy_ids(&mut m2, &c.prompt_ids, &r.eos, c.max_new_tokens);
     assert_eq!(second, first);
     assert_eq!(second, c.generated_ids);
@@ -499,7 +502,7 @@ fn usage_counts_on_a_dense_layer_are_skipped_not_fatal() {
     u.record(1, 3);
     u.record(2, 5);
     let slots = 2 * k + 2;
-    let mut m = GpuModel::with_placement(&g, &w, opts(), Placement::Slots(slots), Some(u)).unwrap();
+    let mut m = GpuModel::new(&g, &w, placed(Placement::Slots(slots), Some(u))).unwrap();
     assert_eq!(
         m.stream_stats().unwrap().pinned,
         2,

@@ -1,0 +1,625 @@
+//! The Inkling recipe: the kernels one step runs, block by block, as a value ([`Step`]).
+//!
+//! A step of T tokens is the embedding, then per layer the attention block and the MLP block
+//! (dense or MoE), then the head; each function below returns the calls of one block in the order
+//! they run, with the phase marks the profiler times them by. Routing never goes through the CPU:
+//! the router kernel writes the (expert, token) pairs the MoE GEMVs read. With expert streaming,
+//! a layer's routed experts are a [`Node::Routed`] cut that the host fills between submissions.
+//!
+//! With `fuse_residual`, a one-token step fuses each residual chain (conv input → short conv →
+//! `h +=` → the next RMSNorm) into one [`SconvRmsNorm`] dispatch; longer chunks, and every step
+//! by default, keep the separate kernels.
+use super::super::config::TextConfig;
+use super::super::profile::Phase;
+use super::super::status;
+use super::call::Call;
+use super::resident::{
+    FfnSlab, Resident, ResidentLayer, ResidentMlp, ATTN_SCONV, K_SCONV, MLP_SCONV, V_SCONV,
+};
+use crate::gpu::gemv::GemvArgs;
+use crate::gpu::ops::{
+    Argmax, AttentionKernel, AttentionShape, Elementwise, EmbedNorm, RmsNorm, Router, RouterShape,
+    SconvInput, SconvRmsNorm, ShortConvKernel, SiluMulLayout,
+};
+use crate::gpu::Gpu;
+use anyhow::Result;
+use std::ops::Range;
+
+/// What the head computes in a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) enum Head {
+    /// No head (an inner chunk of a long prefill).
+    None,
+    /// Logits of the last token only (plus its greedy argmax).
+    Last,
+    /// Logits of every token of the chunk.
+    All,
+}
+
+/// What a recorded step is built for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) struct StepKey {
+    pub tokens: u32,
+    pub head: Head,
+    /// The embedding reads its id from the previous step's argmax on the device (the pipelined
+    /// greedy decode) instead of `ids`.
+    pub chained: bool,
+}
+
+/// One entry of a step.
+pub(super) enum Node {
+    Call(Call),
+    /// Expert streaming: the routed experts of `layer` go here, placed and run by the host
+    /// between submissions. Never recorded into a pass.
+    Routed {
+        layer: usize,
+    },
+}
+
+/// The calls of one step in order, and their phases.
+pub(super) struct Step {
+    pub nodes: Vec<Node>,
+    /// Consecutive non-empty runs of `nodes` by phase (adjacent runs of one phase merged).
+    pub phases: Vec<(Phase, Range<usize>)>,
+}
+
+impl Step {
+    /// The calls of `blocks` in order.
+    fn from_blocks(blocks: Vec<Block>) -> Step {
+        let mut nodes = Vec::new();
+        let mut marks = Vec::new();
+        for b in blocks {
+            let at = nodes.len();
+            marks.extend(b.marks.into_iter().map(|(p, i)| (p, at + i)));
+            nodes.extend(b.nodes);
+        }
+        let mut phases: Vec<(Phase, Range<usize>)> = Vec::new();
+        for (i, &(p, start)) in marks.iter().enumerate() {
+            let end = marks.get(i + 1).map_or(nodes.len(), |m| m.1);
+            if end <= start {
+                continue;
+            }
+            match phases.last_mut() {
+                Some((q, r)) if *q == p && r.end == start => r.end = end,
+                _ => phases.push((p, start..end)),
+            }
+        }
+        Step { nodes, phases }
+    }
+
+    /// The passes of `layout`: (label, nodes), in order.
+    pub fn passes(&self, layout: PassLayout) -> Vec<(&'static str, Range<usize>)> {
+        match layout {
+            PassLayout::Single => vec![("inkling forward", 0..self.nodes.len())],
+            PassLayout::PerPhase => self
+                .phases
+                .iter()
+                .map(|(p, r)| (p.key(), r.clone()))
+                .collect(),
+            PassLayout::PerCall => (0..self.nodes.len())
+                .map(|i| ("per-op profile", i..i + 1))
+                .collect(),
+        }
+    }
+
+    /// The calls (streaming cuts left out).
+    pub fn calls(&self) -> impl Iterator<Item = &Call> {
+        self.nodes.iter().filter_map(|n| match n {
+            Node::Call(c) => Some(c),
+            Node::Routed { .. } => None,
+        })
+    }
+}
+
+/// How a step is cut into compute passes (same calls, same order).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum PassLayout {
+    /// One pass (the default).
+    Single,
+    /// One pass per phase run.
+    PerPhase,
+    /// One pass per call.
+    PerCall,
+}
+
+/// The calls of one block, with phase marks `(phase, index of its first node)`.
+struct Block {
+    nodes: Vec<Node>,
+    marks: Vec<(Phase, usize)>,
+}
+
+impl Block {
+    fn new(p: Phase) -> Block {
+        Block {
+            nodes: Vec::new(),
+            marks: vec![(p, 0)],
+        }
+    }
+
+    /// The nodes pushed from now on belong to `p`.
+    fn phase(&mut self, p: Phase) {
+        self.marks.push((p, self.nodes.len()));
+    }
+
+    fn push(&mut self, c: impl Into<Call>) {
+        self.nodes.push(Node::Call(c.into()));
+    }
+}
+
+/// Build the step of `key` over `res`.
+pub(super) fn build_step(
+    gpu: &Gpu,
+    cfg: &TextConfig,
+    res: &Resident,
+    key: StepKey,
+    fuse_residual: bool,
+) -> Result<Step> {
+    let r = Recipe {
+        gpu,
+        cfg,
+        res,
+        t: key.tokens,
+        hid: cfg.hidden_size as u32,
+        eps: cfg.rms_norm_eps as f32,
+        kernel: cfg.conv_kernel_size as u32,
+        head: key.head,
+        fuse: key.tokens == 1 && fuse_residual,
+    };
+    let mut blocks = vec![r.embedding(key.chained)];
+    for li in 0..res.layers.len() {
+        blocks.push(r.attention_block(li)?);
+        blocks.push(match &res.layers[li].mlp {
+            ResidentMlp::Dense { .. } => r.dense_mlp(li)?,
+            ResidentMlp::Moe { .. } => r.moe_block(li)?,
+        });
+    }
+    blocks.push(r.head()?);
+    Ok(Step::from_blocks(blocks))
+}
+
+/// Where an expert FFN reads and writes: x rows `[tokens, H]`, `n_pairs` (expert, token) pairs in
+/// a 16-byte `Pair` buffer, the gate‖up and activation scratch, and the outputs `[n_pairs, H]`.
+pub(super) struct FfnIo<'b> {
+    pub x: &'b wgpu::Buffer,
+    pub tokens: u32,
+    pub pairs: &'b wgpu::Buffer,
+    pub n_pairs: u32,
+    pub gu: &'b wgpu::Buffer,
+    pub act: &'b wgpu::Buffer,
+    pub y: &'b wgpu::Buffer,
+}
+
+/// `y[p] = down_e(silu(gate_e x_t) · up_e x_t)` for every pair p = (e, t): the gate_up GEMV into
+/// `gu` `[P, 2I]`, silu·up into `act` `[P, I]`, then the down GEMV in which pair p reads
+/// activation row p (`x_per_pair`). Dense, shared, routed and streamed experts all run this;
+/// `ops` names the two GEMVs.
+pub(super) fn ffn_calls(
+    gpu: &Gpu,
+    slab: &FfnSlab,
+    inter: u32,
+    io: FfnIo<'_>,
+    layer: Option<usize>,
+    ops: [&str; 2],
+) -> Result<[Call; 3]> {
+    let np = io.n_pairs;
+    let args = GemvArgs::new(io.x, io.tokens, io.pairs, np, io.gu);
+    Ok([
+        slab.gate_up.call(gpu, args, layer, ops[0])?,
+        Elementwise::silu_mul(
+            gpu,
+            np,
+            inter,
+            SiluMulLayout::fused(inter),
+            io.gu,
+            io.gu,
+            io.act,
+        )
+        .into(),
+        slab.down.call(
+            gpu,
+            GemvArgs::new(io.act, np, io.pairs, np, io.y).x_per_pair(true),
+            layer,
+            ops[1],
+        )?,
+    ])
+}
+
+/// The shared inputs of every block function.
+struct Recipe<'a> {
+    gpu: &'a Gpu,
+    cfg: &'a TextConfig,
+    res: &'a Resident,
+    /// Tokens of the step.
+    t: u32,
+    hid: u32,
+    eps: f32,
+    /// Short-conv kernel size.
+    kernel: u32,
+    head: Head,
+    /// Fuse the residual chains (one-token steps with `fuse_residual`).
+    fuse: bool,
+}
+
+impl Recipe<'_> {
+    /// A dense GEMV of the step's tokens: `y = W x` per token.
+    fn dense<'b>(&'b self, x: &'b wgpu::Buffer, y: &'b wgpu::Buffer) -> GemvArgs<'b> {
+        GemvArgs::new(x, self.t, &self.res.acts.dense_pairs, self.t, y)
+    }
+
+    /// `y (+)= sconv(x)` with layer `li`'s conv `wi` over `ch` channels.
+    fn conv(
+        &self,
+        li: usize,
+        wi: usize,
+        ch: u32,
+        accumulate: bool,
+        x: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+    ) -> Call {
+        let l = &self.res.layers[li];
+        ShortConvKernel {
+            tokens: self.t,
+            channels: ch,
+            kernel: self.kernel,
+            accumulate,
+        }
+        .bind(self.gpu, x, &l.conv_w[wi], &l.conv_state[wi], y)
+        .into()
+    }
+
+    /// The fused residual chain of layer `li`: `h += sconv_wi(input)`, then `y = nw ⊙
+    /// rmsnorm(h)` (÷ `div`).
+    fn fused(
+        &self,
+        li: usize,
+        input: SconvInput<'_>,
+        wi: usize,
+        nw: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+        div: Option<f32>,
+    ) -> Call {
+        let l = &self.res.layers[li];
+        SconvRmsNorm {
+            channels: self.hid,
+            kernel: self.kernel,
+            eps: self.eps,
+            div,
+        }
+        .bind(
+            self.gpu,
+            input,
+            &l.conv_w[wi],
+            &l.conv_state[wi],
+            &self.res.acts.h,
+            nw,
+            y,
+        )
+        .into()
+    }
+
+    /// The norm that follows layer `li`'s MLP residual when fused: (weight, output, divisor),
+    /// or `None` where nothing follows (an inner prefill chunk has no head after the last layer).
+    fn next_norm(&self, li: usize) -> Option<(&wgpu::Buffer, &wgpu::Buffer, Option<f32>)> {
+        let a = &self.res.acts;
+        match self.res.layers.get(li + 1) {
+            Some(nl) => Some((&nl.input_norm, &a.xn, None)),
+            None => match self.head {
+                Head::None => None,
+                Head::Last | Head::All => Some((
+                    &self.res.norm,
+                    &a.hn,
+                    Some(self.cfg.logits_mup_width_multiplier as f32),
+                )),
+            },
+        }
+    }
+
+    /// The MLP residual of layer `li` ends in the fused norm of what follows it.
+    fn mlp_tail(&self, li: usize) -> Option<(&wgpu::Buffer, &wgpu::Buffer, Option<f32>)> {
+        if self.fuse {
+            self.next_norm(li)
+        } else {
+            None
+        }
+    }
+
+    /// `h = embed_norm ⊙ rmsnorm(embed[id])` per token; the ids come from `ids`, or from the
+    /// previous step's argmax when `chained`.
+    fn embedding(&self, chained: bool) -> Block {
+        let a = &self.res.acts;
+        let mut b = Block::new(Phase::Other);
+        b.push(
+            EmbedNorm {
+                tokens: self.t,
+                hidden: self.hid,
+                eps: self.eps,
+                ids_off: 0,
+            }
+            .bind(
+                self.gpu,
+                if chained { &a.argmax } else { &a.ids },
+                &self.res.embed_shards(),
+                &self.res.embed_norm,
+                &a.h,
+            ),
+        );
+        b
+    }
+
+    /// Layer `li`'s attention block and its residual: input norm; q/k/v/r GEMVs; k and v short
+    /// convs (one dispatch); per-head q and k norms; attention (τ, relative bias, sliding mask,
+    /// KV append); o_proj; `h += attn_sconv(o)`; the post-attention norm into `xn`.
+    fn attention_block(&self, li: usize) -> Result<Block> {
+        let (gpu, a, t, hid, eps) = (self.gpu, &self.res.acts, self.t, self.hid, self.eps);
+        let l: &ResidentLayer = &self.res.layers[li];
+        let g = l.geom;
+        let (h, kvh, d) = (g.heads as u32, g.kv_heads as u32, g.head_dim as u32);
+        let at = Some(li);
+        let mut b = Block::new(Phase::Attention);
+        // fused: the previous layer's MLP residual already wrote this norm
+        if !(self.fuse && li > 0) {
+            b.push(RmsNorm::rows(t, hid, eps).bind(gpu, &a.h, &l.input_norm, &a.xn));
+        }
+        b.push(l.q.call(gpu, self.dense(&a.xn, &a.q), at, "q_proj")?);
+        b.push(l.k.call(gpu, self.dense(&a.xn, &a.k_raw), at, "k_proj")?);
+        b.push(l.v.call(gpu, self.dense(&a.xn, &a.v_raw), at, "v_proj")?);
+        b.push(l.r.call(gpu, self.dense(&a.xn, &a.r), at, "r_proj")?);
+        b.push(
+            ShortConvKernel {
+                tokens: t,
+                channels: kvh * d,
+                kernel: self.kernel,
+                accumulate: false,
+            }
+            .bind_pair(
+                gpu,
+                [
+                    &a.k_raw,
+                    &l.conv_w[K_SCONV],
+                    &l.conv_state[K_SCONV],
+                    &a.k_new,
+                ],
+                [
+                    &a.v_raw,
+                    &l.conv_w[V_SCONV],
+                    &l.conv_state[V_SCONV],
+                    &a.v_new,
+                ],
+            ),
+        );
+        b.push(RmsNorm::rows(t * h, d, eps).bind_inplace(gpu, &a.q, &l.q_norm));
+        b.push(RmsNorm::rows(t * kvh, d, eps).bind_inplace(gpu, &a.k_new, &l.k_norm));
+        let shape = AttentionShape {
+            tokens: t,
+            heads: h,
+            kv_heads: kvh,
+            head_dim: d,
+            d_rel: g.d_rel as u32,
+            extent: g.rel_extent as u32,
+            window: g.window.map(|w| w as u32),
+            cache_capacity: l.cache_capacity,
+            tau: g
+                .log_scaling
+                .map(|(n_floor, alpha)| (alpha as f32, n_floor as f32)),
+        };
+        b.push(AttentionKernel::new(shape).bind(
+            gpu,
+            &self.res.pos,
+            &a.q,
+            &a.k_new,
+            &a.v_new,
+            &a.r,
+            &l.rel_proj,
+            &l.k_cache,
+            &l.v_cache,
+            &a.attn,
+        ));
+        b.push(l.o.call(gpu, self.dense(&a.attn, &a.o), at, "o_proj")?);
+        if self.fuse {
+            b.phase(Phase::Other);
+            let input = SconvInput::Plain(&a.o);
+            b.push(self.fused(li, input, ATTN_SCONV, &l.post_norm, &a.xn, None));
+        } else {
+            b.push(self.conv(li, ATTN_SCONV, hid, true, &a.o, &a.h));
+            b.phase(Phase::Other);
+            b.push(RmsNorm::rows(t, hid, eps).bind(gpu, &a.h, &l.post_norm, &a.xn));
+        }
+        Ok(b)
+    }
+
+    /// Layer `li`'s dense MLP and its residual: one GEMV over gate‖up, silu·up, down,
+    /// × global_scale, `h += mlp_sconv(m)`.
+    fn dense_mlp(&self, li: usize) -> Result<Block> {
+        let (gpu, a, t, hid) = (self.gpu, &self.res.acts, self.t, self.hid);
+        let ResidentMlp::Dense {
+            ffn,
+            inter,
+            global_scale,
+        } = &self.res.layers[li].mlp
+        else {
+            unreachable!("a dense layer")
+        };
+        let mut b = Block::new(Phase::Dense);
+        let at = Some(li);
+        b.push(
+            ffn.gate_up
+                .call(gpu, self.dense(&a.xn, &a.gu), at, "dense gate_up")?,
+        );
+        let layout = SiluMulLayout::fused(*inter);
+        b.push(Elementwise::silu_mul(
+            gpu, t, *inter, layout, &a.gu, &a.gu, &a.act,
+        ));
+        b.push(
+            ffn.down
+                .call(gpu, self.dense(&a.act, &a.m), at, "dense down")?,
+        );
+        match self.mlp_tail(li) {
+            Some((nw, y, div)) => {
+                b.phase(Phase::Other);
+                let input = SconvInput::Scaled(&a.m, *global_scale);
+                b.push(self.fused(li, input, MLP_SCONV, nw, y, div));
+            }
+            None => {
+                b.push(Elementwise::mul_const(gpu, t * hid, &a.m, *global_scale));
+                b.phase(Phase::Other);
+                b.push(self.conv(li, MLP_SCONV, hid, true, &a.m, &a.h));
+            }
+        }
+        Ok(b)
+    }
+
+    /// Layer `li`'s MoE block and its residual: router GEMV → router kernel (pairs and gammas on
+    /// the GPU); the shared experts first (static pairs, so they do not wait on routing); the
+    /// routed experts (one MoE GEMV over the (expert, token) pairs for gate‖up, silu·up, one for
+    /// down; or the streaming cut); the combine with the gammas and `h += mlp_sconv(m)`.
+    fn moe_block(&self, li: usize) -> Result<Block> {
+        let (gpu, a, t, hid) = (self.gpu, &self.res.acts, self.t, self.hid);
+        let ResidentMlp::Moe {
+            router,
+            bias,
+            scale,
+            top_k,
+            routed,
+            shared,
+            inter,
+            ..
+        } = &self.res.layers[li].mlp
+        else {
+            unreachable!("a sparse layer")
+        };
+        let ns = shared.as_ref().map_or(0, |s| s.n as u32);
+        let mut b = Block::new(Phase::Router);
+        b.push(router.call(gpu, self.dense(&a.xn, &a.router_logits), Some(li), "router")?);
+        b.push(
+            Router::new(RouterShape {
+                tokens: t,
+                n_routed: self.cfg.n_routed_experts as u32,
+                n_shared: ns,
+                top_k: *top_k,
+                scale: *scale,
+            })
+            .bind_checked(
+                gpu,
+                &a.router_logits,
+                bias,
+                &a.pairs,
+                &a.gammas,
+                &a.shared_gammas,
+                (&a.argmax, &self.res.pos.buffer),
+                li as u32,
+            ),
+        );
+        if let Some(sh) = shared {
+            b.phase(Phase::Shared);
+            let io = FfnIo {
+                x: &a.xn,
+                tokens: t,
+                pairs: &a.shared_pairs,
+                n_pairs: t * ns,
+                gu: &a.gu,
+                act: &a.act,
+                y: &a.y_shared,
+            };
+            let ops = ["shared gate_up", "shared down"];
+            for c in ffn_calls(gpu, sh, *inter, io, Some(li), ops)? {
+                b.push(c);
+            }
+        }
+        b.phase(Phase::Routed);
+        match routed {
+            Some(routed) => {
+                let io = FfnIo {
+                    x: &a.xn,
+                    tokens: t,
+                    pairs: &a.pairs,
+                    n_pairs: t * top_k,
+                    gu: &a.gu,
+                    act: &a.act,
+                    y: &a.y_routed,
+                };
+                let ops = ["routed gate_up", "routed down"];
+                for c in ffn_calls(gpu, routed, *inter, io, Some(li), ops)? {
+                    b.push(c);
+                }
+            }
+            None => b.nodes.push(Node::Routed { layer: li }),
+        }
+        b.phase(Phase::Other);
+        let sh = shared.as_ref().map(|_| (&a.y_shared, &a.shared_gammas, ns));
+        match self.mlp_tail(li) {
+            Some((nw, y, div)) => {
+                let input = SconvInput::MoeCombine {
+                    routed: &a.y_routed,
+                    gammas: &a.gammas,
+                    top_k: *top_k,
+                    shared: sh,
+                };
+                b.push(self.fused(li, input, MLP_SCONV, nw, y, div));
+            }
+            None => {
+                b.push(Elementwise::moe_combine(
+                    gpu,
+                    t,
+                    hid,
+                    *top_k,
+                    &a.y_routed,
+                    &a.gammas,
+                    true,
+                    sh,
+                    true,
+                    false,
+                    &a.m,
+                ));
+                b.push(self.conv(li, MLP_SCONV, hid, true, &a.m, &a.h));
+            }
+        }
+        Ok(b)
+    }
+
+    /// The head: final norm of the last token (or of every token), ÷ `logits_mup_width_multiplier`,
+    /// `lm_head` GEMV over the first `logits_width()` rows, and for the last token the two-pass
+    /// argmax (greedy id and the logits' non-finite flag into the status words). Nothing for an
+    /// inner prefill chunk.
+    fn head(&self) -> Result<Block> {
+        let (gpu, a, t, hid, eps) = (self.gpu, &self.res.acts, self.t, self.hid, self.eps);
+        let mup = self.cfg.logits_mup_width_multiplier as f32;
+        let n_layers = self.res.layers.len();
+        // the last layer's fused MLP residual already wrote the normed (and divided) rows
+        let normed = self.fuse && n_layers > 0 && self.next_norm(n_layers - 1).is_some();
+        let mut b = Block::new(Phase::Head);
+        match self.head {
+            Head::None => {}
+            Head::Last => {
+                if !normed {
+                    let mut n = RmsNorm::rows(1, hid, eps);
+                    n.x_off = (t - 1) * hid;
+                    b.push(n.bind(gpu, &a.h, &self.res.norm, &a.hn));
+                    b.push(Elementwise::div_const(gpu, hid, &a.hn, mup));
+                }
+                let args = GemvArgs::new(&a.hn, 1, &a.dense_pairs, 1, &a.logits);
+                b.push(self.res.lm_head.call(gpu, args, None, "lm_head")?);
+                b.push(
+                    Argmax {
+                        vocab: self.cfg.logits_width() as u32,
+                        out_idx: 0,
+                    }
+                    .bind_flagged(
+                        gpu,
+                        &a.logits,
+                        &a.argmax,
+                        Some(status::LOGITS_BAD as u32),
+                    ),
+                );
+            }
+            Head::All => {
+                if !normed {
+                    b.push(RmsNorm::rows(t, hid, eps).bind(gpu, &a.h, &self.res.norm, &a.hn));
+                    b.push(Elementwise::div_const(gpu, t * hid, &a.hn, mup));
+                }
+                let args = self.dense(&a.hn, &a.logits);
+                b.push(self.res.lm_head.call(gpu, args, None, "lm_head")?);
+            }
+        }
+        Ok(b)
+    }
+}

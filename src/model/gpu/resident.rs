@@ -1,0 +1,530 @@
+//! What the GPU model keeps on the device, and its upload from [`Weights`]: every linear as a
+//! [`GpuWeights`] slab, norms and conv weights as f32 buffers, the KV caches and conv states of each
+//! layer, the embedding table in binding-sized shards, and the activations of one chunk.
+use super::super::config::{AttnGeom, TextConfig};
+use super::super::status;
+use super::super::weights::{Ffn, Mlp, Weights};
+use crate::formats::{Format, QMatrix};
+use crate::gpu::gemv::{GemvArgs, GemvCall, GpuWeights, NO_GAMMA};
+use crate::gpu::ops::{EmbedShard, PosBuffer};
+use crate::gpu::Gpu;
+use anyhow::{ensure, Context, Result};
+use std::borrow::Cow;
+
+use super::call::Call;
+
+/// The dense matrices of one linear (or of a slab of experts), uploaded.
+pub(super) struct Linear {
+    pub w: GpuWeights,
+    pub ordinal: u32,
+}
+
+impl Linear {
+    pub fn upload(gpu: &Gpu, mats: &[QMatrix<'_>], limit: u64, what: &str) -> Result<Linear> {
+        let w = GpuWeights::upload_with_limit(gpu, mats, limit)
+            .with_context(|| format!("uploading {what}"))?;
+        Ok(Linear::from_weights(w))
+    }
+
+    pub fn from_weights(w: GpuWeights) -> Linear {
+        let ordinal = w.encoding().format.ordinal();
+        Linear { w, ordinal }
+    }
+
+    /// The GEMV `args` over these weights, labelled `op` of `layer`.
+    pub fn call(
+        &self,
+        gpu: &Gpu,
+        args: GemvArgs<'_>,
+        layer: Option<usize>,
+        op: &str,
+    ) -> Result<Call> {
+        let c = GemvCall::new(gpu, self.ordinal, &self.w, args).with_context(|| match layer {
+            Some(l) => format!("binding the layer {l} {op} GEMV"),
+            None => format!("binding the {op} GEMV"),
+        })?;
+        Ok(Call::gemv(c, layer, op))
+    }
+
+    /// Weight + scale bytes of every expert of the slab.
+    pub fn bytes(&self) -> u64 {
+        self.w.expert_bytes() * self.w.experts() as u64
+    }
+}
+
+/// `gate` rows then `up` rows of one SwiGLU as one `[2I, H]` matrix (any encoding: rows are
+/// independent, so row bytes and per-row scales simply concatenate).
+fn gate_up(f: &Ffn<'_>) -> QMatrix<'static> {
+    let mut data = Vec::with_capacity(f.gate.data.len() + f.up.data.len());
+    data.extend_from_slice(&f.gate.data);
+    data.extend_from_slice(&f.up.data);
+    let mut scales = Vec::with_capacity(f.gate.scales.len() + f.up.scales.len());
+    scales.extend_from_slice(&f.gate.scales);
+    scales.extend_from_slice(&f.up.scales);
+    QMatrix {
+        enc: f.gate.enc,
+        rows: f.gate.rows + f.up.rows,
+        cols: f.gate.cols,
+        data: Cow::Owned(data),
+        scales: Cow::Owned(scales),
+    }
+}
+
+/// `n` SwiGLU FFNs as two slabs: a dense MLP (`n = 1`), a layer's shared or routed experts, or the
+/// slot pool of expert streaming.
+pub(super) struct FfnSlab {
+    /// `[2I, H]` per expert (gate rows, then up rows).
+    pub gate_up: Linear,
+    /// `[H, I]` per expert.
+    pub down: Linear,
+    pub n: usize,
+}
+
+impl FfnSlab {
+    pub fn upload(gpu: &Gpu, ffns: &[Ffn<'_>], limit: u64, what: &str) -> Result<Option<FfnSlab>> {
+        if ffns.is_empty() {
+            return Ok(None);
+        }
+        let gu: Vec<QMatrix<'static>> = ffns.iter().map(gate_up).collect();
+        let gate_up = Linear::upload(gpu, &gu, limit, &format!("{what} gate_up"))?;
+        drop(gu);
+        let dn: Vec<QMatrix<'_>> = ffns.iter().map(|f| f.down.clone()).collect();
+        let down = Linear::upload(gpu, &dn, limit, &format!("{what} down"))?;
+        Ok(Some(FfnSlab {
+            gate_up,
+            down,
+            n: ffns.len(),
+        }))
+    }
+
+    /// Weight + scale bytes of one FFN of the slab.
+    pub fn ffn_bytes(&self) -> u64 {
+        self.gate_up.w.expert_bytes() + self.down.w.expert_bytes()
+    }
+}
+
+/// The MLP of one layer.
+// One per layer, so the size difference between the variants does not matter.
+#[allow(clippy::large_enum_variant)]
+pub(super) enum ResidentMlp {
+    Dense {
+        ffn: FfnSlab,
+        inter: u32,
+        global_scale: f32,
+    },
+    Moe {
+        router: Linear,
+        bias: wgpu::Buffer,
+        /// `route_scale × gate.global_scale`.
+        scale: f32,
+        top_k: u32,
+        /// `None` when the routed experts stream through the expert slots.
+        routed: Option<FfnSlab>,
+        /// Weight + scale bytes of one routed expert (gate, up and down).
+        expert_bytes: u64,
+        shared: Option<FfnSlab>,
+        inter: u32,
+    },
+}
+
+/// One decoder layer on the GPU: weights, KV cache and conv states.
+pub(super) struct ResidentLayer {
+    pub geom: AttnGeom,
+    pub input_norm: wgpu::Buffer,
+    pub post_norm: wgpu::Buffer,
+    pub q: Linear,
+    pub k: Linear,
+    pub v: Linear,
+    pub r: Linear,
+    pub o: Linear,
+    pub q_norm: wgpu::Buffer,
+    pub k_norm: wgpu::Buffer,
+    pub rel_proj: wgpu::Buffer,
+    /// k_sconv, v_sconv, attn_sconv, mlp_sconv weights `[C, K]`.
+    pub conv_w: [wgpu::Buffer; 4],
+    /// Their states `[K−1, C]`.
+    pub conv_state: [wgpu::Buffer; 4],
+    pub k_cache: wgpu::Buffer,
+    pub v_cache: wgpu::Buffer,
+    pub cache_capacity: u32,
+    pub mlp: ResidentMlp,
+}
+
+/// Index of each short conv in [`ResidentLayer::conv_w`] / `conv_state`.
+pub(super) const K_SCONV: usize = 0;
+pub(super) const V_SCONV: usize = 1;
+pub(super) const ATTN_SCONV: usize = 2;
+pub(super) const MLP_SCONV: usize = 3;
+
+/// Activation buffers for a chunk of up to `max_chunk` tokens (sized for the widest layer).
+pub(super) struct Activations {
+    pub ids: wgpu::Buffer,
+    pub h: wgpu::Buffer,
+    pub xn: wgpu::Buffer,
+    pub q: wgpu::Buffer,
+    pub k_raw: wgpu::Buffer,
+    pub v_raw: wgpu::Buffer,
+    pub k_new: wgpu::Buffer,
+    pub v_new: wgpu::Buffer,
+    pub r: wgpu::Buffer,
+    pub attn: wgpu::Buffer,
+    pub o: wgpu::Buffer,
+    /// gate‖up outputs `[rows, 2I]` (dense, shared or routed; reused in turn).
+    pub gu: wgpu::Buffer,
+    /// silu(gate)·up `[rows, I]`.
+    pub act: wgpu::Buffer,
+    /// Routed down outputs `[T·top_k, H]`.
+    pub y_routed: wgpu::Buffer,
+    /// Shared down outputs `[T·S, H]`.
+    pub y_shared: wgpu::Buffer,
+    /// MLP output `[T, H]` (input of mlp_sconv).
+    pub m: wgpu::Buffer,
+    pub router_logits: wgpu::Buffer,
+    pub pairs: wgpu::Buffer,
+    pub gammas: wgpu::Buffer,
+    pub shared_gammas: wgpu::Buffer,
+    /// Dense pairs `(0, t, NO_GAMMA)`, t < max_chunk (16-byte pairs).
+    pub dense_pairs: wgpu::Buffer,
+    /// Shared-expert pairs `(s, t, NO_GAMMA)` at `p = t·S + s` (16-byte pairs).
+    pub shared_pairs: wgpu::Buffer,
+    pub hn: wgpu::Buffer,
+    /// Logits `[max_chunk, logits_width]`.
+    pub logits: wgpu::Buffer,
+    /// The greedy id, then the rest of the status words ([`status::WORDS`] u32).
+    pub argmax: wgpu::Buffer,
+    /// `[p, 0, 0, 0]` for every position p < max_seq: a chained step copies its position from here
+    /// into the position uniform on the device (no host write per step).
+    pub positions: wgpu::Buffer,
+}
+
+/// One embedding shard on the GPU (see [`EmbedShard`]).
+pub(super) struct EmbedBuf {
+    pub buffer: wgpu::Buffer,
+    pub first_row: u32,
+    pub n_rows: u32,
+    pub bf16: bool,
+}
+
+/// Everything resident on the GPU.
+pub(super) struct Resident {
+    pub embed: Vec<EmbedBuf>,
+    /// Bytes of one embedding row as stored on the GPU.
+    pub embed_row_bytes: u64,
+    pub embed_norm: wgpu::Buffer,
+    pub norm: wgpu::Buffer,
+    pub lm_head: Linear,
+    pub layers: Vec<ResidentLayer>,
+    pub acts: Activations,
+    /// The position uniform of the attention kernels.
+    pub pos: PosBuffer,
+    /// Largest `top_k` of any sparse layer (1 without one).
+    pub max_topk: usize,
+    /// Hidden size (floats per row of `h`).
+    pub hidden: u32,
+}
+
+fn f32_buf(gpu: &Gpu, label: &str, v: &[f32]) -> wgpu::Buffer {
+    gpu.storage_init(label, bytemuck::cast_slice(v))
+}
+
+/// A storage buffer of `floats` f32 (wgpu zero-initialises new buffers).
+pub(super) fn zeroed(gpu: &Gpu, label: &str, floats: usize) -> wgpu::Buffer {
+    gpu.storage(label, 4 * floats.max(1) as u64)
+}
+
+impl Resident {
+    /// Upload `w` for sequences of `max_seq` tokens and chunks of `max_chunk`, with weight buffers
+    /// of at most `limit` bytes; `stream_routed` leaves the routed experts on the host.
+    pub fn upload(
+        gpu: &Gpu,
+        w: &Weights<'_>,
+        max_seq: usize,
+        max_chunk: usize,
+        limit: u64,
+        stream_routed: bool,
+    ) -> Result<Resident> {
+        let cfg = &w.config;
+        let hid = cfg.hidden_size;
+
+        // Embedding table: raw f32/bf16 bytes in binding-sized shards; other encodings are
+        // dequantised to f32.
+        let vocab = cfg.vocab_size;
+        let (bf16, raw): (bool, Option<&[u8]>) = match w.embed.enc.format {
+            Format::F32 => (false, Some(&w.embed.data)),
+            Format::Bf16 => (true, Some(&w.embed.data)),
+            _ => (false, None),
+        };
+        let row_bytes = if bf16 { 2 * hid } else { 4 * hid };
+        let rows_per_shard = ((limit as usize / row_bytes).max(1)).min(vocab);
+        let mut embed = Vec::new();
+        for r0 in (0..vocab).step_by(rows_per_shard) {
+            let r1 = (r0 + rows_per_shard).min(vocab);
+            let buffer = match raw {
+                Some(bytes) => {
+                    gpu.storage_init("embed shard", &bytes[r0 * row_bytes..r1 * row_bytes])
+                }
+                None => {
+                    let mut v = vec![0f32; (r1 - r0) * hid];
+                    for (i, row) in v.chunks_exact_mut(hid).enumerate() {
+                        w.embed.dequantize_row(r0 + i, row);
+                    }
+                    f32_buf(gpu, "embed shard", &v)
+                }
+            };
+            embed.push(EmbedBuf {
+                buffer,
+                first_row: r0 as u32,
+                n_rows: (r1 - r0) as u32,
+                bf16,
+            });
+        }
+        let embed_norm = f32_buf(gpu, "embed_norm", &w.embed_norm);
+        let norm = f32_buf(gpu, "norm", &w.norm);
+        let width = cfg.logits_width();
+        let lm_head = Linear::upload(gpu, &[w.lm_head.rows_view(0, width)], limit, "lm_head")?;
+
+        // Widest activation of any layer.
+        let mut widest = Widest::default();
+        let mut layers = Vec::with_capacity(w.layers.len());
+        for i in 0..w.layers.len() {
+            let sizes = (max_seq, limit, stream_routed);
+            layers.push(upload_layer(gpu, cfg, w, i, sizes, &mut widest)?);
+        }
+        let acts = Activations::new(gpu, cfg, max_seq, max_chunk, &widest);
+        Ok(Resident {
+            embed,
+            embed_row_bytes: row_bytes as u64,
+            embed_norm,
+            norm,
+            lm_head,
+            layers,
+            acts,
+            pos: PosBuffer::new(gpu, 0),
+            max_topk: widest.topk,
+            hidden: hid as u32,
+        })
+    }
+
+    /// The embedding shards as the embedding kernel binds them.
+    pub fn embed_shards(&self) -> Vec<EmbedShard<'_>> {
+        self.embed
+            .iter()
+            .map(|s| EmbedShard {
+                buffer: &s.buffer,
+                first_row: s.first_row,
+                n_rows: s.n_rows,
+                bf16: s.bf16,
+            })
+            .collect()
+    }
+
+    /// Queue the clearing of every conv state (a new sequence).
+    pub fn clear_conv_states(&self, gpu: &Gpu) {
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        for l in &self.layers {
+            for s in &l.conv_state {
+                enc.clear_buffer(s, 0, None);
+            }
+        }
+        gpu.queue.submit([enc.finish()]);
+    }
+}
+
+/// The widest per-token activations over the layers (at least 1 each).
+struct Widest {
+    qd: usize,
+    kvd: usize,
+    r: usize,
+    /// Per token: max(2·inter, top_k·2·moe_I, S·2·moe_I).
+    gu: usize,
+    topk: usize,
+}
+
+impl Default for Widest {
+    fn default() -> Widest {
+        Widest {
+            qd: 1,
+            kvd: 1,
+            r: 1,
+            gu: 1,
+            topk: 1,
+        }
+    }
+}
+
+/// Upload layer `i` of `w` (`(max_seq, limit, stream_routed)` as in [`Resident::upload`]),
+/// widening `widest` to its activations.
+fn upload_layer(
+    gpu: &Gpu,
+    cfg: &TextConfig,
+    w: &Weights<'_>,
+    i: usize,
+    (max_seq, limit, stream_routed): (usize, u64, bool),
+    widest: &mut Widest,
+) -> Result<ResidentLayer> {
+    let lw = &w.layers[i];
+    let hid = cfg.hidden_size;
+    let kk = cfg.conv_kernel_size;
+    let g = lw.attn.geom;
+    widest.qd = widest.qd.max(g.q_dim());
+    widest.kvd = widest.kvd.max(g.kv_dim());
+    widest.r = widest.r.max(g.heads * g.d_rel);
+    let aw = &lw.attn;
+    let lin = |m: &QMatrix<'_>, what: &str| {
+        Linear::upload(
+            gpu,
+            std::slice::from_ref(m),
+            limit,
+            &format!("layer {i} {what}"),
+        )
+    };
+    let cache_capacity = match g.window {
+        Some(win) => win,
+        None => max_seq,
+    } as u32;
+    let kv_floats = cache_capacity as usize * g.kv_dim();
+    ensure!(
+        (4 * kv_floats as u64) <= gpu.max_binding(),
+        "layer {i}: a KV cache of {cache_capacity} tokens × {} floats needs {} bytes, more \
+         than this adapter's largest storage binding ({} bytes); use a shorter max_seq (prompt + --max-tokens)",
+        g.kv_dim(),
+        4 * kv_floats as u64,
+        gpu.max_binding()
+    );
+    let conv_w = [
+        f32_buf(gpu, "k_sconv", &aw.k_sconv.w),
+        f32_buf(gpu, "v_sconv", &aw.v_sconv.w),
+        f32_buf(gpu, "attn_sconv", &lw.attn_sconv.w),
+        f32_buf(gpu, "mlp_sconv", &lw.mlp_sconv.w),
+    ];
+    let conv_state = [
+        zeroed(gpu, "k_sconv state", (kk - 1) * g.kv_dim()),
+        zeroed(gpu, "v_sconv state", (kk - 1) * g.kv_dim()),
+        zeroed(gpu, "attn_sconv state", (kk - 1) * hid),
+        zeroed(gpu, "mlp_sconv state", (kk - 1) * hid),
+    ];
+    let mlp = match &lw.mlp {
+        Mlp::Dense(d) => {
+            let inter = d.ffn.gate.rows;
+            widest.gu = widest.gu.max(2 * inter);
+            ResidentMlp::Dense {
+                ffn: FfnSlab::upload(
+                    gpu,
+                    std::slice::from_ref(&d.ffn),
+                    limit,
+                    &format!("layer {i} dense mlp"),
+                )?
+                .expect("one ffn"),
+                inter: inter as u32,
+                global_scale: d.global_scale,
+            }
+        }
+        Mlp::Moe(m) => {
+            let inter = m.experts[0].gate.rows;
+            let s = m.shared.len();
+            widest.topk = widest.topk.max(m.top_k);
+            let f0 = &m.experts[0];
+            let expert_bytes = [&f0.gate, &f0.up, &f0.down]
+                .iter()
+                .map(|q| (q.data.len() + q.scales.len()) as u64)
+                .sum();
+            widest.gu = widest.gu.max(m.top_k.max(s) * 2 * inter);
+            ResidentMlp::Moe {
+                router: lin(&m.router, "router")?,
+                bias: f32_buf(gpu, "router bias", &m.router_bias),
+                scale: m.route_scale * m.router_scale,
+                top_k: m.top_k as u32,
+                routed: if stream_routed {
+                    None
+                } else {
+                    Some(
+                        FfnSlab::upload(
+                            gpu,
+                            &m.experts,
+                            limit,
+                            &format!("layer {i} routed experts"),
+                        )?
+                        .context("a sparse layer without routed experts")?,
+                    )
+                },
+                expert_bytes,
+                shared: FfnSlab::upload(
+                    gpu,
+                    &m.shared,
+                    limit,
+                    &format!("layer {i} shared experts"),
+                )?,
+                inter: inter as u32,
+            }
+        }
+    };
+    Ok(ResidentLayer {
+        geom: g,
+        input_norm: f32_buf(gpu, "input_norm", &lw.input_norm),
+        post_norm: f32_buf(gpu, "post_attn_norm", &lw.post_attn_norm),
+        q: lin(&aw.q, "q_proj")?,
+        k: lin(&aw.k, "k_proj")?,
+        v: lin(&aw.v, "v_proj")?,
+        r: lin(&aw.r, "r_proj")?,
+        o: lin(&aw.o, "o_proj")?,
+        q_norm: f32_buf(gpu, "q_norm", &aw.q_norm),
+        k_norm: f32_buf(gpu, "k_norm", &aw.k_norm),
+        rel_proj: f32_buf(gpu, "rel_proj", &aw.rel_proj),
+        conv_w,
+        conv_state,
+        k_cache: zeroed(gpu, "k cache", kv_floats),
+        v_cache: zeroed(gpu, "v cache", kv_floats),
+        cache_capacity,
+        mlp,
+    })
+}
+
+impl Activations {
+    fn new(
+        gpu: &Gpu,
+        cfg: &TextConfig,
+        max_seq: usize,
+        max_chunk: usize,
+        wd: &Widest,
+    ) -> Activations {
+        let t = max_chunk;
+        let hid = cfg.hidden_size;
+        let s = cfg.n_shared_experts;
+        let n_router = cfg.n_routed_experts + s;
+        let dense_pairs: Vec<u32> = (0..t as u32).flat_map(|ti| [0, ti, NO_GAMMA, 0]).collect();
+        let shared_pairs: Vec<u32> = (0..t as u32)
+            .flat_map(|ti| (0..s as u32).flat_map(move |si| [si, ti, NO_GAMMA, 0]))
+            .collect();
+        Activations {
+            ids: gpu.storage("ids", 4 * t as u64),
+            h: zeroed(gpu, "h", t * hid),
+            xn: zeroed(gpu, "xn", t * hid),
+            q: zeroed(gpu, "q", t * wd.qd),
+            k_raw: zeroed(gpu, "k_raw", t * wd.kvd),
+            v_raw: zeroed(gpu, "v_raw", t * wd.kvd),
+            k_new: zeroed(gpu, "k_new", t * wd.kvd),
+            v_new: zeroed(gpu, "v_new", t * wd.kvd),
+            r: zeroed(gpu, "r", t * wd.r),
+            attn: zeroed(gpu, "attn", t * wd.qd),
+            o: zeroed(gpu, "o", t * hid),
+            gu: zeroed(gpu, "gate_up", t * wd.gu),
+            act: zeroed(gpu, "act", t * wd.gu / 2 + 1),
+            y_routed: zeroed(gpu, "y_routed", t * wd.topk * hid),
+            y_shared: zeroed(gpu, "y_shared", t * s.max(1) * hid),
+            m: zeroed(gpu, "m", t * hid),
+            router_logits: zeroed(gpu, "router logits", t * n_router.max(1)),
+            pairs: gpu.storage("pairs", 16 * (t * wd.topk) as u64),
+            gammas: zeroed(gpu, "gammas", t * wd.topk),
+            shared_gammas: zeroed(gpu, "shared gammas", t * s.max(1)),
+            dense_pairs: gpu.storage_init("dense pairs", bytemuck::cast_slice(&dense_pairs)),
+            shared_pairs: gpu.storage_init("shared pairs", bytemuck::cast_slice(&shared_pairs)),
+            hn: zeroed(gpu, "hn", t * hid),
+            logits: zeroed(gpu, "logits", t * cfg.logits_width()),
+            argmax: zeroed(gpu, "argmax and status", status::WORDS),
+            positions: {
+                let v: Vec<u32> = (0..max_seq as u32).flat_map(|p| [p, 0, 0, 0]).collect();
+                gpu.storage_init("positions", bytemuck::cast_slice(&v))
+            },
+        }
+    }
+}
