@@ -18,8 +18,7 @@ pub enum Phase {
     Routed,
     /// Shared experts: gate_up GEMV, silu·up, down GEMV.
     Shared,
-    /// The dense MLP of a dense layer (not one of the six phases the issue names; dense layers
-    /// have no router or experts).
+    /// The dense MLP of a dense layer (which has no router or experts).
     Dense,
     /// Final norm, ÷ mup, lm_head GEMV, argmax.
     Head,

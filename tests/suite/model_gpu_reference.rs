@@ -501,3 +501,39 @@ fn fused_residual_chains_keep_the_reference_tokens_and_logits() {
         }
     }
 }
+
+/// `dispatches_per_step` counts the recorded one-token step: none before one is recorded; fusing
+/// the residual chains saves the dispatches the fused kernel replaces: two in the first layer (the
+/// attention residual's conv + post-attention norm, the MLP's scale or combine + conv), three in
+/// every later layer (also its input norm, written by the previous layer's chain) and two in the
+/// head (the final norm and ÷ mup).
+#[test]
+fn fused_residual_chains_save_the_dispatches_they_replace() {
+    let gpu = gpu();
+    for name in FIXTURES {
+        let ck = Checkpoint::open(&fixture(name)).unwrap();
+        let w = Weights::load(&ck).unwrap();
+        let id = reference(name).cases[0].prompt_ids[0];
+        let counts: Vec<(usize, Vec<usize>)> = [false, true]
+            .into_iter()
+            .map(|fuse| {
+                let mut m = GpuModel::new(&gpu, &w, GpuModelOptions::new(MAX_SEQ)).unwrap();
+                m.set_fuse_residual(fuse);
+                assert_eq!(m.dispatches_per_step(), None);
+                m.forward_greedy(&[id]).unwrap();
+                m.dispatches_per_step().unwrap()
+            })
+            .collect();
+        let [(plain, plain_layers), (fused, fused_layers)] = &counts[..] else {
+            unreachable!("two runs")
+        };
+        let n = w.config.num_hidden_layers;
+        assert_eq!(plain_layers.len(), n, "{name}");
+        // the embedding and the head are outside the layers
+        assert!(*plain > plain_layers.iter().sum::<usize>() + 2, "{name}");
+        assert_eq!(*fused, plain - (3 * n + 1), "{name}");
+        for (i, (p, f)) in plain_layers.iter().zip(fused_layers).enumerate() {
+            assert_eq!(*f, p - if i == 0 { 2 } else { 3 }, "{name} layer {i}");
+        }
+    }
+}

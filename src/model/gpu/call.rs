@@ -35,6 +35,12 @@ impl Call {
         }
     }
 
+    /// The same call labelled as part of decoder layer `layer`.
+    pub fn at_layer(mut self, layer: usize) -> Call {
+        self.label.layer = Some(layer);
+        self
+    }
+
     pub fn record_in_pass(&self, pass: &mut wgpu::ComputePass<'_>) {
         match &self.kind {
             Kind::Op(c) => c.record_in_pass(pass),

@@ -122,15 +122,18 @@ pub(super) enum PassLayout {
     PerCall,
 }
 
-/// The calls of one block, with phase marks `(phase, index of its first node)`.
+/// The calls of one block, with phase marks `(phase, index of its first node)`; every call of a
+/// layer's block is labelled with the layer.
 struct Block {
+    layer: Option<usize>,
     nodes: Vec<Node>,
     marks: Vec<(Phase, usize)>,
 }
 
 impl Block {
-    fn new(p: Phase) -> Block {
+    fn new(p: Phase, layer: Option<usize>) -> Block {
         Block {
+            layer,
             nodes: Vec::new(),
             marks: vec![(p, 0)],
         }
@@ -142,7 +145,11 @@ impl Block {
     }
 
     fn push(&mut self, c: impl Into<Call>) {
-        self.nodes.push(Node::Call(c.into()));
+        let c = c.into();
+        self.nodes.push(Node::Call(match self.layer {
+            Some(l) => c.at_layer(l),
+            None => c,
+        }));
     }
 }
 
@@ -327,7 +334,7 @@ impl Recipe<'_> {
     /// previous step's argmax when `chained`.
     fn embedding(&self, chained: bool) -> Block {
         let a = &self.res.acts;
-        let mut b = Block::new(Phase::Other);
+        let mut b = Block::new(Phase::Other, None);
         b.push(
             EmbedNorm {
                 tokens: self.t,
@@ -355,7 +362,7 @@ impl Recipe<'_> {
         let g = l.geom;
         let (h, kvh, d) = (g.heads as u32, g.kv_heads as u32, g.head_dim as u32);
         let at = Some(li);
-        let mut b = Block::new(Phase::Attention);
+        let mut b = Block::new(Phase::Attention, Some(li));
         // fused: the previous layer's MLP residual already wrote this norm
         if !(self.fuse && li > 0) {
             b.push(RmsNorm::rows(t, hid, eps).bind(gpu, &a.h, &l.input_norm, &a.xn));
@@ -439,7 +446,7 @@ impl Recipe<'_> {
         else {
             unreachable!("a dense layer")
         };
-        let mut b = Block::new(Phase::Dense);
+        let mut b = Block::new(Phase::Dense, Some(li));
         let at = Some(li);
         b.push(
             ffn.gate_up
@@ -488,7 +495,7 @@ impl Recipe<'_> {
             unreachable!("a sparse layer")
         };
         let ns = shared.as_ref().map_or(0, |s| s.n as u32);
-        let mut b = Block::new(Phase::Router);
+        let mut b = Block::new(Phase::Router, Some(li));
         b.push(router.call(gpu, self.dense(&a.xn, &a.router_logits), Some(li), "router")?);
         b.push(
             Router::new(RouterShape {
@@ -586,7 +593,7 @@ impl Recipe<'_> {
         let n_layers = self.res.layers.len();
         // the last layer's fused MLP residual already wrote the normed (and divided) rows
         let normed = self.fuse && n_layers > 0 && self.next_norm(n_layers - 1).is_some();
-        let mut b = Block::new(Phase::Head);
+        let mut b = Block::new(Phase::Head, None);
         match self.head {
             Head::None => {}
             Head::Last => {

@@ -365,7 +365,8 @@ impl<'w> GpuModel<'w> {
 
     /// Record each step as one compute pass per phase run (the passes profile mode times) instead
     /// of one pass (the default). Same kernels, same order, same tokens; an experiment knob for
-    /// `bench decode --pass-per-phase` (BENCHMARKS.md, *Decode step: passes*).
+    /// `bench decode --pass-per-phase` (measured slower on an H200: BENCHMARKS.md, *Decode: `bench
+    /// decode` on a synthetic Inkling-Small, 4 layers*).
     pub fn set_pass_per_phase(&mut self, on: bool) {
         self.pass_per_phase = on;
     }
@@ -373,8 +374,9 @@ impl<'w> GpuModel<'w> {
     /// Fuse each residual chain of one-token steps into one single-workgroup dispatch
     /// ([`crate::gpu::ops::SconvRmsNorm`]: conv input → short conv → `h +=` → the next RMSNorm)
     /// instead of two or three dispatches. Same results (tested); off by default, an experiment
-    /// knob (`bench decode --fuse-residual`) for GPUs where dispatches cost more than latency
-    /// (BENCHMARKS.md, *Fused residual chains*).
+    /// knob (`bench decode --fuse-residual`) for GPUs where dispatches cost more than latency (the
+    /// single workgroup measured slower on an H200: BENCHMARKS.md, *Decode: `bench decode` on a
+    /// synthetic Inkling-Small, 4 layers*).
     pub fn set_fuse_residual(&mut self, on: bool) {
         if on != self.fuse_residual {
             self.fuse_residual = on;
