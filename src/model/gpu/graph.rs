@@ -248,88 +248,6 @@ struct Recipe<'a> {
 }
 
 impl Recipe<'_> {
-    /// A dense GEMV of the step's tokens: `y = W x` per token.
-    fn dense<'b>(&'b self, x: &'b wgpu::Buffer, y: &'b wgpu::Buffer) -> GemvArgs<'b> {
-        GemvArgs::new(x, self.t, &self.res.acts.dense_pairs, self.t, y)
-    }
-
-    /// `y (+)= sconv(x)` with layer `li`'s conv `wi` over `ch` channels.
-    fn conv(
-        &self,
-        li: usize,
-        wi: usize,
-        ch: u32,
-        accumulate: bool,
-        x: &wgpu::Buffer,
-        y: &wgpu::Buffer,
-    ) -> Call {
-        let l = &self.res.layers[li];
-        ShortConvKernel {
-            tokens: self.t,
-            channels: ch,
-            kernel: self.kernel,
-            accumulate,
-        }
-        .bind(self.gpu, x, &l.conv_w[wi], &l.conv_state[wi], y)
-        .into()
-    }
-
-    /// The fused residual chain of layer `li`: `h += sconv_wi(input)`, then `y = nw ⊙
-    /// rmsnorm(h)` (÷ `div`).
-    fn fused(
-        &self,
-        li: usize,
-        input: SconvInput<'_>,
-        wi: usize,
-        nw: &wgpu::Buffer,
-        y: &wgpu::Buffer,
-        div: Option<f32>,
-    ) -> Call {
-        let l = &self.res.layers[li];
-        SconvRmsNorm {
-            channels: self.hid,
-            kernel: self.kernel,
-            eps: self.eps,
-            div,
-        }
-        .bind(
-            self.gpu,
-            input,
-            &l.conv_w[wi],
-            &l.conv_state[wi],
-            &self.res.acts.h,
-            nw,
-            y,
-        )
-        .into()
-    }
-
-    /// The norm that follows layer `li`'s MLP residual when fused: (weight, output, divisor),
-    /// or `None` where nothing follows (an inner prefill chunk has no head after the last layer).
-    fn next_norm(&self, li: usize) -> Option<(&wgpu::Buffer, &wgpu::Buffer, Option<f32>)> {
-        let a = &self.res.acts;
-        match self.res.layers.get(li + 1) {
-            Some(nl) => Some((&nl.input_norm, &a.xn, None)),
-            None => match self.head {
-                Head::None => None,
-                Head::Last | Head::All => Some((
-                    &self.res.norm,
-                    &a.hn,
-                    Some(self.cfg.logits_mup_width_multiplier as f32),
-                )),
-            },
-        }
-    }
-
-    /// The MLP residual of layer `li` ends in the fused norm of what follows it.
-    fn mlp_tail(&self, li: usize) -> Option<(&wgpu::Buffer, &wgpu::Buffer, Option<f32>)> {
-        if self.fuse {
-            self.next_norm(li)
-        } else {
-            None
-        }
-    }
-
     /// `h = embed_norm ⊙ rmsnorm(embed[id])` per token; the ids come from `ids`, or from the
     /// previous step's argmax when `chained`.
     fn embedding(&self, chained: bool) -> Block {
@@ -628,5 +546,90 @@ impl Recipe<'_> {
             }
         }
         Ok(b)
+    }
+}
+
+/// The pieces the block functions share.
+impl Recipe<'_> {
+    /// A dense GEMV of the step's tokens: `y = W x` per token.
+    fn dense<'b>(&'b self, x: &'b wgpu::Buffer, y: &'b wgpu::Buffer) -> GemvArgs<'b> {
+        GemvArgs::new(x, self.t, &self.res.acts.dense_pairs, self.t, y)
+    }
+
+    /// `y (+)= sconv(x)` with layer `li`'s conv `wi` over `ch` channels.
+    fn conv(
+        &self,
+        li: usize,
+        wi: usize,
+        ch: u32,
+        accumulate: bool,
+        x: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+    ) -> Call {
+        let l = &self.res.layers[li];
+        ShortConvKernel {
+            tokens: self.t,
+            channels: ch,
+            kernel: self.kernel,
+            accumulate,
+        }
+        .bind(self.gpu, x, &l.conv_w[wi], &l.conv_state[wi], y)
+        .into()
+    }
+
+    /// The fused residual chain of layer `li`: `h += sconv_wi(input)`, then `y = nw ⊙
+    /// rmsnorm(h)` (÷ `div`).
+    fn fused(
+        &self,
+        li: usize,
+        input: SconvInput<'_>,
+        wi: usize,
+        nw: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+        div: Option<f32>,
+    ) -> Call {
+        let l = &self.res.layers[li];
+        SconvRmsNorm {
+            channels: self.hid,
+            kernel: self.kernel,
+            eps: self.eps,
+            div,
+        }
+        .bind(
+            self.gpu,
+            input,
+            &l.conv_w[wi],
+            &l.conv_state[wi],
+            &self.res.acts.h,
+            nw,
+            y,
+        )
+        .into()
+    }
+
+    /// The norm that follows layer `li`'s MLP residual when fused: (weight, output, divisor),
+    /// or `None` where nothing follows (an inner prefill chunk has no head after the last layer).
+    fn next_norm(&self, li: usize) -> Option<(&wgpu::Buffer, &wgpu::Buffer, Option<f32>)> {
+        let a = &self.res.acts;
+        match self.res.layers.get(li + 1) {
+            Some(nl) => Some((&nl.input_norm, &a.xn, None)),
+            None => match self.head {
+                Head::None => None,
+                Head::Last | Head::All => Some((
+                    &self.res.norm,
+                    &a.hn,
+                    Some(self.cfg.logits_mup_width_multiplier as f32),
+                )),
+            },
+        }
+    }
+
+    /// The MLP residual of layer `li` ends in the fused norm of what follows it.
+    fn mlp_tail(&self, li: usize) -> Option<(&wgpu::Buffer, &wgpu::Buffer, Option<f32>)> {
+        if self.fuse {
+            self.next_norm(li)
+        } else {
+            None
+        }
     }
 }
