@@ -25,14 +25,12 @@ use super::stream::{Placement, StreamStats};
 use super::usage::Usage;
 use super::weights::{Ffn, Mlp, Weights};
 use crate::formats::{Format, QMatrix};
-use crate::gpu::gemv::{
-    gpu_row_stride, run_staged, GemvArgs, GemvCall, GpuWeights, StagedCopy, NO_GAMMA,
-};
+use crate::gpu::gemv::{gpu_row_stride, run_staged, GemvArgs, GpuWeights, StagedCopy, NO_GAMMA};
 use crate::gpu::ops::{
-    conv::ConvCall, norm::EmbedShard, Argmax, ArgmaxCall, AttentionCall, AttentionKernel,
-    AttentionShape, Elementwise, EmbedNorm, OpCall, PosBuffer, RmsNorm, Router, RouterShape,
-    SconvInput, SconvRmsNorm, ShortConvKernel, SiluMulLayout,
+    norm::EmbedShard, Argmax, AttentionKernel, AttentionShape, Elementwise, EmbedNorm, PosBuffer,
+    RmsNorm, Router, RouterShape, SconvInput, SconvRmsNorm, ShortConvKernel, SiluMulLayout,
 };
+use crate::gpu::{Call, Label};
 use crate::gpu::Gpu;
 use crate::human_bytes;
 use anyhow::{bail, ensure, Context, Result};
@@ -63,14 +61,9 @@ const RING: usize = 2;
 /// Bytes of the status words (model::status) read back with every result.
 const STATUS_BYTES: u64 = 4 * status::WORDS as u64;
 
-/// One recorded kernel invocation.
+/// One node of a recorded step: a kernel call, or the streaming cut.
 enum Rec {
-    Op(OpCall),
-    Conv(ConvCall),
-    Attn(AttentionCall),
-    /// A GEMV and its name (`"layer 3 q_proj"`) for the per-op profile.
-    Gemv(GemvCall, String),
-    Argmax(ArgmaxCall),
+    Call(Call),
     /// Streaming mode: the routed experts of this layer go here (placed by the host between
     /// submissions; see [`super::stream`]). Never recorded into a pass.
     Routed(usize),
@@ -79,31 +72,16 @@ enum Rec {
 impl Rec {
     fn record_in_pass(&self, pass: &mut wgpu::ComputePass<'_>) {
         match self {
-            Rec::Op(c) => c.record_in_pass(pass),
-            Rec::Conv(c) => c.record_in_pass(pass),
-            Rec::Attn(c) => c.record_in_pass(pass),
-            Rec::Gemv(c, _) => c.record_in_pass(pass),
-            Rec::Argmax(c) => c.record_in_pass(pass),
+            Rec::Call(c) => c.record_in_pass(pass),
             Rec::Routed(_) => {}
         }
     }
 
     /// The kernel's name without its layer (`"q_proj"`, `"rms_norm"`): the per-op profile's key.
-    fn op_name(&self) -> String {
-        let raw = match self {
-            Rec::Op(c) => c.label.as_str(),
-            Rec::Conv(c) => c.call.label.as_str(),
-            Rec::Attn(c) => c.call.label.as_str(),
-            Rec::Gemv(_, what) => what.as_str(),
-            Rec::Argmax(c) => c.call.label.as_str(),
+    fn op_name(&self) -> &'static str {
+        match self {
+            Rec::Call(c) => c.label.op,
             Rec::Routed(_) => "routed (streamed)",
-        };
-        match raw.strip_prefix("layer ") {
-            Some(rest) => rest
-                .split_once(' ')
-                .map_or(rest, |(_, name)| name)
-                .to_string(),
-            None => raw.to_string(),
         }
     }
 }
@@ -201,12 +179,13 @@ impl Lin {
         Ok(Lin { w, ordinal })
     }
 
-    fn call(&self, gpu: &Gpu, args: GemvArgs<'_>, what: &str) -> Result<Rec> {
-        Ok(Rec::Gemv(
-            GemvCall::new(gpu, self.ordinal, &self.w, args)
-                .with_context(|| format!("binding the {what} GEMV"))?,
-            what.to_string(),
-        ))
+    fn call(&self, gpu: &Gpu, args: GemvArgs<'_>, label: Label) -> Result<Rec> {
+        let mut call = self
+            .w
+            .bind(gpu, self.ordinal, args)
+            .with_context(|| format!("binding the {label} GEMV"))?;
+        call.label = label;
+        Ok(Rec::Call(call))
     }
 }
 
@@ -258,15 +237,15 @@ impl Experts {
         inter: u32,
         (gu, act): (&wgpu::Buffer, &wgpu::Buffer),
         y: &wgpu::Buffer,
-        what: &str,
+        (gate_up, down): (Label, Label),
     ) -> Result<()> {
         let np = io.n_pairs;
         recs.push(self.gate_up.call(
             gpu,
             GemvArgs::new(io.x, io.tokens, io.pairs, np, gu),
-            &format!("{what} gate_up"),
+            gate_up,
         )?);
-        recs.push(Rec::Op(Elementwise::silu_mul(
+        recs.push(Rec::Call(Elementwise::silu_mul(
             gpu,
             np,
             inter,
@@ -274,11 +253,11 @@ impl Experts {
             gu,
             gu,
             act,
-        )));
+        )?));
         recs.push(self.down.call(
             gpu,
             GemvArgs::new(act, np, io.pairs, np, y).x_per_pair(true),
-            &format!("{what} down"),
+            down,
         )?);
         Ok(())
     }
@@ -1920,7 +1899,7 @@ impl<'w> GpuModel<'w> {
                 bf16: *bf,
             })
             .collect();
-        recs.push(Rec::Op(
+        recs.push(Rec::Call(
             EmbedNorm {
                 tokens: t,
                 hidden: hid,
@@ -1933,7 +1912,7 @@ impl<'w> GpuModel<'w> {
                 &shards,
                 &self.embed_norm,
                 &a.h,
-            ),
+            )?
         ));
 
         fn dense_args<'b>(
@@ -1962,17 +1941,17 @@ impl<'w> GpuModel<'w> {
                 },
             }
         };
-        let fused = |li: usize, input: SconvInput<'_>, wi: usize, nw, y, div| {
+        let fused = |li: usize, input: SconvInput<'_>, wi: usize, nw, y, div| -> Result<Rec> {
             let l = &self.layers[li];
-            Rec::Conv(
+            Ok(Rec::Call(
                 SconvRmsNorm {
                     channels: hid,
                     kernel: kk,
                     eps,
                     div,
                 }
-                .bind(gpu, input, &l.conv_w[wi], &l.conv_state[wi], &a.h, nw, y),
-            )
+                .bind(gpu, input, &l.conv_w[wi], &l.conv_state[wi], &a.h, nw, y)?,
+            ))
         };
         // whether the last layer's MLP residual already produced the head's normed (and divided) row
         let head_fused = fuse && n_layers > 0 && next_norm(n_layers - 1).is_some();
@@ -1980,34 +1959,42 @@ impl<'w> GpuModel<'w> {
             let g = l.geom;
             let (h, kvh, d) = (g.heads as u32, g.kv_heads as u32, g.head_dim as u32);
             let kvd = kvh * d;
-            let conv = |ch: u32, acc: bool, x: &wgpu::Buffer, wi: usize, y: &wgpu::Buffer| {
-                Rec::Conv(
+            let conv = |ch: u32,
+                        acc: bool,
+                        x: &wgpu::Buffer,
+                        wi: usize,
+                        y: &wgpu::Buffer|
+             -> Result<Rec> {
+                Ok(Rec::Call(
                     ShortConvKernel {
                         tokens: t,
                         channels: ch,
                         kernel: kk,
                         accumulate: acc,
                     }
-                    .bind(gpu, x, &l.conv_w[wi], &l.conv_state[wi], y),
-                )
+                    .bind(gpu, x, &l.conv_w[wi], &l.conv_state[wi], y)?,
+                ))
             };
-            let what = |s: &str| format!("layer {li} {s}");
+            let what = |op: &'static str| Label {
+                layer: Some(li as u16),
+                op,
+            };
             // attention block
             marks.at(&recs, Phase::Attention);
             if !(fuse && li > 0) {
-                recs.push(Rec::Op(RmsNorm::rows(t, hid, eps).bind(
+                recs.push(Rec::Call(RmsNorm::rows(t, hid, eps).bind(
                     gpu,
                     &a.h,
                     &l.input_norm,
                     &a.xn,
-                )));
+                )?));
             }
-            recs.push(l.q.call(gpu, dense(&a.xn, &a.q), &what("q_proj"))?);
-            recs.push(l.k.call(gpu, dense(&a.xn, &a.k_raw), &what("k_proj"))?);
-            recs.push(l.v.call(gpu, dense(&a.xn, &a.v_raw), &what("v_proj"))?);
-            recs.push(l.r.call(gpu, dense(&a.xn, &a.r), &what("r_proj"))?);
+            recs.push(l.q.call(gpu, dense(&a.xn, &a.q), what("q_proj"))?);
+            recs.push(l.k.call(gpu, dense(&a.xn, &a.k_raw), what("k_proj"))?);
+            recs.push(l.v.call(gpu, dense(&a.xn, &a.v_raw), what("v_proj"))?);
+            recs.push(l.r.call(gpu, dense(&a.xn, &a.r), what("r_proj"))?);
             // k and v convs in one dispatch
-            recs.push(Rec::Conv(
+            recs.push(Rec::Call(
                 ShortConvKernel {
                     tokens: t,
                     channels: kvd,
@@ -2018,13 +2005,13 @@ impl<'w> GpuModel<'w> {
                     gpu,
                     [&a.k_raw, &l.conv_w[0], &l.conv_state[0], &a.k_new],
                     [&a.v_raw, &l.conv_w[1], &l.conv_state[1], &a.v_new],
-                ),
+                )?
             ));
-            recs.push(Rec::Op(
-                RmsNorm::rows(t * h, d, eps).bind_inplace(gpu, &a.q, &l.q_norm),
+            recs.push(Rec::Call(
+                RmsNorm::rows(t * h, d, eps).bind_inplace(gpu, &a.q, &l.q_norm)?
             ));
-            recs.push(Rec::Op(
-                RmsNorm::rows(t * kvh, d, eps).bind_inplace(gpu, &a.k_new, &l.k_norm),
+            recs.push(Rec::Call(
+                RmsNorm::rows(t * kvh, d, eps).bind_inplace(gpu, &a.k_new, &l.k_norm)?
             ));
             let shape = AttentionShape {
                 tokens: t,
@@ -2039,7 +2026,7 @@ impl<'w> GpuModel<'w> {
                     .log_scaling
                     .map(|(n_floor, alpha)| (alpha as f32, n_floor as f32)),
             };
-            recs.push(Rec::Attn(AttentionKernel::new(shape).bind(
+            recs.push(Rec::Call(AttentionKernel::new(shape).bind(
                 gpu,
                 &self.pos_buf,
                 &a.q,
@@ -2050,8 +2037,8 @@ impl<'w> GpuModel<'w> {
                 &l.k_cache,
                 &l.v_cache,
                 &a.attn,
-            )));
-            recs.push(l.o.call(gpu, dense(&a.attn, &a.o), &what("o_proj"))?);
+            )?));
+            recs.push(l.o.call(gpu, dense(&a.attn, &a.o), what("o_proj"))?);
             // MLP block
             if fuse {
                 marks.at(&recs, Phase::Other);
@@ -2062,16 +2049,16 @@ impl<'w> GpuModel<'w> {
                     &l.post_norm,
                     &a.xn,
                     None,
-                ));
+                )?);
             } else {
-                recs.push(conv(hid, true, &a.o, 2, &a.h));
+                recs.push(conv(hid, true, &a.o, 2, &a.h)?);
                 marks.at(&recs, Phase::Other);
-                recs.push(Rec::Op(RmsNorm::rows(t, hid, eps).bind(
+                recs.push(Rec::Call(RmsNorm::rows(t, hid, eps).bind(
                     gpu,
                     &a.h,
                     &l.post_norm,
                     &a.xn,
-                )));
+                )?));
             }
             let tail = if fuse { next_norm(li) } else { None };
             match &l.mlp {
@@ -2084,9 +2071,9 @@ impl<'w> GpuModel<'w> {
                     recs.push(ffn.gate_up.call(
                         gpu,
                         dense(&a.xn, &a.gu),
-                        &what("dense gate_up"),
+                        what("dense gate_up"),
                     )?);
-                    recs.push(Rec::Op(Elementwise::silu_mul(
+                    recs.push(Rec::Call(Elementwise::silu_mul(
                         gpu,
                         t,
                         *inter,
@@ -2094,10 +2081,10 @@ impl<'w> GpuModel<'w> {
                         &a.gu,
                         &a.gu,
                         &a.act,
-                    )));
+                    )?));
                     recs.push(
                         ffn.down
-                            .call(gpu, dense(&a.act, &a.m), &what("dense down"))?,
+                            .call(gpu, dense(&a.act, &a.m), what("dense down"))?,
                     );
                     match tail {
                         Some((nw, y, div)) => {
@@ -2109,17 +2096,17 @@ impl<'w> GpuModel<'w> {
                                 nw,
                                 y,
                                 div,
-                            ))
+                            )?)
                         }
                         None => {
-                            recs.push(Rec::Op(Elementwise::mul_const(
+                            recs.push(Rec::Call(Elementwise::mul_const(
                                 gpu,
                                 t * hid,
                                 &a.m,
                                 *global_scale,
-                            )));
+                            )?));
                             marks.at(&recs, Phase::Other);
-                            recs.push(conv(hid, true, &a.m, 3, &a.h));
+                            recs.push(conv(hid, true, &a.m, 3, &a.h)?);
                         }
                     }
                 }
@@ -2136,8 +2123,8 @@ impl<'w> GpuModel<'w> {
                     let ns = shared.as_ref().map_or(0, |s| s.n as u32);
                     let ne = cfg.n_routed_experts as u32;
                     marks.at(&recs, Phase::Router);
-                    recs.push(router.call(gpu, dense(&a.xn, &a.router_logits), &what("router"))?);
-                    recs.push(Rec::Op(
+                    recs.push(router.call(gpu, dense(&a.xn, &a.router_logits), what("router"))?);
+                    recs.push(Rec::Call(
                         Router::new(RouterShape {
                             tokens: t,
                             n_routed: ne,
@@ -2154,7 +2141,7 @@ impl<'w> GpuModel<'w> {
                             &a.shared_gammas,
                             (&a.argmax, &self.pos_buf.buffer),
                             li as u32,
-                        ),
+                        )?
                     ));
                     // shared experts first (static pairs), so they do not wait on routing
                     if let Some(sh) = shared {
@@ -2173,7 +2160,7 @@ impl<'w> GpuModel<'w> {
                             *inter,
                             (&a.gu, &a.act),
                             &a.y_shared,
-                            &what("shared"),
+                            (what("shared gate_up"), what("shared down")),
                         )?;
                     }
                     let np = t * top_k;
@@ -2193,7 +2180,7 @@ impl<'w> GpuModel<'w> {
                                 *inter,
                                 (&a.gu, &a.act),
                                 &a.y_routed,
-                                &what("routed"),
+                                (what("routed gate_up"), what("routed down")),
                             )?;
                         }
                         None => recs.push(Rec::Routed(li)),
@@ -2213,9 +2200,9 @@ impl<'w> GpuModel<'w> {
                             nw,
                             y,
                             div,
-                        )),
+                        )?),
                         None => {
-                            recs.push(Rec::Op(Elementwise::moe_combine(
+                            recs.push(Rec::Call(Elementwise::moe_combine(
                                 gpu,
                                 t,
                                 hid,
@@ -2227,8 +2214,8 @@ impl<'w> GpuModel<'w> {
                                 true,
                                 false,
                                 &a.m,
-                            )));
-                            recs.push(conv(hid, true, &a.m, 3, &a.h));
+                            )?));
+                            recs.push(conv(hid, true, &a.m, 3, &a.h)?);
                         }
                     }
                 }
@@ -2244,15 +2231,15 @@ impl<'w> GpuModel<'w> {
                 if !head_fused {
                     let mut n = RmsNorm::rows(1, hid, eps);
                     n.x_off = (t - 1) * hid;
-                    recs.push(Rec::Op(n.bind(gpu, &a.h, &self.norm, &a.hn)));
-                    recs.push(Rec::Op(Elementwise::div_const(gpu, hid, &a.hn, mup)));
+                    recs.push(Rec::Call(n.bind(gpu, &a.h, &self.norm, &a.hn)?));
+                    recs.push(Rec::Call(Elementwise::div_const(gpu, hid, &a.hn, mup)?));
                 }
                 recs.push(self.lm_head.call(
                     gpu,
                     GemvArgs::new(&a.hn, 1, &a.dense_pairs, 1, &a.logits),
-                    "lm_head",
+                    Label::op("lm_head"),
                 )?);
-                recs.push(Rec::Argmax(
+                recs.push(Rec::Call(
                     Argmax {
                         vocab: cfg.logits_width() as u32,
                         out_idx: 0,
@@ -2262,17 +2249,17 @@ impl<'w> GpuModel<'w> {
                         &a.logits,
                         &a.argmax,
                         Some(status::LOGITS_BAD as u32),
-                    ),
+                    )?
                 ));
             }
             Head::All => {
                 if !head_fused {
-                    recs.push(Rec::Op(
-                        RmsNorm::rows(t, hid, eps).bind(gpu, &a.h, &self.norm, &a.hn),
+                    recs.push(Rec::Call(
+                        RmsNorm::rows(t, hid, eps).bind(gpu, &a.h, &self.norm, &a.hn)?
                     ));
-                    recs.push(Rec::Op(Elementwise::div_const(gpu, t * hid, &a.hn, mup)));
+                    recs.push(Rec::Call(Elementwise::div_const(gpu, t * hid, &a.hn, mup)?));
                 }
-                recs.push(self.lm_head.call(gpu, dense(&a.hn, &a.logits), "lm_head")?);
+                recs.push(self.lm_head.call(gpu, dense(&a.hn, &a.logits), Label::op("lm_head"))?);
             }
         }
         let segs = marks.segments(recs.len());
@@ -2391,7 +2378,10 @@ fn routed_streamed(gpu: &Gpu, a: &Acts, sg: &mut StreamGpu<'_>, job: &LayerJob<'
                     sg.inter,
                     (&a.gu, &a.act),
                     &sg.y_part,
-                    "streamed routed",
+                    (
+                        Label::op("streamed routed gate_up"),
+                        Label::op("streamed routed down"),
+                    ),
                 )?;
                 sg.part_calls.insert((t, n), recs);
             }
