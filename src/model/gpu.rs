@@ -30,8 +30,8 @@ use crate::gpu::ops::{
     norm::EmbedShard, Argmax, AttentionKernel, AttentionShape, Elementwise, EmbedNorm, PosBuffer,
     RmsNorm, Router, RouterShape, SconvInput, SconvRmsNorm, ShortConvKernel, SiluMulLayout,
 };
-use crate::gpu::{Call, Label};
 use crate::gpu::Gpu;
+use crate::gpu::{Call, Label};
 use crate::human_bytes;
 use anyhow::{bail, ensure, Context, Result};
 use std::borrow::Cow;
@@ -1912,7 +1912,7 @@ impl<'w> GpuModel<'w> {
                 &shards,
                 &self.embed_norm,
                 &a.h,
-            )?
+            )?,
         ));
 
         fn dense_args<'b>(
@@ -2005,13 +2005,13 @@ impl<'w> GpuModel<'w> {
                     gpu,
                     [&a.k_raw, &l.conv_w[0], &l.conv_state[0], &a.k_new],
                     [&a.v_raw, &l.conv_w[1], &l.conv_state[1], &a.v_new],
-                )?
+                )?,
             ));
             recs.push(Rec::Call(
-                RmsNorm::rows(t * h, d, eps).bind_inplace(gpu, &a.q, &l.q_norm)?
+                RmsNorm::rows(t * h, d, eps).bind_inplace(gpu, &a.q, &l.q_norm)?,
             ));
             recs.push(Rec::Call(
-                RmsNorm::rows(t * kvh, d, eps).bind_inplace(gpu, &a.k_new, &l.k_norm)?
+                RmsNorm::rows(t * kvh, d, eps).bind_inplace(gpu, &a.k_new, &l.k_norm)?,
             ));
             let shape = AttentionShape {
                 tokens: t,
@@ -2068,11 +2068,10 @@ impl<'w> GpuModel<'w> {
                     global_scale,
                 } => {
                     marks.at(&recs, Phase::Dense);
-                    recs.push(ffn.gate_up.call(
-                        gpu,
-                        dense(&a.xn, &a.gu),
-                        what("dense gate_up"),
-                    )?);
+                    recs.push(
+                        ffn.gate_up
+                            .call(gpu, dense(&a.xn, &a.gu), what("dense gate_up"))?,
+                    );
                     recs.push(Rec::Call(Elementwise::silu_mul(
                         gpu,
                         t,
@@ -2141,7 +2140,7 @@ impl<'w> GpuModel<'w> {
                             &a.shared_gammas,
                             (&a.argmax, &self.pos_buf.buffer),
                             li as u32,
-                        )?
+                        )?,
                     ));
                     // shared experts first (static pairs), so they do not wait on routing
                     if let Some(sh) = shared {
@@ -2249,17 +2248,20 @@ impl<'w> GpuModel<'w> {
                         &a.logits,
                         &a.argmax,
                         Some(status::LOGITS_BAD as u32),
-                    )?
+                    )?,
                 ));
             }
             Head::All => {
                 if !head_fused {
                     recs.push(Rec::Call(
-                        RmsNorm::rows(t, hid, eps).bind(gpu, &a.h, &self.norm, &a.hn)?
+                        RmsNorm::rows(t, hid, eps).bind(gpu, &a.h, &self.norm, &a.hn)?,
                     ));
                     recs.push(Rec::Call(Elementwise::div_const(gpu, t * hid, &a.hn, mup)?));
                 }
-                recs.push(self.lm_head.call(gpu, dense(&a.hn, &a.logits), Label::op("lm_head"))?);
+                recs.push(
+                    self.lm_head
+                        .call(gpu, dense(&a.hn, &a.logits), Label::op("lm_head"))?,
+                );
             }
         }
         let segs = marks.segments(recs.len());

@@ -200,7 +200,10 @@ impl AttentionKernel {
         let vec4 = s.head_dim.is_multiple_of(4);
         let attn = dispatch(
             gpu,
-            &AttentionKey { append: false, vec4 },
+            &AttentionKey {
+                append: false,
+                vec4,
+            },
             &params,
             &[
                 (1, &pos.buffer),
