@@ -7,7 +7,8 @@
 //! on a CPU adapter (lavapipe) or with `--quick` shapes are divided by 4 and one copy is used.
 use super::output::outln;
 use crate::formats::Encoding;
-use crate::gpu::gemv::{kernel_encodings, GemvArgs, GemvCall, GpuWeights, NO_GAMMA};
+use crate::gpu::gemv::{kernel_encodings, GemvArgs, GpuWeights, NO_GAMMA};
+use crate::gpu::Call;
 use crate::gpu::Gpu;
 use anyhow::Context;
 use std::process::ExitCode;
@@ -244,7 +245,7 @@ fn is_cpu(gpu: &Gpu) -> bool {
 }
 
 /// Time `n` recordings of `calls` (rotating); returns seconds per dispatch and how it was measured.
-fn time_calls(gpu: &Gpu, calls: &[GemvCall], n: usize) -> anyhow::Result<(f64, &'static str)> {
+fn time_calls(gpu: &Gpu, calls: &[Call], n: usize) -> anyhow::Result<(f64, &'static str)> {
     // warm-up: every copy once (first use), then keep the GPU busy for ≥ 0.3 s so that clocks
     // are up (after the host-side data generation the GPU idles and the first timings are slow)
     let t_warm = Instant::now();
@@ -382,10 +383,9 @@ fn kernels(a: KernelArgs) -> anyhow::Result<ExitCode> {
                 let calls = weights
                     .iter()
                     .map(|w| {
-                        GemvCall::new(
+                        w.bind(
                             &gpu,
                             enc.format.ordinal(),
-                            w,
                             GemvArgs::new(&x, 1, &pb, s.experts as u32, &y),
                         )
                     })

@@ -1,8 +1,9 @@
 //! `inkling-wgpu smoke`: every GPU kernel on this adapter against the f64 CPU reference.
 use super::output::outln;
 use crate::formats::{quantize, Encoding, QMatrix};
-use crate::gpu::dispatch::{gemv_pairs_with, DispatchError};
-use crate::gpu::gemv::{kernel_encodings, GemvArgs, GemvCall, GpuWeights, Reduction, NO_GAMMA};
+use crate::gpu::dispatch::DispatchError;
+use crate::gpu::gemv::{kernel_encodings, GemvArgs, GpuWeights, Reduction, NO_GAMMA};
+use crate::gpu::gemv_pairs::gemv_pairs_with;
 use crate::gpu::Gpu;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -76,7 +77,7 @@ fn gbs(gpu: &Gpu, ordinal: u32, w: &GpuWeights) -> anyhow::Result<f64> {
     let x = gpu.storage_init("x", bytemuck::cast_slice(&vec![0.5f32; w.cols()]));
     let p = gpu.storage_init("pairs", bytemuck::cast_slice(&[0u32, 0, NO_GAMMA, 0]));
     let y = gpu.storage("y", 4 * w.rows() as u64);
-    let call = GemvCall::new(gpu, ordinal, w, GemvArgs::new(&x, 1, &p, 1, &y))?;
+    let call = w.bind(gpu, ordinal, GemvArgs::new(&x, 1, &p, 1, &y))?;
     let run = |n: usize| -> anyhow::Result<f64> {
         let t0 = Instant::now();
         let mut enc = gpu.device.create_command_encoder(&Default::default());

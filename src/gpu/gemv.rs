@@ -1,7 +1,7 @@
 //! The MoE GEMV kernel (`wgsl/gemv.wgsl`): uploaded weight slabs, pipelines and recorded calls.
 //!
 //! # Problem
-//! For a batch of P pairs `(expert, token, weight_idx)` one [`GemvCall`] computes
+//! For a batch of P pairs `(expert, token, weight_idx)` one [`GpuWeights::bind`] computes
 //! `y[p, 0..O] = gamma[weight_idx(p)] · W_{expert(p)} · x[token(p), 0..I]` (gamma omitted when
 //! `weight_idx == 0xFFFFFFFF` or the call has no gamma buffer). All dtypes are f32 except the
 //! weights (any kernel format of FORMATS.md) and the pairs (u32). Accumulation is f32.
@@ -56,10 +56,10 @@
 //! caller never sees chunks.
 
 use crate::formats::{Encoding, Format, QMatrix};
+use crate::gpu::call::{grid_u64, Call, Dispatch, Label};
 use crate::gpu::dispatch::{self, DispatchError};
-use crate::gpu::kernel::{Bind, KernelSpec};
+use crate::gpu::kernel::{self, Bind, Kernel, KernelSpec};
 use crate::gpu::Gpu;
-use std::sync::Arc;
 
 /// Source of the one GEMV skeleton.
 pub const GEMV_WGSL: &str = include_str!("../../wgsl/gemv.wgsl");
@@ -71,8 +71,6 @@ pub const NO_GAMMA: u32 = 0xFFFF_FFFF;
 /// rounded up to 512 columns when it fits the adapter's workgroup memory, so normally the whole x
 /// is staged once per workgroup and the hot loop has no barrier.
 const XT_MAX: u32 = 16384;
-/// Workgroups per dimension (WebGPU/wgpu limit).
-const MAX_GROUPS_PER_DIM: u32 = 65_535;
 /// Size of the uniform block (`Params` in the WGSL).
 const PARAMS_BYTES: u64 = 64;
 
@@ -208,7 +206,7 @@ pub fn direct_aligned(enc: Encoding, cols: u32, x_stride: u32, x_offset: u32) ->
         && x_offset.is_multiple_of(4)
 }
 
-/// How one dispatch (one weight chunk) of a [`GemvCall`] runs.
+/// How one dispatch (one weight chunk) of a [`GpuWeights::bind`] runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Plan {
     /// The work split.
@@ -381,7 +379,7 @@ pub struct WeightChunk {
 }
 
 /// The E experts `[O, I]` of one tensor in one encoding, uploaded to the GPU (see module docs).
-/// The encoding travels with the bytes: a [`GemvCall`] refuses an ordinal other than this one.
+/// The encoding travels with the bytes: a [`GpuWeights::bind`] refuses an ordinal other than this one.
 #[derive(Debug)]
 pub struct GpuWeights {
     enc: Encoding,
@@ -569,7 +567,7 @@ impl GpuWeights {
 
     /// A slab of `experts` zeroed expert slots `[rows, cols]` in `enc`, to be filled later one
     /// expert at a time with [`GpuWeights::write_expert`] (the expert-cache slot pool). Chunks of
-    /// at most `limit` bytes, laid out exactly as an uploaded slab, so a [`GemvCall`] over it is
+    /// at most `limit` bytes, laid out exactly as an uploaded slab, so a [`GpuWeights::bind`] over it is
     /// a GEMV over whatever experts the slots hold.
     pub fn empty_with_limit(
         gpu: &Gpu,
@@ -1002,56 +1000,131 @@ impl<'a> GemvArgs<'a> {
     }
 }
 
-/// A GEMV ready to record: pipeline, uniform block and one bind group per weight chunk, all made
-/// once in [`GemvCall::new`]; [`GemvCall::record`] allocates nothing.
-pub struct GemvCall {
-    _params: wgpu::Buffer,
-    _dummy: Option<wgpu::Buffer>,
-    parts: Vec<Part>,
-    subgroups: bool,
+impl Reduction {
+    /// Whether this reduction runs with subgroup shuffles on `gpu` (`Auto`: when the device has
+    /// `SUBGROUP`); [`DispatchError::Shape`] for `Subgroup` on a device without them.
+    pub fn subgroups(self, gpu: &Gpu) -> Result<bool, DispatchError> {
+        match self {
+            Reduction::Auto => Ok(gpu.has_subgroups()),
+            Reduction::Shared => Ok(false),
+            Reduction::Subgroup if gpu.has_subgroups() => Ok(true),
+            Reduction::Subgroup => Err(DispatchError::Shape(
+                "subgroup reduction asked for, but the device lacks SUBGROUP".into(),
+            )),
+        }
+    }
 }
 
-/// One dispatch of a [`GemvCall`]: a weight chunk's pipeline (its [`plan`]), bind group and grid.
-struct Part {
-    pipeline: Arc<wgpu::ComputePipeline>,
-    plan: Plan,
-    bind_group: wgpu::BindGroup,
-    gx: u32,
-    gy: u32,
+/// One GEMV pipeline: everything that changes the WGSL of [`wgsl_source_tuned`]. Label
+/// `gemv:{encoding}:{sg|smem}:{tpr}x{rpt}:{xdirect|xstaged}:{x tile}`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GemvKey {
+    pub enc: Encoding,
+    /// Subgroup reduction (else the workgroup-memory tree).
+    pub subgroups: bool,
+    pub tuning: Tuning,
+    /// Columns of x staged per tile; 0 when `direct`.
+    pub xt: u32,
+    /// x read straight from global memory (`XDIRECT`).
+    pub direct: bool,
 }
 
-impl GemvCall {
-    /// Build a call through the dispatcher: `ordinal` must be in the registry
+impl GemvKey {
+    /// The key of one instantiation (`xt` ignored when `direct`).
+    pub fn new(enc: Encoding, subgroups: bool, tuning: Tuning, xt: u32, direct: bool) -> GemvKey {
+        GemvKey {
+            enc,
+            subgroups,
+            tuning,
+            xt: if direct { 0 } else { xt },
+            direct,
+        }
+    }
+}
+
+impl std::fmt::Display for GemvKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "gemv:{}:{}:{}x{}:{}:{}",
+            self.enc.spelling(),
+            if self.subgroups { "sg" } else { "smem" },
+            self.tuning.tpr,
+            self.tuning.rpt,
+            if self.direct { "xdirect" } else { "xstaged" },
+            self.xt
+        )
+    }
+}
+
+/// The `Params` of gemv.wgsl (64 bytes, one per weight chunk at aligned offsets of one buffer).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct GemvParams {
+    /// O, rows per expert.
+    pub rows: u32,
+    /// I, columns.
+    pub cols: u32,
+    /// P.
+    pub n_pairs: u32,
+    /// Padded row stride in `vec4<u32>`.
+    pub row_v: u32,
+    /// Experts `[e0, e1)` are in this chunk.
+    pub e0: u32,
+    pub e1: u32,
+    /// Rows `[r0, r1)` of each of them are in this chunk.
+    pub r0: u32,
+    pub r1: u32,
+    /// f32 elements between tokens in x.
+    pub x_stride: u32,
+    /// f32 element offset of token 0.
+    pub x_offset: u32,
+    /// f32 elements between pairs in y.
+    pub y_stride: u32,
+    /// f32 element offset of pair 0, row 0.
+    pub y_offset: u32,
+    /// f32 scales per row (0 when the format has none).
+    pub spr: u32,
+    /// Row blocks in this chunk: `ceil((r1 − r0) / RPW)`.
+    pub rb: u32,
+    /// 0: ignore `weight_idx` (no gamma buffer bound).
+    pub use_gamma: u32,
+    /// Bit 8: x row = pair index (`x_per_pair`).
+    pub pair_mode: u32,
+}
+
+impl Kernel for GemvKey {
+    type Params = GemvParams;
+    fn entry(&self) -> &'static str {
+        "main"
+    }
+    /// Uniform params, then weights, scales, x, pairs and gamma read-only, y read-write.
+    fn bindings(&self) -> Vec<(u32, Bind)> {
+        let mut v = vec![(0, Bind::Uniform)];
+        v.extend((1..=5).map(|b| (b, Bind::Read)));
+        v.push((6, Bind::Write));
+        v
+    }
+    fn source(&self) -> String {
+        let t = self.tuning;
+        wgsl_source_tuned(self.enc, self.subgroups, t, self.xt, self.direct)
+    }
+    fn subgroups(&self) -> bool {
+        self.subgroups
+    }
+}
+
+impl GpuWeights {
+    /// Bind a GEMV over these weights through the dispatcher: `ordinal` must be in the registry
     /// ([`DispatchError::UnknownOrdinal`]), have a kernel here ([`DispatchError::NoKernel`]) and be
-    /// the ordinal of `weights`' encoding ([`DispatchError::EncodingMismatch`]).
-    pub fn new(
-        gpu: &Gpu,
-        ordinal: u32,
-        weights: &GpuWeights,
-        args: GemvArgs,
-    ) -> Result<GemvCall, DispatchError> {
-        let enc = dispatch::check(ordinal, weights.encoding())?;
-        let subgroups = match args.reduction {
-            Reduction::Auto => gpu.has_subgroups(),
-            Reduction::Shared => false,
-            Reduction::Subgroup if gpu.has_subgroups() => true,
-            Reduction::Subgroup => {
-                return Err(DispatchError::Shape(
-                    "subgroup reduction asked for, but the device lacks SUBGROUP".into(),
-                ))
-            }
-        };
-        let (o, i) = (weights.rows as u64, weights.cols as u64);
-        let x_stride = if args.x_stride == 0 {
-            i
-        } else {
-            args.x_stride as u64
-        };
-        let y_stride = if args.y_stride == 0 {
-            o
-        } else {
-            args.y_stride as u64
-        };
+    /// the ordinal of the weights' encoding ([`DispatchError::EncodingMismatch`]); buffers too
+    /// small for `args` are [`DispatchError::Shape`]. One dispatch per weight chunk with pairs
+    /// (none when `n_pairs` is 0); label `"gemv"`.
+    pub fn bind(&self, gpu: &Gpu, ordinal: u32, args: GemvArgs) -> Result<Call, DispatchError> {
+        let enc = dispatch::check(ordinal, self.encoding())?;
+        let subgroups = args.reduction.subgroups(gpu)?;
+        let (o, i) = (self.rows as u64, self.cols as u64);
+        let (x_stride, y_stride) = strides(self, &args);
         if args.tokens == 0 {
             return Err(DispatchError::Shape("tokens must be ≥ 1".into()));
         }
@@ -1087,63 +1160,49 @@ impl GemvCall {
         }
         let smem = gpu.limits.max_compute_workgroup_storage_size as u64;
         let align = (gpu.limits.min_uniform_buffer_offset_alignment as u64).max(PARAMS_BYTES);
-        let n_chunks = weights.chunks.len() as u64;
+        let n_chunks = self.chunks.len() as u64;
         let params = gpu.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("gemv params"),
             size: align * n_chunks,
             usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        let dummy = if args.gamma.is_none() {
-            Some(gpu.storage("gemv no gamma", 4))
-        } else {
-            None
-        };
-        let gamma = args.gamma.or(dummy.as_ref()).unwrap();
-        let spr = enc.scales_per_row(weights.cols) as u32;
-        let row_v = (gpu_row_stride(enc, weights.cols) / 16) as u32;
-        let mut parts = Vec::new();
-        for (k, c) in weights.chunks.iter().enumerate() {
-            // each chunk's own plan (chunks split by rows can differ in rows); every pair launches
-            // its workgroups in every chunk (pairs of other chunks' experts exit at once), so the
-            // workgroup count is n_pairs · row blocks; n_pairs of 0 launches nothing and is
-            // planned as one pair
-            let plan = plan_with(
-                enc,
-                args.tuning.or_else(tuning_override),
-                args.n_pairs.max(1),
-                c.r1 - c.r0,
-                i as u32,
-                x_stride as u32,
-                args.x_offset,
-            );
-            let xt = x_tile(enc.format, plan.tuning, weights.cols, smem);
-            let pipeline = pipeline(gpu, enc, subgroups, plan.tuning, xt, plan.direct);
-            let layout = pipeline.get_bind_group_layout(0);
-            let rb = (c.r1 - c.r0).div_ceil(plan.tuning.rows_per_workgroup());
-            let p: [u32; 16] = [
-                o as u32,
-                i as u32,
-                args.n_pairs,
+        let no_gamma = args
+            .gamma
+            .is_none()
+            .then(|| gpu.storage("gemv no gamma", 4));
+        let gamma = args.gamma.or(no_gamma.as_ref()).expect("one of them");
+        let spr = enc.scales_per_row(self.cols) as u32;
+        let row_v = (gpu_row_stride(enc, self.cols) / 16) as u32;
+        let mut dispatches = Vec::new();
+        for ((k, c), plan) in self.chunks.iter().enumerate().zip(self.plans(&args)) {
+            let xt = x_tile(enc.format, plan.tuning, self.cols, smem);
+            let key = GemvKey::new(enc, subgroups, plan.tuning, xt, plan.direct);
+            let pipeline = kernel::pipeline(gpu, &key);
+            let row_blocks = (c.r1 - c.r0).div_ceil(plan.tuning.rows_per_workgroup());
+            let p = GemvParams {
+                rows: o as u32,
+                cols: i as u32,
+                n_pairs: args.n_pairs,
                 row_v,
-                c.e0,
-                c.e1,
-                c.r0,
-                c.r1,
-                x_stride as u32,
-                args.x_offset,
-                y_stride as u32,
-                args.y_offset,
+                e0: c.e0,
+                e1: c.e1,
+                r0: c.r0,
+                r1: c.r1,
+                x_stride: x_stride as u32,
+                x_offset: args.x_offset,
+                y_stride: y_stride as u32,
+                y_offset: args.y_offset,
                 spr,
-                rb,
-                args.gamma.is_some() as u32,
-                (args.x_per_pair as u32) << 8,
-            ];
+                rb: row_blocks,
+                use_gamma: args.gamma.is_some() as u32,
+                pair_mode: (args.x_per_pair as u32) << 8,
+            };
             gpu.queue
-                .write_buffer(&params, k as u64 * align, bytemuck::cast_slice(&p));
+                .write_buffer(&params, k as u64 * align, bytemuck::bytes_of(&p));
             let bg = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
                 label: Some("gemv"),
-                layout: &layout,
+                layout: &pipeline.get_bind_group_layout(0),
                 entries: &[
                     wgpu::BindGroupEntry {
                         binding: 0,
@@ -1153,137 +1212,74 @@ impl GemvCall {
                             size: wgpu::BufferSize::new(PARAMS_BYTES),
                         }),
                     },
-                    entry(1, &c.weights),
-                    entry(2, &c.scales),
-                    entry(3, args.x),
-                    entry(4, args.pairs),
-                    entry(5, gamma),
-                    entry(6, args.y),
+                    whole(1, &c.weights),
+                    whole(2, &c.scales),
+                    whole(3, args.x),
+                    whole(4, args.pairs),
+                    whole(5, gamma),
+                    whole(6, args.y),
                 ],
             });
-            let total = args.n_pairs as u64 * rb as u64;
+            let total = args.n_pairs as u64 * row_blocks as u64;
             if total == 0 {
                 continue;
             }
-            let gx = total.min(MAX_GROUPS_PER_DIM as u64) as u32;
-            let gy = total.div_ceil(gx as u64);
-            if gy > MAX_GROUPS_PER_DIM as u64 {
-                return Err(DispatchError::Shape(format!(
-                    "{total} workgroups exceed 65535²"
-                )));
-            }
-            parts.push(Part {
-                pipeline,
-                plan,
-                bind_group: bg,
-                gx,
-                gy: gy as u32,
-            });
+            let groups = grid_u64(total)
+                .ok_or_else(|| DispatchError::Shape(format!("{total} workgroups exceed 65535²")))?;
+            dispatches.push(Dispatch::from_parts(pipeline, bg, groups));
         }
-        Ok(GemvCall {
-            _params: params,
-            _dummy: dummy,
-            parts,
-            subgroups,
-        })
+        Ok(Call::new(Label::op("gemv"), dispatches).owning([params].into_iter().chain(no_gamma)))
     }
 
-    /// Whether this call uses the subgroup reduction.
-    pub fn uses_subgroups(&self) -> bool {
-        self.subgroups
-    }
-
-    /// Number of dispatches (one per weight chunk).
-    pub fn dispatches(&self) -> usize {
-        self.parts.len()
-    }
-
-    /// The [`plan`] of every dispatch, in recording order.
-    pub fn plans(&self) -> Vec<Plan> {
-        self.parts.iter().map(|p| p.plan).collect()
-    }
-
-    /// Record the call in its own compute pass.
-    pub fn record(&self, encoder: &mut wgpu::CommandEncoder) {
-        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-            label: Some("gemv"),
-            timestamp_writes: None,
-        });
-        self.record_in_pass(&mut pass);
-    }
-
-    /// Record the call in its own compute pass that writes timestamps `begin` and `end` of `qs`.
-    pub fn record_timed(
-        &self,
-        encoder: &mut wgpu::CommandEncoder,
-        qs: &wgpu::QuerySet,
-        begin: u32,
-        end: u32,
-    ) {
-        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-            label: Some("gemv timed"),
-            timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
-                query_set: qs,
-                beginning_of_pass_write_index: Some(begin),
-                end_of_pass_write_index: Some(end),
-            }),
-        });
-        self.record_in_pass(&mut pass);
-    }
-
-    /// Record the dispatches into an open compute pass.
-    pub fn record_in_pass(&self, pass: &mut wgpu::ComputePass<'_>) {
-        let mut current: Option<&Arc<wgpu::ComputePipeline>> = None;
-        for part in &self.parts {
-            if !current.is_some_and(|c| Arc::ptr_eq(c, &part.pipeline)) {
-                pass.set_pipeline(&part.pipeline);
-                current = Some(&part.pipeline);
-            }
-            pass.set_bind_group(0, &part.bind_group, &[]);
-            pass.dispatch_workgroups(part.gx, part.gy, 1);
-        }
+    /// The [`plan`] of each weight chunk of a GEMV over these weights with `args` (what
+    /// [`GpuWeights::bind`] records, chunks without pairs included).
+    pub fn plans(&self, args: &GemvArgs) -> Vec<Plan> {
+        let enc = self.encoding();
+        let (x_stride, _) = strides(self, args);
+        // each chunk's own plan (chunks split by rows can differ in rows); every pair launches its
+        // workgroups in every chunk (pairs of other chunks' experts exit at once), so the
+        // workgroup count is n_pairs · row blocks; n_pairs of 0 launches nothing and is planned
+        // as one pair
+        self.chunks
+            .iter()
+            .map(|c| {
+                plan_with(
+                    enc,
+                    args.tuning.or_else(tuning_override),
+                    args.n_pairs.max(1),
+                    c.r1 - c.r0,
+                    self.cols as u32,
+                    x_stride as u32,
+                    args.x_offset,
+                )
+            })
+            .collect()
     }
 }
 
-fn entry(binding: u32, buf: &wgpu::Buffer) -> wgpu::BindGroupEntry<'_> {
+/// `(x_stride, y_stride)` of `args` over `w`, packed strides (0) resolved.
+fn strides(w: &GpuWeights, args: &GemvArgs) -> (u64, u64) {
+    let x = if args.x_stride == 0 {
+        w.cols as u64
+    } else {
+        args.x_stride as u64
+    };
+    let y = if args.y_stride == 0 {
+        w.rows as u64
+    } else {
+        args.y_stride as u64
+    };
+    (x, y)
+}
+
+fn whole(binding: u32, buf: &wgpu::Buffer) -> wgpu::BindGroupEntry<'_> {
     wgpu::BindGroupEntry {
         binding,
         resource: buf.as_entire_binding(),
     }
 }
 
-/// The kernel of one instantiation: key, WGSL of [`wgsl_source_tuned`] and layout (uniform
-/// params, then weights, scales, x, pairs and gamma read-only, y read-write). The key holds
-/// everything that changes the WGSL: the encoding (FMT, GS, CPU, VPU, PPV), the reduction, the
-/// tuning, the x tile (unused, 0, when direct) and the x variant.
-pub fn kernel_spec(enc: Encoding, subgroups: bool, t: Tuning, xt: u32, direct: bool) -> KernelSpec {
-    let xt = if direct { 0 } else { xt };
-    let key = format!(
-        "gemv:{}:{}:{}x{}:{}:{xt}",
-        enc.spelling(),
-        if subgroups { "sg" } else { "smem" },
-        t.tpr,
-        t.rpt,
-        if direct { "xdirect" } else { "xstaged" }
-    );
-    let ro = Bind::Read;
-    let binds = [
-        (0, Bind::Uniform),
-        (1, ro),
-        (2, ro),
-        (3, ro),
-        (4, ro),
-        (5, ro),
-        (6, Bind::Write),
-    ];
-    let source = wgsl_source_tuned(enc, subgroups, t, xt, direct);
-    KernelSpec {
-        subgroups,
-        ..KernelSpec::new(key, "main", &binds, source)
-    }
-}
-
-/// Every x tile [`GemvCall::new`] can pick for tuning `t` of `f` on a device with
+/// Every x tile [`GpuWeights::bind`] can pick for tuning `t` of `f` on a device with
 /// `smem_limit` bytes of workgroup memory: 512 columns (taken even when it does not fit), then
 /// every multiple of 512 up to 16384 that fits.
 pub fn x_tiles(f: Format, t: Tuning, smem_limit: u64) -> Vec<u32> {
@@ -1293,7 +1289,7 @@ pub fn x_tiles(f: Format, t: Tuning, smem_limit: u64) -> Vec<u32> {
         .collect()
 }
 
-/// Workgroup-memory bytes of the instantiation of [`kernel_spec`] (`xt` ignored when `direct`).
+/// Workgroup-memory bytes of the instantiation of [`GemvKey::new`] (`xt` ignored when `direct`).
 pub fn workgroup_bytes(f: Format, t: Tuning, xt: u32, direct: bool) -> u64 {
     smem_bytes(f, t, if direct { 0 } else { xt })
 }
@@ -1309,29 +1305,17 @@ pub fn kernels(smem_limit: u64, subgroups: bool) -> Vec<KernelSpec> {
         for sg in [false, true].into_iter().filter(|&sg| !sg || subgroups) {
             for &t in candidates(enc.format) {
                 for xt in x_tiles(enc.format, t, smem_limit) {
-                    v.push(kernel_spec(enc, sg, t, xt, false));
+                    v.push(KernelSpec::of(&GemvKey::new(enc, sg, t, xt, false)));
                 }
             }
             if matches!(enc.format, Format::F32 | Format::Bf16) {
                 for &t in direct_candidates() {
-                    v.push(kernel_spec(enc, sg, t, 0, true));
+                    v.push(KernelSpec::of(&GemvKey::new(enc, sg, t, 0, true)));
                 }
             }
         }
     }
     v
-}
-
-/// The compiled pipeline of one instantiation (cached on the device).
-fn pipeline(
-    gpu: &Gpu,
-    enc: Encoding,
-    subgroups: bool,
-    t: Tuning,
-    xt: u32,
-    direct: bool,
-) -> Arc<wgpu::ComputePipeline> {
-    crate::gpu::kernel::pipeline(gpu, &kernel_spec(enc, subgroups, t, xt, direct))
 }
 
 #[cfg(test)]

@@ -1,13 +1,20 @@
-//! GPU side: device, buffers, kernels and the format dispatcher.
+//! GPU side: device, kernels and the format dispatcher.
+//!
+//! `kernel` (the [`kernel::Kernel`] trait, pipeline builder and cache) and `call` (the recorded
+//! [`call::Call`]) are what every kernel family builds on: `gemv` (the MoE GEMV over every
+//! kernel format) and `ops` (everything else). `dispatch` checks format ordinals, `variants`
+//! lists every pipeline, `limits` clamps a device to a profile.
+pub mod call;
 pub mod device;
+pub mod dispatch;
+pub mod gemv;
+pub mod gemv_pairs;
 pub mod kernel;
 pub mod limits;
 pub mod ops;
 pub mod variants;
 
+pub use call::{Call, Label};
 pub use device::{Gpu, GpuError};
-pub mod dispatch;
-pub mod gemv;
-
-pub use dispatch::{gemv_pairs, DispatchError};
-pub use gemv::{GemvArgs, GemvCall, GpuWeights, Reduction};
+pub use dispatch::DispatchError;
+pub use gemv_pairs::{gemv_pairs, gemv_pairs_with};

@@ -122,6 +122,7 @@ fn run_chunks(gpu: &Gpu, c: &Cfg, s: &Seq, chunks: &[usize]) -> Vec<f32> {
         let o = poisoned(gpu, t * c.h * c.d);
         pos.set(&gpu.queue, p0 as u32);
         kern.bind(gpu, &pos, &q, &k, &v, &r, &proj, &k_cache, &v_cache, &o)
+            .unwrap()
             .run(gpu);
         out.extend(read(gpu, &o, t * c.h * c.d));
         p0 += t;
@@ -146,7 +147,9 @@ fn run_decode_reused(gpu: &Gpu, c: &Cfg, s: &Seq, prefill: usize) -> Vec<f32> {
     let v = poisoned(gpu, c.kvh * c.d);
     let r = poisoned(gpu, c.h * c.d_rel);
     let o = poisoned(gpu, c.h * c.d);
-    let call = kern.bind(gpu, &pos, &q, &k, &v, &r, &proj, &k_cache, &v_cache, &o);
+    let call = kern
+        .bind(gpu, &pos, &q, &k, &v, &r, &proj, &k_cache, &v_cache, &o)
+        .unwrap();
     for i in prefill..s.n {
         gpu.queue
             .write_buffer(&q, 0, bytemuck::cast_slice(rows(&s.q, i, 1, c.h * c.d)));
@@ -184,6 +187,7 @@ fn run_prefix(
     let o = poisoned(gpu, t * c.h * c.d);
     pos.set(&gpu.queue, 0);
     kern.bind(gpu, pos, &q, &k, &v, &r, proj, kc, vc, &o)
+        .unwrap()
         .run(gpu);
     read(gpu, &o, t * c.h * c.d)
 }

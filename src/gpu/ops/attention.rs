@@ -4,52 +4,81 @@
 //! q·k dot and the relative bias, then every invocation accumulating one vec4 column of V over a
 //! strided share of the block's keys). Head dims divisible by 4 use the vec4 variant of the kernel.
 
-use super::{bind_group, grid, uniform_words, Bind, Dispatch, OpCall, PosBuffer};
-use crate::gpu::kernel::KernelSpec;
+use super::{dispatch, vec4_tag, PosBuffer};
+use crate::gpu::call::{grid, need, BufferTooSmall, Call, Label};
+use crate::gpu::kernel::{Bind, Kernel, KernelSpec};
 use crate::gpu::Gpu;
+use std::fmt;
 
 const SRC: &str = include_str!("../../../wgsl/attention.wgsl");
 
-/// `entry` (`attn` or `attn_append`) of attention.wgsl in its f32 or vec4 variant.
-fn attention_spec(entry: &str, vec4: bool) -> KernelSpec {
-    let binds: &[(u32, Bind)] = match entry {
-        "attn" => &[
-            (0, Bind::Uniform),
-            (1, Bind::Uniform),
-            (2, Bind::Read),
-            (3, Bind::Read),
-            (4, Bind::Read),
-            (5, Bind::Read),
-            (6, Bind::Read),
-            (7, Bind::Read),
-            (8, Bind::Read),
-            (9, Bind::Write),
-        ],
-        "attn_append" => &[
-            (0, Bind::Uniform),
-            (1, Bind::Uniform),
-            (3, Bind::Read),
-            (4, Bind::Read),
-            (10, Bind::Write),
-            (11, Bind::Write),
-        ],
-        _ => unreachable!("attention.wgsl has no {entry}"),
-    };
-    let tag = if vec4 { "vec4" } else { "f32" };
-    KernelSpec::new(
-        format!("attention/{entry}/{tag}"),
-        entry,
-        binds,
-        super::wgsl_variant(SRC, vec4),
-    )
+/// A pipeline of attention.wgsl: the attention itself (`attn`) or the KV append (`attn_append`),
+/// in the f32 or vec4 variant. Label `attention/{entry}/{f32|vec4}`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AttentionKey {
+    /// `false`: `attn`; `true`: `attn_append`.
+    pub append: bool,
+    pub vec4: bool,
+}
+
+/// The `Params` of attention.wgsl.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct AttentionParams {
+    pub t: u32,
+    pub h: u32,
+    pub kvh: u32,
+    pub d: u32,
+    pub d_rel: u32,
+    pub extent: u32,
+    /// 0: full attention, else the sliding window W.
+    pub window: u32,
+    /// Cache capacity in tokens.
+    pub cap: u32,
+    pub use_tau: u32,
+    pub alpha: f32,
+    pub n_floor: f32,
+    pub _pad: u32,
+}
+
+impl fmt::Display for AttentionKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "attention/{}/{}", self.entry(), vec4_tag(self.vec4))
+    }
+}
+
+impl Kernel for AttentionKey {
+    type Params = AttentionParams;
+    fn entry(&self) -> &'static str {
+        if self.append {
+            "attn_append"
+        } else {
+            "attn"
+        }
+    }
+    fn bindings(&self) -> Vec<(u32, Bind)> {
+        let (u, r, w) = (Bind::Uniform, Bind::Read, Bind::Write);
+        if self.append {
+            vec![(0, u), (1, u), (3, r), (4, r), (10, w), (11, w)]
+        } else {
+            let mut v = vec![(0, u), (1, u)];
+            v.extend((2..=8).map(|b| (b, r)));
+            v.push((9, w));
+            v
+        }
+    }
+    fn source(&self) -> String {
+        super::wgsl_variant(SRC, self.vec4)
+    }
 }
 
 /// Both entry points of attention.wgsl, each in the f32 and vec4 variant.
 pub(crate) fn kernels() -> Vec<KernelSpec> {
     let mut v = Vec::new();
     for vec4 in [false, true] {
-        v.push(attention_spec("attn", vec4));
-        v.push(attention_spec("attn_append", vec4));
+        for append in [false, true] {
+            v.push(KernelSpec::of(&AttentionKey { append, vec4 }));
+        }
     }
     v
 }
@@ -132,7 +161,7 @@ impl AttentionKernel {
         k_cache: &wgpu::Buffer,
         v_cache: &wgpu::Buffer,
         out: &wgpu::Buffer,
-    ) -> AttentionCall {
+    ) -> Result<Call, BufferTooSmall> {
         let s = &self.shape;
         let (t, h, kvh, d) = (
             s.tokens as u64,
@@ -140,51 +169,43 @@ impl AttentionKernel {
             s.kv_heads as u64,
             s.head_dim as u64,
         );
-        super::need(q, t * h * d, "attention q");
-        super::need(k_new, t * kvh * d, "attention k_new");
-        super::need(v_new, t * kvh * d, "attention v_new");
-        super::need(r, t * h * s.d_rel as u64, "attention r");
-        super::need(proj, s.d_rel as u64 * s.extent as u64, "attention proj");
-        super::need(
-            k_cache,
-            s.cache_capacity as u64 * kvh * d,
-            "attention k_cache",
-        );
-        super::need(
-            v_cache,
-            s.cache_capacity as u64 * kvh * d,
-            "attention v_cache",
-        );
-        super::need(out, t * h * d, "attention out");
+        need(q, t * h * d, "attention q")?;
+        need(k_new, t * kvh * d, "attention k_new")?;
+        need(v_new, t * kvh * d, "attention v_new")?;
+        need(r, t * h * s.d_rel as u64, "attention r")?;
+        need(proj, s.d_rel as u64 * s.extent as u64, "attention proj")?;
+        let cache = s.cache_capacity as u64 * kvh * d;
+        need(k_cache, cache, "attention k_cache")?;
+        need(v_cache, cache, "attention v_cache")?;
+        need(out, t * h * d, "attention out")?;
         let (use_tau, alpha, n_floor) = match s.tau {
             Some((a, n)) => (1u32, a, n),
             None => (0, 0.0, 1.0),
         };
-        let words = [
-            s.tokens,
-            s.heads,
-            s.kv_heads,
-            s.head_dim,
-            s.d_rel,
-            s.extent,
-            s.window.unwrap_or(0),
-            s.cache_capacity,
+        let params = AttentionParams {
+            t: s.tokens,
+            h: s.heads,
+            kvh: s.kv_heads,
+            d: s.head_dim,
+            d_rel: s.d_rel,
+            extent: s.extent,
+            window: s.window.unwrap_or(0),
+            cap: s.cache_capacity,
             use_tau,
-            alpha.to_bits(),
-            n_floor.to_bits(),
-            0,
-        ];
-        let u = uniform_words(gpu, "attention params", &words);
+            alpha,
+            n_floor,
+            _pad: 0,
+        };
         // D % 4 == 0: every row is 16-byte aligned and every buffer a whole number of vec4s.
         let vec4 = s.head_dim.is_multiple_of(4);
-        let attn = super::listed_pipeline(gpu, &attention_spec("attn", vec4));
-        let append = super::listed_pipeline(gpu, &attention_spec("attn_append", vec4));
-        let bg_attn = bind_group(
+        let attn = dispatch(
             gpu,
-            "attn",
-            &attn,
+            &AttentionKey {
+                append: false,
+                vec4,
+            },
+            &params,
             &[
-                (0, &u),
                 (1, &pos.buffer),
                 (2, q),
                 (3, k_new),
@@ -195,59 +216,24 @@ impl AttentionKernel {
                 (8, v_cache),
                 (9, out),
             ],
+            grid(s.tokens * s.heads),
         );
-        let bg_append = bind_group(
+        let unit = if vec4 { 4 } else { 1 };
+        let n_append =
+            (s.tokens as u64 * s.kv_heads as u64 * s.head_dim as u64 / unit).div_ceil(256) as u32;
+        let append = dispatch(
             gpu,
-            "attn_append",
-            &append,
+            &AttentionKey { append: true, vec4 },
+            &params,
             &[
-                (0, &u),
                 (1, &pos.buffer),
                 (3, k_new),
                 (4, v_new),
                 (10, k_cache),
                 (11, v_cache),
             ],
+            grid(n_append),
         );
-        let unit = if vec4 { 4 } else { 1 };
-        let n_append =
-            (s.tokens as u64 * s.kv_heads as u64 * s.head_dim as u64 / unit).div_ceil(256) as u32;
-        AttentionCall {
-            call: OpCall {
-                label: "attention".into(),
-                dispatches: vec![
-                    Dispatch {
-                        pipeline: attn,
-                        bind_group: bg_attn,
-                        groups: grid(s.tokens * s.heads),
-                    },
-                    Dispatch {
-                        pipeline: append,
-                        bind_group: bg_append,
-                        groups: grid(n_append),
-                    },
-                ],
-                owned: vec![u],
-            },
-        }
-    }
-}
-
-/// A bound attention call (attend, then append to the cache).
-pub struct AttentionCall {
-    pub call: OpCall,
-}
-
-impl AttentionCall {
-    pub fn record(&self, encoder: &mut wgpu::CommandEncoder) {
-        self.call.record(encoder);
-    }
-
-    pub fn record_in_pass(&self, pass: &mut wgpu::ComputePass<'_>) {
-        self.call.record_in_pass(pass);
-    }
-
-    pub fn run(&self, gpu: &Gpu) {
-        self.call.run(gpu);
+        Ok(Call::new(Label::op("attention"), vec![attn, append]))
     }
 }

@@ -1,8 +1,10 @@
 //! Elementwise kernels (`wgsl/elementwise.wgsl`): silu·up, residual adds, scaling, MoE combine, argmax.
 
-use super::{bind_group, grid, uniform_words, Bind, Dispatch, OpCall};
-use crate::gpu::kernel::KernelSpec;
+use super::dispatch;
+use crate::gpu::call::{dummy, grid, need, BufferTooSmall, Call, Label};
+use crate::gpu::kernel::{Bind, Kernel, KernelSpec};
 use crate::gpu::Gpu;
+use std::fmt;
 
 const SRC: &str = include_str!("../../../wgsl/elementwise.wgsl");
 
@@ -71,24 +73,103 @@ const ENTRIES: &[(&str, &[(u32, Bind)])] = &[
     ),
 ];
 
-/// The kernel of `entry` (one of [`ENTRIES`]).
-fn spec(entry: &str) -> KernelSpec {
-    let binds = ENTRIES
-        .iter()
-        .find(|e| e.0 == entry)
-        .unwrap_or_else(|| unreachable!("elementwise.wgsl has no {entry}"))
-        .1;
-    KernelSpec::new(
-        format!("elementwise/{entry}"),
-        entry,
-        binds,
-        SRC.to_string(),
-    )
+/// One entry point of elementwise.wgsl (one of [`ENTRIES`]). Label `elementwise/{entry}`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ElementwiseKey(pub &'static str);
+
+/// The `Params` of elementwise.wgsl. The WGSL names its fields by position (`a`..`g`); each entry
+/// point reads them as the constructor of its params below says.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct ElementwiseParams {
+    /// Elements (silu_mul: P·I; combine: T·C; argmax: V).
+    pub n: u32,
+    pub a: u32,
+    pub b: u32,
+    pub c: u32,
+    pub d: u32,
+    pub e: u32,
+    pub f: u32,
+    pub g: u32,
+    pub fc: f32,
+    pub _p: [u32; 3],
+}
+
+impl ElementwiseParams {
+    /// silu_mul over `n` elements of rows of `i`.
+    fn silu_mul(n: u32, i: u32, l: SiluMulLayout) -> Self {
+        ElementwiseParams {
+            n,
+            a: i,
+            b: l.g_off,
+            c: l.g_row_stride,
+            d: l.g_elem_stride,
+            e: l.u_off,
+            f: l.u_row_stride,
+            g: l.u_elem_stride,
+            ..Default::default()
+        }
+    }
+    /// `add` (no other field) and `add_scaled` (`a` = the index of the scale).
+    fn add(n: u32, s_idx: u32) -> Self {
+        ElementwiseParams {
+            n,
+            a: s_idx,
+            ..Default::default()
+        }
+    }
+    /// `scale`: `a` = 0 divides by `fc`, 1 multiplies.
+    fn scale(n: u32, multiply: bool, c: f32) -> Self {
+        ElementwiseParams {
+            n,
+            a: multiply as u32,
+            fc: c,
+            ..Default::default()
+        }
+    }
+    /// argmax: `a` = chunk, `b` = partials, `c` = out_idx, `d` = flag_idx + 1 (0: no flag).
+    fn argmax(vocab: u32, parts: u32, out_idx: u32, flag1: u32) -> Self {
+        ElementwiseParams {
+            n: vocab,
+            a: CHUNK,
+            b: parts,
+            c: out_idx,
+            d: flag1,
+            ..Default::default()
+        }
+    }
+}
+
+impl fmt::Display for ElementwiseKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "elementwise/{}", self.0)
+    }
+}
+
+impl Kernel for ElementwiseKey {
+    type Params = ElementwiseParams;
+    fn entry(&self) -> &'static str {
+        self.0
+    }
+    fn bindings(&self) -> Vec<(u32, Bind)> {
+        ENTRIES
+            .iter()
+            .find(|e| e.0 == self.0)
+            .unwrap_or_else(|| unreachable!("elementwise.wgsl has no {}", self.0))
+            .1
+            .to_vec()
+    }
+    fn source(&self) -> String {
+        SRC.to_string()
+    }
 }
 
 /// Every kernel of elementwise.wgsl (one per entry point).
 pub(crate) fn kernels() -> Vec<KernelSpec> {
-    ENTRIES.iter().map(|e| spec(e.0)).collect()
+    ENTRIES
+        .iter()
+        .map(|e| KernelSpec::of(&ElementwiseKey(e.0)))
+        .collect()
 }
 
 fn elem_groups(n: u32) -> [u32; 3] {
@@ -146,32 +227,21 @@ impl SiluMulLayout {
 /// Constructors for the elementwise calls. Sizes are element counts.
 pub struct Elementwise;
 
-#[allow(clippy::too_many_arguments)]
-fn words(n: u32, a: u32, b: u32, c: u32, d: u32, e: u32, f: u32, g: u32, fc: f32) -> [u32; 12] {
-    [n, a, b, c, d, e, f, g, fc.to_bits(), 0, 0, 0]
-}
-
+/// One dispatch of `entry` over `n` elements, as a call labelled `entry`.
 fn one(
     gpu: &Gpu,
-    entry: &str,
-    w: &[u32],
+    entry: &'static str,
+    params: ElementwiseParams,
     bufs: &[(u32, &wgpu::Buffer)],
-    groups: [u32; 3],
-) -> OpCall {
-    let pl = super::listed_pipeline(gpu, &spec(entry));
-    let u = uniform_words(gpu, entry, w);
-    let mut all = vec![(0u32, &u)];
-    all.extend_from_slice(bufs);
-    let bg = bind_group(gpu, entry, &pl, &all);
-    OpCall {
-        label: entry.into(),
-        dispatches: vec![Dispatch {
-            pipeline: pl,
-            bind_group: bg,
-            groups,
-        }],
-        owned: vec![u],
-    }
+) -> Call {
+    let d = dispatch(
+        gpu,
+        &ElementwiseKey(entry),
+        &params,
+        bufs,
+        elem_groups(params.n),
+    );
+    Call::new(Label::op(entry), vec![d])
 }
 
 impl Elementwise {
@@ -184,47 +254,40 @@ impl Elementwise {
         g: &wgpu::Buffer,
         u: &wgpu::Buffer,
         out: &wgpu::Buffer,
-    ) -> OpCall {
+    ) -> Result<Call, BufferTooSmall> {
         let l = layout;
         let n = rows * i;
         if n > 0 {
             let (r1, i1) = (rows as u64 - 1, i as u64 - 1);
             let g_last = l.g_off as u64 + r1 * l.g_row_stride as u64 + i1 * l.g_elem_stride as u64;
             let u_last = l.u_off as u64 + r1 * l.u_row_stride as u64 + i1 * l.u_elem_stride as u64;
-            super::need(g, g_last + 1, "silu_mul gate");
-            super::need(u, u_last + 1, "silu_mul up");
-            super::need(out, n as u64, "silu_mul out");
+            need(g, g_last + 1, "silu_mul gate")?;
+            need(u, u_last + 1, "silu_mul up")?;
+            need(out, n as u64, "silu_mul out")?;
         }
-        one(
+        Ok(one(
             gpu,
             "silu_mul",
-            &words(
-                n,
-                i,
-                l.g_off,
-                l.g_row_stride,
-                l.g_elem_stride,
-                l.u_off,
-                l.u_row_stride,
-                l.u_elem_stride,
-                0.0,
-            ),
+            ElementwiseParams::silu_mul(n, i, l),
             &[(1, g), (2, u), (5, out)],
-            elem_groups(n),
-        )
+        ))
     }
 
     /// `x[i] += y[i]` for `n` elements.
-    pub fn add(gpu: &Gpu, n: u32, x: &wgpu::Buffer, y: &wgpu::Buffer) -> OpCall {
-        super::need(x, n as u64, "add x");
-        super::need(y, n as u64, "add y");
-        one(
+    pub fn add(
+        gpu: &Gpu,
+        n: u32,
+        x: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+    ) -> Result<Call, BufferTooSmall> {
+        need(x, n as u64, "add x")?;
+        need(y, n as u64, "add y")?;
+        Ok(one(
             gpu,
             "add",
-            &words(n, 0, 0, 0, 0, 0, 0, 0, 0.0),
+            ElementwiseParams::add(n, 0),
             &[(1, y), (5, x)],
-            elem_groups(n),
-        )
+        ))
     }
 
     /// `x[i] += s[s_idx] · y[i]` for `n` elements (`s` f32 buffer, e.g. a `global_scale` tensor).
@@ -235,41 +298,38 @@ impl Elementwise {
         y: &wgpu::Buffer,
         s: &wgpu::Buffer,
         s_idx: u32,
-    ) -> OpCall {
-        super::need(x, n as u64, "add_scaled x");
-        super::need(y, n as u64, "add_scaled y");
-        super::need(s, s_idx as u64 + 1, "add_scaled s");
-        one(
+    ) -> Result<Call, BufferTooSmall> {
+        need(x, n as u64, "add_scaled x")?;
+        need(y, n as u64, "add_scaled y")?;
+        need(s, s_idx as u64 + 1, "add_scaled s")?;
+        Ok(one(
             gpu,
             "add_scaled",
-            &words(n, s_idx, 0, 0, 0, 0, 0, 0, 0.0),
+            ElementwiseParams::add(n, s_idx),
             &[(1, y), (2, s), (5, x)],
-            elem_groups(n),
-        )
+        ))
     }
 
     /// `x[i] = x[i] / c` for `n` elements (the head's `logits_mup_width_multiplier`; a true division).
-    pub fn div_const(gpu: &Gpu, n: u32, x: &wgpu::Buffer, c: f32) -> OpCall {
-        super::need(x, n as u64, "div_const x");
-        one(
+    pub fn div_const(gpu: &Gpu, n: u32, x: &wgpu::Buffer, c: f32) -> Result<Call, BufferTooSmall> {
+        need(x, n as u64, "div_const x")?;
+        Ok(one(
             gpu,
             "scale",
-            &words(n, 0, 0, 0, 0, 0, 0, 0, c),
+            ElementwiseParams::scale(n, false, c),
             &[(5, x)],
-            elem_groups(n),
-        )
+        ))
     }
 
     /// `x[i] = x[i] · c` for `n` elements.
-    pub fn mul_const(gpu: &Gpu, n: u32, x: &wgpu::Buffer, c: f32) -> OpCall {
-        super::need(x, n as u64, "mul_const x");
-        one(
+    pub fn mul_const(gpu: &Gpu, n: u32, x: &wgpu::Buffer, c: f32) -> Result<Call, BufferTooSmall> {
+        need(x, n as u64, "mul_const x")?;
+        Ok(one(
             gpu,
             "scale",
-            &words(n, 1, 0, 0, 0, 0, 0, 0, c),
+            ElementwiseParams::scale(n, true, c),
             &[(5, x)],
-            elem_groups(n),
-        )
+        ))
     }
 
     /// MoE combine over `tokens` × `hidden`:
@@ -289,46 +349,38 @@ impl Elementwise {
         weight_shared: bool,
         accumulate: bool,
         out: &wgpu::Buffer,
-    ) -> OpCall {
+    ) -> Result<Call, BufferTooSmall> {
         let n = tokens * hidden;
-        let dummy = super::dummy(gpu);
+        let none = dummy(gpu);
         let (ys, sg, ns) = match shared {
             Some((ys, sg, ns)) => (ys, sg, ns),
-            None => (&dummy, &dummy, 0),
+            None => (&none, &none, 0),
         };
         let (t, kk, nsu) = (tokens as u64, top_k as u64, ns as u64);
-        super::need(y, t * kk * hidden as u64, "moe_combine y");
-        super::need(
-            gammas,
-            if weight_routed { t * kk } else { 0 },
-            "moe_combine gammas",
-        );
-        super::need(ys, t * nsu * hidden as u64, "moe_combine shared ys");
-        super::need(
-            sg,
-            if weight_shared { t * nsu } else { 0 },
-            "moe_combine shared gammas",
-        );
-        super::need(out, n as u64, "moe_combine out");
-        let mut call = one(
+        need(y, t * kk * hidden as u64, "moe_combine y")?;
+        let ng = if weight_routed { t * kk } else { 0 };
+        need(gammas, ng, "moe_combine gammas")?;
+        need(ys, t * nsu * hidden as u64, "moe_combine shared ys")?;
+        let nsg = if weight_shared { t * nsu } else { 0 };
+        need(sg, nsg, "moe_combine shared gammas")?;
+        need(out, n as u64, "moe_combine out")?;
+        let params = ElementwiseParams {
+            n,
+            a: hidden,
+            b: top_k,
+            c: ns,
+            d: weight_routed as u32,
+            e: weight_shared as u32,
+            f: accumulate as u32,
+            ..Default::default()
+        };
+        let call = one(
             gpu,
             "moe_combine",
-            &words(
-                n,
-                hidden,
-                top_k,
-                ns,
-                weight_routed as u32,
-                weight_shared as u32,
-                accumulate as u32,
-                0,
-                0.0,
-            ),
+            params,
             &[(1, y), (2, gammas), (3, ys), (4, sg), (5, out)],
-            elem_groups(n),
         );
-        call.owned.push(dummy);
-        call
+        Ok(call.owning([none]))
     }
 }
 
@@ -342,26 +394,17 @@ pub struct Argmax {
     pub out_idx: u32,
 }
 
-pub struct ArgmaxCall {
-    pub call: OpCall,
-}
-
-impl ArgmaxCall {
-    pub fn record(&self, encoder: &mut wgpu::CommandEncoder) {
-        self.call.record(encoder);
-    }
-    pub fn record_in_pass(&self, pass: &mut wgpu::ComputePass<'_>) {
-        self.call.record_in_pass(pass);
-    }
-    pub fn run(&self, gpu: &Gpu) {
-        self.call.run(gpu);
-    }
-}
-
+/// Logits per partial maximum.
 const CHUNK: u32 = 1024;
 
 impl Argmax {
-    pub fn bind(&self, gpu: &Gpu, logits: &wgpu::Buffer, out: &wgpu::Buffer) -> ArgmaxCall {
+    /// Label `"argmax"`.
+    pub fn bind(
+        &self,
+        gpu: &Gpu,
+        logits: &wgpu::Buffer,
+        out: &wgpu::Buffer,
+    ) -> Result<Call, BufferTooSmall> {
         self.bind_flagged(gpu, logits, out, None)
     }
 
@@ -374,20 +417,16 @@ impl Argmax {
         logits: &wgpu::Buffer,
         out: &wgpu::Buffer,
         flag_idx: Option<u32>,
-    ) -> ArgmaxCall {
-        super::need(logits, self.vocab as u64, "argmax logits");
+    ) -> Result<Call, BufferTooSmall> {
+        need(logits, self.vocab as u64, "argmax logits")?;
         let last = flag_idx.map_or(self.out_idx, |f| f.max(self.out_idx));
-        super::need(out, last as u64 + 1, "argmax out");
+        need(out, last as u64 + 1, "argmax out")?;
         let parts = self.vocab.div_ceil(CHUNK).max(1);
         let pv = gpu.storage("argmax partial values", parts as u64 * 4);
         // indices, then one non-finite flag per partial
         let pi = gpu.storage("argmax partial indices", 2 * parts as u64 * 4);
         let flag1 = flag_idx.map_or(0, |f| f + 1);
-        let u = uniform_words(
-            gpu,
-            "argmax params",
-            &words(self.vocab, CHUNK, parts, self.out_idx, flag1, 0, 0, 0, 0.0),
-        );
+        let params = ElementwiseParams::argmax(self.vocab, parts, self.out_idx, flag1);
         // vocab % 4 == 0: the buffer holds whole vec4s up to the vocab (need() checked `vocab` floats)
         let vec4 = self.vocab.is_multiple_of(4);
         let (entry, input) = if vec4 {
@@ -395,37 +434,20 @@ impl Argmax {
         } else {
             ("argmax_partial", 1)
         };
-        let p1 = super::listed_pipeline(gpu, &spec(entry));
-        let p2 = super::listed_pipeline(gpu, &spec("argmax_final"));
-        let b1 = bind_group(
+        let partial = dispatch(
             gpu,
-            "argmax_partial",
-            &p1,
-            &[(0, &u), (input, logits), (6, &pv), (7, &pi)],
+            &ElementwiseKey(entry),
+            &params,
+            &[(input, logits), (6, &pv), (7, &pi)],
+            grid(parts),
         );
-        let b2 = bind_group(
+        let fin = dispatch(
             gpu,
-            "argmax_final",
-            &p2,
-            &[(0, &u), (8, out), (9, &pv), (10, &pi)],
+            &ElementwiseKey("argmax_final"),
+            &params,
+            &[(8, out), (9, &pv), (10, &pi)],
+            [1, 1, 1],
         );
-        ArgmaxCall {
-            call: OpCall {
-                label: "argmax".into(),
-                dispatches: vec![
-                    Dispatch {
-                        pipeline: p1,
-                        bind_group: b1,
-                        groups: grid(parts),
-                    },
-                    Dispatch {
-                        pipeline: p2,
-                        bind_group: b2,
-                        groups: [1, 1, 1],
-                    },
-                ],
-                owned: vec![u, pv, pi],
-            },
-        }
+        Ok(Call::new(Label::op("argmax"), vec![partial, fin]).owning([pv, pi]))
     }
 }

@@ -5,37 +5,78 @@
 //! For T = 1 every step of the chain is per channel except the norm's one row reduction, so the
 //! whole chain is one workgroup of 256 invocations instead of two or three small dispatches.
 
-use super::{bind_group, uniform_words, Bind, ConvCall, Dispatch, OpCall};
-use crate::gpu::kernel::KernelSpec;
+use super::{dispatch, vec4_tag};
+use crate::gpu::call::{dummy, need, BufferTooSmall, Call, Label};
+use crate::gpu::kernel::{Bind, Kernel, KernelSpec};
 use crate::gpu::Gpu;
+use std::fmt;
 
 const SRC: &str = include_str!("../../../wgsl/residual.wgsl");
 
-/// The kernel of residual.wgsl in its f32 or vec4 variant.
-fn sconv_rms_norm_spec(vec4: bool) -> KernelSpec {
-    let tag = if vec4 { "vec4" } else { "f32" };
-    KernelSpec::new(
-        format!("residual/sconv_rms_norm/{tag}"),
-        "sconv_rms_norm",
-        &[
+/// The kernel of residual.wgsl in its f32 or vec4 variant. Label
+/// `residual/sconv_rms_norm/{f32|vec4}`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ResidualKey {
+    pub vec4: bool,
+}
+
+/// The `Params` of residual.wgsl.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct ResidualParams {
+    /// Units per row (C, or C / 4 for vec4).
+    pub cu: u32,
+    /// Channels C.
+    pub c: u32,
+    /// Conv kernel size K (1..=8).
+    pub k: u32,
+    /// 0 plain, 1 scaled, 2 MoE combine.
+    pub mode: u32,
+    pub top_k: u32,
+    pub n_shared: u32,
+    pub eps: f32,
+    pub scale: f32,
+    /// 0: no division.
+    pub div: f32,
+    pub _p: [u32; 3],
+}
+
+impl fmt::Display for ResidualKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "residual/sconv_rms_norm/{}", vec4_tag(self.vec4))
+    }
+}
+
+impl Kernel for ResidualKey {
+    type Params = ResidualParams;
+    fn entry(&self) -> &'static str {
+        "sconv_rms_norm"
+    }
+    fn bindings(&self) -> Vec<(u32, Bind)> {
+        let (r, w) = (Bind::Read, Bind::Write);
+        vec![
             (0, Bind::Uniform),
-            (1, Bind::Read),
-            (2, Bind::Read),
-            (3, Bind::Write),
-            (4, Bind::Write),
-            (5, Bind::Read),
-            (6, Bind::Write),
-            (7, Bind::Read),
-            (8, Bind::Read),
-            (9, Bind::Read),
-        ],
-        super::wgsl_variant(SRC, vec4),
-    )
+            (1, r),
+            (2, r),
+            (3, w),
+            (4, w),
+            (5, r),
+            (6, w),
+            (7, r),
+            (8, r),
+            (9, r),
+        ]
+    }
+    fn source(&self) -> String {
+        super::wgsl_variant(SRC, self.vec4)
+    }
 }
 
 /// Both variants (f32, vec4) of residual.wgsl.
 pub(crate) fn kernels() -> Vec<KernelSpec> {
-    vec![sconv_rms_norm_spec(false), sconv_rms_norm_spec(true)]
+    [false, true]
+        .map(|vec4| KernelSpec::of(&ResidualKey { vec4 }))
+        .to_vec()
 }
 
 /// The conv input `xin` of [`SconvRmsNorm`].
@@ -85,7 +126,7 @@ impl SconvRmsNorm {
         h: &wgpu::Buffer,
         norm_w: &wgpu::Buffer,
         y: &wgpu::Buffer,
-    ) -> ConvCall {
+    ) -> Result<Call, BufferTooSmall> {
         assert!(
             (1..=8).contains(&self.kernel),
             "short conv kernel size {} not in 1..=8",
@@ -99,64 +140,56 @@ impl SconvRmsNorm {
         } else {
             self.channels
         };
-        super::need(conv_w, c * self.kernel as u64, "sconv+rms_norm conv w");
-        super::need(state, (self.kernel as u64 - 1) * c, "sconv+rms_norm state");
-        super::need(h, c, "sconv+rms_norm h");
-        super::need(norm_w, c, "sconv+rms_norm norm w");
-        super::need(y, c, "sconv+rms_norm y");
-        let dummy = super::dummy(gpu);
+        need(conv_w, c * self.kernel as u64, "sconv+rms_norm conv w")?;
+        need(state, (self.kernel as u64 - 1) * c, "sconv+rms_norm state")?;
+        need(h, c, "sconv+rms_norm h")?;
+        need(norm_w, c, "sconv+rms_norm norm w")?;
+        need(y, c, "sconv+rms_norm y")?;
+        let none = dummy(gpu);
         let (mode, x, scale, top_k, gam, ys, sg, ns, label) = match input {
-            SconvInput::Plain(x) => (0, x, 1.0, 0, &dummy, &dummy, &dummy, 0, "sconv+rms_norm"),
-            SconvInput::Scaled(x, s) => (1, x, s, 0, &dummy, &dummy, &dummy, 0, "sconv+rms_norm"),
+            SconvInput::Plain(x) => (0, x, 1.0, 0, &none, &none, &none, 0, "sconv+rms_norm"),
+            SconvInput::Scaled(x, s) => (1, x, s, 0, &none, &none, &none, 0, "sconv+rms_norm"),
             SconvInput::MoeCombine {
                 routed,
                 gammas,
                 top_k,
                 shared,
             } => {
-                super::need(routed, top_k as u64 * c, "moe_combine+sconv routed");
-                super::need(gammas, top_k as u64, "moe_combine+sconv gammas");
-                let (ys, sg, ns) = shared.unwrap_or((&dummy, &dummy, 0));
+                need(routed, top_k as u64 * c, "moe_combine+sconv routed")?;
+                need(gammas, top_k as u64, "moe_combine+sconv gammas")?;
+                let (ys, sg, ns) = shared.unwrap_or((&none, &none, 0));
                 if ns > 0 {
-                    super::need(ys, ns as u64 * c, "moe_combine+sconv shared");
-                    super::need(sg, ns as u64, "moe_combine+sconv shared gammas");
+                    need(ys, ns as u64 * c, "moe_combine+sconv shared")?;
+                    need(sg, ns as u64, "moe_combine+sconv shared gammas")?;
                 }
                 let l = "moe_combine+sconv+rms_norm";
                 (2, routed, 1.0, top_k, gammas, ys, sg, ns, l)
             }
         };
         if mode != 2 {
-            super::need(x, c, "sconv+rms_norm x");
+            need(x, c, "sconv+rms_norm x")?;
         }
-        let pl = super::listed_pipeline(gpu, &sconv_rms_norm_spec(vec4));
-        let u = uniform_words(
-            gpu,
-            "sconv+rms_norm params",
-            &[
-                cu,
-                self.channels,
-                self.kernel,
-                mode,
-                top_k,
-                ns,
-                self.eps.to_bits(),
-                f32::to_bits(scale),
-                self.div.unwrap_or(0.0).to_bits(),
-                0,
-                0,
-                0,
-            ],
-        );
+        let params = ResidualParams {
+            cu,
+            c: self.channels,
+            k: self.kernel,
+            mode,
+            top_k,
+            n_shared: ns,
+            eps: self.eps,
+            scale,
+            div: self.div.unwrap_or(0.0),
+            _p: [0; 3],
+        };
         // K = 1 has no state: bind a 16-byte dummy of its own (a read-write binding) so the vec4
         // binding has its minimum size
-        let no_state = super::dummy(gpu);
+        let no_state = dummy(gpu);
         let state_b = if self.kernel == 1 { &no_state } else { state };
-        let bg = bind_group(
+        let d = dispatch(
             gpu,
-            label,
-            &pl,
+            &ResidualKey { vec4 },
+            &params,
             &[
-                (0, &u),
                 (1, x),
                 (2, conv_w),
                 (3, state_b),
@@ -167,20 +200,8 @@ impl SconvRmsNorm {
                 (8, ys),
                 (9, sg),
             ],
+            [1, 1, 1],
         );
-        ConvCall::new(
-            OpCall {
-                label: label.into(),
-                dispatches: vec![Dispatch {
-                    pipeline: pl,
-                    bind_group: bg,
-                    groups: [1, 1, 1],
-                }],
-                owned: vec![u, dummy, no_state],
-            },
-            state,
-            self.kernel,
-            self.channels,
-        )
+        Ok(Call::new(Label::op(label), vec![d]).owning([none, no_state]))
     }
 }

@@ -1,33 +1,63 @@
 //! MoE router: top-k selection, gammas and the pairs list for the MoE GEMV (`wgsl/router.wgsl`).
 
-use super::{bind_group, grid, uniform_words, Bind, Dispatch, OpCall};
-use crate::gpu::kernel::KernelSpec;
+use super::dispatch;
+use crate::gpu::call::{grid, need, uniform, BufferTooSmall, Call, Label};
+use crate::gpu::kernel::{Bind, Kernel, KernelSpec};
 use crate::gpu::Gpu;
+use std::fmt;
 
 const SRC: &str = include_str!("../../../wgsl/router.wgsl");
 
-/// The top-k kernel of router.wgsl.
-fn route_spec() -> KernelSpec {
-    KernelSpec::new(
-        "router/route",
-        "route",
-        &[
-            (0, Bind::Uniform),
-            (1, Bind::Read),
-            (2, Bind::Read),
-            (3, Bind::Write),
-            (4, Bind::Write),
-            (5, Bind::Write),
-            (6, Bind::Write),
-            (7, Bind::Uniform),
-        ],
-        SRC.to_string(),
-    )
+/// The top-k kernel of router.wgsl. Label `router/route`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RouterKey;
+
+/// The `Params` of router.wgsl.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct RouterParams {
+    pub t: u32,
+    pub n_routed: u32,
+    pub n_shared: u32,
+    pub top_k: u32,
+    pub scale: f32,
+    /// Reported in the status words for non-finite logits.
+    pub layer: u32,
+    pub _p: [u32; 2],
+}
+
+impl fmt::Display for RouterKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("router/route")
+    }
+}
+
+impl Kernel for RouterKey {
+    type Params = RouterParams;
+    fn entry(&self) -> &'static str {
+        "route"
+    }
+    fn bindings(&self) -> Vec<(u32, Bind)> {
+        let (u, r, w) = (Bind::Uniform, Bind::Read, Bind::Write);
+        vec![
+            (0, u),
+            (1, r),
+            (2, r),
+            (3, w),
+            (4, w),
+            (5, w),
+            (6, w),
+            (7, u),
+        ]
+    }
+    fn source(&self) -> String {
+        SRC.to_string()
+    }
 }
 
 /// The one kernel of router.wgsl.
 pub(crate) fn kernels() -> Vec<KernelSpec> {
-    vec![route_spec()]
+    vec![KernelSpec::of(&RouterKey)]
 }
 
 /// One (routed expert, token) work item for the MoE GEMV: 16 bytes, `weight_idx = t·top_k + s` indexes
@@ -88,10 +118,10 @@ impl Router {
         pairs: &wgpu::Buffer,
         gammas: &wgpu::Buffer,
         shared_gammas: &wgpu::Buffer,
-    ) -> OpCall {
+    ) -> Result<Call, BufferTooSmall> {
         let status = gpu.storage("router status (unread)", 16);
-        let pos = uniform_words(gpu, "router pos0 (unread)", &[0, 0, 0, 0]);
-        let mut call = self.bind_checked(
+        let pos = uniform(gpu, "router pos0 (unread)", &[0u32; 4]);
+        let call = self.bind_checked(
             gpu,
             logits,
             bias,
@@ -100,9 +130,8 @@ impl Router {
             shared_gammas,
             (&status, &pos),
             0,
-        );
-        call.owned.extend([status, pos]);
-        call
+        )?;
+        Ok(call.owning([status, pos]))
     }
 
     /// [`Router::bind`], and a token whose logits hold a NaN or an Inf sets the run-time status
@@ -121,41 +150,31 @@ impl Router {
         shared_gammas: &wgpu::Buffer,
         check: (&wgpu::Buffer, &wgpu::Buffer),
         layer: u32,
-    ) -> OpCall {
+    ) -> Result<Call, BufferTooSmall> {
         let (status, pos) = check;
         let s = &self.shape;
         let t = s.tokens as u64;
-        super::need(
-            logits,
-            t * (s.n_routed + s.n_shared) as u64,
-            "router logits",
-        );
-        super::need(bias, s.n_routed as u64, "router bias");
-        super::need(pairs, t * s.top_k as u64 * 4, "router pairs");
-        super::need(gammas, t * s.top_k as u64, "router gammas");
-        super::need(shared_gammas, t * s.n_shared as u64, "router shared_gammas");
-        super::need(status, 4, "router status");
-        let pl = super::listed_pipeline(gpu, &route_spec());
-        let u = uniform_words(
+        let n_logits = t * (s.n_routed + s.n_shared) as u64;
+        need(logits, n_logits, "router logits")?;
+        need(bias, s.n_routed as u64, "router bias")?;
+        need(pairs, t * s.top_k as u64 * 4, "router pairs")?;
+        need(gammas, t * s.top_k as u64, "router gammas")?;
+        need(shared_gammas, t * s.n_shared as u64, "router shared_gammas")?;
+        need(status, 4, "router status")?;
+        let params = RouterParams {
+            t: s.tokens,
+            n_routed: s.n_routed,
+            n_shared: s.n_shared,
+            top_k: s.top_k,
+            scale: s.scale,
+            layer,
+            _p: [0; 2],
+        };
+        let d = dispatch(
             gpu,
-            "router params",
+            &RouterKey,
+            &params,
             &[
-                s.tokens,
-                s.n_routed,
-                s.n_shared,
-                s.top_k,
-                s.scale.to_bits(),
-                layer,
-                0,
-                0,
-            ],
-        );
-        let bg = bind_group(
-            gpu,
-            "router",
-            &pl,
-            &[
-                (0, &u),
                 (1, logits),
                 (2, bias),
                 (3, pairs),
@@ -164,15 +183,8 @@ impl Router {
                 (6, status),
                 (7, pos),
             ],
+            grid(s.tokens),
         );
-        OpCall {
-            label: "router top-k".into(),
-            dispatches: vec![Dispatch {
-                pipeline: pl,
-                bind_group: bg,
-                groups: grid(s.tokens),
-            }],
-            owned: vec![u],
-        }
+        Ok(Call::new(Label::op("router top-k"), vec![d]))
     }
 }

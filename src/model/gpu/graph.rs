@@ -12,7 +12,6 @@
 use super::super::config::TextConfig;
 use super::super::profile::Phase;
 use super::super::status;
-use super::call::Call;
 use super::resident::{
     FfnSlab, Resident, ResidentLayer, ResidentMlp, ATTN_SCONV, K_SCONV, MLP_SCONV, V_SCONV,
 };
@@ -21,7 +20,7 @@ use crate::gpu::ops::{
     Argmax, AttentionKernel, AttentionShape, Elementwise, EmbedNorm, RmsNorm, Router, RouterShape,
     SconvInput, SconvRmsNorm, ShortConvKernel, SiluMulLayout,
 };
-use crate::gpu::Gpu;
+use crate::gpu::{Call, Gpu};
 use anyhow::Result;
 use std::ops::Range;
 
@@ -144,8 +143,7 @@ impl Block {
         self.marks.push((p, self.nodes.len()));
     }
 
-    fn push(&mut self, c: impl Into<Call>) {
-        let c = c.into();
+    fn push(&mut self, c: Call) {
         self.nodes.push(Node::Call(match self.layer {
             Some(l) => c.at_layer(l),
             None => c,
@@ -172,7 +170,7 @@ pub(super) fn build_step(
         head: key.head,
         fuse: key.tokens == 1 && fuse_residual,
     };
-    let mut blocks = vec![r.embedding(key.chained)];
+    let mut blocks = vec![r.embedding(key.chained)?];
     for li in 0..res.layers.len() {
         blocks.push(r.attention_block(li)?);
         blocks.push(match &res.layers[li].mlp {
@@ -205,13 +203,12 @@ pub(super) fn ffn_calls(
     slab: &FfnSlab,
     inter: u32,
     io: FfnIo<'_>,
-    layer: Option<usize>,
-    ops: [&str; 2],
+    ops: [&'static str; 2],
 ) -> Result<[Call; 3]> {
     let np = io.n_pairs;
     let args = GemvArgs::new(io.x, io.tokens, io.pairs, np, io.gu);
     Ok([
-        slab.gate_up.call(gpu, args, layer, ops[0])?,
+        slab.gate_up.call(gpu, args, ops[0])?,
         Elementwise::silu_mul(
             gpu,
             np,
@@ -220,12 +217,10 @@ pub(super) fn ffn_calls(
             io.gu,
             io.gu,
             io.act,
-        )
-        .into(),
+        )?,
         slab.down.call(
             gpu,
             GemvArgs::new(io.act, np, io.pairs, np, io.y).x_per_pair(true),
-            layer,
             ops[1],
         )?,
     ])
@@ -250,7 +245,7 @@ struct Recipe<'a> {
 impl Recipe<'_> {
     /// `h = embed_norm ⊙ rmsnorm(embed[id])` per token; the ids come from `ids`, or from the
     /// previous step's argmax when `chained`.
-    fn embedding(&self, chained: bool) -> Block {
+    fn embedding(&self, chained: bool) -> Result<Block> {
         let a = &self.res.acts;
         let mut b = Block::new(Phase::Other, None);
         b.push(
@@ -266,9 +261,9 @@ impl Recipe<'_> {
                 &self.res.embed_shards(),
                 &self.res.embed_norm,
                 &a.h,
-            ),
+            )?,
         );
-        b
+        Ok(b)
     }
 
     /// Layer `li`'s attention block and its residual: input norm; q/k/v/r GEMVs; k and v short
@@ -279,16 +274,15 @@ impl Recipe<'_> {
         let l: &ResidentLayer = &self.res.layers[li];
         let g = l.geom;
         let (h, kvh, d) = (g.heads as u32, g.kv_heads as u32, g.head_dim as u32);
-        let at = Some(li);
         let mut b = Block::new(Phase::Attention, Some(li));
         // fused: the previous layer's MLP residual already wrote this norm
         if !(self.fuse && li > 0) {
-            b.push(RmsNorm::rows(t, hid, eps).bind(gpu, &a.h, &l.input_norm, &a.xn));
+            b.push(RmsNorm::rows(t, hid, eps).bind(gpu, &a.h, &l.input_norm, &a.xn)?);
         }
-        b.push(l.q.call(gpu, self.dense(&a.xn, &a.q), at, "q_proj")?);
-        b.push(l.k.call(gpu, self.dense(&a.xn, &a.k_raw), at, "k_proj")?);
-        b.push(l.v.call(gpu, self.dense(&a.xn, &a.v_raw), at, "v_proj")?);
-        b.push(l.r.call(gpu, self.dense(&a.xn, &a.r), at, "r_proj")?);
+        b.push(l.q.call(gpu, self.dense(&a.xn, &a.q), "q_proj")?);
+        b.push(l.k.call(gpu, self.dense(&a.xn, &a.k_raw), "k_proj")?);
+        b.push(l.v.call(gpu, self.dense(&a.xn, &a.v_raw), "v_proj")?);
+        b.push(l.r.call(gpu, self.dense(&a.xn, &a.r), "r_proj")?);
         b.push(
             ShortConvKernel {
                 tokens: t,
@@ -310,10 +304,10 @@ impl Recipe<'_> {
                     &l.conv_state[V_SCONV],
                     &a.v_new,
                 ],
-            ),
+            )?,
         );
-        b.push(RmsNorm::rows(t * h, d, eps).bind_inplace(gpu, &a.q, &l.q_norm));
-        b.push(RmsNorm::rows(t * kvh, d, eps).bind_inplace(gpu, &a.k_new, &l.k_norm));
+        b.push(RmsNorm::rows(t * h, d, eps).bind_inplace(gpu, &a.q, &l.q_norm)?);
+        b.push(RmsNorm::rows(t * kvh, d, eps).bind_inplace(gpu, &a.k_new, &l.k_norm)?);
         let shape = AttentionShape {
             tokens: t,
             heads: h,
@@ -338,16 +332,16 @@ impl Recipe<'_> {
             &l.k_cache,
             &l.v_cache,
             &a.attn,
-        ));
-        b.push(l.o.call(gpu, self.dense(&a.attn, &a.o), at, "o_proj")?);
+        )?);
+        b.push(l.o.call(gpu, self.dense(&a.attn, &a.o), "o_proj")?);
         if self.fuse {
             b.phase(Phase::Other);
             let input = SconvInput::Plain(&a.o);
-            b.push(self.fused(li, input, ATTN_SCONV, &l.post_norm, &a.xn, None));
+            b.push(self.fused(li, input, ATTN_SCONV, &l.post_norm, &a.xn, None)?);
         } else {
-            b.push(self.conv(li, ATTN_SCONV, hid, true, &a.o, &a.h));
+            b.push(self.conv(li, ATTN_SCONV, hid, true, &a.o, &a.h)?);
             b.phase(Phase::Other);
-            b.push(RmsNorm::rows(t, hid, eps).bind(gpu, &a.h, &l.post_norm, &a.xn));
+            b.push(RmsNorm::rows(t, hid, eps).bind(gpu, &a.h, &l.post_norm, &a.xn)?);
         }
         Ok(b)
     }
@@ -365,29 +359,25 @@ impl Recipe<'_> {
             unreachable!("a dense layer")
         };
         let mut b = Block::new(Phase::Dense, Some(li));
-        let at = Some(li);
         b.push(
             ffn.gate_up
-                .call(gpu, self.dense(&a.xn, &a.gu), at, "dense gate_up")?,
+                .call(gpu, self.dense(&a.xn, &a.gu), "dense gate_up")?,
         );
         let layout = SiluMulLayout::fused(*inter);
         b.push(Elementwise::silu_mul(
             gpu, t, *inter, layout, &a.gu, &a.gu, &a.act,
-        ));
-        b.push(
-            ffn.down
-                .call(gpu, self.dense(&a.act, &a.m), at, "dense down")?,
-        );
+        )?);
+        b.push(ffn.down.call(gpu, self.dense(&a.act, &a.m), "dense down")?);
         match self.mlp_tail(li) {
             Some((nw, y, div)) => {
                 b.phase(Phase::Other);
                 let input = SconvInput::Scaled(&a.m, *global_scale);
-                b.push(self.fused(li, input, MLP_SCONV, nw, y, div));
+                b.push(self.fused(li, input, MLP_SCONV, nw, y, div)?);
             }
             None => {
-                b.push(Elementwise::mul_const(gpu, t * hid, &a.m, *global_scale));
+                b.push(Elementwise::mul_const(gpu, t * hid, &a.m, *global_scale)?);
                 b.phase(Phase::Other);
-                b.push(self.conv(li, MLP_SCONV, hid, true, &a.m, &a.h));
+                b.push(self.conv(li, MLP_SCONV, hid, true, &a.m, &a.h)?);
             }
         }
         Ok(b)
@@ -414,7 +404,7 @@ impl Recipe<'_> {
         };
         let ns = shared.as_ref().map_or(0, |s| s.n as u32);
         let mut b = Block::new(Phase::Router, Some(li));
-        b.push(router.call(gpu, self.dense(&a.xn, &a.router_logits), Some(li), "router")?);
+        b.push(router.call(gpu, self.dense(&a.xn, &a.router_logits), "router")?);
         b.push(
             Router::new(RouterShape {
                 tokens: t,
@@ -432,7 +422,7 @@ impl Recipe<'_> {
                 &a.shared_gammas,
                 (&a.argmax, &self.res.pos.buffer),
                 li as u32,
-            ),
+            )?,
         );
         if let Some(sh) = shared {
             b.phase(Phase::Shared);
@@ -446,7 +436,7 @@ impl Recipe<'_> {
                 y: &a.y_shared,
             };
             let ops = ["shared gate_up", "shared down"];
-            for c in ffn_calls(gpu, sh, *inter, io, Some(li), ops)? {
+            for c in ffn_calls(gpu, sh, *inter, io, ops)? {
                 b.push(c);
             }
         }
@@ -463,7 +453,7 @@ impl Recipe<'_> {
                     y: &a.y_routed,
                 };
                 let ops = ["routed gate_up", "routed down"];
-                for c in ffn_calls(gpu, routed, *inter, io, Some(li), ops)? {
+                for c in ffn_calls(gpu, routed, *inter, io, ops)? {
                     b.push(c);
                 }
             }
@@ -479,7 +469,7 @@ impl Recipe<'_> {
                     top_k: *top_k,
                     shared: sh,
                 };
-                b.push(self.fused(li, input, MLP_SCONV, nw, y, div));
+                b.push(self.fused(li, input, MLP_SCONV, nw, y, div)?);
             }
             None => {
                 b.push(Elementwise::moe_combine(
@@ -494,8 +484,8 @@ impl Recipe<'_> {
                     true,
                     false,
                     &a.m,
-                ));
-                b.push(self.conv(li, MLP_SCONV, hid, true, &a.m, &a.h));
+                )?);
+                b.push(self.conv(li, MLP_SCONV, hid, true, &a.m, &a.h)?);
             }
         }
         Ok(b)
@@ -518,11 +508,11 @@ impl Recipe<'_> {
                 if !normed {
                     let mut n = RmsNorm::rows(1, hid, eps);
                     n.x_off = (t - 1) * hid;
-                    b.push(n.bind(gpu, &a.h, &self.res.norm, &a.hn));
-                    b.push(Elementwise::div_const(gpu, hid, &a.hn, mup));
+                    b.push(n.bind(gpu, &a.h, &self.res.norm, &a.hn)?);
+                    b.push(Elementwise::div_const(gpu, hid, &a.hn, mup)?);
                 }
                 let args = GemvArgs::new(&a.hn, 1, &a.dense_pairs, 1, &a.logits);
-                b.push(self.res.lm_head.call(gpu, args, None, "lm_head")?);
+                b.push(self.res.lm_head.call(gpu, args, "lm_head")?);
                 b.push(
                     Argmax {
                         vocab: self.cfg.logits_width() as u32,
@@ -533,16 +523,16 @@ impl Recipe<'_> {
                         &a.logits,
                         &a.argmax,
                         Some(status::LOGITS_BAD as u32),
-                    ),
+                    )?,
                 );
             }
             Head::All => {
                 if !normed {
-                    b.push(RmsNorm::rows(t, hid, eps).bind(gpu, &a.h, &self.res.norm, &a.hn));
-                    b.push(Elementwise::div_const(gpu, t * hid, &a.hn, mup));
+                    b.push(RmsNorm::rows(t, hid, eps).bind(gpu, &a.h, &self.res.norm, &a.hn)?);
+                    b.push(Elementwise::div_const(gpu, t * hid, &a.hn, mup)?);
                 }
                 let args = self.dense(&a.hn, &a.logits);
-                b.push(self.res.lm_head.call(gpu, args, None, "lm_head")?);
+                b.push(self.res.lm_head.call(gpu, args, "lm_head")?);
             }
         }
         Ok(b)
@@ -565,16 +555,15 @@ impl Recipe<'_> {
         accumulate: bool,
         x: &wgpu::Buffer,
         y: &wgpu::Buffer,
-    ) -> Call {
+    ) -> Result<Call> {
         let l = &self.res.layers[li];
-        ShortConvKernel {
+        Ok(ShortConvKernel {
             tokens: self.t,
             channels: ch,
             kernel: self.kernel,
             accumulate,
         }
-        .bind(self.gpu, x, &l.conv_w[wi], &l.conv_state[wi], y)
-        .into()
+        .bind(self.gpu, x, &l.conv_w[wi], &l.conv_state[wi], y)?)
     }
 
     /// The fused residual chain of layer `li`: `h += sconv_wi(input)`, then `y = nw ⊙
@@ -587,9 +576,9 @@ impl Recipe<'_> {
         nw: &wgpu::Buffer,
         y: &wgpu::Buffer,
         div: Option<f32>,
-    ) -> Call {
+    ) -> Result<Call> {
         let l = &self.res.layers[li];
-        SconvRmsNorm {
+        Ok(SconvRmsNorm {
             channels: self.hid,
             kernel: self.kernel,
             eps: self.eps,
@@ -603,8 +592,7 @@ impl Recipe<'_> {
             &self.res.acts.h,
             nw,
             y,
-        )
-        .into()
+        )?)
     }
 
     /// The norm that follows layer `li`'s MLP residual when fused: (weight, output, divisor),

@@ -10,7 +10,6 @@
 //! - [`timing`]: the GPU timers of profile mode, the per-op profile and step spans;
 //! - [`streamed`]: expert streaming through a pool of slots, with a CPU fallback.
 mod budget;
-mod call;
 mod graph;
 mod record;
 mod resident;
@@ -260,7 +259,7 @@ impl<'w> GpuModel<'w> {
         for c in step.calls() {
             total += c.dispatches();
             if let Some(l) = c.label.layer {
-                per_layer[l] += c.dispatches();
+                per_layer[l as usize] += c.dispatches();
             }
         }
         Some((total, per_layer))

@@ -5,13 +5,11 @@ use super::super::config::{AttnGeom, TextConfig};
 use super::super::status;
 use super::super::weights::{Ffn, Mlp, Weights};
 use crate::formats::{Format, QMatrix};
-use crate::gpu::gemv::{GemvArgs, GemvCall, GpuWeights, NO_GAMMA};
+use crate::gpu::gemv::{GemvArgs, GpuWeights, NO_GAMMA};
 use crate::gpu::ops::{EmbedShard, PosBuffer};
-use crate::gpu::Gpu;
+use crate::gpu::{Call, Gpu};
 use anyhow::{ensure, Context, Result};
 use std::borrow::Cow;
-
-use super::call::Call;
 
 /// The dense matrices of one linear (or of a slab of experts), uploaded.
 pub(super) struct Linear {
@@ -31,19 +29,13 @@ impl Linear {
         Linear { w, ordinal }
     }
 
-    /// The GEMV `args` over these weights, labelled `op` of `layer`.
-    pub fn call(
-        &self,
-        gpu: &Gpu,
-        args: GemvArgs<'_>,
-        layer: Option<usize>,
-        op: &str,
-    ) -> Result<Call> {
-        let c = GemvCall::new(gpu, self.ordinal, &self.w, args).with_context(|| match layer {
-            Some(l) => format!("binding the layer {l} {op} GEMV"),
-            None => format!("binding the {op} GEMV"),
-        })?;
-        Ok(Call::gemv(c, layer, op))
+    /// The GEMV `args` over these weights, labelled `op`.
+    pub fn call(&self, gpu: &Gpu, args: GemvArgs<'_>, op: &'static str) -> Result<Call> {
+        let c = self
+            .w
+            .bind(gpu, self.ordinal, args)
+            .with_context(|| format!("binding the {op} GEMV"))?;
+        Ok(c.named(op))
     }
 
     /// Weight + scale bytes of every expert of the slab.

@@ -5,12 +5,11 @@ use super::super::expert_cache::{Assign, ExpertCache};
 use super::super::stream::{self, StreamState, StreamStats};
 use super::super::usage::Usage;
 use super::super::weights::{Ffn, Mlp, Weights};
-use super::call::Call;
 use super::graph::{ffn_calls, FfnIo};
 use super::resident::{zeroed, Activations, FfnSlab, Linear, Resident, ResidentMlp};
 use crate::formats::QMatrix;
 use crate::gpu::gemv::{run_staged, GpuWeights, StagedCopy};
-use crate::gpu::Gpu;
+use crate::gpu::{Call, Gpu};
 use anyhow::{bail, ensure, Context, Result};
 use std::collections::HashMap;
 use std::time::Instant;
@@ -352,7 +351,8 @@ impl<'w> Streamer<'w> {
                         y: &self.y_part,
                     };
                     let ops = ["streamed routed gate_up", "streamed routed down"];
-                    let calls = ffn_calls(gpu, &self.pool, self.inter, io, Some(layer), ops)?;
+                    let calls =
+                        ffn_calls(gpu, &self.pool, self.inter, io, ops)?.map(|c| c.at_layer(layer));
                     self.part_calls.insert((t, n), calls);
                 }
                 let mut enc = gpu

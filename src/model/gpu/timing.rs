@@ -236,7 +236,7 @@ impl StepTimer for OpTimer {
         for (i, c) in step.calls().enumerate() {
             let (b, e) = (t[2 * i], t[2 * i + 1]);
             self.times
-                .add(&c.label.op, e.saturating_sub(b) as f64 * period);
+                .add(c.label.op, e.saturating_sub(b) as f64 * period);
             last = last.max(e);
         }
         self.times.steps += 1;
