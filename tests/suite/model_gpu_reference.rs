@@ -11,6 +11,14 @@ use model_common::*;
 
 const MAX_SEQ: usize = 128;
 
+/// Options for sequences of `max_seq` tokens in submissions of at most `max_chunk`.
+fn opts_chunk(max_seq: usize, max_chunk: usize) -> GpuModelOptions {
+    GpuModelOptions {
+        max_chunk,
+        ..GpuModelOptions::new(max_seq)
+    }
+}
+
 fn assert_close(a: &[Vec<f32>], b: &[Vec<f32>], tol: f64, what: &str) -> f64 {
     assert_eq!(a.len(), b.len(), "{what}: rows");
     let mut worst = 0f64;
@@ -165,15 +173,7 @@ fn chunked_prefill_and_decode_equal_full_recompute() {
         // A model whose submissions hold at most 2 or W−1 tokens splits one call over several
         // submissions: same logits.
         for chunk in [2, win - 1] {
-            let mut small = GpuModel::new(
-                &gpu,
-                &w,
-                GpuModelOptions {
-                    max_chunk: chunk,
-                    ..GpuModelOptions::new(MAX_SEQ)
-                },
-            )
-            .unwrap();
+            let mut small = GpuModel::new(&gpu, &w, opts_chunk(MAX_SEQ, chunk)).unwrap();
             let got = small.forward_all(&seq).unwrap();
             assert_close(&got, &full, 1e-5, &format!("{name} max_chunk {chunk}"));
             small.reset();
@@ -334,16 +334,9 @@ fn a_kv_cache_past_the_binding_limit_is_a_clear_error() {
     let w = Weights::load(&ck).unwrap();
     let kvd = w.config.num_key_value_heads * w.config.head_dim;
     let too_long = (gpu.max_binding() / (4 * kvd as u64)) as usize + 1;
-    let e = GpuModel::new(
-        &gpu,
-        &w,
-        GpuModelOptions {
-            max_chunk: 1,
-            ..GpuModelOptions::new(too_long)
-        },
-    )
-    .err()
-    .expect("refused");
+    let e = GpuModel::new(&gpu, &w, opts_chunk(too_long, 1))
+        .err()
+        .expect("refused");
     assert!(e.to_string().contains("max_seq"), "{e}");
 }
 
@@ -358,15 +351,7 @@ fn pipelined_greedy_stop_on_eos_then_second_prompt_matches_reference() {
         let w = Weights::load(&ck).unwrap();
         let r = reference(name);
         for chunk in [64, 3] {
-            let mut m = GpuModel::new(
-                &gpu,
-                &w,
-                GpuModelOptions {
-                    max_chunk: chunk,
-                    ..GpuModelOptions::new(MAX_SEQ)
-                },
-            )
-            .unwrap();
+            let mut m = GpuModel::new(&gpu, &w, opts_chunk(MAX_SEQ, chunk)).unwrap();
             let n = r.cases.len();
             for (ci, c) in r.cases.iter().enumerate() {
                 if c.generated_ids.len() < 2 {

@@ -131,19 +131,12 @@ impl DecodeBytes {
             b += l.conv_w.iter().map(|x| x.size()).sum::<u64>();
             b += l.conv_state.iter().map(|x| x.size()).sum::<u64>();
             b += match &l.mlp {
-                ResidentMlp::Dense { ffn: f, .. } => ffn(f),
-                ResidentMlp::Moe {
-                    router,
-                    bias,
-                    top_k,
-                    expert_bytes,
-                    shared,
-                    ..
-                } => {
-                    router.bytes()
-                        + bias.size()
-                        + *top_k as u64 * expert_bytes
-                        + shared.as_ref().map_or(0, |s| s.n as u64 * ffn(s))
+                ResidentMlp::Dense(d) => ffn(&d.ffn),
+                ResidentMlp::Moe(m) => {
+                    m.router.bytes()
+                        + m.bias.size()
+                        + m.top_k as u64 * m.expert_bytes
+                        + m.shared.as_ref().map_or(0, |s| s.n as u64 * ffn(s))
                 }
             };
         }

@@ -13,7 +13,8 @@ use super::super::config::TextConfig;
 use super::super::profile::Phase;
 use super::super::status;
 use super::resident::{
-    FfnSlab, Resident, ResidentLayer, ResidentMlp, ATTN_SCONV, K_SCONV, MLP_SCONV, V_SCONV,
+    DenseMlp, FfnSlab, MoeMlp, Resident, ResidentLayer, ResidentMlp, ATTN_SCONV, K_SCONV,
+    MLP_SCONV, V_SCONV,
 };
 use crate::gpu::gemv::GemvArgs;
 use crate::gpu::ops::{
@@ -174,8 +175,8 @@ pub(super) fn build_step(
     for li in 0..res.layers.len() {
         blocks.push(r.attention_block(li)?);
         blocks.push(match &res.layers[li].mlp {
-            ResidentMlp::Dense { .. } => r.dense_mlp(li)?,
-            ResidentMlp::Moe { .. } => r.moe_block(li)?,
+            ResidentMlp::Dense(mlp) => r.dense_mlp(li, mlp)?,
+            ResidentMlp::Moe(moe) => r.moe_block(li, moe)?,
         });
     }
     blocks.push(r.head()?);
@@ -348,16 +349,13 @@ impl Recipe<'_> {
 
     /// Layer `li`'s dense MLP and its residual: one GEMV over gate‖up, silu·up, down,
     /// × global_scale, `h += mlp_sconv(m)`.
-    fn dense_mlp(&self, li: usize) -> Result<Block> {
+    fn dense_mlp(&self, li: usize, mlp: &DenseMlp) -> Result<Block> {
         let (gpu, a, t, hid) = (self.gpu, &self.res.acts, self.t, self.hid);
-        let ResidentMlp::Dense {
+        let DenseMlp {
             ffn,
             inter,
             global_scale,
-        } = &self.res.layers[li].mlp
-        else {
-            unreachable!("a dense layer")
-        };
+        } = mlp;
         let mut b = Block::new(Phase::Dense, Some(li));
         b.push(
             ffn.gate_up
@@ -387,9 +385,9 @@ impl Recipe<'_> {
     /// the GPU); the shared experts first (static pairs, so they do not wait on routing); the
     /// routed experts (one MoE GEMV over the (expert, token) pairs for gate‖up, silu·up, one for
     /// down; or the streaming cut); the combine with the gammas and `h += mlp_sconv(m)`.
-    fn moe_block(&self, li: usize) -> Result<Block> {
+    fn moe_block(&self, li: usize, moe: &MoeMlp) -> Result<Block> {
         let (gpu, a, t, hid) = (self.gpu, &self.res.acts, self.t, self.hid);
-        let ResidentMlp::Moe {
+        let MoeMlp {
             router,
             bias,
             scale,
@@ -398,10 +396,7 @@ impl Recipe<'_> {
             shared,
             inter,
             ..
-        } = &self.res.layers[li].mlp
-        else {
-            unreachable!("a sparse layer")
-        };
+        } = moe;
         let ns = shared.as_ref().map_or(0, |s| s.n as u32);
         let mut b = Block::new(Phase::Router, Some(li));
         b.push(router.call(gpu, self.dense(&a.xn, &a.router_logits), "router")?);

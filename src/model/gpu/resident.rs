@@ -95,28 +95,32 @@ impl FfnSlab {
     }
 }
 
+/// The dense MLP of a dense layer.
+pub(super) struct DenseMlp {
+    pub ffn: FfnSlab,
+    pub inter: u32,
+    pub global_scale: f32,
+}
+
+/// The MoE of a sparse layer.
+pub(super) struct MoeMlp {
+    pub router: Linear,
+    pub bias: wgpu::Buffer,
+    /// `route_scale × gate.global_scale`.
+    pub scale: f32,
+    pub top_k: u32,
+    /// `None` when the routed experts stream through the expert slots.
+    pub routed: Option<FfnSlab>,
+    /// Weight + scale bytes of one routed expert (gate, up and down).
+    pub expert_bytes: u64,
+    pub shared: Option<FfnSlab>,
+    pub inter: u32,
+}
+
 /// The MLP of one layer.
-// One per layer, so the size difference between the variants does not matter.
-#[allow(clippy::large_enum_variant)]
 pub(super) enum ResidentMlp {
-    Dense {
-        ffn: FfnSlab,
-        inter: u32,
-        global_scale: f32,
-    },
-    Moe {
-        router: Linear,
-        bias: wgpu::Buffer,
-        /// `route_scale × gate.global_scale`.
-        scale: f32,
-        top_k: u32,
-        /// `None` when the routed experts stream through the expert slots.
-        routed: Option<FfnSlab>,
-        /// Weight + scale bytes of one routed expert (gate, up and down).
-        expert_bytes: u64,
-        shared: Option<FfnSlab>,
-        inter: u32,
-    },
+    Dense(DenseMlp),
+    Moe(MoeMlp),
 }
 
 /// One decoder layer on the GPU: weights, KV cache and conv states.
@@ -399,7 +403,7 @@ fn upload_layer(
         Mlp::Dense(d) => {
             let inter = d.ffn.gate.rows;
             widest.gu = widest.gu.max(2 * inter);
-            ResidentMlp::Dense {
+            ResidentMlp::Dense(DenseMlp {
                 ffn: FfnSlab::upload(
                     gpu,
                     std::slice::from_ref(&d.ffn),
@@ -409,7 +413,7 @@ fn upload_layer(
                 .expect("one ffn"),
                 inter: inter as u32,
                 global_scale: d.global_scale,
-            }
+            })
         }
         Mlp::Moe(m) => {
             let inter = m.experts[0].gate.rows;
@@ -421,7 +425,7 @@ fn upload_layer(
                 .map(|q| (q.data.len() + q.scales.len()) as u64)
                 .sum();
             widest.gu = widest.gu.max(m.top_k.max(s) * 2 * inter);
-            ResidentMlp::Moe {
+            ResidentMlp::Moe(MoeMlp {
                 router: lin(&m.router, "router")?,
                 bias: f32_buf(gpu, "router bias", &m.router_bias),
                 scale: m.route_scale * m.router_scale,
@@ -447,7 +451,7 @@ fn upload_layer(
                     &format!("layer {i} shared experts"),
                 )?,
                 inter: inter as u32,
-            }
+            })
         }
     };
     Ok(ResidentLayer {

@@ -229,9 +229,10 @@ impl<'w> Streamer<'w> {
         (layer, t, pos): (usize, u32, usize),
         mut enc: wgpu::CommandEncoder,
     ) -> Result<wgpu::CommandEncoder> {
-        let ResidentMlp::Moe { top_k, .. } = &res.layers[layer].mlp else {
+        let ResidentMlp::Moe(moe) = &res.layers[layer].mlp else {
             unreachable!("a routed cut sits in a sparse layer")
         };
+        let top_k = moe.top_k;
         let a = &res.acts;
         // the router's pairs travel in the same submission into a persistent readback buffer
         let bytes = 16 * (t * top_k) as u64;
