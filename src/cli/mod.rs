@@ -17,6 +17,7 @@ pub mod serve;
 pub mod shaders;
 pub mod smoke;
 pub mod synth;
+pub mod values;
 
 /// Inkling mixture-of-experts language models on any GPU through wgpu.
 #[derive(Parser, Debug)]

@@ -97,10 +97,9 @@ impl Gpu {
             })?;
         let info = adapter.get_info();
         let mut limits = adapter.limits();
-        let wanted = wgpu::Features::SUBGROUP
-            | wgpu::Features::TIMESTAMP_QUERY
-            | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
-            | wgpu::Features::SHADER_F16;
+        // what the kernels use (subgroup reductions) and what the profilers use (timestamps at
+        // the beginning and end of compute passes); nothing else
+        let wanted = wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
         let mut features = adapter.features() & wanted;
         if let Some(p) = profile {
             limits = p.clamp_limits(&limits);
@@ -134,6 +133,12 @@ impl Gpu {
     /// Whether subgroup operations are available.
     pub fn has_subgroups(&self) -> bool {
         self.features.contains(wgpu::Features::SUBGROUP)
+    }
+
+    /// Whether the adapter is a CPU (lavapipe, WARP): benchmarks shrink their shapes and skip
+    /// their warm-up there.
+    pub fn is_cpu(&self) -> bool {
+        self.info.device_type == wgpu::DeviceType::Cpu
     }
 
     /// Whether timestamp queries are available.

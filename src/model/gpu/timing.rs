@@ -5,6 +5,7 @@
 //! every timer, so the tokens are too.
 use super::super::profile::{OpTimes, Phase};
 use super::graph::{PassLayout, Step};
+use crate::gpu::timing::{query_set, resolve_buffer, seconds_per_tick, ticks};
 use crate::gpu::Gpu;
 use anyhow::{ensure, Result};
 
@@ -22,35 +23,6 @@ pub(super) trait StepTimer {
     fn after_submit(&mut self, _gpu: &Gpu, _step: &Step) -> Result<()> {
         Ok(())
     }
-}
-
-/// Seconds per timestamp tick of `gpu`'s queue.
-fn tick_s(gpu: &Gpu) -> f64 {
-    gpu.queue.get_timestamp_period() as f64 * 1e-9
-}
-
-/// Little-endian u64 ticks of resolved timestamps.
-fn ticks(raw: &[u8]) -> Vec<u64> {
-    raw.chunks_exact(8)
-        .map(|x| u64::from_le_bytes(x.try_into().expect("8 bytes")))
-        .collect()
-}
-
-fn query_set(gpu: &Gpu, label: &str, count: u32) -> wgpu::QuerySet {
-    gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
-        label: Some(label),
-        ty: wgpu::QueryType::Timestamp,
-        count,
-    })
-}
-
-fn resolve_buffer(gpu: &Gpu, label: &str, size: u64) -> wgpu::Buffer {
-    gpu.device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some(label),
-        size,
-        usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-        mapped_at_creation: false,
-    })
 }
 
 /// The timestamp writes at the beginning (`2 i`) and end (`2 i + 1`) of a pass.
@@ -123,7 +95,7 @@ impl PhaseTimer {
     /// Seconds per phase ([`Phase::ALL`] order) and of the step spans, summed over the steps.
     pub fn seconds(&mut self, gpu: &Gpu) -> Result<([f64; 7], f64)> {
         self.flush(gpu)?;
-        let p = tick_s(gpu);
+        let p = seconds_per_tick(gpu);
         Ok((self.ticks.map(|t| t as f64 * p), self.span_ticks as f64 * p))
     }
 }
@@ -228,7 +200,7 @@ impl StepTimer for OpTimer {
 
     /// Wait for the step just submitted and add its calls' times.
     fn after_submit(&mut self, gpu: &Gpu, step: &Step) -> Result<()> {
-        let period = tick_s(gpu);
+        let period = seconds_per_tick(gpu);
         let resolve = self.resolve.as_ref().expect("prepared");
         let t = ticks(&gpu.read_bytes(resolve, 0, 16 * step.nodes.len() as u64)?);
         let first = t[0];
@@ -281,7 +253,7 @@ impl SpanTimer {
         if self.n == 0 {
             return Ok(Default::default());
         }
-        let period = tick_s(gpu);
+        let period = seconds_per_tick(gpu);
         let stride = wgpu::QUERY_RESOLVE_BUFFER_ALIGNMENT;
         let t = ticks(&gpu.read_bytes(&self.resolve, 0, self.n as u64 * stride)?);
         let per = (stride / 8) as usize;
