@@ -118,6 +118,8 @@ pub(super) struct MoeMlp {
 }
 
 /// The MLP of one layer.
+// One per layer, so the size difference between the variants does not matter.
+#[allow(clippy::large_enum_variant)]
 pub(super) enum ResidentMlp {
     Dense(DenseMlp),
     Moe(MoeMlp),
