@@ -1,11 +1,11 @@
 //! GPU memory and traffic budgets: the resident part's size before upload, one expert slot's
 //! size, how many slots a placement gives, and the bytes a one-token step reads.
-use super::super::stream::Placement;
-use super::super::weights::{Ffn, Mlp, Weights};
 use super::resident::{Resident, ResidentMlp};
 use crate::formats::{Format, QMatrix};
 use crate::gpu::gemv::gpu_row_stride;
 use crate::human_bytes;
+use crate::model::stream::Placement;
+use crate::model::weights::{Ffn, Mlp, Weights};
 use anyhow::{ensure, Result};
 
 /// An estimate of the GPU bytes of everything but the routed experts: dense linears, shared

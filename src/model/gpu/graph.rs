@@ -9,9 +9,6 @@
 //! With `fuse_residual`, a one-token step fuses each residual chain (conv input → short conv →
 //! `h +=` → the next RMSNorm) into one [`SconvRmsNorm`] dispatch; longer chunks, and every step
 //! by default, keep the separate kernels.
-use super::super::config::TextConfig;
-use super::super::profile::Phase;
-use super::super::status;
 use super::resident::{
     DenseMlp, FfnSlab, MoeMlp, Resident, ResidentLayer, ResidentMlp, ATTN_SCONV, K_SCONV,
     MLP_SCONV, V_SCONV,
@@ -22,6 +19,9 @@ use crate::gpu::ops::{
     SconvInput, SconvRmsNorm, ShortConvKernel, SiluMulLayout,
 };
 use crate::gpu::{Call, Gpu};
+use crate::model::config::TextConfig;
+use crate::model::profile::Phase;
+use crate::model::status;
 use anyhow::Result;
 use std::ops::Range;
 

@@ -3,12 +3,12 @@
 //! (T = 1) allocates nothing per token.
 //!
 //! The files follow the life of a token:
-//! - [`resident`]: what lives on the GPU (weights, KV caches, conv states, activations) and its upload;
-//! - [`budget`]: memory and traffic estimates (resident part, expert slots, bytes per decode step);
-//! - [`graph`]: the Inkling recipe, one function per block, building a [`graph::Step`];
-//! - [`record`]: a step into compute passes, readbacks, the greedy-id ring and host times;
-//! - [`timing`]: the GPU timers of profile mode, the per-op profile and step spans;
-//! - [`streamed`]: expert streaming through a pool of slots, with a CPU fallback.
+//! - `resident.rs`: what lives on the GPU (weights, KV caches, conv states, activations) and its upload;
+//! - `budget.rs`: memory and traffic estimates (resident part, expert slots, bytes per decode step);
+//! - `graph.rs`: the Inkling recipe, one function per block, building a `Step`;
+//! - `record.rs`: a step into compute passes, readbacks, the greedy-id ring and host times;
+//! - `timing.rs`: the GPU timers of profile mode, the per-op profile and step spans;
+//! - `streamed.rs`: expert streaming through a pool of slots, with a CPU fallback.
 mod budget;
 mod graph;
 mod record;

@@ -1,11 +1,11 @@
 //! The recorder: a [`Step`] into compute passes (one, one per phase run, or one per call), the
 //! copies the host reads back (logits, the greedy id, the pipelined decode's ring of ids), the
 //! submission, and the host's time per phase of it.
-use super::super::status;
 use super::graph::{Node, PassLayout, Step};
 use super::resident::Activations;
 use super::timing::StepTimer;
 use crate::gpu::Gpu;
+use crate::model::status;
 use anyhow::{ensure, Result};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;

@@ -1,13 +1,13 @@
 //! What the GPU model keeps on the device, and its upload from [`Weights`]: every linear as a
 //! [`GpuWeights`] slab, norms and conv weights as f32 buffers, the KV caches and conv states of each
 //! layer, the embedding table in binding-sized shards, and the activations of one chunk.
-use super::super::config::{AttnGeom, TextConfig};
-use super::super::status;
-use super::super::weights::{Ffn, Mlp, Weights};
 use crate::formats::{Format, QMatrix};
 use crate::gpu::gemv::{GemvArgs, GpuWeights, NO_GAMMA};
 use crate::gpu::ops::{EmbedShard, PosBuffer};
 use crate::gpu::{Call, Gpu};
+use crate::model::config::{AttnGeom, TextConfig};
+use crate::model::status;
+use crate::model::weights::{Ffn, Mlp, Weights};
 use anyhow::{ensure, Context, Result};
 use std::borrow::Cow;
 

@@ -1,15 +1,15 @@
-//! Expert streaming on the GPU (see [`super::super::stream`]): the slot pool, the routed experts
+//! Expert streaming on the GPU (see [`crate::model::stream`]): the slot pool, the routed experts
 //! of one layer placed and run between submissions at the step's [`super::graph::Node::Routed`]
 //! cut, and the CPU fallback when that fails.
-use super::super::expert_cache::{Assign, ExpertCache};
-use super::super::stream::{self, StreamState, StreamStats};
-use super::super::usage::Usage;
-use super::super::weights::{Ffn, Mlp, Weights};
 use super::graph::{ffn_calls, FfnIo};
 use super::resident::{zeroed, Activations, FfnSlab, Linear, Resident, ResidentMlp};
 use crate::formats::QMatrix;
 use crate::gpu::gemv::{run_staged, GpuWeights, StagedCopy};
 use crate::gpu::{Call, Gpu};
+use crate::model::expert_cache::{Assign, ExpertCache};
+use crate::model::stream::{self, StreamState, StreamStats};
+use crate::model::usage::Usage;
+use crate::model::weights::{Ffn, Mlp, Weights};
 use anyhow::{bail, ensure, Context, Result};
 use std::collections::HashMap;
 use std::time::Instant;
@@ -388,7 +388,7 @@ impl<'w> Streamer<'w> {
 
     /// The CPU fallback of one layer's routed experts after a GPU failure: read the layer's MoE
     /// input back, compute every pair's expert FFN on the CPU from the mapped bytes
-    /// ([`super::super::cpu::expert_ffn`]), and write the rows of `y_routed`. Warns once per model.
+    /// ([`crate::model::cpu::expert_ffn`]), and write the rows of `y_routed`. Warns once per model.
     fn on_cpu(
         &mut self,
         gpu: &Gpu,
@@ -427,7 +427,7 @@ impl<'w> Streamer<'w> {
                 tok < t as usize,
                 "layer {layer}: a pair names token {tok} of {t}"
             );
-            y.extend(super::super::cpu::expert_ffn(
+            y.extend(crate::model::cpu::expert_ffn(
                 f,
                 &x[tok * hd..(tok + 1) * hd],
             ));

@@ -3,10 +3,10 @@
 //! run), [`OpTimer`] (the per-op profile: one timed pass per call) and [`SpanTimer`] (the
 //! beginning and end of the normal single pass). The kernels and their order are the same under
 //! every timer, so the tokens are too.
-use super::super::profile::{OpTimes, Phase};
 use super::graph::{PassLayout, Step};
 use crate::gpu::timing::{query_set, resolve_buffer, seconds_per_tick, ticks};
 use crate::gpu::Gpu;
+use crate::model::profile::{OpTimes, Phase};
 use anyhow::{ensure, Result};
 
 /// A timer of the passes of one-token steps.
@@ -48,7 +48,7 @@ struct PhaseStamps {
     pending: Vec<Vec<Phase>>,
 }
 
-/// Profile mode (see [`super::super::profile`]): counts one-token steps and their bytes and, with
+/// Profile mode (see [`crate::model::profile`]): counts one-token steps and their bytes and, with
 /// `TIMESTAMP_QUERY`, times each phase run as its own pass.
 #[derive(Default)]
 pub(super) struct PhaseTimer {
