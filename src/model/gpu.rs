@@ -27,8 +27,8 @@ use super::weights::{Ffn, Mlp, Weights};
 use crate::formats::{Format, QMatrix};
 use crate::gpu::gemv::{gpu_row_stride, run_staged, GemvArgs, GpuWeights, StagedCopy, NO_GAMMA};
 use crate::gpu::ops::{
-    norm::EmbedShard, Argmax, AttentionKernel, AttentionShape, Elementwise, EmbedNorm, PosBuffer,
-    RmsNorm, Router, RouterShape, SconvInput, SconvRmsNorm, ShortConvKernel, SiluMulLayout,
+    norm::EmbedShard, Argmax, AttentionShape, DivConst, EmbedNorm, MoeCombine, MulConst, PosBuffer,
+    RmsNorm, RouterShape, SconvInput, SconvRmsNorm, ShortConvKernel, SiluMul, SiluMulLayout,
 };
 use crate::gpu::Gpu;
 use crate::gpu::{timing, Call, Label};
@@ -245,15 +245,14 @@ impl Experts {
             GemvArgs::new(io.x, io.tokens, io.pairs, np, gu),
             gate_up,
         )?);
-        recs.push(Rec::Call(Elementwise::silu_mul(
-            gpu,
-            np,
-            inter,
-            SiluMulLayout::fused(inter),
-            gu,
-            gu,
-            act,
-        )?));
+        recs.push(Rec::Call(
+            SiluMul {
+                rows: np,
+                i: inter,
+                layout: SiluMulLayout::fused(inter),
+            }
+            .bind(gpu, gu, gu, act)?,
+        ));
         recs.push(self.down.call(
             gpu,
             GemvArgs::new(act, np, io.pairs, np, y).x_per_pair(true),
@@ -2005,7 +2004,7 @@ impl<'w> GpuModel<'w> {
                     .log_scaling
                     .map(|(n_floor, alpha)| (alpha as f32, n_floor as f32)),
             };
-            recs.push(Rec::Call(AttentionKernel::new(shape).bind(
+            recs.push(Rec::Call(shape.bind(
                 gpu,
                 &self.pos_buf,
                 &a.q,
@@ -2051,15 +2050,14 @@ impl<'w> GpuModel<'w> {
                         ffn.gate_up
                             .call(gpu, dense(&a.xn, &a.gu), what("dense gate_up"))?,
                     );
-                    recs.push(Rec::Call(Elementwise::silu_mul(
-                        gpu,
-                        t,
-                        *inter,
-                        SiluMulLayout::fused(*inter),
-                        &a.gu,
-                        &a.gu,
-                        &a.act,
-                    )?));
+                    recs.push(Rec::Call(
+                        SiluMul {
+                            rows: t,
+                            i: *inter,
+                            layout: SiluMulLayout::fused(*inter),
+                        }
+                        .bind(gpu, &a.gu, &a.gu, &a.act)?,
+                    ));
                     recs.push(
                         ffn.down
                             .call(gpu, dense(&a.act, &a.m), what("dense down"))?,
@@ -2077,12 +2075,13 @@ impl<'w> GpuModel<'w> {
                             )?)
                         }
                         None => {
-                            recs.push(Rec::Call(Elementwise::mul_const(
-                                gpu,
-                                t * hid,
-                                &a.m,
-                                *global_scale,
-                            )?));
+                            recs.push(Rec::Call(
+                                MulConst {
+                                    n: t * hid,
+                                    c: *global_scale,
+                                }
+                                .bind(gpu, &a.m)?,
+                            ));
                             marks.at(&recs, Phase::Other);
                             recs.push(conv(hid, true, &a.m, 3, &a.h)?);
                         }
@@ -2103,13 +2102,13 @@ impl<'w> GpuModel<'w> {
                     marks.at(&recs, Phase::Router);
                     recs.push(router.call(gpu, dense(&a.xn, &a.router_logits), what("router"))?);
                     recs.push(Rec::Call(
-                        Router::new(RouterShape {
+                        RouterShape {
                             tokens: t,
                             n_routed: ne,
                             n_shared: ns,
                             top_k: *top_k,
                             scale: *scale,
-                        })
+                        }
                         .bind_checked(
                             gpu,
                             &a.router_logits,
@@ -2180,19 +2179,23 @@ impl<'w> GpuModel<'w> {
                             div,
                         )?),
                         None => {
-                            recs.push(Rec::Call(Elementwise::moe_combine(
-                                gpu,
-                                t,
-                                hid,
-                                *top_k,
-                                &a.y_routed,
-                                &a.gammas,
-                                true,
-                                sh,
-                                true,
-                                false,
-                                &a.m,
-                            )?));
+                            recs.push(Rec::Call(
+                                MoeCombine {
+                                    tokens: t,
+                                    hidden: hid,
+                                    top_k: *top_k,
+                                    weight_routed: true,
+                                    weight_shared: true,
+                                    accumulate: false,
+                                }
+                                .bind(
+                                    gpu,
+                                    &a.y_routed,
+                                    &a.gammas,
+                                    sh,
+                                    &a.m,
+                                )?,
+                            ));
                             recs.push(conv(hid, true, &a.m, 3, &a.h)?);
                         }
                     }
@@ -2210,7 +2213,7 @@ impl<'w> GpuModel<'w> {
                     let mut n = RmsNorm::rows(1, hid, eps);
                     n.x_off = (t - 1) * hid;
                     recs.push(Rec::Call(n.bind(gpu, &a.h, &self.norm, &a.hn)?));
-                    recs.push(Rec::Call(Elementwise::div_const(gpu, hid, &a.hn, mup)?));
+                    recs.push(Rec::Call(DivConst { n: hid, c: mup }.bind(gpu, &a.hn)?));
                 }
                 recs.push(self.lm_head.call(
                     gpu,
@@ -2235,7 +2238,7 @@ impl<'w> GpuModel<'w> {
                     recs.push(Rec::Call(
                         RmsNorm::rows(t, hid, eps).bind(gpu, &a.h, &self.norm, &a.hn)?,
                     ));
-                    recs.push(Rec::Call(Elementwise::div_const(gpu, t * hid, &a.hn, mup)?));
+                    recs.push(Rec::Call(DivConst { n: t * hid, c: mup }.bind(gpu, &a.hn)?));
                 }
                 recs.push(
                     self.lm_head
