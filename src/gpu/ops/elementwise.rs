@@ -344,9 +344,7 @@ pub struct DivConst {
 impl DivConst {
     /// `x` f32 [n], in place.
     pub fn bind(&self, gpu: &Gpu, x: &wgpu::Buffer) -> Result<Call, BufferTooSmall> {
-        need(x, self.n as u64, "div_const x")?;
-        let params = ElementwiseParams::scale(self.n, false, self.c);
-        Ok(one(gpu, "scale", params, &[(5, x)]))
+        scale(gpu, self.n, self.c, false, x, "div_const x")
     }
 }
 
@@ -360,10 +358,22 @@ pub struct MulConst {
 impl MulConst {
     /// `x` f32 [n], in place.
     pub fn bind(&self, gpu: &Gpu, x: &wgpu::Buffer) -> Result<Call, BufferTooSmall> {
-        need(x, self.n as u64, "mul_const x")?;
-        let params = ElementwiseParams::scale(self.n, true, self.c);
-        Ok(one(gpu, "scale", params, &[(5, x)]))
+        scale(gpu, self.n, self.c, true, x, "mul_const x")
     }
+}
+
+/// The `scale` entry point: `x[i] · c` when `multiply`, else `x[i] / c`.
+fn scale(
+    gpu: &Gpu,
+    n: u32,
+    c: f32,
+    multiply: bool,
+    x: &wgpu::Buffer,
+    what: &'static str,
+) -> Result<Call, BufferTooSmall> {
+    need(x, n as u64, what)?;
+    let params = ElementwiseParams::scale(n, multiply, c);
+    Ok(one(gpu, "scale", params, &[(5, x)]))
 }
 
 /// MoE combine over `tokens` × `hidden`:
