@@ -181,8 +181,9 @@ pub fn preprocess(src: &str, flags: &[(&str, bool)]) -> String {
     // per open block: (the enclosing block is kept, this branch is kept)
     let mut stack: Vec<(bool, bool)> = Vec::new();
     let mut keep = true;
-    // an open `//!EACH` block: its pairs and lines so far
-    let mut each: Option<(Vec<(String, String)>, Vec<&str>)> = None;
+    // an open `//!EACH` block: its (name, array) pairs and its lines so far
+    type Each<'s> = (Vec<(String, String)>, Vec<&'s str>);
+    let mut each: Option<Each> = None;
     for line in src.lines() {
         let l = line.trim();
         if let Some((pairs, body)) = each.as_mut() {
