@@ -63,21 +63,12 @@ const UNIT: u32 = 4u; // floats per array element
 fn row_base(row: u32) -> u32 {
     return row * (p.d / 4u);
 }
-fn ld_q(b: u32, c: u32) -> vec4<f32> {
-    return q[b + c];
+// Column c (elements 4c .. 4c+3) of the row at b, one loader per array.
+//!EACH ld_q=q ld_kn=k_new ld_kc=k_cache ld_vn=v_new ld_vc=v_cache
+fn $NAME(b: u32, c: u32) -> vec4<f32> {
+    return $ARRAY[b + c];
 }
-fn ld_kn(b: u32, c: u32) -> vec4<f32> {
-    return k_new[b + c];
-}
-fn ld_kc(b: u32, c: u32) -> vec4<f32> {
-    return k_cache[b + c];
-}
-fn ld_vn(b: u32, c: u32) -> vec4<f32> {
-    return v_new[b + c];
-}
-fn ld_vc(b: u32, c: u32) -> vec4<f32> {
-    return v_cache[b + c];
-}
+//!END EACH
 fn st_out(b: u32, c: u32, v: vec4<f32>) {
     out[b + c] = v;
 }
@@ -96,52 +87,18 @@ const UNIT: u32 = 1u;
 fn row_base(row: u32) -> u32 {
     return row * p.d;
 }
-// Elements 4c .. 4c+3 of the row at b; those >= D read as 0 (never loaded).
-fn ld_q(b: u32, c: u32) -> vec4<f32> {
+// Elements 4c .. 4c+3 of the row at b; those >= D read as 0 (never loaded). One loader per array.
+//!EACH ld_q=q ld_kn=k_new ld_kc=k_cache ld_vn=v_new ld_vc=v_cache
+fn $NAME(b: u32, c: u32) -> vec4<f32> {
     var v = vec4<f32>(0.0);
     for (var u = 0u; u < 4u; u++) {
         if (4u * c + u < p.d) {
-            v[u] = q[b + 4u * c + u];
+            v[u] = $ARRAY[b + 4u * c + u];
         }
     }
     return v;
 }
-fn ld_kn(b: u32, c: u32) -> vec4<f32> {
-    var v = vec4<f32>(0.0);
-    for (var u = 0u; u < 4u; u++) {
-        if (4u * c + u < p.d) {
-            v[u] = k_new[b + 4u * c + u];
-        }
-    }
-    return v;
-}
-fn ld_kc(b: u32, c: u32) -> vec4<f32> {
-    var v = vec4<f32>(0.0);
-    for (var u = 0u; u < 4u; u++) {
-        if (4u * c + u < p.d) {
-            v[u] = k_cache[b + 4u * c + u];
-        }
-    }
-    return v;
-}
-fn ld_vn(b: u32, c: u32) -> vec4<f32> {
-    var v = vec4<f32>(0.0);
-    for (var u = 0u; u < 4u; u++) {
-        if (4u * c + u < p.d) {
-            v[u] = v_new[b + 4u * c + u];
-        }
-    }
-    return v;
-}
-fn ld_vc(b: u32, c: u32) -> vec4<f32> {
-    var v = vec4<f32>(0.0);
-    for (var u = 0u; u < 4u; u++) {
-        if (4u * c + u < p.d) {
-            v[u] = v_cache[b + 4u * c + u];
-        }
-    }
-    return v;
-}
+//!END EACH
 fn st_out(b: u32, c: u32, v: vec4<f32>) {
     for (var u = 0u; u < 4u; u++) {
         if (4u * c + u < p.d) {

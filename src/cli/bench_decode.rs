@@ -197,9 +197,9 @@ pub fn run(a: DecodeArgs) -> anyhow::Result<ExitCode> {
     m.set_pass_per_phase(a.pass_per_phase);
     m.set_fuse_residual(a.fuse_residual);
 
-    // Warm-up (pipelines, recorded steps, and the GPU's clocks: on an H200 the first ~0.3 s of
-    // decode after start-up ran at 4.1 ms of GPU time per step, later steps at 1.8 ms), then the
-    // timed run, then the profiled run.
+    // Warm-up (pipelines, recorded steps, and the GPU's clocks: see BENCHMARKS.md, section
+    // *Decode: `bench decode` on a synthetic Inkling-Small, 4 layers*), then the timed run, then
+    // the profiled run.
     let warm = Instant::now();
     while warm.elapsed().as_secs_f64() < WARMUP_S {
         probe(&mut m, &prompt, a.tokens)?;

@@ -1,4 +1,5 @@
-//! `inkling-wgpu smoke`: every GPU kernel on this adapter against the f64 CPU reference.
+//! `inkling-wgpu smoke`: the GEMV of every kernel format on this adapter against the f64 CPU
+//! reference.
 use super::output::outln;
 use crate::formats::{quantize, Encoding, QMatrix};
 use crate::gpu::dispatch::DispatchError;

@@ -220,16 +220,6 @@ impl Gpu {
         })
     }
 
-    /// A uniform buffer initialised from bytes.
-    pub fn uniform_init(&self, label: &str, bytes: &[u8]) -> wgpu::Buffer {
-        self.device
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some(label),
-                contents: bytes,
-                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-            })
-    }
-
     /// Copy `size` bytes from `buf` (at `offset`) back to the host. Blocks until done.
     pub fn read_bytes(
         &self,

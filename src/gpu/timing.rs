@@ -69,11 +69,6 @@ impl TimestampPairs {
         }
     }
 
-    /// Pairs this set holds.
-    pub fn pairs(&self) -> u32 {
-        self.pairs
-    }
-
     /// Writes for a pass timed as pair `k` (its beginning and its end).
     pub fn pass(&self, k: u32) -> wgpu::ComputePassTimestampWrites<'_> {
         self.writes(k, true, true)

@@ -111,16 +111,10 @@ impl AttentionShape {
     pub fn cache_bytes(&self) -> u64 {
         self.cache_capacity as u64 * self.kv_heads as u64 * self.head_dim as u64 * 4
     }
-}
 
-/// Built once per layer shape.
-pub struct AttentionKernel {
-    pub shape: AttentionShape,
-}
-
-impl AttentionKernel {
-    pub fn new(shape: AttentionShape) -> AttentionKernel {
-        let s = &shape;
+    /// Panics unless the shape is one the kernel handles (a bug in the caller).
+    fn check(&self) {
+        let s = self;
         assert!(
             s.head_dim >= 1 && s.head_dim <= 256,
             "head_dim {} not in 1..=256",
@@ -140,7 +134,6 @@ impl AttentionKernel {
                 s.cache_capacity
             );
         }
-        AttentionKernel { shape }
     }
 
     /// Bind one call. Buffers (f32): `q` [T, H, D] (after q_norm), `k_new`/`v_new` [T, KVH, D] (k after
@@ -162,7 +155,8 @@ impl AttentionKernel {
         v_cache: &wgpu::Buffer,
         out: &wgpu::Buffer,
     ) -> Result<Call, BufferTooSmall> {
-        let s = &self.shape;
+        self.check();
+        let s = self;
         let (t, h, kvh, d) = (
             s.tokens as u64,
             s.heads as u64,

@@ -120,7 +120,7 @@ fn row_groups(rows: u32, tpr: u32) -> [u32; 3] {
 }
 
 /// norm.wgsl with its `VEC4` and `INPLACE` flags set.
-pub fn norm_source(vec4: bool, inplace: bool) -> String {
+fn norm_source(vec4: bool, inplace: bool) -> String {
     crate::gpu::kernel::preprocess(SRC, &[("VEC4", vec4), ("INPLACE", inplace)])
 }
 
@@ -173,27 +173,7 @@ impl RmsNorm {
         w: &wgpu::Buffer,
         y: &wgpu::Buffer,
     ) -> Result<Call, BufferTooSmall> {
-        let aligned = [self.x_off, self.x_stride, self.y_off, self.y_stride]
-            .iter()
-            .all(|v| v.is_multiple_of(4));
-        let (vec4, tpr) = split(self.width, aligned);
-        let last = (self.rows.max(1) as u64 - 1) * self.x_stride as u64 + self.width as u64;
-        need(x, self.x_off as u64 + last, "rms_norm x")?;
-        let last_y = (self.rows.max(1) as u64 - 1) * self.y_stride as u64 + self.width as u64;
-        need(y, self.y_off as u64 + last_y, "rms_norm y")?;
-        need(w, self.width as u64, "rms_norm w")?;
-        let key = NormKey {
-            entry: NormEntry::RmsNorm,
-            vec4,
-        };
-        let d = dispatch(
-            gpu,
-            &key,
-            &self.params(tpr),
-            &[(1, w), (2, x), (3, y)],
-            row_groups(self.rows, tpr),
-        );
-        Ok(Call::new(Label::op("rms_norm"), vec![d]))
+        self.bind_rows(gpu, x, w, Some(y))
     }
 
     /// In place on `x` (per-head q/k norm: `rows = T·heads`, `width = head_dim`; only x_off/x_stride
@@ -204,25 +184,48 @@ impl RmsNorm {
         x: &wgpu::Buffer,
         w: &wgpu::Buffer,
     ) -> Result<Call, BufferTooSmall> {
-        let aligned = self.x_off.is_multiple_of(4) && self.x_stride.is_multiple_of(4);
-        let (vec4, tpr) = split(self.width, aligned);
-        let last = (self.rows.max(1) as u64 - 1) * self.x_stride as u64 + self.width as u64;
-        need(x, self.x_off as u64 + last, "rms_norm_inplace x")?;
-        need(w, self.width as u64, "rms_norm_inplace w")?;
-        let key = NormKey {
-            entry: NormEntry::RmsNormInPlace,
-            vec4,
+        self.bind_rows(gpu, x, w, None)
+    }
+
+    /// Out of place into `y`, or in place without it.
+    fn bind_rows(
+        &self,
+        gpu: &Gpu,
+        x: &wgpu::Buffer,
+        w: &wgpu::Buffer,
+        y: Option<&wgpu::Buffer>,
+    ) -> Result<Call, BufferTooSmall> {
+        let mut layout = vec![self.x_off, self.x_stride];
+        let (entry, label, what_x, what_w) = match y {
+            Some(_) => {
+                layout.extend([self.y_off, self.y_stride]);
+                (NormEntry::RmsNorm, "rms_norm", "rms_norm x", "rms_norm w")
+            }
+            None => (
+                NormEntry::RmsNormInPlace,
+                "rms_norm_inplace",
+                "rms_norm_inplace x",
+                "rms_norm_inplace w",
+            ),
         };
-        let d = dispatch(
-            gpu,
-            &key,
-            &self.params(tpr),
-            &[(1, w), (2, x)],
-            row_groups(self.rows, tpr),
-        );
-        Ok(Call::new(Label::op("rms_norm_inplace"), vec![d]))
+        let aligned = layout.iter().all(|v| v.is_multiple_of(4));
+        let (vec4, tpr) = split(self.width, aligned);
+        let rows = self.rows.max(1) as u64 - 1;
+        let end = |off: u32, stride: u32| off as u64 + rows * stride as u64 + self.width as u64;
+        need(x, end(self.x_off, self.x_stride), what_x)?;
+        let mut buffers = vec![(1, w), (2, x)];
+        if let Some(y) = y {
+            need(y, end(self.y_off, self.y_stride), "rms_norm y")?;
+            buffers.push((3, y));
+        }
+        need(w, self.width as u64, what_w)?;
+        let key = NormKey { entry, vec4 };
+        let groups = row_groups(self.rows, tpr);
+        let d = dispatch(gpu, &key, &self.params(tpr), &buffers, groups);
+        Ok(Call::new(Label::op(label), vec![d]))
     }
 }
+
 /// One shard of an embedding table: a buffer holding rows `[first_row, first_row + n_rows)` of
 /// `[vocab, hidden]`, f32 or bf16 (bf16 packed two per u32, element 2k in the low half: the raw
 /// little-endian bytes of a safetensors BF16 tensor). Split big tables so each shard fits

@@ -15,8 +15,8 @@ use super::resident::{
 };
 use crate::gpu::gemv::GemvArgs;
 use crate::gpu::ops::{
-    Argmax, AttentionKernel, AttentionShape, Elementwise, EmbedNorm, RmsNorm, Router, RouterShape,
-    SconvInput, SconvRmsNorm, ShortConvKernel, SiluMulLayout,
+    Argmax, AttentionShape, DivConst, EmbedNorm, MoeCombine, MulConst, RmsNorm, RouterShape,
+    SconvInput, SconvRmsNorm, ShortConvKernel, SiluMul, SiluMulLayout,
 };
 use crate::gpu::{Call, Gpu};
 use crate::model::config::TextConfig;
@@ -146,10 +146,16 @@ impl Block {
 
     fn push(&mut self, c: Call) {
         self.nodes.push(Node::Call(match self.layer {
-            Some(l) => c.at_layer(l),
+            Some(l) => at_layer(c, l),
             None => c,
         }));
     }
+}
+
+/// `c` labelled as part of decoder layer `layer`.
+pub(super) fn at_layer(mut c: Call, layer: usize) -> Call {
+    c.label.layer = Some(u16::try_from(layer).expect("layer index fits u16"));
+    c
 }
 
 /// Build the step of `key` over `res`.
@@ -210,15 +216,12 @@ pub(super) fn ffn_calls(
     let args = GemvArgs::new(io.x, io.tokens, io.pairs, np, io.gu);
     Ok([
         slab.gate_up.call(gpu, args, ops[0])?,
-        Elementwise::silu_mul(
-            gpu,
-            np,
-            inter,
-            SiluMulLayout::fused(inter),
-            io.gu,
-            io.gu,
-            io.act,
-        )?,
+        SiluMul {
+            rows: np,
+            i: inter,
+            layout: SiluMulLayout::fused(inter),
+        }
+        .bind(gpu, io.gu, io.gu, io.act)?,
         slab.down.call(
             gpu,
             GemvArgs::new(io.act, np, io.pairs, np, io.y).x_per_pair(true),
@@ -322,7 +325,7 @@ impl Recipe<'_> {
                 .log_scaling
                 .map(|(n_floor, alpha)| (alpha as f32, n_floor as f32)),
         };
-        b.push(AttentionKernel::new(shape).bind(
+        b.push(shape.bind(
             gpu,
             &self.res.pos,
             &a.q,
@@ -361,10 +364,14 @@ impl Recipe<'_> {
             ffn.gate_up
                 .call(gpu, self.dense(&a.xn, &a.gu), "dense gate_up")?,
         );
-        let layout = SiluMulLayout::fused(*inter);
-        b.push(Elementwise::silu_mul(
-            gpu, t, *inter, layout, &a.gu, &a.gu, &a.act,
-        )?);
+        b.push(
+            SiluMul {
+                rows: t,
+                i: *inter,
+                layout: SiluMulLayout::fused(*inter),
+            }
+            .bind(gpu, &a.gu, &a.gu, &a.act)?,
+        );
         b.push(ffn.down.call(gpu, self.dense(&a.act, &a.m), "dense down")?);
         match self.mlp_tail(li) {
             Some((nw, y, div)) => {
@@ -373,7 +380,13 @@ impl Recipe<'_> {
                 b.push(self.fused(li, input, MLP_SCONV, nw, y, div)?);
             }
             None => {
-                b.push(Elementwise::mul_const(gpu, t * hid, &a.m, *global_scale)?);
+                b.push(
+                    MulConst {
+                        n: t * hid,
+                        c: *global_scale,
+                    }
+                    .bind(gpu, &a.m)?,
+                );
                 b.phase(Phase::Other);
                 b.push(self.conv(li, MLP_SCONV, hid, true, &a.m, &a.h)?);
             }
@@ -401,13 +414,13 @@ impl Recipe<'_> {
         let mut b = Block::new(Phase::Router, Some(li));
         b.push(router.call(gpu, self.dense(&a.xn, &a.router_logits), "router")?);
         b.push(
-            Router::new(RouterShape {
+            RouterShape {
                 tokens: t,
                 n_routed: self.cfg.n_routed_experts as u32,
                 n_shared: ns,
                 top_k: *top_k,
                 scale: *scale,
-            })
+            }
             .bind_checked(
                 gpu,
                 &a.router_logits,
@@ -467,19 +480,17 @@ impl Recipe<'_> {
                 b.push(self.fused(li, input, MLP_SCONV, nw, y, div)?);
             }
             None => {
-                b.push(Elementwise::moe_combine(
-                    gpu,
-                    t,
-                    hid,
-                    *top_k,
-                    &a.y_routed,
-                    &a.gammas,
-                    true,
-                    sh,
-                    true,
-                    false,
-                    &a.m,
-                )?);
+                b.push(
+                    MoeCombine {
+                        tokens: t,
+                        hidden: hid,
+                        top_k: *top_k,
+                        weight_routed: true,
+                        weight_shared: true,
+                        accumulate: false,
+                    }
+                    .bind(gpu, &a.y_routed, &a.gammas, sh, &a.m)?,
+                );
                 b.push(self.conv(li, MLP_SCONV, hid, true, &a.m, &a.h)?);
             }
         }
@@ -504,7 +515,7 @@ impl Recipe<'_> {
                     let mut n = RmsNorm::rows(1, hid, eps);
                     n.x_off = (t - 1) * hid;
                     b.push(n.bind(gpu, &a.h, &self.res.norm, &a.hn)?);
-                    b.push(Elementwise::div_const(gpu, hid, &a.hn, mup)?);
+                    b.push(DivConst { n: hid, c: mup }.bind(gpu, &a.hn)?);
                 }
                 let args = GemvArgs::new(&a.hn, 1, &a.dense_pairs, 1, &a.logits);
                 b.push(self.res.lm_head.call(gpu, args, "lm_head")?);
@@ -524,7 +535,7 @@ impl Recipe<'_> {
             Head::All => {
                 if !normed {
                     b.push(RmsNorm::rows(t, hid, eps).bind(gpu, &a.h, &self.res.norm, &a.hn)?);
-                    b.push(Elementwise::div_const(gpu, t * hid, &a.hn, mup)?);
+                    b.push(DivConst { n: t * hid, c: mup }.bind(gpu, &a.hn)?);
                 }
                 let args = self.dense(&a.hn, &a.logits);
                 b.push(self.res.lm_head.call(gpu, args, "lm_head")?);

@@ -31,11 +31,12 @@ impl Linear {
 
     /// The GEMV `args` over these weights, labelled `op`.
     pub fn call(&self, gpu: &Gpu, args: GemvArgs<'_>, op: &'static str) -> Result<Call> {
-        let c = self
+        let mut c = self
             .w
             .bind(gpu, self.ordinal, args)
             .with_context(|| format!("binding the {op} GEMV"))?;
-        Ok(c.named(op))
+        c.label.op = op;
+        Ok(c)
     }
 
     /// Weight + scale bytes of every expert of the slab.

@@ -1,7 +1,7 @@
 //! Expert streaming on the GPU (see [`crate::model::stream`]): the slot pool, the routed experts
 //! of one layer placed and run between submissions at the step's [`super::graph::Node::Routed`]
 //! cut, and the CPU fallback when that fails.
-use super::graph::{ffn_calls, FfnIo};
+use super::graph::{at_layer, ffn_calls, FfnIo};
 use super::resident::{zeroed, Activations, FfnSlab, Linear, Resident, ResidentMlp};
 use crate::formats::QMatrix;
 use crate::gpu::gemv::{run_staged, GpuWeights, StagedCopy};
@@ -352,8 +352,8 @@ impl<'w> Streamer<'w> {
                         y: &self.y_part,
                     };
                     let ops = ["streamed routed gate_up", "streamed routed down"];
-                    let calls =
-                        ffn_calls(gpu, &self.pool, self.inter, io, ops)?.map(|c| c.at_layer(layer));
+                    let calls = ffn_calls(gpu, &self.pool, self.inter, io, ops)?
+                        .map(|c| at_layer(c, layer));
                     self.part_calls.insert((t, n), calls);
                 }
                 let mut enc = gpu
