@@ -3,6 +3,7 @@ pub mod device;
 pub mod kernel;
 pub mod limits;
 pub mod ops;
+pub mod slab_layout;
 pub mod variants;
 
 pub use device::{Gpu, GpuError};
