@@ -6,8 +6,9 @@
 // ROWS_PER_WORKGROUP, X_TILE (x columns staged at a time, 0 when x is direct), X_PAD_PERIOD and
 // WEIGHT_CHUNKS (bindings 1/2 always, 7/8 as well when 2). Lines between `//!IF FLAG`,
 // `//!ELSE` and `//!END` keep one branch per flag: SUBGROUP (subgroup reduction), XDIRECT (x read
-// from global memory instead of staged), CHUNK1 (a second weight chunk bound), and the block
-// between `//!CHUNK_FN` and `//!END_CHUNK_FN` is written once per bound chunk with W/S renamed.
+// from global memory instead of staged), CHUNK1 (a second weight chunk bound). The functions
+// between `//!CHUNK_FN` and `//!END_CHUNK_FN` are written once per bound chunk, and the
+// `//!TEMPLATE` hot loop at each `//!HOT_LOOP k` line, with W0/S0/_0( renamed for chunk k.
 
 struct Params {
     rows: u32,                // O, rows per expert
@@ -21,7 +22,7 @@ struct Params {
     scales_per_row: u32,      // f32 scales per row (0 when the format has none)
     use_gamma: u32,           // 0: ignore weight_idx (no gamma buffer bound)
     x_row_is_pair: u32,       // 1: pair p reads x row p instead of row token(p)
-    workgroups_per_pair: u32, // workgroups sharing one pair's row blocks (x staged once each)
+    pad: u32,
     chunk0: vec4<u32>,        // experts [x, y) and rows [z, w) of each held by weight chunk 0
     chunk1: vec4<u32>,        // the same for chunk 1 (empty ranges when one chunk is bound)
     row_blocks: vec4<u32>,    // x: row blocks of chunk 0, y: of chunk 1 (ceil(rows / ROWS_PER_WORKGROUP))
@@ -151,31 +152,34 @@ fn unit_dot_0(acc: vec4<f32>, wv: u32, srow: u32, u: u32, xi: u32) -> vec4<f32> 
     }
 }
 
-// The hot loop of one thread over units [u_begin, u_end) (stride THREADS_PER_ROW) of its rows:
+//!END_CHUNK_FN
+
+// The hot loop of one thread over its units from `u` to `u_end` (stride THREADS_PER_ROW) of its
+// rows in chunk 0, written into `main` once per bound chunk (`//!HOT_LOOP k`, W0/S0/_0( renamed):
 // straight-line code, two units per iteration (their weight loads issue together), one x read
 // per unit shared by the ROWS_PER_THREAD rows; `t0` = first column of the x tile.
-fn row_dots_0(acc_in: array<vec4<f32>, ROWS_PER_THREAD>, rowv: array<u32, ROWS_PER_THREAD>,
-              srow: array<u32, ROWS_PER_THREAD>, u_begin: u32, u_end: u32, t0: u32)
-              -> array<vec4<f32>, ROWS_PER_THREAD> {
-    var acc = acc_in;
-    var u = u_begin;
-    for (; u + THREADS_PER_ROW < u_end; u += 2u * THREADS_PER_ROW) {
-        let xi = (u * COLS_PER_UNIT - t0) / 4u;
-        let xj = xi + THREADS_PER_ROW * (COLS_PER_UNIT / 4u);
-        for (var rr = 0u; rr < ROWS_PER_THREAD; rr++) {
-            let a = unit_dot_0(acc[rr], rowv[rr] + u * WORDS_PER_UNIT, srow[rr], u, xi);
-            acc[rr] = unit_dot_0(a, rowv[rr] + (u + THREADS_PER_ROW) * WORDS_PER_UNIT, srow[rr], u + THREADS_PER_ROW, xj);
-        }
-    }
-    if (u < u_end) {
-        let xi = (u * COLS_PER_UNIT - t0) / 4u;
-        for (var rr = 0u; rr < ROWS_PER_THREAD; rr++) {
-            acc[rr] = unit_dot_0(acc[rr], rowv[rr] + u * WORDS_PER_UNIT, srow[rr], u, xi);
-        }
-    }
-    return acc;
-}
-//!END_CHUNK_FN
+//!TEMPLATE
+            var u = u_begin;
+            for (; u + THREADS_PER_ROW < u_end; u += 2u * THREADS_PER_ROW) {
+                let xi = (u * COLS_PER_UNIT - t0) / 4u;
+                let xj = xi + THREADS_PER_ROW * (COLS_PER_UNIT / 4u);
+                for (var rr = 0u; rr < ROWS_PER_THREAD; rr++) {
+                    let a = unit_dot_0(acc[rr], rowv[rr] + u * WORDS_PER_UNIT, srow[rr], u, xi);
+                    acc[rr] = unit_dot_0(a, rowv[rr] + (u + THREADS_PER_ROW) * WORDS_PER_UNIT, srow[rr], u + THREADS_PER_ROW, xj);
+                }
+            }
+            if (u < u_end) {
+                let xi = (u * COLS_PER_UNIT - t0) / 4u;
+                for (var rr = 0u; rr < ROWS_PER_THREAD; rr++) {
+                    acc[rr] = unit_dot_0(acc[rr], rowv[rr] + u * WORDS_PER_UNIT, srow[rr], u, xi);
+                }
+            }
+            if (FMT == FMT_INT4) {
+                for (var rr = 0u; rr < ROWS_PER_THREAD; rr++) {
+                    acc[rr] *= S0[srow[rr]]; // the row scale, once per row
+                }
+            }
+//!END_TEMPLATE
 
 @compute @workgroup_size(256)
 fn main(
@@ -189,11 +193,16 @@ fn main(
 //!END
 ) {
     let lin = wid.x + wid.y * nwg.x;
-    if (lin >= prm.n_pairs * prm.workgroups_per_pair) {
+    let n_blocks = prm.row_blocks.x + prm.row_blocks.y;
+    if (lin >= prm.n_pairs * n_blocks) {
         return; // whole workgroup: lin is workgroup-uniform
     }
-    let p = lin / prm.workgroups_per_pair;
-    let first_block = lin % prm.workgroups_per_pair;
+    let p = lin / n_blocks;
+    let blk = lin % n_blocks;
+    // the block's chunk: the row blocks of chunk 0 come first, then those of chunk 1
+    let in1 = blk >= prm.row_blocks.x;
+    let ch = select(prm.chunk0, prm.chunk1, in1);
+    let cblk = select(blk, blk - prm.row_blocks.x, in1);
 //!IF SUBGROUP
     // Work is assigned by subgroup lane, so no layout of subgroups over local_invocation_index is
     // assumed; any power-of-two subgroup size (8 lavapipe, 32 NVIDIA/Apple, 64 AMD) works.
@@ -202,162 +211,127 @@ fn main(
     let v = li;
 //!END
     let lane = v % THREADS_PER_ROW;
+    // this thread's group of THREADS_PER_ROW threads handles rows r_first .. r_first + ROWS_PER_THREAD
+    let r_first = ch.z + cblk * ROWS_PER_WORKGROUP + (v / THREADS_PER_ROW) * ROWS_PER_THREAD;
     let e = PAIRS[4u * p];
     let t = select(PAIRS[4u * p + 1u], p, prm.x_row_is_pair != 0u);
     let wi = PAIRS[4u * p + 2u];
+    let in_chunk = e >= ch.x && e < ch.y;
+    let live = in_chunk && r_first < ch.w;
+    let n_live = select(0u, min(ROWS_PER_THREAD, ch.w - r_first), live);
+
+    // rows past the chunk's end repeat its last row (read, never written): no branch in the hot loop
+    var acc: array<vec4<f32>, ROWS_PER_THREAD>;
+    var rowv: array<u32, ROWS_PER_THREAD>;
+    var srow: array<u32, ROWS_PER_THREAD>;
+    let ebase = (min(e, ch.y - 1u) - min(e, ch.x)) * (ch.w - ch.z);
+    for (var rr = 0u; rr < ROWS_PER_THREAD; rr++) {
+        let local_row = ebase + (min(r_first + rr, ch.w - 1u) - ch.z);
+        rowv[rr] = local_row * prm.row_stride_v4;
+        srow[rr] = local_row * prm.scales_per_row;
+        acc[rr] = vec4<f32>(0.0);
+    }
     let xb = t * prm.x_stride + prm.x_offset;
     let n_units = (prm.cols + COLS_PER_UNIT - 1u) / COLS_PER_UNIT;
-    let n_blocks = prm.row_blocks.x + prm.row_blocks.y;
 //!IF XDIRECT
+    // one pass over the whole row, x from global memory (cols is a whole number of units)
     x_v0 = xb / 4u;
+    {
+        let t0 = 0u;
+        let u_end = n_units;
 //!ELSE
-    // x is staged once per workgroup when one tile holds the whole row, else once per tile and block
-    let one_tile = prm.cols <= X_TILE;
-    var staged = false;
+    for (var t0 = 0u; t0 < prm.cols; t0 += X_TILE) {
+        if (t0 > 0u) {
+            workgroupBarrier(); // the previous tile is no longer read
+        }
+        if (in_chunk) {
+            // whole units only: zeros from `cols` up to the end of the last unit
+            let fill = min(X_TILE, ((prm.cols - t0 + COLS_PER_UNIT - 1u) / COLS_PER_UNIT) * COLS_PER_UNIT) / 4u;
+            for (var j = li; j < fill; j += 256u) {
+                let c = t0 + 4u * j;
+                let last = prm.cols - 1u;
+                XS[j + j / X_PAD_PERIOD] = vec4<f32>(
+                    select(0.0, X[xb + min(c, last)], c < prm.cols),
+                    select(0.0, X[xb + min(c + 1u, last)], c + 1u < prm.cols),
+                    select(0.0, X[xb + min(c + 2u, last)], c + 2u < prm.cols),
+                    select(0.0, X[xb + min(c + 3u, last)], c + 3u < prm.cols));
+            }
+        }
+        workgroupBarrier();
+        let u_end = min(n_units, (t0 + X_TILE) / COLS_PER_UNIT);
 //!END
-
-    for (var blk = first_block; blk < n_blocks; blk += prm.workgroups_per_pair) {
-        // the block's chunk: chosen once per block, outside the hot loop
-        let in1 = blk >= prm.row_blocks.x;
-        let ch = select(prm.chunk0, prm.chunk1, in1);
-        let cblk = select(blk, blk - prm.row_blocks.x, in1);
-        if (!(e >= ch.x && e < ch.y)) {
-            continue; // block-uniform: this pair's expert is in the other chunk
-        }
-        // this thread's group of THREADS_PER_ROW threads handles rows r_first .. r_first + ROWS_PER_THREAD
-        let r_first = ch.z + cblk * ROWS_PER_WORKGROUP + (v / THREADS_PER_ROW) * ROWS_PER_THREAD;
-        let live = r_first < ch.w;
-        let n_live = select(0u, min(ROWS_PER_THREAD, ch.w - r_first), live);
-
-        // rows past the chunk's end repeat its last row (read, never written): no branch in the hot loop
-        var acc: array<vec4<f32>, ROWS_PER_THREAD>;
-        var rowv: array<u32, ROWS_PER_THREAD>;
-        var srow: array<u32, ROWS_PER_THREAD>;
-        let ebase = (e - ch.x) * (ch.w - ch.z);
-        for (var rr = 0u; rr < ROWS_PER_THREAD; rr++) {
-            let local_row = ebase + (min(r_first + rr, ch.w - 1u) - ch.z);
-            rowv[rr] = local_row * prm.row_stride_v4;
-            srow[rr] = local_row * prm.scales_per_row;
-            acc[rr] = vec4<f32>(0.0);
-        }
-//!IF XDIRECT
-        // one pass over the whole row, x from global memory (cols is a whole number of units)
         if (live) {
+            let u_begin = t0 / COLS_PER_UNIT + lane;
 //!IF CHUNK1
             if (in1) {
-                acc = row_dots_1(acc, rowv, srow, lane, n_units, 0u);
+//!HOT_LOOP 1
             } else {
-                acc = row_dots_0(acc, rowv, srow, lane, n_units, 0u);
+//!HOT_LOOP 0
             }
 //!ELSE
-            acc = row_dots_0(acc, rowv, srow, lane, n_units, 0u);
+//!HOT_LOOP 0
 //!END
         }
-//!ELSE
-        for (var t0 = 0u; t0 < prm.cols; t0 += X_TILE) {
-            if (!(staged && one_tile)) {
-                workgroupBarrier(); // the previous tile is no longer read
-                // whole units only: zeros from `cols` up to the end of the last unit
-                let fill = min(X_TILE, ((prm.cols - t0 + COLS_PER_UNIT - 1u) / COLS_PER_UNIT) * COLS_PER_UNIT) / 4u;
-                for (var j = li; j < fill; j += 256u) {
-                    let c = t0 + 4u * j;
-                    let last = prm.cols - 1u;
-                    XS[j + j / X_PAD_PERIOD] = vec4<f32>(
-                        select(0.0, X[xb + min(c, last)], c < prm.cols),
-                        select(0.0, X[xb + min(c + 1u, last)], c + 1u < prm.cols),
-                        select(0.0, X[xb + min(c + 2u, last)], c + 2u < prm.cols),
-                        select(0.0, X[xb + min(c + 3u, last)], c + 3u < prm.cols));
-                }
-                workgroupBarrier();
-                staged = true;
-            }
-            let u_end = min(n_units, (t0 + X_TILE) / COLS_PER_UNIT);
-            if (live) {
-//!IF CHUNK1
-                if (in1) {
-                    acc = row_dots_1(acc, rowv, srow, t0 / COLS_PER_UNIT + lane, u_end, t0);
-                } else {
-                    acc = row_dots_0(acc, rowv, srow, t0 / COLS_PER_UNIT + lane, u_end, t0);
-                }
-//!ELSE
-                acc = row_dots_0(acc, rowv, srow, t0 / COLS_PER_UNIT + lane, u_end, t0);
-//!END
-            }
+    }
+    var sums: array<f32, ROWS_PER_THREAD>;
+    for (var rr = 0u; rr < ROWS_PER_THREAD; rr++) {
+        var a = acc[rr];
+        if (FMT == FMT_INT4 || FMT == FMT_INT4_GROUPED || FMT == FMT_INT3_G64) {
+            a *= LANE_UNSCALE;
         }
-//!END
-        var sums: array<f32, ROWS_PER_THREAD>;
-        for (var rr = 0u; rr < ROWS_PER_THREAD; rr++) {
-            var a = acc[rr];
-            if (FMT == FMT_INT4 || FMT == FMT_INT4_GROUPED || FMT == FMT_INT3_G64) {
-                a *= LANE_UNSCALE;
-            }
-            sums[rr] = (a.x + a.y) + (a.z + a.w);
-            if (FMT == FMT_INT4 && live) {
-//!IF CHUNK1
-                if (in1) {
-                    sums[rr] *= S1[srow[rr]];
-                } else {
-                    sums[rr] *= S0[srow[rr]];
-                }
-//!ELSE
-                sums[rr] *= S0[srow[rr]];
-//!END
-            }
-        }
+        sums[rr] = (a.x + a.y) + (a.z + a.w);
+    }
 
 //!IF SUBGROUP
-        // butterfly inside aligned blocks of m = min(subgroup size, THREADS_PER_ROW) lanes, then across blocks
-        let m = min(sg_size, THREADS_PER_ROW);
-        workgroupBarrier(); // the previous block's partial sums are read
-        for (var rr = 0u; rr < ROWS_PER_THREAD; rr++) {
-            var a = sums[rr];
-            for (var off = 1u; off < m; off <<= 1u) {
-                a += subgroupShuffleXor(a, off);
-            }
-            if (m < THREADS_PER_ROW && v % m == 0u) {
-                red[(v / m) * ROWS_PER_THREAD + rr] = a;
-            }
-            sums[rr] = a;
+    // butterfly inside aligned blocks of m = min(subgroup size, THREADS_PER_ROW) lanes, then across blocks
+    let m = min(sg_size, THREADS_PER_ROW);
+    for (var rr = 0u; rr < ROWS_PER_THREAD; rr++) {
+        var a = sums[rr];
+        for (var off = 1u; off < m; off <<= 1u) {
+            a += subgroupShuffleXor(a, off);
         }
-        workgroupBarrier();
-        if (lane == 0u) {
-            for (var rr = 0u; rr < n_live; rr++) {
-                var sum = sums[rr];
-                if (m < THREADS_PER_ROW) {
-                    sum = 0.0;
-                    for (var k = 0u; k < THREADS_PER_ROW / m; k++) {
-                        sum += red[(v / m + k) * ROWS_PER_THREAD + rr];
-                    }
-                }
-                if (wi != NONE && prm.use_gamma != 0u) {
-                    sum *= GAMMA[wi];
-                }
-                Y[p * prm.y_stride + prm.y_offset + r_first + rr] = sum;
-            }
+        if (m < THREADS_PER_ROW && v % m == 0u) {
+            red[(v / m) * ROWS_PER_THREAD + rr] = a;
         }
-//!ELSE
-        workgroupBarrier(); // the previous block's partial sums are read
-        for (var rr = 0u; rr < ROWS_PER_THREAD; rr++) {
-            red[v * ROWS_PER_THREAD + rr] = sums[rr];
-        }
-        workgroupBarrier();
-        for (var s = THREADS_PER_ROW / 2u; s > 0u; s >>= 1u) {
-            if (lane < s) {
-                for (var rr = 0u; rr < ROWS_PER_THREAD; rr++) {
-                    red[v * ROWS_PER_THREAD + rr] += red[(v + s) * ROWS_PER_THREAD + rr];
-                }
-            }
-            workgroupBarrier();
-        }
-        if (lane == 0u) {
-            for (var rr = 0u; rr < n_live; rr++) {
-                var o = red[v * ROWS_PER_THREAD + rr];
-                if (wi != NONE && prm.use_gamma != 0u) {
-                    o *= GAMMA[wi];
-                }
-                Y[p * prm.y_stride + prm.y_offset + r_first + rr] = o;
-            }
-        }
-//!END
+        sums[rr] = a;
     }
+    workgroupBarrier();
+    if (lane == 0u) {
+        for (var rr = 0u; rr < n_live; rr++) {
+            var sum = sums[rr];
+            if (m < THREADS_PER_ROW) {
+                sum = 0.0;
+                for (var k = 0u; k < THREADS_PER_ROW / m; k++) {
+                    sum += red[(v / m + k) * ROWS_PER_THREAD + rr];
+                }
+            }
+            if (wi != NONE && prm.use_gamma != 0u) {
+                sum *= GAMMA[wi];
+            }
+            Y[p * prm.y_stride + prm.y_offset + r_first + rr] = sum;
+        }
+    }
+//!ELSE
+    for (var rr = 0u; rr < ROWS_PER_THREAD; rr++) {
+        red[v * ROWS_PER_THREAD + rr] = sums[rr];
+    }
+    workgroupBarrier();
+    for (var s = THREADS_PER_ROW / 2u; s > 0u; s >>= 1u) {
+        if (lane < s) {
+            for (var rr = 0u; rr < ROWS_PER_THREAD; rr++) {
+                red[v * ROWS_PER_THREAD + rr] += red[(v + s) * ROWS_PER_THREAD + rr];
+            }
+        }
+        workgroupBarrier();
+    }
+    if (lane == 0u) {
+        for (var rr = 0u; rr < n_live; rr++) {
+            var o = red[v * ROWS_PER_THREAD + rr];
+            if (wi != NONE && prm.use_gamma != 0u) {
+                o *= GAMMA[wi];
+            }
+            Y[p * prm.y_stride + prm.y_offset + r_first + rr] = o;
+        }
+    }
+//!END
 }

@@ -22,8 +22,7 @@
 //! handles ROWS_PER_THREAD rows with one read of x, so one row block is ROWS_PER_WORKGROUP =
 //! (256 / THREADS_PER_ROW) · ROWS_PER_THREAD rows of one pair. By default x is staged: the whole
 //! x row (up to 16384 columns, as far as the adapter's workgroup memory allows) is copied once
-//! per workgroup into workgroup memory as vec4, zero past I, padded against bank conflicts; a
-//! workgroup then runs `workgroups_per_pair`-strided row blocks of its pair over that one copy.
+//! per workgroup into workgroup memory as vec4, zero past I, padded against bank conflicts.
 //! The hot loop has no barrier: two units per iteration, one coalesced 16-byte weight load per
 //! row and unit, vec4 accumulators. The quantised decode keeps x in f32 and costs one mask-or,
 //! one subtract and one FMA per weight: a 4-bit field masked in place inside the mantissa of
@@ -33,7 +32,7 @@
 //! values (the GPU bit order above). Scales are applied once per 32-column unit (grouped
 //! formats), per group (int3-g64) or per row (int4). Reductions: subgroup shuffles inside blocks
 //! of min(subgroup size, THREADS_PER_ROW) lanes then workgroup memory, or a workgroup-memory
-//! tree. Workgroups (pairs × workgroups per pair) are spread over x and y (≤ 65,535 each).
+//! tree. Workgroups (pairs × row blocks) are spread over x and y (≤ 65,535 each).
 //!
 //! # Per-call selection ([`plan`])
 //! The work split and the x variant are chosen on the host for each dispatch from the format,
@@ -47,9 +46,8 @@
 //!   rows per workgroup (32 × 1) to 1 (256 × 1); the first reaching [`DIRECT_MIN_WORKGROUPS`]
 //!   workgroups `n_pairs · ceil(rows / ROWS_PER_WORKGROUP)` is taken, else the last.
 //! * **staged x** otherwise, always for int4/int3: [`candidates`] go from the format's default
-//!   down to 256 × 1; the first reaching [`MIN_WORKGROUPS`] is taken, else the last; then each
-//!   workgroup takes several row blocks of its pair so that the dispatch launches about
-//!   [`STAGED_WORKGROUPS`] (staging costs each workgroup a pass over x).
+//!   down to 256 × 1; the first reaching [`MIN_WORKGROUPS`] is taken, else the last (staging
+//!   costs each workgroup a pass over x, so fewer, larger workgroups win here).
 //!
 //! Both variants compute the same sums in the same order. [`set_tuning_override`] (`bench kernels
 //! --tune`) wins over the selection (direct x then when aligned and ROWS_PER_WORKGROUP ≤
@@ -62,8 +60,8 @@
 //! an expert fits, else by rows within each expert. One dispatch binds two chunks (bindings 1/2
 //! and 7/8; eight storage buffers, WebGPU's default limit), so inkling-small's 2.4 GB routed
 //! gate_up runs as one dispatch: the row blocks of chunk 0 come first, then those of chunk 1,
-//! and each block picks its chunk once, outside the hot loop (the skeleton's `row_dots_0` /
-//! `row_dots_1`). A slab of more chunks takes one dispatch per two; the caller never sees chunks.
+//! and each workgroup picks its chunk once, outside the hot loop (the skeleton's hot loop is
+//! written once per chunk). A slab of more chunks takes one dispatch per two; the caller never sees chunks.
 
 use crate::formats::{Encoding, Format, QMatrix};
 use crate::gpu::dispatch::{self, DispatchError};
@@ -99,7 +97,7 @@ struct Params {
     scales_per_row: u32,
     use_gamma: u32,
     x_row_is_pair: u32,
-    workgroups_per_pair: u32,
+    pad: u32,
     chunk0: [u32; 4],
     chunk1: [u32; 4],
     row_blocks: [u32; 4],
@@ -302,24 +300,6 @@ fn plan_with(
     Plan { tuning, direct }
 }
 
-/// Workgroups a staged-x dispatch aims for before its workgroups each take several row blocks of
-/// one pair (staging x once for all of them): about [`STAGED_WORKGROUPS`]. Measured on an H200
-/// (BENCHMARKS.md, *Quantised GEMV decode*).
-pub const STAGED_WORKGROUPS: u64 = 528;
-
-/// Workgroups per pair of a dispatch with `n_blocks` row blocks per pair: every block its own
-/// workgroup for direct x, else about [`STAGED_WORKGROUPS`] in all (at least one block each).
-fn workgroups_per_pair(plan: Plan, n_pairs: u32, n_blocks: u32) -> u32 {
-    if plan.direct || n_blocks == 0 {
-        return n_blocks.max(1);
-    }
-    let target = std::env::var("INKLING_GEMV_WG_TARGET")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(STAGED_WORKGROUPS);
-    (target.div_ceil(n_pairs as u64)).clamp(1, n_blocks as u64) as u32
-}
-
 /// Pad period of the x tile in vec4: one pad vec4 per unit (at least every 8 vec4).
 fn pad_period(f: Format) -> u32 {
     (unit_shape(f).0 / 4).max(8)
@@ -439,21 +419,35 @@ pub fn wgsl_source_chunks(
     let (head, rest) = body
         .split_once("//!CHUNK_FN\n")
         .expect("gemv.wgsl has a //!CHUNK_FN block");
-    let (chunk_fn, tail) = rest
+    let (chunk_fn, rest) = rest
         .split_once("//!END_CHUNK_FN\n")
         .expect("gemv.wgsl closes its //!CHUNK_FN block");
+    let (between, rest) = rest
+        .split_once("//!TEMPLATE\n")
+        .expect("gemv.wgsl has a //!TEMPLATE hot loop");
+    let (hot_loop, tail) = rest
+        .split_once("//!END_TEMPLATE\n")
+        .expect("gemv.wgsl closes its //!TEMPLATE");
+    let for_chunk = |text: &str, k: u32| {
+        text.replace("W0[", &format!("W{k}["))
+            .replace("S0[", &format!("S{k}["))
+            .replace("_0(", &format!("_{k}("))
+    };
     let mut out = prelude(enc, t, xt, chunks, &header);
     out.push_str(head);
-    out.push_str(chunk_fn);
-    if chunks == 2 {
-        out.push_str(
-            &chunk_fn
-                .replace("W0[", "W1[")
-                .replace("S0[", "S1[")
-                .replace("_0(", "_1("),
-        );
+    for k in 0..chunks {
+        out.push_str(&for_chunk(chunk_fn, k));
     }
-    out.push_str(tail);
+    out.push_str(between);
+    for line in tail.lines() {
+        match line.trim().strip_prefix("//!HOT_LOOP ") {
+            Some(k) => out.push_str(&for_chunk(hot_loop, k.parse().expect("//!HOT_LOOP chunk"))),
+            None => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
     out
 }
 
@@ -1227,7 +1221,6 @@ impl GemvCall {
             let blocks = |c: Option<&WeightChunk>| c.map_or(0, |c| rows_of(c).div_ceil(rpw));
             let (c0, c1) = (group.first(), group.get(1));
             let n_blocks = blocks(c0) + blocks(c1);
-            let wpp = workgroups_per_pair(plan, args.n_pairs.max(1), n_blocks);
             let p = Params {
                 rows: o as u32,
                 cols: i as u32,
@@ -1240,7 +1233,7 @@ impl GemvCall {
                 scales_per_row: enc.scales_per_row(weights.cols) as u32,
                 use_gamma: args.gamma.is_some() as u32,
                 x_row_is_pair: args.x_per_pair as u32,
-                workgroups_per_pair: wpp,
+                pad: 0,
                 chunk0: range(c0),
                 chunk1: range(c1),
                 row_blocks: [blocks(c0), blocks(c1), 0, 0],
@@ -1271,7 +1264,7 @@ impl GemvCall {
                 layout: &layout,
                 entries: &entries,
             });
-            let total = args.n_pairs as u64 * wpp as u64;
+            let total = args.n_pairs as u64 * n_blocks as u64;
             if total == 0 {
                 continue;
             }
