@@ -174,11 +174,6 @@ fn unit_dot_0(acc: vec4<f32>, wv: u32, srow: u32, u: u32, xi: u32) -> vec4<f32> 
                     acc[rr] = unit_dot_0(acc[rr], rowv[rr] + u * WORDS_PER_UNIT, srow[rr], u, xi);
                 }
             }
-            if (FMT == FMT_INT4) {
-                for (var rr = 0u; rr < ROWS_PER_THREAD; rr++) {
-                    acc[rr] *= S0[srow[rr]]; // the row scale, once per row
-                }
-            }
 //!END_TEMPLATE
 
 @compute @workgroup_size(256)
@@ -280,6 +275,18 @@ fn main(
             a *= LANE_UNSCALE;
         }
         sums[rr] = (a.x + a.y) + (a.z + a.w);
+        if (FMT == FMT_INT4 && live) {
+            // the row scale, once per row
+//!IF CHUNK1
+            if (in1) {
+                sums[rr] *= S1[srow[rr]];
+            } else {
+                sums[rr] *= S0[srow[rr]];
+            }
+//!ELSE
+            sums[rr] *= S0[srow[rr]];
+//!END
+        }
     }
 
 //!IF SUBGROUP
