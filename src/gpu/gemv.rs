@@ -394,7 +394,10 @@ pub fn wgsl_source_chunks(
     direct: bool,
     chunks: u32,
 ) -> String {
-    assert!(chunks == 1 || chunks == 2, "1 or 2 weight chunks per dispatch");
+    assert!(
+        chunks == 1 || chunks == 2,
+        "1 or 2 weight chunks per dispatch"
+    );
     let xt = if direct { 0 } else { xt };
     let header = format!(
         "{} ({}, {}, {chunks} weight chunk(s)), threads per row {} rows per thread {} x tile {xt}",

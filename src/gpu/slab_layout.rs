@@ -33,7 +33,10 @@ pub fn write_gpu_rows(enc: Encoding, src: &[u8], row_bytes: usize, stride: usize
         dst.copy_from_slice(src);
         return;
     }
-    for (s, d) in src.chunks_exact(row_bytes).zip(dst.chunks_exact_mut(stride)) {
+    for (s, d) in src
+        .chunks_exact(row_bytes)
+        .zip(dst.chunks_exact_mut(stride))
+    {
         d[..row_bytes].copy_from_slice(s);
         d[row_bytes..].fill(0);
         if reorders_bits(enc) {
@@ -97,10 +100,14 @@ mod tests {
         for _ in 0..64 {
             let mut g = [0u8; 24];
             for b in &mut g {
-                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 *b = (s >> 56) as u8;
             }
-            let u = |k: usize| ((g[k >> 2] >> (2 * (k & 3))) & 3) | (((g[16 + (k >> 3)] >> (k & 7)) & 1) << 2);
+            let u = |k: usize| {
+                ((g[k >> 2] >> (2 * (k & 3))) & 3) | (((g[16 + (k >> 3)] >> (k & 7)) & 1) << 2)
+            };
             let want: Vec<u8> = (0..64).map(u).collect();
             let mut gpu = g;
             int3_group_to_gpu(&mut gpu);
@@ -111,7 +118,11 @@ mod tests {
             let mut got = Vec::new();
             for lw in 0..4 {
                 let h = w[4 + lw / 2];
-                let (h0, h1) = if lw % 2 == 0 { (h, h << 1) } else { (h >> 1, h << 2) };
+                let (h0, h1) = if lw % 2 == 0 {
+                    (h, h << 1)
+                } else {
+                    (h >> 1, h << 2)
+                };
                 for (l, hh) in [(w[lw], h0), (w[lw] >> 2, h1)] {
                     let n = (l & 0x3333_3333) | (hh & 0xCCCC_CCCC);
                     got.extend((0..8).map(|k| ((n >> (4 * k)) & 7) as u8));

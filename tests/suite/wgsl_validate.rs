@@ -47,12 +47,18 @@ fn gemv_skeleton_names_every_format_ordinal() {
     let src = inkling_wgpu::gpu::gemv::GEMV_WGSL;
     for (k, _) in src.match_indices("FMT ==") {
         let next = src[k + 6..].trim_start();
-        assert!(next.starts_with("FMT_"), "gemv.wgsl compares FMT with {:?}", &next[..8]);
+        assert!(
+            next.starts_with("FMT_"),
+            "gemv.wgsl compares FMT with {:?}",
+            &next[..8]
+        );
     }
     assert!(src.contains("FMT == FMT_BF16"));
     for spec in inkling_wgpu::formats::REGISTRY {
         let name = inkling_wgpu::gpu::gemv::wgsl_format_const(spec.format);
-        assert!(name.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'));
+        assert!(name
+            .chars()
+            .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'));
     }
 }
 
@@ -62,9 +68,13 @@ fn gemv_two_chunk_variant_binds_a_second_slab() {
     for enc in kernel_encodings() {
         let one = kernel_spec_chunks(enc, false, tuning(enc.format), 2048, false, 1);
         let two = kernel_spec_chunks(enc, false, tuning(enc.format), 2048, false, 2);
-        assert!(!one.source.contains("W1") && two.source.contains("W1[") && two.source.contains("S1["));
+        assert!(
+            !one.source.contains("W1") && two.source.contains("W1[") && two.source.contains("S1[")
+        );
         // chunk 1 has its own decode function and hot loop (calls of unit_dot_1 besides its definition)
-        assert!(two.source.contains("fn unit_dot_1(") && two.source.matches("unit_dot_1(").count() > 1);
+        assert!(
+            two.source.contains("fn unit_dot_1(") && two.source.matches("unit_dot_1(").count() > 1
+        );
         for src in [&one.source, &two.source] {
             assert!(src.lines().all(|l| !l.trim().starts_with("//!")));
         }
