@@ -11,54 +11,63 @@
 //! [`GpuWeights`] holds the E experts of one tensor in one slab. Each row is stored with its
 //! FORMATS.md bytes followed by zero padding up to a whole number of *units*: 16 bytes for f32,
 //! bf16, int4 and int4-grouped, 48 bytes (two 64-column groups) for int3-g64. So every row starts
-//! 16-byte aligned whatever I is (bf16 with odd I, f32 rows of 4·I bytes, int4 rows with a
-//! half-used last byte) and the kernel reads whole `vec4<u32>` words; the kernel masks columns
-//! ≥ I through x, so padding never contributes. Real Inkling shapes (I = 6144, 3072, 4096, 2048)
-//! need no padding in any format. Scales are stored unpadded, `[E][O][scales per row]` f32.
+//! 16-byte aligned whatever I is and the kernel reads whole `vec4<u32>` words; the kernel masks
+//! columns ≥ I through x, so padding never contributes. int3-g64 groups are stored with their
+//! bits in the GPU order of [`slab_layout`] (same bytes per group). Real Inkling shapes
+//! (I = 6144, 3072, 4096, 2048) need no padding in any format. Scales are stored unpadded,
+//! `[E][O][scales per row]` f32.
 //!
-//! # Kernel shape
-//! 256 threads per workgroup in groups of TPR threads per row set; each thread handles RPT rows
-//! with one read of x, so a workgroup covers RPW = (256 / TPR) · RPT rows of one pair. By default
-//! x is staged: the whole x row (up to 16384 columns, as far as the adapter's workgroup memory
-//! allows) is copied once per workgroup into workgroup memory as vec4, zero past I and pre-scaled
-//! for the int4 decode, padded against bank conflicts; then the hot loop runs without barriers:
-//! two units per iteration, one coalesced 16-byte weight load per row and unit, the decode by
-//! shifts, masks and the f32 magic-number trick, vec4 accumulators. Scales are applied once per
-//! 32-column unit (grouped formats) or once per row (int4). Reductions: subgroup shuffles inside
-//! blocks of min(subgroup size, TPR) lanes then workgroup memory, or a workgroup-memory tree.
-//! Workgroups (pairs × row blocks) are spread over x and y (≤ 65,535 each).
+//! # Kernel shape (`wgsl/gemv.wgsl`)
+//! 256 threads per workgroup in groups of THREADS_PER_ROW threads per row set; each thread
+//! handles ROWS_PER_THREAD rows with one read of x, so one row block is ROWS_PER_WORKGROUP =
+//! (256 / THREADS_PER_ROW) · ROWS_PER_THREAD rows of one pair. By default x is staged: the whole
+//! x row (up to 16384 columns, as far as the adapter's workgroup memory allows) is copied once
+//! per workgroup into workgroup memory as vec4, zero past I, padded against bank conflicts.
+//! The hot loop has no barrier: two units per iteration, one coalesced 16-byte weight load per
+//! row and unit, vec4 accumulators. The quantised decode keeps x in f32 and costs one mask-or,
+//! one subtract and one FMA per weight: a 4-bit field masked in place inside the mantissa of
+//! 2²³ (the "magic number" conversion) gives (q − bias)·16ˡ in lane l after one subtract, so
+//! lane l of an accumulator carries 16ˡ, removed once per row (an exact power of two). int3-g64
+//! first joins its 2-bit lows and high bits into such fields with one bitwise select per eight
+//! values (the GPU bit order above). Scales are applied once per 32-column unit (grouped
+//! formats), per group (int3-g64) or per row (int4). Reductions: subgroup shuffles inside blocks
+//! of min(subgroup size, THREADS_PER_ROW) lanes then workgroup memory, or a workgroup-memory
+//! tree. Workgroups (pairs × row blocks) are spread over x and y (≤ 65,535 each).
 //!
 //! # Per-call selection ([`plan`])
 //! The work split and the x variant are chosen on the host for each dispatch from the format,
-//! the pairs, the chunk's rows and x's alignment (rules and figures measured on an H200 with
-//! `bench kernels --tune`, BENCHMARKS.md):
+//! the pairs, the chunk's rows and x's alignment (rules measured on an H200 with
+//! `bench kernels --tune`, BENCHMARKS.md, *MoE GEMV kernels* and *Quantised GEMV decode*):
 //! * **direct x** (`XDIRECT` in the WGSL) for f32 and bf16 whenever [`direct_aligned`] holds (I a
 //!   whole number of units: 4 columns for f32, 8 for bf16, so no tail masking; `x_stride` and
 //!   `x_offset` multiples of 4, so every x row starts on a vec4): x is bound as
 //!   `array<vec4<f32>>` and read in the hot loop straight from global memory (caches), with no
 //!   staging loop, no barrier and no x array in workgroup memory. [`direct_candidates`] go from 8
 //!   rows per workgroup (32 × 1) to 1 (256 × 1); the first reaching [`DIRECT_MIN_WORKGROUPS`]
-//!   (1024) workgroups `n_pairs · ceil(rows / RPW)` is taken, else the last. bf16 read 4,254 GB/s
-//!   this way on an 8-expert [6144 x 6144] layer, 102% of the shader copy.
-//! * **staged x** otherwise, always for int4/int3 (their x is pre-scaled while staged):
-//!   [`candidates`] go from the format's default (16 × 4 = 64 rows; 32 × 1 for int3-g64) down to
-//!   256 × 1; the first reaching [`MIN_WORKGROUPS`] (256) is taken, else the last. Staging costs
-//!   each workgroup a pass over x, so fewer, larger workgroups win here.
+//!   workgroups `n_pairs · ceil(rows / ROWS_PER_WORKGROUP)` is taken, else the last.
+//! * **staged x** otherwise, always for int4/int3: [`candidates`] go from the format's default
+//!   down to 256 × 1; the first reaching [`MIN_WORKGROUPS`] is taken, else the last (staging
+//!   costs each workgroup a pass over x, so fewer, larger workgroups win here).
 //!
 //! Both variants compute the same sums in the same order. [`set_tuning_override`] (`bench kernels
-//! --tune`) wins over the selection (direct x then when aligned and RPW ≤ [`DIRECT_MAX_RPW`]).
-//! Pipelines are cached per (encoding, reduction, tuning, x tile, x variant): everything that
-//! changes the WGSL.
+//! --tune`) wins over the selection (direct x then when aligned and ROWS_PER_WORKGROUP ≤
+//! [`DIRECT_MAX_RPW`]). Pipelines are cached per (encoding, reduction, tuning, x tile, x variant,
+//! weight chunks): everything that changes the WGSL.
 //!
+//! # Weight chunks
 //! The slab is split into chunks (one storage binding each) no larger than the adapter's
 //! `max_storage_buffer_binding_size`, `max_buffer_size` and 2³¹ − 1 bytes: by whole experts when
-//! an expert fits, else by rows within each expert. A call issues one dispatch per chunk; the
-//! caller never sees chunks.
+//! an expert fits, else by rows within each expert. One dispatch binds two chunks (bindings 1/2
+//! and 7/8; eight storage buffers, WebGPU's default limit), so inkling-small's 2.4 GB routed
+//! gate_up runs as one dispatch: the row blocks of chunk 0 come first, then those of chunk 1,
+//! and each workgroup picks its chunk once, outside the hot loop (the skeleton's hot loop is
+//! written once per chunk). A slab of more chunks takes one dispatch per two; the caller never sees chunks.
 
 use crate::formats::{Encoding, Format, QMatrix};
 use crate::gpu::call::{dummy, entry, grid_u64, Call, Dispatch, Label};
 use crate::gpu::dispatch::{self, DispatchError};
 use crate::gpu::kernel::{self, Bind, Kernel, KernelSpec};
+use crate::gpu::slab_layout;
 use crate::gpu::Gpu;
 
 /// Source of the one GEMV skeleton.
@@ -71,8 +80,29 @@ pub const NO_GAMMA: u32 = 0xFFFF_FFFF;
 /// rounded up to 512 columns when it fits the adapter's workgroup memory, so normally the whole x
 /// is staged once per workgroup and the hot loop has no barrier.
 const XT_MAX: u32 = 16384;
-/// Size of the uniform block (`Params` in the WGSL).
-const PARAMS_BYTES: u64 = 64;
+/// The uniform block, the twin of `Params` in `wgsl/gemv.wgsl` (field meanings there).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct GemvParams {
+    rows: u32,
+    cols: u32,
+    n_pairs: u32,
+    row_stride_v4: u32,
+    x_stride: u32,
+    x_offset: u32,
+    y_stride: u32,
+    y_offset: u32,
+    scales_per_row: u32,
+    use_gamma: u32,
+    x_row_is_pair: u32,
+    pad: u32,
+    chunk0: [u32; 4],
+    chunk1: [u32; 4],
+    row_blocks: [u32; 4],
+}
+
+/// Size of the uniform block.
+const PARAMS_BYTES: u64 = std::mem::size_of::<GemvParams>() as u64;
 
 /// How a row's partial sums are reduced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -96,8 +126,8 @@ fn unit_shape(f: Format) -> (u32, u32) {
     }
 }
 
-/// Work split of one instantiation: threads per row (a power of two ≤ 256) and rows per thread
-/// (x reuse in registers: RPT rows share every x load).
+/// Work split of one instantiation: threads per row (`tpr`, THREADS_PER_ROW in the WGSL, a power
+/// of two ≤ 256) and rows per thread (`rpt`, ROWS_PER_THREAD: rows sharing every x load).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Tuning {
     pub tpr: u32,
@@ -105,24 +135,21 @@ pub struct Tuning {
 }
 
 impl Tuning {
-    /// Rows per workgroup: (256 / TPR) thread groups × RPT rows.
+    /// Rows per workgroup (ROWS_PER_WORKGROUP): (256 / tpr) thread groups × rpt rows.
     pub fn rows_per_workgroup(self) -> u32 {
         (256 / self.tpr) * self.rpt
     }
 }
 
 /// Fewest workgroups a staged-x call should launch before [`plan`] settles for fewer rows per
-/// workgroup (about 2 per SM of a 132-SM H200). Measured there (BENCHMARKS.md, `bench kernels
-/// --tune`): staged int4-g64 GEMVs ran fastest at 256–768 workgroups (a [4096 x 4096] matrix at
-/// 16 rows per workgroup, an 8-expert layer at 64); more, smaller workgroups each stage the whole
-/// x row again. WebGPU reports no SM count, so this is a constant sized for the largest GPUs
-/// measured; on smaller GPUs it only costs slightly smaller workgroups on small problems.
+/// workgroup (about 2 per SM of a 132-SM H200; BENCHMARKS.md, *MoE GEMV kernels*: more, smaller
+/// workgroups each stage the whole x row again). WebGPU reports no SM count, so this is a
+/// constant sized for the largest GPUs measured; on smaller GPUs it only costs slightly smaller
+/// workgroups on small problems.
 pub const MIN_WORKGROUPS: u64 = 256;
 
 /// Fewest workgroups a direct-x call (f32, bf16) should launch before [`plan`] settles for fewer
-/// rows per workgroup. Measured on an H200: bf16 at 8 rows per workgroup read 4,254 GB/s on an
-/// 8-expert [6144 x 6144] layer (6,144 workgroups), a single [4096 x 4096] matrix ran fastest at
-/// 4 rows (1,024 workgroups), a [1024 x 4096] one at 1 row (1,024).
+/// rows per workgroup (BENCHMARKS.md, *MoE GEMV kernels*).
 pub const DIRECT_MIN_WORKGROUPS: u64 = 1024;
 
 /// Largest rows per workgroup of the direct-x variant (its candidates, and a forced tuning that
@@ -151,8 +178,8 @@ fn tuning_override() -> Option<Tuning> {
     })
 }
 
-/// The default (largest) tuning of `f`'s kernel, measured on an H200 for problems of hundreds of
-/// workgroups (see BENCHMARKS.md), or the override of [`set_tuning_override`].
+/// The default (largest) tuning of `f`'s kernel (BENCHMARKS.md, *MoE GEMV kernels*), or the
+/// override of [`set_tuning_override`].
 pub fn tuning(f: Format) -> Tuning {
     tuning_override().unwrap_or(candidates(f)[0])
 }
@@ -220,10 +247,10 @@ pub struct Plan {
 /// columns, x at `x_stride` f32 between tokens (0 = packed, i.e. `cols`) from f32 element
 /// `x_offset`. Host-side rules, matching the kernel's assumptions:
 ///
-/// * the [`set_tuning_override`] override if any, direct x when [`direct_aligned`] and RPW ≤
+/// * the [`set_tuning_override`] override if any, direct x when [`direct_aligned`] and rows per workgroup ≤
 ///   [`DIRECT_MAX_RPW`];
 /// * else, when [`direct_aligned`]: direct x, the first of [`direct_candidates`] for which
-///   `n_pairs · ceil(rows / RPW)` ≥ [`DIRECT_MIN_WORKGROUPS`], else the last;
+///   `n_pairs · ceil(rows / rows per workgroup)` ≥ [`DIRECT_MIN_WORKGROUPS`], else the last;
 /// * else staged x, the first of [`candidates`] reaching [`MIN_WORKGROUPS`], else the last.
 ///
 /// Panics if `enc` has no GEMV kernel.
@@ -298,16 +325,49 @@ pub fn gpu_row_stride(enc: Encoding, cols: usize) -> usize {
     enc.bytes_per_row(cols).next_multiple_of(16 * vpu as usize)
 }
 
-/// The WGSL of one instantiation with the default tuning, staged x and a 2048-column x tile
-/// (fits WebGPU's default 16 KiB of workgroup memory); see [`wgsl_source_tuned`].
+/// The WGSL of one instantiation with the default tuning, staged x, a 2048-column x tile (fits
+/// WebGPU's default 16 KiB of workgroup memory) and one weight chunk; see [`wgsl_source_tuned`].
 pub fn wgsl_source(enc: Encoding, subgroups: bool) -> String {
     wgsl_source_tuned(enc, subgroups, tuning(enc.format), 2048, false)
 }
 
-/// The WGSL of one instantiation: the generated prelude plus the skeleton with the branches of
-/// its named flags selected (`//!IF FLAG` / `//!ELSE` / `//!END` lines): `SUBGROUP` (the
-/// reduction) and `XDIRECT` (x read from global memory; `xt` is then unused and written as 0).
-/// Panics on a format without a kernel.
+/// The WGSL name of a registry format's ordinal constant: `FMT_` and the registry name in
+/// capitals with `-` as `_` (`FMT_BF16`, `FMT_INT4_GROUPED`, `FMT_INT3_G64`).
+pub fn wgsl_format_const(f: Format) -> String {
+    format!("FMT_{}", f.name().to_uppercase().replace('-', "_"))
+}
+
+/// The generated prelude of one instantiation: every registry ordinal as a named constant, then
+/// the instantiation's constants (see the header of `wgsl/gemv.wgsl`).
+fn prelude(enc: Encoding, t: Tuning, xt: u32, chunks: u32, header: &str) -> String {
+    let (cols_per_unit, words_per_unit) = unit_shape(enc.format);
+    let mut out = format!("// gemv instantiation: {header}\n");
+    for spec in crate::formats::REGISTRY {
+        out.push_str(&format!(
+            "const {}: u32 = {}u;\n",
+            wgsl_format_const(spec.format),
+            spec.ordinal
+        ));
+    }
+    let consts: [(&str, String); 10] = [
+        ("FMT", wgsl_format_const(enc.format)),
+        ("GROUP_SIZE", format!("{}u", enc.group_size)),
+        ("COLS_PER_UNIT", format!("{cols_per_unit}u")),
+        ("WORDS_PER_UNIT", format!("{words_per_unit}u")),
+        ("THREADS_PER_ROW", format!("{}u", t.tpr)),
+        ("ROWS_PER_THREAD", format!("{}u", t.rpt)),
+        ("ROWS_PER_WORKGROUP", format!("{}u", t.rows_per_workgroup())),
+        ("X_TILE", format!("{xt}u")),
+        ("X_PAD_PERIOD", format!("{}u", pad_period(enc.format))),
+        ("WEIGHT_CHUNKS", format!("{chunks}u")),
+    ];
+    for (name, value) in consts {
+        out.push_str(&format!("const {name}: u32 = {value};\n"));
+    }
+    out
+}
+
+/// The WGSL of one instantiation with one weight chunk bound ([`wgsl_source_chunks`]).
 pub fn wgsl_source_tuned(
     enc: Encoding,
     subgroups: bool,
@@ -315,13 +375,30 @@ pub fn wgsl_source_tuned(
     xt: u32,
     direct: bool,
 ) -> String {
-    let (cpu, vpu) = unit_shape(enc.format);
+    wgsl_source_chunks(enc, subgroups, t, xt, direct, 1)
+}
+
+/// The WGSL of one instantiation: the generated [`prelude`] plus the skeleton with the branches
+/// of its named flags selected (`//!IF FLAG` / `//!ELSE` / `//!END` lines): `SUBGROUP` (the
+/// reduction), `XDIRECT` (x read from global memory; `xt` is then unused and written as 0) and
+/// `CHUNK1` (`chunks` = 2: a second weight chunk bound at bindings 7 and 8, its decode functions
+/// written from the `//!CHUNK_FN` block with `W0`/`S0`/`_0(` renamed). Panics on a format
+/// without a kernel or `chunks` other than 1 and 2.
+pub fn wgsl_source_chunks(
+    enc: Encoding,
+    subgroups: bool,
+    t: Tuning,
+    xt: u32,
+    direct: bool,
+    chunks: u32,
+) -> String {
+    assert!(
+        chunks == 1 || chunks == 2,
+        "1 or 2 weight chunks per dispatch"
+    );
     let xt = if direct { 0 } else { xt };
-    let mut out = format!(
-        "// gemv instantiation: {} ({}, {}), tpr {} rpt {} xt {xt}\nconst FMT: u32 = {}u;\nconst GS: u32 = {}u;\n\
-         const CPU: u32 = {cpu}u;\nconst VPU: u32 = {vpu}u;\n\
-         const TPR: u32 = {}u;\nconst RPT: u32 = {}u;\nconst RPW: u32 = {}u;\n\
-         const XT: u32 = {xt}u;\nconst PPV: u32 = {}u;\n",
+    let header = format!(
+        "{} ({}, {}, {chunks} weight chunk(s)), threads per row {} rows per thread {} x tile {xt}",
         enc.spelling(),
         if subgroups {
             "subgroup reduction"
@@ -331,17 +408,47 @@ pub fn wgsl_source_tuned(
         if direct { "direct x" } else { "staged x" },
         t.tpr,
         t.rpt,
-        enc.format.ordinal(),
-        enc.group_size,
-        t.tpr,
-        t.rpt,
-        t.rows_per_workgroup(),
-        pad_period(enc.format),
     );
-    out.push_str(&crate::gpu::kernel::preprocess(
+    let body = crate::gpu::kernel::preprocess(
         GEMV_WGSL,
-        &[("SUBGROUP", subgroups), ("XDIRECT", direct)],
-    ));
+        &[
+            ("SUBGROUP", subgroups),
+            ("XDIRECT", direct),
+            ("CHUNK1", chunks == 2),
+        ],
+    );
+    let (head, rest) = body
+        .split_once("//!CHUNK_FN\n")
+        .expect("gemv.wgsl has a //!CHUNK_FN block");
+    let (chunk_fn, rest) = rest
+        .split_once("//!END_CHUNK_FN\n")
+        .expect("gemv.wgsl closes its //!CHUNK_FN block");
+    let (between, rest) = rest
+        .split_once("//!TEMPLATE\n")
+        .expect("gemv.wgsl has a //!TEMPLATE hot loop");
+    let (hot_loop, tail) = rest
+        .split_once("//!END_TEMPLATE\n")
+        .expect("gemv.wgsl closes its //!TEMPLATE");
+    let for_chunk = |text: &str, k: u32| {
+        text.replace("W0[", &format!("W{k}["))
+            .replace("S0[", &format!("S{k}["))
+            .replace("_0(", &format!("_{k}("))
+    };
+    let mut out = prelude(enc, t, xt, chunks, &header);
+    out.push_str(head);
+    for k in 0..chunks {
+        out.push_str(&for_chunk(chunk_fn, k));
+    }
+    out.push_str(between);
+    for line in tail.lines() {
+        match line.trim().strip_prefix("//!HOT_LOOP ") {
+            Some(k) => out.push_str(&for_chunk(hot_loop, k.parse().expect("//!HOT_LOOP chunk"))),
+            None => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
     out
 }
 
@@ -519,22 +626,14 @@ impl GpuWeights {
                 let mut view = wbuf
                     .get_mapped_range_mut(..)
                     .map_err(|e| DispatchError::Shape(format!("mapping a weight chunk: {e:?}")))?;
-                let mut k = 0;
-                let mut padded = vec![0u8; stride];
-                for src in &data[e0..e1] {
-                    if rb == stride {
-                        let n = (r1 - r0) * rb;
-                        view.slice(k * stride..k * stride + n)
-                            .copy_from_slice(&src[r0 * rb..r1 * rb]);
-                        k += r1 - r0;
+                let per_expert = (r1 - r0) * stride;
+                for (k, src) in data[e0..e1].iter().enumerate() {
+                    let rows = &src[r0 * rb..r1 * rb];
+                    let mut dst = view.slice(k * per_expert..(k + 1) * per_expert);
+                    if rb == stride && !slab_layout::reorders_bits(enc) {
+                        dst.copy_from_slice(rows);
                     } else {
-                        for r in r0..r1 {
-                            // row bytes, then explicit zero padding up to the unit size
-                            padded[..rb].copy_from_slice(&src[r * rb..(r + 1) * rb]);
-                            view.slice(k * stride..(k + 1) * stride)
-                                .copy_from_slice(&padded);
-                            k += 1;
-                        }
+                        dst.copy_from_slice(&slab_layout::gpu_rows(enc, rows, rb, stride));
                     }
                 }
             }
@@ -633,16 +732,10 @@ impl GpuWeights {
         scales: &[&[u8]],
     ) -> Result<u64, DispatchError> {
         let (rb, stride) = (self.enc.bytes_per_row(self.cols), self.row_stride());
-        let mut padded = Vec::new();
         let n = self.expert_segments(e, data, scales, |seg| {
-            if seg.weights && rb != stride {
-                // row bytes, then explicit zero padding up to the unit size
-                padded.clear();
-                padded.resize(seg.src.len() / rb * stride, 0);
-                for (k, row) in seg.src.chunks_exact(rb).enumerate() {
-                    padded[k * stride..k * stride + rb].copy_from_slice(row);
-                }
-                queue.write_buffer(seg.buf, seg.offset, &padded);
+            if seg.weights && (rb != stride || slab_layout::reorders_bits(self.enc)) {
+                let rows = slab_layout::gpu_rows(self.enc, seg.src, rb, stride);
+                queue.write_buffer(seg.buf, seg.offset, &rows);
             } else {
                 queue.write_buffer(seg.buf, seg.offset, seg.src);
             }
@@ -665,7 +758,9 @@ impl GpuWeights {
         max_copy: usize,
         out: &mut Vec<StagedCopy<'s>>,
     ) -> Result<u64, DispatchError> {
-        if self.enc.bytes_per_row(self.cols) != self.row_stride() {
+        if self.enc.bytes_per_row(self.cols) != self.row_stride()
+            || slab_layout::reorders_bits(self.enc)
+        {
             return self.write_expert(queue, e, data, scales);
         }
         let max_copy = max_copy.max(4) & !3;
@@ -976,8 +1071,8 @@ impl<'a> GemvArgs<'a> {
             tuning: None,
         }
     }
-    /// With a forced tuning (see [`GemvArgs::tuning`]); panics unless TPR is a power of two
-    /// ≤ 256 and RPT is 1..=8.
+    /// With a forced tuning (see [`GemvArgs::tuning`]); panics unless `tpr` is a power of two
+    /// ≤ 256 and `rpt` is 1..=8.
     pub fn tuning(mut self, t: Tuning) -> Self {
         assert!(t.tpr.is_power_of_two() && t.tpr <= 256 && (1..=8).contains(&t.rpt));
         self.tuning = Some(t);
@@ -1016,7 +1111,7 @@ impl Reduction {
 }
 
 /// One GEMV pipeline: everything that changes the WGSL of [`wgsl_source_tuned`]. Label
-/// `gemv:{encoding}:{sg|smem}:{tpr}x{rpt}:{xdirect|xstaged}:{x tile}`.
+/// `gemv:{encoding}:{sg|smem}:{tpr}x{rpt}:{xdirect|xstaged}:{x tile}:c{chunks}`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct GemvKey {
     pub enc: Encoding,
@@ -1027,6 +1122,8 @@ pub struct GemvKey {
     pub xt: u32,
     /// x read straight from global memory (`XDIRECT`).
     pub direct: bool,
+    /// Weight chunks bound per dispatch: 1, or 2 (the second at bindings 7 and 8).
+    pub chunks: u32,
 }
 
 impl GemvKey {
@@ -1038,7 +1135,13 @@ impl GemvKey {
             tuning,
             xt: if direct { 0 } else { xt },
             direct,
+            chunks: 1,
         }
+    }
+
+    /// The same instantiation with `chunks` weight chunks bound (1 or 2).
+    pub fn with_chunks(self, chunks: u32) -> GemvKey {
+        GemvKey { chunks, ..self }
     }
 }
 
@@ -1046,51 +1149,16 @@ impl std::fmt::Display for GemvKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "gemv:{}:{}:{}x{}:{}:{}",
+            "gemv:{}:{}:{}x{}:{}:{}:c{}",
             self.enc.spelling(),
             if self.subgroups { "sg" } else { "smem" },
             self.tuning.tpr,
             self.tuning.rpt,
             if self.direct { "xdirect" } else { "xstaged" },
-            self.xt
+            self.xt,
+            self.chunks
         )
     }
-}
-
-/// The `Params` of gemv.wgsl (64 bytes, one per weight chunk at aligned offsets of one buffer).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
-pub struct GemvParams {
-    /// O, rows per expert.
-    pub rows: u32,
-    /// I, columns.
-    pub cols: u32,
-    /// P.
-    pub n_pairs: u32,
-    /// Padded row stride in `vec4<u32>`.
-    pub row_v: u32,
-    /// Experts `[e0, e1)` are in this chunk.
-    pub e0: u32,
-    pub e1: u32,
-    /// Rows `[r0, r1)` of each of them are in this chunk.
-    pub r0: u32,
-    pub r1: u32,
-    /// f32 elements between tokens in x.
-    pub x_stride: u32,
-    /// f32 element offset of token 0.
-    pub x_offset: u32,
-    /// f32 elements between pairs in y.
-    pub y_stride: u32,
-    /// f32 element offset of pair 0, row 0.
-    pub y_offset: u32,
-    /// f32 scales per row (0 when the format has none).
-    pub spr: u32,
-    /// Row blocks in this chunk: `ceil((r1 − r0) / RPW)`.
-    pub rb: u32,
-    /// 0: ignore `weight_idx` (no gamma buffer bound).
-    pub use_gamma: u32,
-    /// Bit 8: x row = pair index (`x_per_pair`).
-    pub pair_mode: u32,
 }
 
 impl Kernel for GemvKey {
@@ -1098,16 +1166,20 @@ impl Kernel for GemvKey {
     fn entry(&self) -> &'static str {
         "main"
     }
-    /// Uniform params, then weights, scales, x, pairs and gamma read-only, y read-write.
+    /// Uniform params, then weights, scales, x, pairs and gamma read-only, y read-write, and with
+    /// two chunks the second chunk's weights and scales read-only at 7 and 8.
     fn bindings(&self) -> Vec<(u32, Bind)> {
         let mut v = vec![(0, Bind::Uniform)];
         v.extend((1..=5).map(|b| (b, Bind::Read)));
         v.push((6, Bind::Write));
+        if self.chunks == 2 {
+            v.extend([(7, Bind::Read), (8, Bind::Read)]);
+        }
         v
     }
     fn source(&self) -> String {
         let t = self.tuning;
-        wgsl_source_tuned(self.enc, self.subgroups, t, self.xt, self.direct)
+        wgsl_source_chunks(self.enc, self.subgroups, t, self.xt, self.direct, self.chunks)
     }
     fn subgroups(&self) -> bool {
         self.subgroups
@@ -1160,64 +1232,73 @@ impl GpuWeights {
         }
         let smem = gpu.limits.max_compute_workgroup_storage_size as u64;
         let align = (gpu.limits.min_uniform_buffer_offset_alignment as u64).max(PARAMS_BYTES);
-        let n_chunks = self.chunks.len() as u64;
+        // one dispatch per pair of weight chunks (the last one alone when their count is odd)
+        let groups: Vec<&[WeightChunk]> = weights.chunks.chunks(2).collect();
         let params = gpu.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("gemv params"),
-            size: align * n_chunks,
+            size: align * groups.len() as u64,
             usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
         let no_gamma = args.gamma.is_none().then(|| dummy(gpu));
         let gamma = args.gamma.or(no_gamma.as_ref()).expect("one of them");
-        let spr = enc.scales_per_row(self.cols) as u32;
-        let row_v = (gpu_row_stride(enc, self.cols) / 16) as u32;
         let mut dispatches = Vec::new();
-        for ((k, c), plan) in self.chunks.iter().enumerate().zip(self.plans(&args)) {
+        for (k, (group, plan)) in groups.iter().zip(self.plans(&args)).enumerate() {
+            let rows_of = |c: &WeightChunk| c.r1 - c.r0;
             let xt = x_tile(enc.format, plan.tuning, self.cols, smem);
-            let key = GemvKey::new(enc, subgroups, plan.tuning, xt, plan.direct);
+            let n_chunks = group.len() as u32;
+            let key = GemvKey::new(enc, subgroups, plan.tuning, xt, plan.direct).with_chunks(n_chunks);
             let pipeline = kernel::pipeline(gpu, &key);
-            let row_blocks = (c.r1 - c.r0).div_ceil(plan.tuning.rows_per_workgroup());
+            let layout = pipeline.get_bind_group_layout(0);
+            let rpw = plan.tuning.rows_per_workgroup();
+            let range = |c: Option<&WeightChunk>| c.map_or([0; 4], |c| [c.e0, c.e1, c.r0, c.r1]);
+            let blocks = |c: Option<&WeightChunk>| c.map_or(0, |c| rows_of(c).div_ceil(rpw));
+            let (c0, c1) = (group.first(), group.get(1));
+            let n_blocks = blocks(c0) + blocks(c1);
             let p = GemvParams {
                 rows: o as u32,
                 cols: i as u32,
                 n_pairs: args.n_pairs,
-                row_v,
-                e0: c.e0,
-                e1: c.e1,
-                r0: c.r0,
-                r1: c.r1,
+                row_stride_v4: (gpu_row_stride(enc, self.cols) / 16) as u32,
                 x_stride: x_stride as u32,
                 x_offset: args.x_offset,
                 y_stride: y_stride as u32,
                 y_offset: args.y_offset,
-                spr,
-                rb: row_blocks,
+                scales_per_row: enc.scales_per_row(weights.cols) as u32,
                 use_gamma: args.gamma.is_some() as u32,
-                pair_mode: (args.x_per_pair as u32) << 8,
+                x_row_is_pair: args.x_per_pair as u32,
+                pad: 0,
+                chunk0: range(c0),
+                chunk1: range(c1),
+                row_blocks: [blocks(c0), blocks(c1), 0, 0],
             };
             gpu.queue
                 .write_buffer(&params, k as u64 * align, bytemuck::bytes_of(&p));
+            let mut entries = vec![
+                wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer: &params,
+                        offset: k as u64 * align,
+                        size: wgpu::BufferSize::new(PARAMS_BYTES),
+                    }),
+                },
+                entry(1, &group[0].weights),
+                entry(2, &group[0].scales),
+                entry(3, args.x),
+                entry(4, args.pairs),
+                entry(5, gamma),
+                entry(6, args.y),
+            ];
+            if let Some(c) = c1 {
+                entries.extend([entry(7, &c.weights), entry(8, &c.scales)]);
+            }
             let bg = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
                 label: Some("gemv"),
-                layout: &pipeline.get_bind_group_layout(0),
-                entries: &[
-                    wgpu::BindGroupEntry {
-                        binding: 0,
-                        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                            buffer: &params,
-                            offset: k as u64 * align,
-                            size: wgpu::BufferSize::new(PARAMS_BYTES),
-                        }),
-                    },
-                    entry(1, &c.weights),
-                    entry(2, &c.scales),
-                    entry(3, args.x),
-                    entry(4, args.pairs),
-                    entry(5, gamma),
-                    entry(6, args.y),
-                ],
+                layout: &layout,
+                entries: &entries,
             });
-            let total = args.n_pairs as u64 * row_blocks as u64;
+            let total = args.n_pairs as u64 * n_blocks as u64;
             if total == 0 {
                 continue;
             }
@@ -1228,23 +1309,27 @@ impl GpuWeights {
         Ok(Call::new(Label::op("gemv"), dispatches).owning([params].into_iter().chain(no_gamma)))
     }
 
-    /// The [`plan`] of each weight chunk of a GEMV over these weights with `args` (what
-    /// [`GpuWeights::bind`] records, chunks without pairs included).
+    /// The [`plan`] of each dispatch of a GEMV over these weights with `args` (what
+    /// [`GpuWeights::bind`] records, one per pair of weight chunks, dispatches without pairs
+    /// included): planned over the rows one pair can meet in it (both chunks' rows when they
+    /// split one expert's rows, else the larger chunk's); n_pairs of 0 launches nothing and is
+    /// planned as one pair.
     pub fn plans(&self, args: &GemvArgs) -> Vec<Plan> {
         let enc = self.encoding();
         let (x_stride, _) = strides(self, args);
-        // each chunk's own plan (chunks split by rows can differ in rows); every pair launches its
-        // workgroups in every chunk (pairs of other chunks' experts exit at once), so the
-        // workgroup count is n_pairs · row blocks; n_pairs of 0 launches nothing and is planned
-        // as one pair
+        let rows_of = |c: &WeightChunk| c.r1 - c.r0;
         self.chunks
-            .iter()
-            .map(|c| {
+            .chunks(2)
+            .map(|group| {
+                let rows = match group {
+                    [a, b] if (a.e0, a.e1) == (b.e0, b.e1) => rows_of(a) + rows_of(b),
+                    _ => group.iter().map(rows_of).max().unwrap_or(0),
+                };
                 plan_with(
                     enc,
                     args.tuning.or_else(tuning_override),
                     args.n_pairs.max(1),
-                    c.r1 - c.r0,
+                    rows,
                     self.cols as u32,
                     x_stride as u32,
                     args.x_offset,
@@ -1287,20 +1372,22 @@ pub fn workgroup_bytes(f: Format, t: Tuning, xt: u32, direct: bool) -> u64 {
 /// Every GEMV kernel the engine builds without a forced tuning on a device with `smem_limit`
 /// bytes of workgroup memory (`u64::MAX`: any device), with the subgroup reduction too when
 /// `subgroups`: each kernel encoding × reduction × ([`candidates`] × [`x_tiles`] staged, and
-/// [`direct_candidates`] direct for f32 and bf16). Forced tunings (`bench kernels --tune`,
-/// [`GemvArgs::tuning`]) may build others.
+/// [`direct_candidates`] direct for f32 and bf16) × one or two weight chunks. Forced tunings
+/// (`bench kernels --tune`, [`GemvArgs::tuning`]) may build others.
 pub fn kernels(smem_limit: u64, subgroups: bool) -> Vec<KernelSpec> {
     let mut v = Vec::new();
     for enc in kernel_encodings() {
         for sg in [false, true].into_iter().filter(|&sg| !sg || subgroups) {
-            for &t in candidates(enc.format) {
-                for xt in x_tiles(enc.format, t, smem_limit) {
-                    v.push(KernelSpec::of(&GemvKey::new(enc, sg, t, xt, false)));
+            for chunks in [1, 2] {
+                for &t in candidates(enc.format) {
+                    for xt in x_tiles(enc.format, t, smem_limit) {
+                        v.push(KernelSpec::of(&GemvKey::new(enc, sg, t, xt, false).with_chunks(chunks)));
+                    }
                 }
-            }
-            if matches!(enc.format, Format::F32 | Format::Bf16) {
-                for &t in direct_candidates() {
-                    v.push(KernelSpec::of(&GemvKey::new(enc, sg, t, 0, true)));
+                if matches!(enc.format, Format::F32 | Format::Bf16) {
+                    for &t in direct_candidates() {
+                        v.push(KernelSpec::of(&GemvKey::new(enc, sg, t, 0, true).with_chunks(chunks)));
+                    }
                 }
             }
         }

@@ -12,6 +12,7 @@ pub mod gemv_pairs;
 pub mod kernel;
 pub mod limits;
 pub mod ops;
+pub mod slab_layout;
 pub mod timing;
 pub mod variants;
 

@@ -3,12 +3,15 @@
 
 #[test]
 fn gemv_variants_differ_only_by_prelude_and_reduction() {
-    use inkling_wgpu::gpu::gemv::{kernel_encodings, wgsl_source};
+    use inkling_wgpu::gpu::gemv::{kernel_encodings, wgsl_format_const, wgsl_source};
     for enc in kernel_encodings() {
         let a = wgsl_source(enc, false);
         let b = wgsl_source(enc, true);
         assert!(!a.contains("subgroupShuffleXor") && b.contains("subgroupShuffleXor"));
-        assert!(a.contains(&format!("const FMT: u32 = {}u;", enc.format.ordinal())));
+        // the format is named, its ordinal written once, from the registry
+        let name = wgsl_format_const(enc.format);
+        assert!(a.contains(&format!("const FMT: u32 = {name};")));
+        assert!(a.contains(&format!("const {name}: u32 = {}u;", enc.format.ordinal())));
         for src in [&a, &b] {
             assert!(src.lines().all(|l| !l.trim().starts_with("//!")));
             // the default instantiation stages x
@@ -35,5 +38,48 @@ fn gemv_direct_x_variant_stages_nothing() {
             assert!(barriers(&d) < barriers(&s), "{}", enc.spelling());
             assert_eq!(d.contains("subgroupShuffleXor"), sg);
         }
+    }
+}
+
+#[test]
+fn gemv_skeleton_names_every_format_ordinal() {
+    // FORMATS.md is the only place an ordinal is written: the skeleton compares FMT with names
+    let src = inkling_wgpu::gpu::gemv::GEMV_WGSL;
+    for (k, _) in src.match_indices("FMT ==") {
+        let next = src[k + 6..].trim_start();
+        assert!(
+            next.starts_with("FMT_"),
+            "gemv.wgsl compares FMT with {:?}",
+            &next[..8]
+        );
+    }
+    assert!(src.contains("FMT == FMT_BF16"));
+    for spec in inkling_wgpu::formats::REGISTRY {
+        let name = inkling_wgpu::gpu::gemv::wgsl_format_const(spec.format);
+        assert!(name
+            .chars()
+            .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'));
+    }
+}
+
+#[test]
+fn gemv_two_chunk_variant_binds_a_second_slab() {
+    use inkling_wgpu::gpu::gemv::{kernel_encodings, tuning, GemvKey};
+    use inkling_wgpu::gpu::kernel::KernelSpec;
+    for enc in kernel_encodings() {
+        let one = KernelSpec::of(&GemvKey::new(enc, false, tuning(enc.format), 2048, false));
+        let two = KernelSpec::of(&GemvKey::new(enc, false, tuning(enc.format), 2048, false).with_chunks(2));
+        assert!(
+            !one.source.contains("W1") && two.source.contains("W1[") && two.source.contains("S1[")
+        );
+        // chunk 1 has its own decode function and hot loop (calls of unit_dot_1 besides its definition)
+        assert!(
+            two.source.contains("fn unit_dot_1(") && two.source.matches("unit_dot_1(").count() > 1
+        );
+        for src in [&one.source, &two.source] {
+            assert!(src.lines().all(|l| !l.trim().starts_with("//!")));
+        }
+        assert_eq!(two.storage_buffers(), one.storage_buffers() + 2);
+        assert_eq!(two.storage_buffers(), 8, "WebGPU's default limit");
     }
 }
