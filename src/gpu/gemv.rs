@@ -1179,7 +1179,14 @@ impl Kernel for GemvKey {
     }
     fn source(&self) -> String {
         let t = self.tuning;
-        wgsl_source_chunks(self.enc, self.subgroups, t, self.xt, self.direct, self.chunks)
+        wgsl_source_chunks(
+            self.enc,
+            self.subgroups,
+            t,
+            self.xt,
+            self.direct,
+            self.chunks,
+        )
     }
     fn subgroups(&self) -> bool {
         self.subgroups
@@ -1233,7 +1240,7 @@ impl GpuWeights {
         let smem = gpu.limits.max_compute_workgroup_storage_size as u64;
         let align = (gpu.limits.min_uniform_buffer_offset_alignment as u64).max(PARAMS_BYTES);
         // one dispatch per pair of weight chunks (the last one alone when their count is odd)
-        let groups: Vec<&[WeightChunk]> = weights.chunks.chunks(2).collect();
+        let groups: Vec<&[WeightChunk]> = self.chunks.chunks(2).collect();
         let params = gpu.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("gemv params"),
             size: align * groups.len() as u64,
@@ -1247,7 +1254,8 @@ impl GpuWeights {
             let rows_of = |c: &WeightChunk| c.r1 - c.r0;
             let xt = x_tile(enc.format, plan.tuning, self.cols, smem);
             let n_chunks = group.len() as u32;
-            let key = GemvKey::new(enc, subgroups, plan.tuning, xt, plan.direct).with_chunks(n_chunks);
+            let key =
+                GemvKey::new(enc, subgroups, plan.tuning, xt, plan.direct).with_chunks(n_chunks);
             let pipeline = kernel::pipeline(gpu, &key);
             let layout = pipeline.get_bind_group_layout(0);
             let rpw = plan.tuning.rows_per_workgroup();
@@ -1264,7 +1272,7 @@ impl GpuWeights {
                 x_offset: args.x_offset,
                 y_stride: y_stride as u32,
                 y_offset: args.y_offset,
-                scales_per_row: enc.scales_per_row(weights.cols) as u32,
+                scales_per_row: enc.scales_per_row(self.cols) as u32,
                 use_gamma: args.gamma.is_some() as u32,
                 x_row_is_pair: args.x_per_pair as u32,
                 pad: 0,
@@ -1381,12 +1389,16 @@ pub fn kernels(smem_limit: u64, subgroups: bool) -> Vec<KernelSpec> {
             for chunks in [1, 2] {
                 for &t in candidates(enc.format) {
                     for xt in x_tiles(enc.format, t, smem_limit) {
-                        v.push(KernelSpec::of(&GemvKey::new(enc, sg, t, xt, false).with_chunks(chunks)));
+                        v.push(KernelSpec::of(
+                            &GemvKey::new(enc, sg, t, xt, false).with_chunks(chunks),
+                        ));
                     }
                 }
                 if matches!(enc.format, Format::F32 | Format::Bf16) {
                     for &t in direct_candidates() {
-                        v.push(KernelSpec::of(&GemvKey::new(enc, sg, t, 0, true).with_chunks(chunks)));
+                        v.push(KernelSpec::of(
+                            &GemvKey::new(enc, sg, t, 0, true).with_chunks(chunks),
+                        ));
                     }
                 }
             }

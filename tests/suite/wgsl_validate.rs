@@ -68,7 +68,9 @@ fn gemv_two_chunk_variant_binds_a_second_slab() {
     use inkling_wgpu::gpu::kernel::KernelSpec;
     for enc in kernel_encodings() {
         let one = KernelSpec::of(&GemvKey::new(enc, false, tuning(enc.format), 2048, false));
-        let two = KernelSpec::of(&GemvKey::new(enc, false, tuning(enc.format), 2048, false).with_chunks(2));
+        let two = KernelSpec::of(
+            &GemvKey::new(enc, false, tuning(enc.format), 2048, false).with_chunks(2),
+        );
         assert!(
             !one.source.contains("W1") && two.source.contains("W1[") && two.source.contains("S1[")
         );
