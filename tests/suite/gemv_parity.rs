@@ -496,3 +496,40 @@ fn every_chunk_policy_is_exact() {
         }
     }
 }
+
+#[test]
+fn two_weight_chunks_run_as_one_dispatch() {
+    // a slab over the binding limit binds two chunks per dispatch: 2 chunks → 1 dispatch,
+    // 3 chunks → 2 (the last one alone), both exact for pairs on every chunk
+    let gpu = gpu();
+    let mut rng = Rng(0x2c4);
+    let enc = Encoding::parse("int4-g64").unwrap();
+    let (o, i) = (24, 128);
+    let expert_bytes = (o * enc.bytes_per_row(i)) as u64;
+    for (experts, want_chunks, want_dispatches) in [(2usize, 2usize, 1usize), (3, 3, 2)] {
+        let mats: Vec<QMatrix> = (0..experts)
+            .map(|_| quantize(enc, &rng.vec(o * i, 1.0), o, i).unwrap())
+            .collect();
+        let w = GpuWeights::upload_with_limit(&gpu, &mats, expert_bytes).unwrap();
+        assert_eq!(w.chunks().len(), want_chunks);
+        let x = rng.vec(i, 1.0);
+        let pairs: Vec<u32> = (0..experts as u32)
+            .rev()
+            .flat_map(|e| [e, 0, NO_GAMMA, 0])
+            .collect();
+        let xb = gpu.storage_init("x", bytemuck::cast_slice(&x));
+        let pb = gpu.storage_init("pairs", bytemuck::cast_slice(&pairs));
+        let yb = gpu.storage_init("y", bytemuck::cast_slice(&vec![f32::NAN; experts * o]));
+        let n = experts as u32;
+        let call = GemvCall::new(&gpu, 4, &w, GemvArgs::new(&xb, 1, &pb, n, &yb)).unwrap();
+        assert_eq!(call.dispatches(), want_dispatches);
+        let mut e = gpu.device.create_command_encoder(&Default::default());
+        call.record(&mut e);
+        gpu.queue.submit([e.finish()]);
+        let y = gpu.read_f32(&yb, experts * o).unwrap();
+        for p in 0..experts {
+            let m = &mats[experts - 1 - p];
+            assert!(rel_err(&y[p * o..(p + 1) * o], &m.gemv_ref_f64(&x)) <= 1e-5);
+        }
+    }
+}

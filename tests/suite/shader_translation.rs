@@ -215,7 +215,8 @@ fn expected_gemv(smem: u64, subgroups: bool) -> usize {
         } else {
             0
         };
-        n += encodings * (1 + subgroups as usize) * (staged + direct);
+        // × one or two weight chunks bound per dispatch
+        n += encodings * (1 + subgroups as usize) * (staged + direct) * 2;
     }
     n
 }
