@@ -521,7 +521,7 @@ fn two_weight_chunks_run_as_one_dispatch() {
         let pb = gpu.storage_init("pairs", bytemuck::cast_slice(&pairs));
         let yb = gpu.storage_init("y", bytemuck::cast_slice(&vec![f32::NAN; experts * o]));
         let n = experts as u32;
-        let call = GemvCall::new(&gpu, 4, &w, GemvArgs::new(&xb, 1, &pb, n, &yb)).unwrap();
+        let call = w.bind(&gpu, 4, GemvArgs::new(&xb, 1, &pb, n, &yb)).unwrap();
         assert_eq!(call.dispatches(), want_dispatches);
         let mut e = gpu.device.create_command_encoder(&Default::default());
         call.record(&mut e);
