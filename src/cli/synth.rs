@@ -2,7 +2,7 @@
 //! (see [`crate::container::synth`]).
 use super::convert::parse_encoding;
 use super::info::human;
-use crate::container::synth::{file_sizes, synth, SynthOptions, SynthSpec};
+use crate::container::synth::{file_sizes, plan, synth, SynthOptions, SynthSpec};
 use crate::formats::Encoding;
 use anyhow::{bail, Context};
 use std::path::{Path, PathBuf};
@@ -41,6 +41,11 @@ pub struct Args {
     /// Vocabulary size (default: the preset's; smaller for quick tests).
     #[arg(long)]
     pub vocab: Option<usize>,
+    /// Routed experts per sparse layer instead of the preset's count, at least its top-k: the same
+    /// shapes and top-k, so a decode token reads the same expert bytes, in a container small
+    /// enough for full depth (the full-depth decode probe).
+    #[arg(long)]
+    pub routed_experts: Option<usize>,
     /// Destination directory.
     #[arg(long)]
     pub out: PathBuf,
@@ -109,6 +114,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if let Some(v) = a.vocab {
         spec = spec.with_vocab(v);
     }
+    if let Some(n) = a.routed_experts {
+        spec = spec.with_routed_experts(n, "--routed-experts")?;
+    }
     spec.experts = enc(&a.experts, "experts")?;
     spec.shared = enc(&a.shared, "shared")?;
     spec.dense = enc(&a.dense, "dense")?;
@@ -118,16 +126,20 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let max_shard_bytes = a.max_shard_mib << 20;
     let sizes = file_sizes(&spec, max_shard_bytes)?;
     let total: u64 = sizes.iter().sum();
+    let token_bytes = plan(&spec)?.token_bytes();
     eprintln!(
-        "synth {} · {} layers · experts {} · shared {} · dense {} · head {}: {} ({total} bytes) in {} shard(s)",
+        "synth {} · {} layers · {} routed experts, top-{} · experts {} · shared {} · dense {} · head {}: {} ({total} bytes) in {} shard(s); a decode token reads {} ({token_bytes} bytes) of weights",
         a.preset,
         spec.layers,
+        spec.n_experts,
+        spec.top_k,
         spec.experts.spelling(),
         spec.shared.spelling(),
         spec.dense.spelling(),
         spec.head.spelling(),
         human(total),
-        sizes.len()
+        sizes.len(),
+        human(token_bytes)
     );
     if a.dry_run {
         return Ok(ExitCode::SUCCESS);

@@ -1231,6 +1231,11 @@ impl GemvCall {
         self.record_in_pass(&mut pass);
     }
 
+    /// Dispatches this call records (one per weight chunk it reads).
+    pub fn dispatch_count(&self) -> usize {
+        self.parts.len()
+    }
+
     /// Record the dispatches into an open compute pass.
     pub fn record_in_pass(&self, pass: &mut wgpu::ComputePass<'_>) {
         let mut current: Option<&Arc<wgpu::ComputePipeline>> = None;

@@ -2614,3 +2614,44 @@ fn words(b: &[u8]) -> Vec<u32> {
         .map(|x| u32::from_le_bytes([x[0], x[1], x[2], x[3]]))
         .collect()
 }
+
+impl GpuModel<'_> {
+    /// Dispatches of the recorded one-token decode step: the pipelined greedy step (its id read
+    /// on the device) when it has been recorded, else the one-token step with the last token's
+    /// logits; `None` before either has run. Fixed dispatches are the embedding's (before the
+    /// first layer) and the head's; the rest belong to the layers. A streamed model's routed
+    /// experts are placed between submissions and count 0 here.
+    pub fn step_dispatches(&self) -> Option<super::profile::StepDispatches> {
+        let step = [(1, Head::Last, true), (1, Head::Last, false)]
+            .iter()
+            .find_map(|k| self.steps.get(k))?;
+        let count = |recs: &[Rec]| -> usize {
+            recs.iter()
+                .map(|r| match r {
+                    Rec::Op(c) => c.dispatches.len(),
+                    Rec::Conv(c) => c.call.dispatches.len(),
+                    Rec::Attn(c) => c.call.dispatches.len(),
+                    Rec::Gemv(c, _) => c.dispatch_count(),
+                    Rec::Argmax(c) => c.call.dispatches.len(),
+                    Rec::Routed(_) => 0,
+                })
+                .sum()
+        };
+        let first_layer = step
+            .segs
+            .iter()
+            .find(|(p, _)| *p != Phase::Other)
+            .map_or(step.recs.len(), |(_, r)| r.start);
+        let head: usize = step
+            .segs
+            .iter()
+            .filter(|(p, _)| *p == Phase::Head)
+            .map(|(_, r)| count(&step.recs[r.clone()]))
+            .sum();
+        Some(super::profile::StepDispatches {
+            step: count(&step.recs),
+            fixed: count(&step.recs[..first_layer]) + head,
+            layers: self.layers.len(),
+        })
+    }
+}
