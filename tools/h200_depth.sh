@@ -8,15 +8,16 @@
 # are those of the full model. For each probe: synth (timed), `bench decode --per-op --json` against the
 # copy bandwidth of one `bench copy` at the start, a summary line, and the container removed again so
 # that the next probe fits the disk. One probe per device call (each fits 600 s).
-# Environment: BIN (default ./.dev/inkling-wgpu), OUT (default /tmp/out), DEPTH_DIR (default /tmp),
-# TOKENS (decode steps, default 64).
+# Environment: BIN (default ./.dev/inkling-wgpu), OUT (default /tmp/out), TOKENS (decode steps, default 64),
+# DEPTH_DIR (default /dev/shm: the device machine's tmpfs of 128 GB; its 64 GB disk takes writes at about
+# 1.2 GB/s with fdatasync, which would bound synth there).
 set -uo pipefail
 for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
 export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 export WGPU_BACKEND=vulkan
 BIN=${BIN:-./.dev/inkling-wgpu}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-DIR=${DEPTH_DIR:-/tmp}
+DIR=${DEPTH_DIR:-/dev/shm}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 df -h "$DIR" | tail -1
 echo "=== bench copy"
