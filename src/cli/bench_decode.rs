@@ -4,8 +4,9 @@
 //! step's beginning and end (GPU busy and idle time per step); then the
 //! same run again in profile mode for the per-phase GPU time per token (timestamp queries), checked
 //! to choose the same tokens. Prints decode tok/s, the phases, the bytes a step must read, the
-//! roofline (those bytes at the copy bandwidth, measured like `bench copy` or `--peak-gbs`) and the
-//! fraction of it reached.
+//! roofline (those bytes at the copy bandwidth, measured like `bench copy` or `--peak-gbs`), the
+//! fraction of it reached, the dispatches of the one-token step (per step and per layer) and the
+//! host's record + finish + submit time per step against the GPU's busy time per step.
 use super::output::outln;
 use crate::gpu::Gpu;
 use crate::model::profile::DecodeReport;

@@ -73,6 +73,8 @@ Presets:
                  top-6, 2 shared, the same vocab. The expert width 2048 is OUR ASSUMPTION, as are its
                  sliding-layer head counts (32 / 8) and dense width 16384.
   tiny           hidden 64, 8 experts of width 32: for tests.
+--routed-experts N (N >= top-k) keeps top-k and every shape with N routed experts per layer: a decode
+token reads the same expert bytes as with the preset's count, from a far smaller container.
 Layer i is sliding unless (i+1) % 6 == 0. Weights are random, drawn directly in their stored format
 (values about N(0, 0.02), positive scales, norms about 1, router spread over all experts); the same
 seed writes the same bytes. The written container is laid out exactly like `convert` output.

@@ -8,8 +8,8 @@
 //! and `f32` matrices are near-gaussian N(0, 0.02) (a sum of four uniforms). Norms are about 1,
 //! convolutions small, router rows N(0, 1/hidden) so that its logits have unit spread and routing is
 //! spread over the experts, global scales 1. Every tensor is generated in fixed chunks of rows,
-//! each seeded from (seed, tensor name, chunk index), on all cores: the bytes depend on the seed
-//! only, never on the thread count.
+//! each seeded from (seed, tensor name, chunk index), the chunks of a batch of tensors shared
+//! among all cores: the bytes depend on the seed only, never on the thread count.
 //!
 //! Presets (`--preset`):
 //! - `inkling`: the released Inkling geometry (hidden 6144; full layers 64 heads / 8 KV heads,

@@ -174,13 +174,19 @@ fn bench_decode_json_has_every_key_and_bytes_match_a_count_by_hand() {
         assert_eq!(v["decode_steps"], tokens);
         // dispatches: the step is the fixed ones (embedding, head) plus the layers'
         let d = &v["dispatches"];
-        let n = |k: &str| d[k].as_u64().unwrap_or_else(|| panic!("dispatches.{k}: {d}"));
+        let n = |k: &str| {
+            d[k].as_u64()
+                .unwrap_or_else(|| panic!("dispatches.{k}: {d}"))
+        };
         let per_layer = d["per_layer"].as_f64().unwrap();
         let ck = Checkpoint::open(&dir).unwrap();
         assert_eq!(n("layers") as usize, ck.config.num_hidden_layers);
         assert!(n("fixed") >= 2 && per_layer >= 1.0, "{d}");
         let in_layers = (n("per_step") - n("fixed")) as f64;
-        assert!((in_layers - per_layer * n("layers") as f64).abs() < 1e-9, "{d}");
+        assert!(
+            (in_layers - per_layer * n("layers") as f64).abs() < 1e-9,
+            "{d}"
+        );
         // host time per step = record + finish + submit, against the GPU's busy time per step
         let h = &v["host_ms_per_step"];
         let hf = |k: &str| h[k].as_f64().unwrap();
@@ -328,8 +334,5 @@ fn step_dispatches_count_the_recorded_one_token_step() {
     assert_eq!(ops.steps, 1);
     assert!(d.step as u64 >= calls && calls > 0, "{d:?}, {calls} calls");
     assert!(d.fixed >= 2 && d.fixed < d.step, "{d:?}");
-    assert_eq!(
-        d.per_layer(),
-        (d.step - d.fixed) as f64 / d.layers as f64
-    );
+    assert_eq!(d.per_layer(), (d.step - d.fixed) as f64 / d.layers as f64);
 }

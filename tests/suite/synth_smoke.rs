@@ -339,11 +339,16 @@ fn cli_writes_a_tiny_container_and_dry_runs_inkling_small() {
 #[test]
 fn routed_experts_keep_top_k_shapes_and_the_bytes_a_token_reads() {
     let full = SynthSpec::preset("inkling-small", 2).unwrap();
-    let probe = full.clone().with_routed_experts(6, "--routed-experts").unwrap();
+    let probe = full
+        .clone()
+        .with_routed_experts(6, "--routed-experts")
+        .unwrap();
     assert_eq!((probe.n_experts, probe.top_k), (6, 6));
     let (pf, pp) = (plan(&full).unwrap(), plan(&probe).unwrap());
     let shape = |p: &inkling_wgpu::container::synth::SynthPlan, name: &str| {
-        p.tensors().find(|t| t.name == name).map(|t| t.shape.clone())
+        p.tensors()
+            .find(|t| t.name == name)
+            .map(|t| t.shape.clone())
     };
     for proj in [Proj::Gate, Proj::Up, Proj::Down] {
         let name = expert_name(1, 5, proj);
