@@ -4,8 +4,9 @@
 //! step's beginning and end (GPU busy and idle time per step); then the
 //! same run again in profile mode for the per-phase GPU time per token (timestamp queries), checked
 //! to choose the same tokens. Prints decode tok/s, the phases, the bytes a step must read, the
-//! roofline (those bytes at the copy bandwidth, measured like `bench copy` or `--peak-gbs`) and the
-//! fraction of it reached.
+//! roofline (those bytes at the copy bandwidth, measured like `bench copy` or `--peak-gbs`), the
+//! fraction of it reached, the dispatches of the one-token step (per step and per layer) and the
+//! host's record + finish + submit time per step against the GPU's busy time per step.
 use super::output::outln;
 use crate::gpu::Gpu;
 use crate::model::profile::DecodeReport;
@@ -124,6 +125,19 @@ fn host_line(h: &crate::model::HostTimes) -> String {
     format!(
         "  host per decode step ({} steps): record {r:.4} ms | finish {f:.4} ms | submit {s:.4} ms | waiting for the id {w:.4} ms",
         h.steps
+    )
+}
+
+/// Host time per step (record + finish + submit) against GPU busy time per step: whether the
+/// pipelined decode can keep the GPU fed (one line).
+fn host_gpu_line(host_ms: f64, gpu_ms: f64) -> String {
+    format!(
+        "  host vs GPU per decode step: host {host_ms:.4} ms (record + finish + submit) | GPU {gpu_ms:.4} ms (busy) | {}",
+        if host_ms < gpu_ms {
+            "host below GPU: the GPU never waits on the host"
+        } else {
+            "HOST-BOUND: the host takes longer than the GPU"
+        }
     )
 }
 
@@ -261,6 +275,10 @@ pub fn run(a: DecodeArgs) -> anyhow::Result<ExitCode> {
         None
     };
 
+    let dispatches = m.step_dispatches();
+    let [rec_ms, fin_ms, sub_ms, _] = host.per_step_ms();
+    let host_ms = rec_ms + fin_ms + sub_ms;
+    let gpu_ms = spans.as_ref().map(|(busy, _, _)| mean_ms(busy));
     let (copy_gbs, copy_source) = copy_bandwidth(&gpu, a.peak_gbs, a.copy_mib)?;
     let report = DecodeReport {
         adapter: gpu.describe(),
@@ -289,15 +307,31 @@ pub fn run(a: DecodeArgs) -> anyhow::Result<ExitCode> {
         let [r, f, sub, wait] = host.per_step_ms();
         v["host_ms_per_step"] = serde_json::json!({
             "record": r, "finish": f, "submit": sub, "wait_for_id": wait,
+            "record_finish_submit": host_ms,
         });
+        v["gpu_busy_ms_per_step"] = gpu_ms.into();
+        v["host_below_gpu"] = gpu_ms.map(|g| host_ms < g).into();
+        v["dispatches"] = dispatches.map(|d| d.to_json()).into();
         eprintln!("{}", report.text());
         eprintln!("{}", host_line(&host));
+        if let Some(d) = &dispatches {
+            eprintln!("{}", d.text());
+        }
+        if let Some(g) = gpu_ms {
+            eprintln!("{}", host_gpu_line(host_ms, g));
+        }
         outln!("{}", serde_json::to_string_pretty(&v)?)?;
     } else {
         outln!("{}", report.text())?;
         outln!("{}", host_line(&host))?;
         if let Some((busy, idle, secs_sp)) = &spans {
             outln!("{}", span_line(busy, idle, *secs_sp, a.tokens))?;
+        }
+        if let Some(d) = &dispatches {
+            outln!("{}", d.text())?;
+        }
+        if let Some(g) = gpu_ms {
+            outln!("{}", host_gpu_line(host_ms, g))?;
         }
         if let Some(ops) = &per_op {
             outln!("{}", ops.text())?;

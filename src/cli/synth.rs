@@ -2,7 +2,7 @@
 //! (see [`crate::container::synth`]).
 use super::convert::parse_encoding;
 use super::info::human;
-use crate::container::synth::{file_sizes, synth, SynthOptions, SynthSpec};
+use crate::container::synth::{file_sizes, plan, synth, SynthOptions, SynthSpec};
 use crate::formats::Encoding;
 use anyhow::{bail, Context};
 use std::path::{Path, PathBuf};
@@ -41,6 +41,11 @@ pub struct Args {
     /// Vocabulary size (default: the preset's; smaller for quick tests).
     #[arg(long)]
     pub vocab: Option<usize>,
+    /// Routed experts per sparse layer instead of the preset's count, at least its top-k: the same
+    /// shapes and top-k, so a decode token reads the same expert bytes, in a container small
+    /// enough for full depth (the full-depth decode probe).
+    #[arg(long)]
+    pub routed_experts: Option<usize>,
     /// Destination directory.
     #[arg(long)]
     pub out: PathBuf,
@@ -68,6 +73,8 @@ Presets:
                  top-6, 2 shared, the same vocab. The expert width 2048 is OUR ASSUMPTION, as are its
                  sliding-layer head counts (32 / 8) and dense width 16384.
   tiny           hidden 64, 8 experts of width 32: for tests.
+--routed-experts N (N >= top-k) keeps top-k and every shape with N routed experts per layer: a decode
+token reads the same expert bytes as with the preset's count, from a far smaller container.
 Layer i is sliding unless (i+1) % 6 == 0. Weights are random, drawn directly in their stored format
 (values about N(0, 0.02), positive scales, norms about 1, router spread over all experts); the same
 seed writes the same bytes. The written container is laid out exactly like `convert` output.
@@ -109,6 +116,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if let Some(v) = a.vocab {
         spec = spec.with_vocab(v);
     }
+    if let Some(n) = a.routed_experts {
+        spec = spec.with_routed_experts(n, "--routed-experts")?;
+    }
     spec.experts = enc(&a.experts, "experts")?;
     spec.shared = enc(&a.shared, "shared")?;
     spec.dense = enc(&a.dense, "dense")?;
@@ -118,16 +128,20 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let max_shard_bytes = a.max_shard_mib << 20;
     let sizes = file_sizes(&spec, max_shard_bytes)?;
     let total: u64 = sizes.iter().sum();
+    let token_bytes = plan(&spec)?.token_bytes();
     eprintln!(
-        "synth {} · {} layers · experts {} · shared {} · dense {} · head {}: {} ({total} bytes) in {} shard(s)",
+        "synth {} · {} layers · {} routed experts, top-{} · experts {} · shared {} · dense {} · head {}: {} ({total} bytes) in {} shard(s); a decode token reads {} ({token_bytes} bytes) of weights",
         a.preset,
         spec.layers,
+        spec.n_experts,
+        spec.top_k,
         spec.experts.spelling(),
         spec.shared.spelling(),
         spec.dense.spelling(),
         spec.head.spelling(),
         human(total),
-        sizes.len()
+        sizes.len(),
+        human(token_bytes)
     );
     if a.dry_run {
         return Ok(ExitCode::SUCCESS);

@@ -8,8 +8,8 @@
 //! and `f32` matrices are near-gaussian N(0, 0.02) (a sum of four uniforms). Norms are about 1,
 //! convolutions small, router rows N(0, 1/hidden) so that its logits have unit spread and routing is
 //! spread over the experts, global scales 1. Every tensor is generated in fixed chunks of rows,
-//! each seeded from (seed, tensor name, chunk index), on all cores: the bytes depend on the seed
-//! only, never on the thread count.
+//! each seeded from (seed, tensor name, chunk index), the chunks of a batch of tensors shared
+//! among all cores: the bytes depend on the seed only, never on the thread count.
 //!
 //! Presets (`--preset`):
 //! - `inkling`: the released Inkling geometry (hidden 6144; full layers 64 heads / 8 KV heads,
@@ -163,6 +163,23 @@ impl SynthSpec {
         self
     }
 
+    /// Set the number of routed experts per sparse layer to `n`, keeping top-k and every shape:
+    /// each decode token still reads `top_k` routed experts per sparse layer, so a container of
+    /// full depth fits a small disk (the router's `[n + n_shared, hidden]` rows are the only
+    /// per-token bytes that shrink). `Err` names `flag` when `n` is below top-k.
+    pub fn with_routed_experts(mut self, n: usize, flag: &str) -> Result<Self> {
+        if n < self.top_k {
+            bail!(
+                "{flag} {n}: fewer routed experts than the {} a token routes to (top-k); use at \
+                 least {}",
+                self.top_k,
+                self.top_k
+            );
+        }
+        self.n_experts = n;
+        Ok(self)
+    }
+
     fn sliding(&self, layer: usize) -> bool {
         !(layer + 1).is_multiple_of(6)
     }
@@ -308,6 +325,7 @@ struct Gen {
 pub struct SynthPlan {
     pub groups: Vec<OutGroup>,
     gens: Vec<Vec<Gen>>,
+    token_bytes: u64,
 }
 
 impl SynthPlan {
@@ -321,6 +339,12 @@ impl SynthPlan {
     /// Sum of the tensor bytes (no header, no padding).
     pub fn tensor_bytes(&self) -> u64 {
         self.tensors().map(|t| t.nbytes() as u64).sum()
+    }
+    /// Weight bytes one decode token reads: one embedding row, `top_k` routed experts (weights
+    /// and scales) per sparse layer and every other tensor whole; KV caches and conv states are
+    /// not weights and not counted.
+    pub fn token_bytes(&self) -> u64 {
+        self.token_bytes
     }
 }
 
@@ -563,10 +587,33 @@ pub fn plan(spec: &SynthSpec) -> Result<SynthPlan> {
         }
         slabs.push(((1, l, 1, String::new()), group, gens));
     }
+    let group_bytes = |g: &OutGroup| -> u64 {
+        g.items
+            .iter()
+            .flat_map(|i| &i.tensors)
+            .map(|t| t.nbytes() as u64)
+            .sum()
+    };
+    let embed_row = 2 * h as u64;
+    let token_bytes = keyed
+        .iter()
+        .map(|(k, g, _)| match k.3.as_str() {
+            "model.embed_tokens.weight" => embed_row,
+            _ => group_bytes(g),
+        })
+        .sum::<u64>()
+        + slabs
+            .iter()
+            .map(|(_, g, _)| group_bytes(g) / spec.n_experts as u64 * spec.top_k as u64)
+            .sum::<u64>();
     keyed.extend(slabs);
     keyed.sort_by(|a, b| a.0.cmp(&b.0));
     let (groups, gens) = keyed.into_iter().map(|(_, g, v)| (g, v)).unzip();
-    Ok(SynthPlan { groups, gens })
+    Ok(SynthPlan {
+        groups,
+        gens,
+        token_bytes,
+    })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -613,6 +660,20 @@ impl Rng {
     }
 }
 
+/// The int4 byte drawn from 16 random bits `x`: nibbles `1 + (b · 15 >> 8)` of its low byte (low
+/// nibble) and its high byte (high nibble), each uniform over 1..=15 within 1/256.
+static INT4_BYTE: [u8; 1 << 16] = {
+    let mut t = [0u8; 1 << 16];
+    let mut x = 0;
+    while x < 1 << 16 {
+        let lo = 1 + (((x & 0xff) * 15) >> 8) as u8;
+        let hi = 1 + (((x >> 8) * 15) >> 8) as u8;
+        t[x] = lo | hi << 4;
+        x += 1;
+    }
+    t
+};
+
 /// Rows per generation chunk, so that a chunk is about 1 MiB of output.
 fn chunk_rows(row_bytes: usize) -> usize {
     ((1 << 20) / row_bytes.max(1)).max(1)
@@ -644,13 +705,18 @@ fn fill_chunk(g: &Gen, rng: &mut Rng, data: &mut [u8], scales: &mut [u8]) {
         Format::Int4 | Format::Int4Grouped => {
             // Nibbles 1..=15: levels −7..=7, symmetric about zero.
             let rb = g.enc.bytes_per_row(cols);
+            let byte = |r: u64, k: usize| INT4_BYTE[((r >> (16 * k)) & 0xffff) as usize];
             for row in data.chunks_exact_mut(rb) {
-                for chunk in row.chunks_mut(4) {
+                let mut quads = row.chunks_exact_mut(4);
+                for q in &mut quads {
                     let r = rng.next();
-                    for (k, b) in chunk.iter_mut().enumerate() {
-                        let lo = 1 + ((((r >> (16 * k)) & 0xff) * 15) >> 8) as u8;
-                        let hi = 1 + ((((r >> (16 * k + 8)) & 0xff) * 15) >> 8) as u8;
-                        *b = lo | hi << 4;
+                    q.copy_from_slice(&[byte(r, 0), byte(r, 1), byte(r, 2), byte(r, 3)]);
+                }
+                let tail = quads.into_remainder();
+                if !tail.is_empty() {
+                    let r = rng.next();
+                    for (k, b) in tail.iter_mut().enumerate() {
+                        *b = byte(r, k);
                     }
                 }
                 if cols % 2 == 1 {
@@ -694,54 +760,77 @@ fn fill_scales(rng: &mut Rng, scales: &mut [u8], base: f32) {
     }
 }
 
-/// Generate one tensor's weight bytes and scale bytes, chunk by chunk on `threads` threads.
-fn generate(g: &Gen, seed: u64, threads: usize) -> (Vec<u8>, Vec<u8>) {
-    let rb = g.enc.bytes_per_row(g.cols);
-    let spr = g.enc.scales_per_row(g.cols);
-    let mut data = vec![0u8; g.rows * rb];
-    let mut scales = vec![0u8; g.rows * spr * 4];
-    let cr = chunk_rows(rb);
-    let tseed = splitmix(seed ^ fnv1a(&g.name));
-    let mut scale_chunks = scales.chunks_mut((cr * spr * 4).max(1));
-    let mut jobs: Vec<(usize, &mut [u8], &mut [u8])> = data
-        .chunks_mut(cr * rb)
-        .enumerate()
-        .map(|(i, d)| (i, d, scale_chunks.next().unwrap_or_default()))
+/// Tensor bytes generated together (at least one tensor): the chunks of a batch's tensors are
+/// shared among the threads, so that small tensors (one expert's projection) keep every core busy.
+const BATCH_BYTES: usize = 256 << 20;
+
+/// Generate the weight bytes and scale bytes of every tensor of `gens`, its chunks taken in turn
+/// by `threads` threads; each chunk is seeded from (seed, tensor name, chunk index) alone.
+fn generate_batch(gens: &[&Gen], seed: u64, threads: usize) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut out: Vec<(Vec<u8>, Vec<u8>)> = gens
+        .iter()
+        .map(|g| {
+            let rb = g.enc.bytes_per_row(g.cols);
+            let spr = g.enc.scales_per_row(g.cols);
+            (vec![0u8; g.rows * rb], vec![0u8; g.rows * spr * 4])
+        })
         .collect();
-    let run = |jobs: &mut [(usize, &mut [u8], &mut [u8])]| {
-        for (i, d, s) in jobs.iter_mut() {
-            let mut rng = Rng::new(tseed ^ splitmix(*i as u64 + 1));
-            fill_chunk(g, &mut rng, d, s);
+    type Job<'a> = (&'a Gen, u64, usize, &'a mut [u8], &'a mut [u8]);
+    let mut jobs: Vec<Job<'_>> = Vec::new();
+    for (g, (data, scales)) in gens.iter().zip(out.iter_mut()) {
+        let rb = g.enc.bytes_per_row(g.cols);
+        let spr = g.enc.scales_per_row(g.cols);
+        let cr = chunk_rows(rb);
+        let tseed = splitmix(seed ^ fnv1a(&g.name));
+        let mut scale_chunks = scales.chunks_mut((cr * spr * 4).max(1));
+        for (i, d) in data.chunks_mut(cr * rb).enumerate() {
+            jobs.push((g, tseed, i, d, scale_chunks.next().unwrap_or_default()));
         }
+    }
+    let run = |(g, tseed, i, d, s): Job<'_>| {
+        let mut rng = Rng::new(tseed ^ splitmix(i as u64 + 1));
+        fill_chunk(g, &mut rng, d, s);
     };
     let threads = threads.clamp(1, jobs.len().max(1));
     if threads == 1 {
-        run(&mut jobs);
+        jobs.into_iter().for_each(run);
     } else {
-        let per = jobs.len().div_ceil(threads);
+        let queue = std::sync::Mutex::new(jobs.into_iter());
         std::thread::scope(|sc| {
-            for part in jobs.chunks_mut(per) {
-                sc.spawn(move || run(part));
+            for _ in 0..threads {
+                sc.spawn(|| loop {
+                    let job = queue.lock().expect("job queue").next();
+                    match job {
+                        Some(j) => run(j),
+                        None => break,
+                    }
+                });
             }
         });
     }
-    (data, scales)
+    out
 }
 
 /// One generated item: its (group, item) position, weight bytes and scale bytes.
 type Generated = ((usize, usize), Vec<u8>, Vec<u8>);
 
-/// Hands out the items that a generator thread produces in plan order, one item ahead of the
-/// writer, so that generation overlaps writing. Refuses an item holding a NaN or an Inf (weights
-/// or scales), naming the tensor and the flat index.
+/// Hands out the items that the generator thread produces in plan order, a batch of items
+/// ([`BATCH_BYTES`]) ahead of the writer, so that generation overlaps writing. Refuses an item
+/// holding a NaN or an Inf (weights or scales), naming the tensor and the flat index.
 struct SynthSource<'p> {
-    rx: std::sync::mpsc::Receiver<Generated>,
+    rx: std::sync::mpsc::Receiver<Vec<Generated>>,
+    pending: std::collections::VecDeque<Generated>,
     groups: &'p [OutGroup],
 }
 
 impl ItemSource for SynthSource<'_> {
     fn produce(&mut self, group: usize, item: usize) -> Result<Vec<Cow<'_, [u8]>>> {
-        let Ok((at, data, scales)) = self.rx.recv() else {
+        if self.pending.is_empty() {
+            if let Ok(batch) = self.rx.recv() {
+                self.pending.extend(batch);
+            }
+        }
+        let Some((at, data, scales)) = self.pending.pop_front() else {
             bail!("synth: the generator thread stopped");
         };
         if at != (group, item) {
@@ -825,19 +914,39 @@ pub fn synth(spec: &SynthSpec, dst: &Path, opts: &SynthOptions) -> Result<Conver
     let gens = &p.gens;
     let seed = spec.seed;
     std::thread::scope(|sc| {
-        let (tx, rx) = std::sync::mpsc::sync_channel::<Generated>(1);
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Generated>>(1);
         sc.spawn(move || {
-            for (gi, group) in gens.iter().enumerate() {
-                for (ii, g) in group.iter().enumerate() {
-                    let (data, scales) = generate(g, seed, threads);
-                    if tx.send(((gi, ii), data, scales)).is_err() {
-                        return; // the writer stopped
-                    }
+            let all: Vec<((usize, usize), &Gen)> = gens
+                .iter()
+                .enumerate()
+                .flat_map(|(gi, group)| group.iter().enumerate().map(move |(ii, g)| ((gi, ii), g)))
+                .collect();
+            let mut rest = &all[..];
+            while !rest.is_empty() {
+                let mut n = 0;
+                let mut bytes = 0;
+                while n < rest.len() && (n == 0 || bytes < BATCH_BYTES) {
+                    let g = rest[n].1;
+                    bytes += g.rows * g.enc.bytes_per_row(g.cols);
+                    n += 1;
+                }
+                let (batch, tail) = rest.split_at(n);
+                rest = tail;
+                let refs: Vec<&Gen> = batch.iter().map(|b| b.1).collect();
+                let made = generate_batch(&refs, seed, threads);
+                let items = batch
+                    .iter()
+                    .zip(made)
+                    .map(|((at, _), (data, scales))| (*at, data, scales))
+                    .collect();
+                if tx.send(items).is_err() {
+                    return; // the writer stopped
                 }
             }
         });
         let mut source = SynthSource {
             rx,
+            pending: Default::default(),
             groups: &p.groups,
         };
         let r = write_container(dst, &p.groups, &mut source, &files, &wopts);
@@ -864,14 +973,15 @@ mod tests {
                 stamp: None,
             }],
         }];
-        let (tx, rx) = std::sync::mpsc::sync_channel::<Generated>(2);
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Generated>>(2);
         let scales: Vec<u8> = [1.0f32, f32::INFINITY]
             .iter()
             .flat_map(|v| v.to_le_bytes())
             .collect();
-        tx.send(((0, 0), vec![0xff; 4], scales)).unwrap();
+        tx.send(vec![((0, 0), vec![0xff; 4], scales)]).unwrap();
         let mut src = SynthSource {
             rx,
+            pending: Default::default(),
             groups: &groups,
         };
         let e = src.produce(0, 0).unwrap_err().to_string();

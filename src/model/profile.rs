@@ -92,6 +92,46 @@ impl DecodeProfile {
     }
 }
 
+/// Compute dispatches of one recorded one-token step
+/// ([`crate::model::GpuModel::step_dispatches`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepDispatches {
+    /// Dispatches of the whole step.
+    pub step: usize,
+    /// Dispatches outside the layers: the embedding before the first layer and the head.
+    pub fixed: usize,
+    /// Layers of the model.
+    pub layers: usize,
+}
+
+impl StepDispatches {
+    /// Mean dispatches per layer: (step − fixed) / layers.
+    pub fn per_layer(&self) -> f64 {
+        (self.step - self.fixed) as f64 / self.layers.max(1) as f64
+    }
+
+    /// JSON: `{"per_step", "fixed", "layers", "per_layer"}`.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "per_step": self.step,
+            "fixed": self.fixed,
+            "layers": self.layers,
+            "per_layer": self.per_layer(),
+        })
+    }
+
+    /// One text line.
+    pub fn text(&self) -> String {
+        format!(
+            "  dispatches per decode step: {} ({} fixed: embedding and head) | per layer {:.2} ({} layers)",
+            self.step,
+            self.fixed,
+            self.per_layer(),
+            self.layers
+        )
+    }
+}
+
 /// The figures `generate --profile` and `bench decode` print.
 #[derive(Clone, Debug)]
 pub struct DecodeReport {

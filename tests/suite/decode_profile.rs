@@ -172,6 +172,33 @@ fn bench_decode_json_has_every_key_and_bytes_match_a_count_by_hand() {
         }
         assert_eq!(v["tokens_match"], true);
         assert_eq!(v["decode_steps"], tokens);
+        // dispatches: the step is the fixed ones (embedding, head) plus the layers'
+        let d = &v["dispatches"];
+        let n = |k: &str| {
+            d[k].as_u64()
+                .unwrap_or_else(|| panic!("dispatches.{k}: {d}"))
+        };
+        let per_layer = d["per_layer"].as_f64().unwrap();
+        let ck = Checkpoint::open(&dir).unwrap();
+        assert_eq!(n("layers") as usize, ck.config.num_hidden_layers);
+        assert!(n("fixed") >= 2 && per_layer >= 1.0, "{d}");
+        let in_layers = (n("per_step") - n("fixed")) as f64;
+        assert!(
+            (in_layers - per_layer * n("layers") as f64).abs() < 1e-9,
+            "{d}"
+        );
+        // host time per step = record + finish + submit, against the GPU's busy time per step
+        let h = &v["host_ms_per_step"];
+        let hf = |k: &str| h[k].as_f64().unwrap();
+        let host = hf("record") + hf("finish") + hf("submit");
+        assert!((hf("record_finish_submit") - host).abs() <= 1e-12 * host.max(1.0));
+        match v["steps_gpu"]["busy_ms"].as_f64() {
+            Some(busy) => {
+                assert_eq!(v["gpu_busy_ms_per_step"].as_f64(), Some(busy));
+                assert_eq!(v["host_below_gpu"], host < busy);
+            }
+            None => assert!(v["host_below_gpu"].is_null()),
+        }
         let f = |k: &str| v[k].as_f64().unwrap();
         assert!(f("decode_tok_s") > 0.0 && f("copy_gbs") > 0.0);
         assert!(
@@ -286,4 +313,26 @@ fn pass_per_phase_recording_keeps_tokens_and_logits_and_host_times_count_steps()
         let x = v["host_ms_per_step"][k].as_f64().unwrap_or(-1.0);
         assert!(x >= 0.0 && x.is_finite(), "{k}: {x}");
     }
+}
+
+#[test]
+fn step_dispatches_count_the_recorded_one_token_step() {
+    let gpu = gpu();
+    let ck = Checkpoint::open(&fixture("tiny-mm-bf16")).unwrap();
+    let w = Weights::load(&ck).unwrap();
+    let mut m = GpuModel::new(&gpu, &w, GpuModelOptions::new(64)).unwrap();
+    assert!(m.step_dispatches().is_none(), "nothing recorded yet");
+    let id = m.forward_greedy(&[1, 2, 3]).unwrap();
+    assert!(m.step_dispatches().is_none(), "a 3-token step only");
+    m.start_op_profile().unwrap();
+    m.forward_greedy(&[id]).unwrap();
+    let ops = m.take_op_profile();
+    let d = m.step_dispatches().expect("a one-token step was recorded");
+    assert_eq!(d.layers, ck.config.num_hidden_layers);
+    // every recorded kernel is at least one dispatch; a GEMV over chunks is several
+    let calls: u64 = ops.ops.iter().map(|o| o.2).sum();
+    assert_eq!(ops.steps, 1);
+    assert!(d.step as u64 >= calls && calls > 0, "{d:?}, {calls} calls");
+    assert!(d.fixed >= 2 && d.fixed < d.step, "{d:?}");
+    assert_eq!(d.per_layer(), (d.step - d.fixed) as f64 / d.layers as f64);
 }

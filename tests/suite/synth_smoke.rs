@@ -332,3 +332,106 @@ fn cli_writes_a_tiny_container_and_dry_runs_inkling_small() {
     let total: u64 = file_sizes(&spec, 4 << 30).unwrap().iter().sum();
     assert!(err.contains(&format!("({total} bytes)")), "{err}");
 }
+
+/// `--routed-experts N` keeps top-k and every shape: the plan has experts 0..N of the preset's
+/// shapes, the config says N routed experts and the preset's top-k, and a decode token reads the
+/// preset's bytes except the router's rows and bias for the experts left out.
+#[test]
+fn routed_experts_keep_top_k_shapes_and_the_bytes_a_token_reads() {
+    let full = SynthSpec::preset("inkling-small", 2).unwrap();
+    let probe = full
+        .clone()
+        .with_routed_experts(6, "--routed-experts")
+        .unwrap();
+    assert_eq!((probe.n_experts, probe.top_k), (6, 6));
+    let (pf, pp) = (plan(&full).unwrap(), plan(&probe).unwrap());
+    let shape = |p: &inkling_wgpu::container::synth::SynthPlan, name: &str| {
+        p.tensors()
+            .find(|t| t.name == name)
+            .map(|t| t.shape.clone())
+    };
+    for proj in [Proj::Gate, Proj::Up, Proj::Down] {
+        let name = expert_name(1, 5, proj);
+        assert_eq!(shape(&pp, &name), shape(&pf, &name), "{name}");
+        assert!(shape(&pp, &name).is_some());
+        assert!(shape(&pp, &expert_name(1, 6, proj)).is_none());
+    }
+    assert_eq!(
+        shape(&pp, "model.layers.1.mlp.gate.weight"),
+        Some(vec![6 + 2, 4096])
+    );
+    let (h, left_out, layers) = (4096u64, 256u64 - 6, 2u64);
+    // the router's bf16 rows and f32 bias of the 250 experts left out, per sparse layer
+    let router = left_out * h * 2 + left_out * 4;
+    assert_eq!(pp.token_bytes(), pf.token_bytes() - layers * router);
+    // the full preset by hand: a token reads one embedding row and 6 of 256 routed experts
+    let routed_layer = 256 * (2 * int4g64(2048, h) + int4g64(h, 2048));
+    assert_eq!(
+        pf.token_bytes(),
+        pf.tensor_bytes() - bf16(201024, h) + 2 * h - layers * routed_layer / 256 * (256 - 6)
+    );
+    let cfg =
+        TextConfig::from_value(&probe.config_json(), std::path::Path::new("config.json")).unwrap();
+    assert_eq!(cfg.n_routed_experts, 6);
+    assert_eq!(cfg.num_experts_per_tok, 6);
+    let e = probe
+        .with_routed_experts(5, "--routed-experts")
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        "--routed-experts 5: fewer routed experts than the 6 a token routes to (top-k); use at least 6"
+    );
+}
+
+/// A tiny container with as many routed experts as top-k loads, and the GPU's greedy tokens equal
+/// the CPU's; `synth` refuses a count below top-k (or not a number), naming the flag.
+#[test]
+fn routed_experts_container_generates_the_same_tokens_on_gpu_and_cpu() {
+    let exe = env!("CARGO_BIN_EXE_inkling-wgpu");
+    let d = tmpdir("routed");
+    let synth_cmd = |extra: &[&str]| {
+        std::process::Command::new(exe)
+            .args(["synth", "--preset", "tiny", "--layers", "3", "--experts"])
+            .args(["int4-g64", "--dense-layers", "1", "--out"])
+            .arg(&d)
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    for (bad, want) in [
+        ("1", "--routed-experts 1: fewer routed experts than the 2"),
+        ("two", "--routed-experts"),
+    ] {
+        let o = synth_cmd(&["--routed-experts", bad]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "--routed-experts {bad}");
+        assert!(err.contains(want), "--routed-experts {bad}: {err}");
+        assert!(!d.join("model.safetensors").exists());
+    }
+    let o = synth_cmd(&["--routed-experts", "2"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("2 routed experts, top-2"), "{err}");
+    let cfg = TextConfig::from_dir(&d).unwrap();
+    assert_eq!((cfg.n_routed_experts, cfg.num_experts_per_tok), (2, 2));
+    let c = Container::open(&d).unwrap();
+    assert!(c.stamped(&expert_name(2, 1, Proj::Down)).is_some());
+    assert!(c.stamped(&expert_name(2, 2, Proj::Down)).is_none());
+    let gen = |device: &str| {
+        let o = std::process::Command::new(exe)
+            .args(["generate", "--model"])
+            .arg(&d)
+            .args(["--prompt-ids", "1,17,300,42,7", "--max-tokens", "8"])
+            .args(["--temperature", "0", "--json", "--device", device])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["generated_ids"].clone()
+    };
+    let (g, cpu) = (gen("gpu"), gen("cpu"));
+    assert!(g.as_array().is_some_and(|a| !a.is_empty()), "{g}");
+    assert_eq!(g, cpu);
+    std::fs::remove_dir_all(&d).ok();
+}

@@ -265,6 +265,17 @@ impl<'w> GpuModel<'w> {
         Some((total, per_layer))
     }
 
+    /// [`GpuModel::dispatches_per_step`] as a [`StepDispatches`]: the step's dispatches, of them
+    /// the fixed ones outside the layers (embedding and head), and the layer count.
+    pub fn step_dispatches(&self) -> Option<crate::model::profile::StepDispatches> {
+        let (step, per_layer) = self.dispatches_per_step()?;
+        Some(crate::model::profile::StepDispatches {
+            step,
+            fixed: step - per_layer.iter().sum::<usize>(),
+            layers: per_layer.len(),
+        })
+    }
+
     /// Bytes a one-token step at position `pos` must read: one embedding row, every norm, conv
     /// weight and conv state, every dense linear, `top_k` routed and every shared expert per
     /// sparse layer, the head's rows, and per layer the K and V cache entries it attends over
