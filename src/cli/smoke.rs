@@ -2,8 +2,8 @@
 use super::output::outln;
 use crate::formats::{quantize, Encoding, QMatrix};
 use crate::gpu::dispatch::DispatchError;
-use crate::gpu::gemv_pairs::gemv_pairs_with;
 use crate::gpu::gemv::{kernel_encodings, GemvArgs, GpuWeights, Reduction, NO_GAMMA};
+use crate::gpu::gemv_pairs::gemv_pairs_with;
 use crate::gpu::Gpu;
 use std::process::ExitCode;
 use std::time::Instant;

@@ -56,8 +56,8 @@
 //! caller never sees chunks.
 
 use crate::formats::{Encoding, Format, QMatrix};
-use crate::gpu::dispatch::{self, DispatchError};
 use crate::gpu::call::{grid_u64, Call, Dispatch, Label};
+use crate::gpu::dispatch::{self, DispatchError};
 use crate::gpu::kernel::{self, Bind, Kernel, KernelSpec};
 use crate::gpu::Gpu;
 
@@ -1167,7 +1167,10 @@ impl GpuWeights {
             usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        let no_gamma = args.gamma.is_none().then(|| gpu.storage("gemv no gamma", 4));
+        let no_gamma = args
+            .gamma
+            .is_none()
+            .then(|| gpu.storage("gemv no gamma", 4));
         let gamma = args.gamma.or(no_gamma.as_ref()).expect("one of them");
         let spr = enc.scales_per_row(self.cols) as u32;
         let row_v = (gpu_row_stride(enc, self.cols) / 16) as u32;
@@ -1221,9 +1224,8 @@ impl GpuWeights {
             if total == 0 {
                 continue;
             }
-            let groups = grid_u64(total).ok_or_else(|| {
-                DispatchError::Shape(format!("{total} workgroups exceed 65535²"))
-            })?;
+            let groups = grid_u64(total)
+                .ok_or_else(|| DispatchError::Shape(format!("{total} workgroups exceed 65535²")))?;
             dispatches.push(Dispatch::from_parts(pipeline, bg, groups));
         }
         Ok(Call::new(Label::op("gemv"), dispatches).owning([params].into_iter().chain(no_gamma)))

@@ -111,7 +111,9 @@ pub fn check_limits(
     let encs = gemv::kernel_encodings();
     let mut specs = ops::kernels();
     let t = gemv::tuning(encs[0].format);
-    specs.push(KernelSpec::of(&gemv::GemvKey::new(encs[0], false, t, 512, false)));
+    specs.push(KernelSpec::of(&gemv::GemvKey::new(
+        encs[0], false, t, 512, false,
+    )));
     for s in &specs {
         let (sb, ub) = (s.storage_buffers(), s.uniform_buffers());
         if sb > limits.max_storage_buffers_per_shader_stage {

@@ -27,11 +27,12 @@ use super::weights::{Ffn, Mlp, Weights};
 use crate::formats::{Format, QMatrix};
 use crate::gpu::gemv::{gpu_row_stride, run_staged, GemvArgs, GpuWeights, StagedCopy, NO_GAMMA};
 use crate::gpu::ops::{
-    norm::EmbedShard, Argmax, AttentionKernel, AttentionShape, Elementwise, EmbedNorm, PosBuffer,
-    RmsNorm, Router, RouterShape, SconvInput, SconvRmsNorm, ShortConvKernel, SiluMulLayout,
+    attention_consts, norm::EmbedShard, Argmax, AttentionKernel, AttentionShape, Elementwise,
+    EmbedNorm, FusedAttention, FusedAttentionIo, PosBuffer, RmsNorm, Router, RouterShape,
+    SconvInput, SconvRmsNorm, ShortConvKernel, SiluMulLayout,
 };
-use crate::gpu::{Call, Label};
 use crate::gpu::Gpu;
+use crate::gpu::{Call, Label};
 use crate::human_bytes;
 use anyhow::{bail, ensure, Context, Result};
 use std::borrow::Cow;
@@ -318,9 +319,14 @@ struct LayerGpu {
     conv_w: [wgpu::Buffer; 4],
     /// Their states `[K−1, C]`.
     conv_state: [wgpu::Buffer; 4],
+    /// `[cache_capacity + K, KVH·D]`: the KV cache, then the k/v conv ring of
+    /// [`FusedAttention`] (byte range `conv_ring`).
     k_cache: wgpu::Buffer,
     v_cache: wgpu::Buffer,
     cache_capacity: u32,
+    conv_ring: Range<u64>,
+    /// rel_proj, q_norm, k_norm and the k/v conv weights as one buffer ([`attention_consts`]).
+    attn_consts: wgpu::Buffer,
     mlp: MlpGpu,
 }
 
@@ -450,8 +456,26 @@ pub struct GpuModel<'w> {
     /// Record a step as one compute pass per phase run (as profile mode does) instead of one.
     pass_per_phase: bool,
     fuse_residual: bool,
+    fuse_attention: bool,
     op_prof: Option<OpProfiler>,
     spans: Option<StepSpans>,
+}
+
+/// The attention shape of a layer of geometry `g` for chunks of `t` tokens.
+fn attn_shape(g: AttnGeom, t: u32, cache_capacity: u32) -> AttentionShape {
+    AttentionShape {
+        tokens: t,
+        heads: g.heads as u32,
+        kv_heads: g.kv_heads as u32,
+        head_dim: g.head_dim as u32,
+        d_rel: g.d_rel as u32,
+        extent: g.rel_extent as u32,
+        window: g.window.map(|w| w as u32),
+        cache_capacity,
+        tau: g
+            .log_scaling
+            .map(|(n_floor, alpha)| (alpha as f32, n_floor as f32)),
+    }
 }
 
 fn f32_buf(gpu: &Gpu, label: &str, v: &[f32]) -> wgpu::Buffer {
@@ -664,7 +688,8 @@ impl GpuModel<'static> {
                 Some(win) => win,
                 None => max_seq,
             } as u32;
-            let kv_floats = cache_capacity as usize * g.kv_dim();
+            // the cache rows, then the K rows of the fused attention's conv ring
+            let kv_floats = (cache_capacity as usize + kk) * g.kv_dim();
             ensure!(
                 (4 * kv_floats as u64) <= gpu.max_binding(),
                 "layer {i}: a KV cache of {cache_capacity} tokens × {} floats needs {} bytes, more \
@@ -685,6 +710,20 @@ impl GpuModel<'static> {
                 zeroed(gpu, "attn_sconv state", (kk - 1) * hid),
                 zeroed(gpu, "mlp_sconv state", (kk - 1) * hid),
             ];
+            let eps = cfg.rms_norm_eps as f32;
+            let fused = FusedAttention::new(attn_shape(g, 1, cache_capacity), kk as u32, eps);
+            let conv_ring = fused.ring_range();
+            let attn_consts = attention_consts(
+                &fused.shape,
+                kk as u32,
+                [
+                    &aw.rel_proj,
+                    &aw.q_norm,
+                    &aw.k_norm,
+                    &aw.k_sconv.w,
+                    &aw.v_sconv.w,
+                ],
+            );
             let mlp = match &lw.mlp {
                 Mlp::Dense(d) => {
                     let inter = d.ffn.gate.rows;
@@ -756,6 +795,8 @@ impl GpuModel<'static> {
                 k_cache: zeroed(gpu, "k cache", kv_floats),
                 v_cache: zeroed(gpu, "v cache", kv_floats),
                 cache_capacity,
+                conv_ring,
+                attn_consts: f32_buf(gpu, "attention constants", &attn_consts),
                 mlp,
             });
         }
@@ -894,6 +935,7 @@ impl GpuModel<'static> {
         Ok(GpuModel {
             pass_per_phase: false,
             fuse_residual: false,
+            fuse_attention: false,
             op_prof: None,
             spans: None,
             host: HostTimes::default(),
@@ -1350,6 +1392,13 @@ impl<'w> GpuModel<'w> {
                 for s in &l.conv_state {
                     enc.clear_buffer(s, 0, None);
                 }
+                for c in [&l.k_cache, &l.v_cache] {
+                    enc.clear_buffer(
+                        c,
+                        l.conv_ring.start,
+                        Some(l.conv_ring.end - l.conv_ring.start),
+                    );
+                }
             }
             self.gpu.queue.submit([enc.finish()]);
             self.dirty = false;
@@ -1751,6 +1800,26 @@ impl<'w> GpuModel<'w> {
         }
     }
 
+    /// Run the attention block after the projections through [`FusedAttention`]: one dispatch per
+    /// layer for one-token steps (k/v short convs, q/k RMSNorms, attention and the KV-cache write)
+    /// instead of five (conv pair, two norms, attention, KV append), and a prologue plus the
+    /// attention for longer chunks. Same results as the separate kernels within float rounding
+    /// (tested). The fused kernels keep the k/v conv history in their own ring, so the switch is
+    /// refused in the middle of a sequence: call it at position 0 (after [`GpuModel::reset`]).
+    pub fn set_fuse_attention(&mut self, on: bool) -> Result<()> {
+        if on != self.fuse_attention {
+            ensure!(
+                self.pos == 0,
+                "the fused attention can only be switched at the start of a sequence (position \
+                 {}); reset first",
+                self.pos
+            );
+            self.fuse_attention = on;
+            self.steps.clear();
+        }
+        Ok(())
+    }
+
     /// Start counting [`GpuModel::host_times`] afresh.
     pub fn reset_host_times(&mut self) {
         self.host = HostTimes::default();
@@ -1912,7 +1981,7 @@ impl<'w> GpuModel<'w> {
                 &shards,
                 &self.embed_norm,
                 &a.h,
-            )?
+            )?,
         ));
 
         fn dense_args<'b>(
@@ -1993,51 +2062,60 @@ impl<'w> GpuModel<'w> {
             recs.push(l.k.call(gpu, dense(&a.xn, &a.k_raw), what("k_proj"))?);
             recs.push(l.v.call(gpu, dense(&a.xn, &a.v_raw), what("v_proj"))?);
             recs.push(l.r.call(gpu, dense(&a.xn, &a.r), what("r_proj"))?);
-            // k and v convs in one dispatch
-            recs.push(Rec::Call(
-                ShortConvKernel {
-                    tokens: t,
-                    channels: kvd,
-                    kernel: kk,
-                    accumulate: false,
-                }
-                .bind_pair(
+            let shape = attn_shape(g, t, l.cache_capacity);
+            if self.fuse_attention {
+                // k/v convs, q/k norms, attention and the cache write: one dispatch for one token
+                let io = FusedAttentionIo {
+                    q: &a.q,
+                    k_raw: &a.k_raw,
+                    v_raw: &a.v_raw,
+                    r: &a.r,
+                    consts: &l.attn_consts,
+                    k_cache: &l.k_cache,
+                    v_cache: &l.v_cache,
+                    out: &a.attn,
+                    k_new: &a.k_new,
+                    v_new: &a.v_new,
+                };
+                recs.push(Rec::Call(FusedAttention::new(shape, kk, eps).bind(
                     gpu,
-                    [&a.k_raw, &l.conv_w[0], &l.conv_state[0], &a.k_new],
-                    [&a.v_raw, &l.conv_w[1], &l.conv_state[1], &a.v_new],
-                )?
-            ));
-            recs.push(Rec::Call(
-                RmsNorm::rows(t * h, d, eps).bind_inplace(gpu, &a.q, &l.q_norm)?
-            ));
-            recs.push(Rec::Call(
-                RmsNorm::rows(t * kvh, d, eps).bind_inplace(gpu, &a.k_new, &l.k_norm)?
-            ));
-            let shape = AttentionShape {
-                tokens: t,
-                heads: h,
-                kv_heads: kvh,
-                head_dim: d,
-                d_rel: g.d_rel as u32,
-                extent: g.rel_extent as u32,
-                window: g.window.map(|w| w as u32),
-                cache_capacity: l.cache_capacity,
-                tau: g
-                    .log_scaling
-                    .map(|(n_floor, alpha)| (alpha as f32, n_floor as f32)),
-            };
-            recs.push(Rec::Call(AttentionKernel::new(shape).bind(
-                gpu,
-                &self.pos_buf,
-                &a.q,
-                &a.k_new,
-                &a.v_new,
-                &a.r,
-                &l.rel_proj,
-                &l.k_cache,
-                &l.v_cache,
-                &a.attn,
-            )?));
+                    &self.pos_buf,
+                    &io,
+                )?));
+            } else {
+                // k and v convs in one dispatch
+                recs.push(Rec::Call(
+                    ShortConvKernel {
+                        tokens: t,
+                        channels: kvd,
+                        kernel: kk,
+                        accumulate: false,
+                    }
+                    .bind_pair(
+                        gpu,
+                        [&a.k_raw, &l.conv_w[0], &l.conv_state[0], &a.k_new],
+                        [&a.v_raw, &l.conv_w[1], &l.conv_state[1], &a.v_new],
+                    )?,
+                ));
+                recs.push(Rec::Call(
+                    RmsNorm::rows(t * h, d, eps).bind_inplace(gpu, &a.q, &l.q_norm)?,
+                ));
+                recs.push(Rec::Call(
+                    RmsNorm::rows(t * kvh, d, eps).bind_inplace(gpu, &a.k_new, &l.k_norm)?,
+                ));
+                recs.push(Rec::Call(AttentionKernel::new(shape).bind(
+                    gpu,
+                    &self.pos_buf,
+                    &a.q,
+                    &a.k_new,
+                    &a.v_new,
+                    &a.r,
+                    &l.rel_proj,
+                    &l.k_cache,
+                    &l.v_cache,
+                    &a.attn,
+                )?));
+            }
             recs.push(l.o.call(gpu, dense(&a.attn, &a.o), what("o_proj"))?);
             // MLP block
             if fuse {
@@ -2068,11 +2146,10 @@ impl<'w> GpuModel<'w> {
                     global_scale,
                 } => {
                     marks.at(&recs, Phase::Dense);
-                    recs.push(ffn.gate_up.call(
-                        gpu,
-                        dense(&a.xn, &a.gu),
-                        what("dense gate_up"),
-                    )?);
+                    recs.push(
+                        ffn.gate_up
+                            .call(gpu, dense(&a.xn, &a.gu), what("dense gate_up"))?,
+                    );
                     recs.push(Rec::Call(Elementwise::silu_mul(
                         gpu,
                         t,
@@ -2141,7 +2218,7 @@ impl<'w> GpuModel<'w> {
                             &a.shared_gammas,
                             (&a.argmax, &self.pos_buf.buffer),
                             li as u32,
-                        )?
+                        )?,
                     ));
                     // shared experts first (static pairs), so they do not wait on routing
                     if let Some(sh) = shared {
@@ -2249,17 +2326,20 @@ impl<'w> GpuModel<'w> {
                         &a.logits,
                         &a.argmax,
                         Some(status::LOGITS_BAD as u32),
-                    )?
+                    )?,
                 ));
             }
             Head::All => {
                 if !head_fused {
                     recs.push(Rec::Call(
-                        RmsNorm::rows(t, hid, eps).bind(gpu, &a.h, &self.norm, &a.hn)?
+                        RmsNorm::rows(t, hid, eps).bind(gpu, &a.h, &self.norm, &a.hn)?,
                     ));
                     recs.push(Rec::Call(Elementwise::div_const(gpu, t * hid, &a.hn, mup)?));
                 }
-                recs.push(self.lm_head.call(gpu, dense(&a.hn, &a.logits), Label::op("lm_head"))?);
+                recs.push(
+                    self.lm_head
+                        .call(gpu, dense(&a.hn, &a.logits), Label::op("lm_head"))?,
+                );
             }
         }
         let segs = marks.segments(recs.len());

@@ -234,7 +234,13 @@ fn one(
     params: ElementwiseParams,
     bufs: &[(u32, &wgpu::Buffer)],
 ) -> Call {
-    let d = dispatch(gpu, &ElementwiseKey(entry), &params, bufs, elem_groups(params.n));
+    let d = dispatch(
+        gpu,
+        &ElementwiseKey(entry),
+        &params,
+        bufs,
+        elem_groups(params.n),
+    );
     Call::new(Label::op(entry), vec![d])
 }
 
@@ -276,7 +282,12 @@ impl Elementwise {
     ) -> Result<Call, BufferTooSmall> {
         need(x, n as u64, "add x")?;
         need(y, n as u64, "add y")?;
-        Ok(one(gpu, "add", ElementwiseParams::add(n, 0), &[(1, y), (5, x)]))
+        Ok(one(
+            gpu,
+            "add",
+            ElementwiseParams::add(n, 0),
+            &[(1, y), (5, x)],
+        ))
     }
 
     /// `x[i] += s[s_idx] · y[i]` for `n` elements (`s` f32 buffer, e.g. a `global_scale` tensor).
@@ -302,13 +313,23 @@ impl Elementwise {
     /// `x[i] = x[i] / c` for `n` elements (the head's `logits_mup_width_multiplier`; a true division).
     pub fn div_const(gpu: &Gpu, n: u32, x: &wgpu::Buffer, c: f32) -> Result<Call, BufferTooSmall> {
         need(x, n as u64, "div_const x")?;
-        Ok(one(gpu, "scale", ElementwiseParams::scale(n, false, c), &[(5, x)]))
+        Ok(one(
+            gpu,
+            "scale",
+            ElementwiseParams::scale(n, false, c),
+            &[(5, x)],
+        ))
     }
 
     /// `x[i] = x[i] · c` for `n` elements.
     pub fn mul_const(gpu: &Gpu, n: u32, x: &wgpu::Buffer, c: f32) -> Result<Call, BufferTooSmall> {
         need(x, n as u64, "mul_const x")?;
-        Ok(one(gpu, "scale", ElementwiseParams::scale(n, true, c), &[(5, x)]))
+        Ok(one(
+            gpu,
+            "scale",
+            ElementwiseParams::scale(n, true, c),
+            &[(5, x)],
+        ))
     }
 
     /// MoE combine over `tokens` × `hidden`:

@@ -39,7 +39,16 @@ impl Kernel for RouterKey {
     }
     fn bindings(&self) -> Vec<(u32, Bind)> {
         let (u, r, w) = (Bind::Uniform, Bind::Read, Bind::Write);
-        vec![(0, u), (1, r), (2, r), (3, w), (4, w), (5, w), (6, w), (7, u)]
+        vec![
+            (0, u),
+            (1, r),
+            (2, r),
+            (3, w),
+            (4, w),
+            (5, w),
+            (6, w),
+            (7, u),
+        ]
     }
     fn source(&self) -> String {
         SRC.to_string()
