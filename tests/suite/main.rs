@@ -45,6 +45,7 @@ mod model_sampling;
 mod model_stream;
 mod non_finite_files;
 mod ops_attention;
+mod ops_attention_fused;
 mod ops_chain;
 mod ops_conv;
 mod ops_elementwise;

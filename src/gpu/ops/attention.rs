@@ -68,8 +68,14 @@ impl Kernel for AttentionKey {
         }
     }
     fn source(&self) -> String {
-        super::wgsl_variant(SRC, self.vec4)
+        attention_source(self.vec4, false)
     }
+}
+
+/// attention.wgsl in its `VEC4` (head_dim % 4 == 0) and `FUSED` (the one-token kernel with the
+/// prologue inside, [`super::attention_fused`]) variant.
+pub(crate) fn attention_source(vec4: bool, fused: bool) -> String {
+    crate::gpu::kernel::preprocess(SRC, &[("VEC4", vec4), ("FUSED", fused)])
 }
 
 /// Both entry points of attention.wgsl, each in the f32 and vec4 variant.

@@ -10,14 +10,13 @@
 //! never race on it. A sequence must therefore run every chunk through [`FusedAttention`] (any mix of
 //! chunk lengths), starting from a cleared ring ([`FusedAttention::ring_range`]).
 
-use super::attention::AttentionParams;
+use super::attention::{attention_source, AttentionParams};
 use super::{dispatch, vec4_tag, AttentionKernel, AttentionShape, PosBuffer};
 use crate::gpu::call::{self, grid, need, BufferTooSmall, Call, Label};
 use crate::gpu::kernel::{Bind, Kernel, KernelSpec};
 use crate::gpu::Gpu;
 use std::fmt;
 
-const ATTN_SRC: &str = include_str!("../../../wgsl/attention.wgsl");
 const PROLOGUE_SRC: &str = include_str!("../../../wgsl/attn_prologue.wgsl");
 
 /// Largest short-conv kernel size of the fused kernels (`MAX_CK` in the WGSL).
@@ -91,9 +90,7 @@ impl Kernel for FusedAttentionKey {
     }
     fn source(&self) -> String {
         match self {
-            FusedAttentionKey::Decode { vec4 } => {
-                crate::gpu::kernel::preprocess(ATTN_SRC, &[("VEC4", *vec4), ("FUSED", true)])
-            }
+            FusedAttentionKey::Decode { vec4 } => attention_source(*vec4, true),
             FusedAttentionKey::Prologue => PROLOGUE_SRC.to_string(),
         }
     }
