@@ -1240,6 +1240,20 @@ impl<'w> GpuModel<'w> {
         self.steps.len()
     }
 
+    /// Compute dispatches of a greedy one-token decode step with the current options (the step is
+    /// built, not run; streamed routed experts count as none).
+    pub fn decode_step_dispatches(&self) -> Result<usize> {
+        let step = self.build_step(1, Head::Last, false)?;
+        Ok(step
+            .recs
+            .iter()
+            .map(|r| match r {
+                Rec::Call(c) => c.dispatches(),
+                Rec::Routed(_) => 0,
+            })
+            .sum())
+    }
+
     /// Bytes a one-token step at position `pos` must read: [`static_decode_bytes`] plus, per
     /// layer, the K and V cache entries it attends over (`min(pos + 1, capacity)` of each).
     pub fn decode_bytes(&self, pos: usize) -> u64 {

@@ -38,6 +38,7 @@ mod model_cpu_reference;
 mod model_demo;
 mod model_formats_on_disk;
 mod model_gpu_cli;
+mod model_gpu_fused;
 mod model_gpu_pairs;
 mod model_gpu_reference;
 mod model_non_finite;
