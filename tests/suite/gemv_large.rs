@@ -4,8 +4,8 @@
 
 use crate::ops_util::{gpu, Rng};
 use inkling_wgpu::formats::{quantize, Encoding, QMatrix};
-use inkling_wgpu::gpu::dispatch::gemv_pairs;
 use inkling_wgpu::gpu::gemv::{GpuWeights, NO_GAMMA};
+use inkling_wgpu::gpu::gemv_pairs;
 use std::borrow::Cow;
 
 fn close(got: f32, want: f64, scale: f64) -> bool {

@@ -3,10 +3,9 @@
 
 use crate::ops_util::{gpu, Rng};
 use inkling_wgpu::formats::{quantize, Encoding, QMatrix};
-use inkling_wgpu::gpu::dispatch::{gemv_pairs_with, DispatchError};
-use inkling_wgpu::gpu::gemv::{
-    kernel_encodings, GemvArgs, GemvCall, GpuWeights, Reduction, NO_GAMMA,
-};
+use inkling_wgpu::gpu::dispatch::DispatchError;
+use inkling_wgpu::gpu::gemv_pairs_with;
+use inkling_wgpu::gpu::gemv::{kernel_encodings, GemvArgs, GpuWeights, Reduction, NO_GAMMA};
 use inkling_wgpu::gpu::Gpu;
 use std::borrow::Cow;
 
@@ -178,7 +177,7 @@ fn dense_gemv_is_e1_and_respects_strides_and_offsets() {
     args.x_offset = xo as u32;
     args.y_stride = ys as u32;
     args.y_offset = yo as u32;
-    let call = GemvCall::new(&gpu, 4, &w, args).unwrap();
+    let call = w.bind(&gpu, 4, args).unwrap();
     for _ in 0..2 {
         let mut e = gpu.device.create_command_encoder(&Default::default());
         call.record(&mut e); // recorded twice: the call is reusable
@@ -230,18 +229,18 @@ fn dispatcher_refuses_unknown_and_kernel_less_ordinals_and_mismatches() {
     let yb = gpu.storage("y", 8);
     let args = GemvArgs::new(&xb, 1, &pb, 1, &yb);
     assert!(matches!(
-        GemvCall::new(&gpu, 42, &w, args),
+        w.bind(&gpu, 42, args),
         Err(DispatchError::UnknownOrdinal(42))
     ));
     assert!(matches!(
-        GemvCall::new(&gpu, 6, &w, args),
+        w.bind(&gpu, 6, args),
         Err(DispatchError::NoKernel { ordinal: 6, .. })
     ));
     assert!(matches!(
-        GemvCall::new(&gpu, 9, &w, args),
+        w.bind(&gpu, 9, args),
         Err(DispatchError::EncodingMismatch { .. })
     ));
-    assert!(GemvCall::new(&gpu, 0, &w, args).is_ok());
+    assert!(w.bind(&gpu, 0, args).is_ok());
     // uploads of kernel-less formats are refused by the dispatcher too
     let e = GpuWeights::from_slab_bytes(
         &gpu,
@@ -414,8 +413,11 @@ fn auto_picks_subgroups_when_available_and_no_gamma_buffer_ignores_weight_idx() 
     // weight_idx 7 but no gamma buffer: the pair is unweighted (and nothing reads out of bounds)
     let pb = gpu.storage_init("p", bytemuck::cast_slice(&[0u32, 0, 7, 0]));
     let yb = gpu.storage_init("y", bytemuck::cast_slice(&vec![f32::NAN; o]));
-    let call = GemvCall::new(&gpu, 5, &w, GemvArgs::new(&xb, 1, &pb, 1, &yb)).unwrap();
-    assert_eq!(call.uses_subgroups(), gpu.has_subgroups());
+    let call = w.bind(&gpu, 5, GemvArgs::new(&xb, 1, &pb, 1, &yb)).unwrap();
+    assert_eq!(
+        Reduction::Auto.subgroups(&gpu).unwrap(),
+        gpu.has_subgroups()
+    );
     assert_eq!(call.dispatches(), 1);
     let mut e = gpu.device.create_command_encoder(&Default::default());
     call.record(&mut e);
@@ -425,13 +427,13 @@ fn auto_picks_subgroups_when_available_and_no_gamma_buffer_ignores_weight_idx() 
     // pairs are 16 bytes (the router's `Pair`): a 12-byte pair buffer is refused
     let pb12 = gpu.storage_init("p12", bytemuck::cast_slice(&[0u32, 0, 7]));
     assert!(matches!(
-        GemvCall::new(&gpu, 5, &w, GemvArgs::new(&xb, 1, &pb12, 1, &yb)),
+        w.bind(&gpu, 5, GemvArgs::new(&xb, 1, &pb12, 1, &yb)),
         Err(DispatchError::Shape(_))
     ));
     // a too-small output buffer is refused before anything is recorded
     let small = gpu.storage("y small", 4 * (o as u64 - 1));
     assert!(matches!(
-        GemvCall::new(&gpu, 5, &w, GemvArgs::new(&xb, 1, &pb, 1, &small)),
+        w.bind(&gpu, 5, GemvArgs::new(&xb, 1, &pb, 1, &small)),
         Err(DispatchError::Shape(_))
     ));
 }

@@ -7,8 +7,8 @@
 
 use crate::ops_util::{gpu, Rng};
 use inkling_wgpu::formats::{quantize, Encoding, QMatrix};
-use inkling_wgpu::gpu::dispatch::gemv_pairs;
 use inkling_wgpu::gpu::gemv::{run_staged, GpuWeights, NO_GAMMA};
+use inkling_wgpu::gpu::gemv_pairs;
 use inkling_wgpu::gpu::Gpu;
 use std::borrow::Cow;
 

@@ -5,8 +5,8 @@
 use crate::ops_util::{gpu, rel_err, Rng};
 use inkling_wgpu::formats::{quantize, Encoding, QMatrix};
 use inkling_wgpu::gpu::gemv::{
-    candidates, direct_aligned, direct_candidates, plan, GemvArgs, GemvCall, GpuWeights, Plan,
-    Reduction, Tuning, DIRECT_MAX_RPW, DIRECT_MIN_WORKGROUPS, MIN_WORKGROUPS, NO_GAMMA,
+    candidates, direct_aligned, direct_candidates, plan, GemvArgs, GpuWeights, Plan, Reduction,
+    Tuning, DIRECT_MAX_RPW, DIRECT_MIN_WORKGROUPS, MIN_WORKGROUPS, NO_GAMMA,
 };
 use inkling_wgpu::gpu::Gpu;
 
@@ -75,13 +75,13 @@ fn run_and_check(
     if let Some(t) = forced {
         args = args.tuning(t);
     }
-    let call = GemvCall::new(gpu, m.enc.format.ordinal(), w, args).unwrap();
+    let call = w.bind(gpu, m.enc.format.ordinal(), args).unwrap();
     let mut e = gpu.device.create_command_encoder(&Default::default());
     call.record(&mut e);
     gpu.queue.submit([e.finish()]);
     let y = gpu.read_f32(&yb, pairs.len() * o).unwrap();
     let refs: Vec<Vec<f64>> = rows.iter().map(|r| m.gemv_ref_f64(r)).collect();
-    let plans = call.plans();
+    let plans = w.plans(&args);
     for (p, &(t, g)) in pairs.iter().enumerate() {
         let f = if g { gamma[0] as f64 } else { 1.0 };
         let r: Vec<f64> = refs[t as usize].iter().map(|v| v * f).collect();

@@ -3,7 +3,7 @@
 //! with gammas, against the f64 CPU reference. A missing adapter FAILS (no skip).
 use crate::ops_util::gpu;
 use inkling_wgpu::formats::quantize;
-use inkling_wgpu::gpu::gemv::{kernel_encodings, GemvArgs, GemvCall, GpuWeights};
+use inkling_wgpu::gpu::gemv::{kernel_encodings, GemvArgs, GpuWeights};
 use inkling_wgpu::gpu::ops::Pair;
 
 fn val(i: usize, salt: usize) -> f32 {
@@ -44,7 +44,7 @@ fn router_pairs_and_x_per_pair_match_the_reference() {
             let args = GemvArgs::new(&xb, rows as u32, &pb, (tokens * k) as u32, &yb)
                 .gamma(&gb)
                 .x_per_pair(x_per_pair);
-            let call = GemvCall::new(&gpu, ordinal, &gw, args).unwrap();
+            let call = gw.bind(&gpu, ordinal, args).unwrap();
             let mut ce = gpu.device.create_command_encoder(&Default::default());
             call.record(&mut ce);
             gpu.queue.submit([ce.finish()]);
@@ -68,6 +68,6 @@ fn router_pairs_and_x_per_pair_match_the_reference() {
         let yb = gpu.storage("y", 4 * (tokens * k * o) as u64);
         let too_few =
             GemvArgs::new(&xb, tokens as u32, &pb, (tokens * k) as u32, &yb).x_per_pair(true);
-        assert!(GemvCall::new(&gpu, ordinal, &gw, too_few).is_err());
+        assert!(gw.bind(&gpu, ordinal, too_few).is_err());
     }
 }

@@ -19,7 +19,8 @@ fn argmax_feeds_embedding_in_one_pass() {
         vocab: vocab as u32,
         out_idx: 0,
     }
-    .bind(&gpu, &logits, &ids);
+    .bind(&gpu, &logits, &ids)
+    .unwrap();
     let shard = EmbedShard {
         buffer: &tb,
         first_row: 0,
@@ -32,7 +33,8 @@ fn argmax_feeds_embedding_in_one_pass() {
         eps: 1e-6,
         ids_off: 0,
     }
-    .bind(&gpu, &ids, &[shard], &wb, &y);
+    .bind(&gpu, &ids, &[shard], &wb, &y)
+    .unwrap();
     for step in 0..4 {
         let l = rng.vec(vocab, 1.0);
         let want = (0..vocab)

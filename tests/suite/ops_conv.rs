@@ -43,7 +43,7 @@ fn run(
         };
         let xb = buf_f32(gpu, &x[t0 * c..(t0 + t) * c]);
         let yb = poisoned(gpu, t * c);
-        kern.bind(gpu, &xb, w, state, &yb).run(gpu);
+        kern.bind(gpu, &xb, w, state, &yb).unwrap().run(gpu);
         out.extend(read(gpu, &yb, t * c));
         t0 += t;
     }
@@ -95,7 +95,7 @@ fn reset_state_does_not_leak_and_accumulate() {
     let w = buf_f32(&gpu, &wv);
     let a = rng.vec(6 * c, 1.0);
     let b = rng.vec(5 * c, 1.0);
-    // Poisoned state, cleared by record_reset before the first prompt.
+    // Poisoned state, cleared before the first prompt.
     let st = poisoned(&gpu, (k - 1) * c);
     let kern = ShortConvKernel {
         tokens: 1,
@@ -105,9 +105,9 @@ fn reset_state_does_not_leak_and_accumulate() {
     };
     let x1 = buf_f32(&gpu, &a[..c]);
     let y1 = poisoned(&gpu, c);
-    let call = kern.bind(&gpu, &x1, &w, &st, &y1);
+    let call = kern.bind(&gpu, &x1, &w, &st, &y1).unwrap();
     let mut enc = gpu.device.create_command_encoder(&Default::default());
-    call.record_reset(&mut enc);
+    enc.clear_buffer(&st, 0, None);
     gpu.queue.submit([enc.finish()]);
     // prompt A token by token with one reused call
     let mut ya = Vec::new();
@@ -120,7 +120,7 @@ fn reset_state_does_not_leak_and_accumulate() {
     assert_close("prompt A", &ya, &reference(&a, &wv, c, k), 1e-5);
     // reset, prompt B: must equal B alone
     let mut enc = gpu.device.create_command_encoder(&Default::default());
-    call.record_reset(&mut enc);
+    enc.clear_buffer(&st, 0, None);
     gpu.queue.submit([enc.finish()]);
     let yb = run(&gpu, &b, &w, &st, c, k, &[2, 3]);
     assert_close("prompt B after reset", &yb, &reference(&b, &wv, c, k), 1e-5);
@@ -136,7 +136,7 @@ fn reset_state_does_not_leak_and_accumulate() {
     let yb2 = buf_f32(&gpu, &base);
     let xb = buf_f32(&gpu, &b);
     let st2 = fresh_state(&gpu, c, k);
-    kern.bind(&gpu, &xb, &w, &st2, &yb2).run(&gpu);
+    kern.bind(&gpu, &xb, &w, &st2, &yb2).unwrap().run(&gpu);
     let r: Vec<f64> = reference(&b, &wv, c, k)
         .iter()
         .zip(&base)

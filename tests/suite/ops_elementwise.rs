@@ -30,6 +30,7 @@ fn silu_mul_layouts() {
         &ub,
         &ob,
     )
+    .unwrap()
     .run(&gpu);
     assert_close("separate", &read(&gpu, &ob, p * i), &r, 1e-5);
     // fused [P, 2I]: gate first
@@ -47,6 +48,7 @@ fn silu_mul_layouts() {
         &fb,
         &ob,
     )
+    .unwrap()
     .run(&gpu);
     assert_close("fused", &read(&gpu, &ob, p * i), &r, 1e-5);
     // interleaved
@@ -62,6 +64,7 @@ fn silu_mul_layouts() {
         &ib,
         &ob,
     )
+    .unwrap()
     .run(&gpu);
     assert_close("interleaved", &read(&gpu, &ob, p * i), &r, 1e-5);
 }
@@ -77,7 +80,9 @@ fn adds_and_scales() {
     let y = rng.vec(n, 1.0);
     let xb = buf_f32(&gpu, &x);
     let yb = buf_f32(&gpu, &y);
-    Elementwise::add(&gpu, n as u32, &xb, &yb).run(&gpu);
+    Elementwise::add(&gpu, n as u32, &xb, &yb)
+        .unwrap()
+        .run(&gpu);
     let got = read(&gpu, &xb, n);
     let r: Vec<f64> = x
         .iter()
@@ -93,7 +98,9 @@ fn adds_and_scales() {
     let sb = buf_f32(&gpu, &[0.0, 0.37]);
     let xb = buf_f32(&gpu, &x);
     let yb = buf_f32(&gpu, &y);
-    Elementwise::add_scaled(&gpu, m as u32, &xb, &yb, &sb, 1).run(&gpu);
+    Elementwise::add_scaled(&gpu, m as u32, &xb, &yb, &sb, 1)
+        .unwrap()
+        .run(&gpu);
     let r: Vec<f64> = x
         .iter()
         .zip(&y)
@@ -102,14 +109,18 @@ fn adds_and_scales() {
     assert_close("add_scaled", &read(&gpu, &xb, m), &r, 1e-6);
 
     let xb = buf_f32(&gpu, &x);
-    Elementwise::div_const(&gpu, m as u32, &xb, 16.0).run(&gpu);
+    Elementwise::div_const(&gpu, m as u32, &xb, 16.0)
+        .unwrap()
+        .run(&gpu);
     let got = read(&gpu, &xb, m);
     assert!(
         got.iter().zip(&x).all(|(&a, &b)| a == b / 16.0),
         "div_const exact"
     );
     let xb = buf_f32(&gpu, &x);
-    Elementwise::mul_const(&gpu, m as u32, &xb, 3.0).run(&gpu);
+    Elementwise::mul_const(&gpu, m as u32, &xb, 3.0)
+        .unwrap()
+        .run(&gpu);
     let r: Vec<f64> = x.iter().map(|&a| a as f64 * 3.0).collect();
     assert_close("mul_const", &read(&gpu, &xb, m), &r, 1e-6);
 }
@@ -148,6 +159,7 @@ fn moe_combine() {
         Elementwise::moe_combine(
             &gpu, t as u32, h as u32, k as u32, &yb, &gb, wr, sh, ws, acc, &out,
         )
+        .unwrap()
         .run(&gpu);
         let mut r = vec![0.0f64; t * h];
         for tt in 0..t {
@@ -189,6 +201,7 @@ fn argmax_last_index_ties_and_random() {
         out_idx: 2,
     }
     .bind(&gpu, &lb, &out)
+    .unwrap()
     .run(&gpu);
     let o = gpu.read_u32(&out, 4).unwrap();
     assert_eq!(o[2], (v - 1) as u32, "max at the last index");
@@ -208,6 +221,7 @@ fn argmax_last_index_ties_and_random() {
         out_idx: 0,
     }
     .bind(&gpu, &lb, &out)
+    .unwrap()
     .run(&gpu);
     assert_eq!(gpu.read_u32(&out, 1).unwrap()[0], 5000);
     // truncated vocab: ignore logits past `vocab`
@@ -222,6 +236,7 @@ fn argmax_last_index_ties_and_random() {
         out_idx: 0,
     }
     .bind(&gpu, &lb, &out)
+    .unwrap()
     .run(&gpu);
     assert_eq!(gpu.read_u32(&out, 1).unwrap()[0], want as u32);
     // random
@@ -238,6 +253,7 @@ fn argmax_last_index_ties_and_random() {
             out_idx: 0,
         }
         .bind(&gpu, &lb, &out)
+        .unwrap()
         .run(&gpu);
         assert_eq!(
             gpu.read_u32(&out, 1).unwrap()[0],
@@ -292,6 +308,7 @@ fn argmax_ties_across_partials_both_variants() {
                 out_idx: 0,
             }
             .bind(&gpu, &lb, &out)
+            .unwrap()
             .run(&gpu);
             assert_eq!(
                 gpu.read_u32(&out, 1).unwrap()[0],
@@ -326,6 +343,7 @@ fn argmax_flags_non_finite_logits() {
                 out_idx: 0,
             }
             .bind_flagged(&gpu, &lb, &out, Some(1))
+            .unwrap()
             .run(&gpu);
             let o = gpu.read_u32(&out, 4).unwrap();
             assert_eq!((o[1], o[2], o[3]), (flagged, 5, 6), "V={v}: {bad} at {at}");

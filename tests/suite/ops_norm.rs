@@ -28,6 +28,7 @@ fn rows_wide_and_many() {
         );
         RmsNorm::rows(rows as u32, width as u32, eps)
             .bind(&gpu, &xb, &wb, &yb)
+            .unwrap()
             .run(&gpu);
         let r: Vec<f64> = x
             .chunks(width)
@@ -65,7 +66,7 @@ fn per_head_inplace_with_offsets() {
         y_off: 0,
         y_stride: d as u32,
     };
-    norm.bind_inplace(&gpu, &xb, &wb).run(&gpu);
+    norm.bind_inplace(&gpu, &xb, &wb).unwrap().run(&gpu);
     // first half of buffer (T*H*D values) normalised per head, the rest untouched
     let y = read(&gpu, &xb, x.len());
     let r: Vec<f64> = x[..t * h * d]
@@ -90,7 +91,7 @@ fn per_head_inplace_with_offsets() {
         y_off: 0,
         y_stride: d as u32,
     };
-    norm.bind_inplace(&gpu, &xb, &wb).run(&gpu);
+    norm.bind_inplace(&gpu, &xb, &wb).unwrap().run(&gpu);
     let y = read(&gpu, &xb, x.len());
     for rr in 0..rows {
         let lo = rr * 2 * d;
@@ -152,7 +153,7 @@ fn embed_case(hidden: usize) {
             bf16: false,
         },
     ];
-    emb.bind(&gpu, &idb, &shards, &wb, &y).run(&gpu);
+    emb.bind(&gpu, &idb, &shards, &wb, &y).unwrap().run(&gpu);
     let r: Vec<f64> = ids
         .iter()
         .flat_map(|&id| ref_norm(&table[id as usize * hidden..][..hidden], &w, 1e-6))
@@ -179,6 +180,7 @@ fn embed_case(hidden: usize) {
         &wb,
         &y,
     )
+    .unwrap()
     .run(&gpu);
     let r: Vec<f64> = ids
         .iter()
@@ -223,7 +225,7 @@ fn decode_rows_offsets_and_alignment() {
             y_off: y_off as u32,
             y_stride: width as u32,
         };
-        n.bind(&gpu, &xb, &wb, &yb).run(&gpu);
+        n.bind(&gpu, &xb, &wb, &yb).unwrap().run(&gpu);
         let r: Vec<f64> = x[x_off..]
             .chunks(width)
             .flat_map(|row| ref_norm(row, &w, eps))
@@ -237,7 +239,7 @@ fn decode_rows_offsets_and_alignment() {
         );
         // in place on the same layout
         let xb = buf_f32(&gpu, &x);
-        n.bind_inplace(&gpu, &xb, &wb).run(&gpu);
+        n.bind_inplace(&gpu, &xb, &wb).unwrap().run(&gpu);
         let y = read(&gpu, &xb, x.len());
         assert_close(
             &format!("in place {rows}x{width} x_off {x_off}"),

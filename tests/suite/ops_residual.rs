@@ -93,7 +93,8 @@ fn case(gpu: &Gpu, c: usize, k: usize, mode: Mode, div: Option<f32>) {
         eps,
         div,
     }
-    .bind(gpu, input, &w, &state, &h, &nw, &y);
+    .bind(gpu, input, &w, &state, &h, &nw, &y)
+    .unwrap();
     let mut st = RefState {
         win: (0..k - 1)
             .map(|kk| {
@@ -192,9 +193,10 @@ fn sconv_rms_norm_reset_clears_state() {
         eps: 1e-6,
         div: None,
     }
-    .bind(&gpu, SconvInput::Plain(&x), &w, &state, &h, &nw, &y);
+    .bind(&gpu, SconvInput::Plain(&x), &w, &state, &h, &nw, &y)
+    .unwrap();
     let mut enc = gpu.device.create_command_encoder(&Default::default());
-    call.record_reset(&mut enc);
+    enc.clear_buffer(&state, 0, None);
     gpu.queue.submit([enc.finish()]);
     call.run(&gpu);
     let mut st = RefState {
@@ -248,10 +250,12 @@ fn short_conv_pair_equals_two_convs_over_chunks() {
                 kernel: k as u32,
                 accumulate: false,
             }
-            .bind_pair(&gpu, [&xab, &wab, &sa, &oa], [&xbb, &wbb, &sb, &ob]);
+            .bind_pair(&gpu, [&xab, &wab, &sa, &oa], [&xbb, &wbb, &sb, &ob])
+            .unwrap();
             if i == 0 {
                 let mut enc = gpu.device.create_command_encoder(&Default::default());
-                call.record_reset(&mut enc);
+                enc.clear_buffer(&sa, 0, None);
+                enc.clear_buffer(&sb, 0, None);
                 gpu.queue.submit([enc.finish()]);
             }
             call.run(&gpu);
@@ -294,6 +298,7 @@ fn short_conv_pair_accumulates() {
         accumulate: true,
     }
     .bind_pair(&gpu, [&xab, &wab, &sa, &oa], [&xbb, &wbb, &sb, &ob])
+    .unwrap()
     .run(&gpu);
     for (x, w, base, out, name) in [(&xa, &wa, &ba, &oa, "a"), (&xb, &wb, &bb, &ob, "b")] {
         let r: Vec<f64> = conv_ref(x, w, c, k)

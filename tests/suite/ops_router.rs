@@ -92,7 +92,10 @@ fn e300_top6_two_shared() {
         top_k: k as u32,
         scale,
     });
-    router.bind(&gpu, &lb, &bb, &pairs, &gam, &sgam).run(&gpu);
+    router
+        .bind(&gpu, &lb, &bb, &pairs, &gam, &sgam)
+        .unwrap()
+        .run(&gpu);
     let pv: Vec<Pair> = bytemuck::cast_slice(&gpu.read_u32(&pairs, t * k * 4).unwrap()).to_vec();
     let gv = read(&gpu, &gam, t * k);
     let sv = read(&gpu, &sgam, t * s);
@@ -168,6 +171,7 @@ fn bias_changes_selection_only() {
         scale: 1.0,
     })
     .bind(&gpu, &lb, &bb, &pairs, &gam, &sgam)
+    .unwrap()
     .run(&gpu);
     let pv: Vec<Pair> = bytemuck::cast_slice(&gpu.read_u32(&pairs, k * 4).unwrap()).to_vec();
     let (ch, g, sg) = reference(&l, &bias, e, s, k, 1.0);
@@ -202,6 +206,7 @@ fn selection_order_sizes_and_no_shared() {
             scale: 1.3,
         })
         .bind(&gpu, &lb, &bb, &pairs, &gam, &sgam)
+        .unwrap()
         .run(&gpu);
         let pv: Vec<Pair> =
             bytemuck::cast_slice(&gpu.read_u32(&pairs, t * k * 4).unwrap()).to_vec();
@@ -283,6 +288,7 @@ fn nan_scores_and_ties_inside_the_top_k() {
         scale: 0.9,
     })
     .bind(&gpu, &lb, &bb, &pairs, &gam, &sgam)
+    .unwrap()
     .run(&gpu);
     let pv: Vec<Pair> = bytemuck::cast_slice(&gpu.read_u32(&pairs, t * k * 4).unwrap()).to_vec();
     let gv = read(&gpu, &gam, t * k);
@@ -382,6 +388,7 @@ fn underflow_saturation_and_non_finite_logits() {
             (&status, &pos.buffer),
             5,
         )
+        .unwrap()
         .run(&gpu);
     // a later layer (9) with a bad token 0 leaves the words of layer 5 alone
     router
@@ -395,6 +402,7 @@ fn underflow_saturation_and_non_finite_logits() {
             (&status, &pos.buffer),
             9,
         )
+        .unwrap()
         .run(&gpu);
     assert_eq!(
         gpu.read_u32(&status, 4).unwrap(),
@@ -440,6 +448,7 @@ fn underflow_saturation_and_non_finite_logits() {
     let row = buf_f32(&gpu, &l[2 * ne..3 * ne]);
     let p8 = poisoned_u32(&gpu, e * 4);
     full.bind(&gpu, &row, &bb, &p8, &poisoned(&gpu, e), &poisoned(&gpu, s))
+        .unwrap()
         .run(&gpu);
     let order: Vec<u32> = bytemuck::cast_slice::<u32, Pair>(&gpu.read_u32(&p8, e * 4).unwrap())
         .iter()
