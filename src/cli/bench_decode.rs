@@ -54,6 +54,10 @@ pub struct DecodeArgs {
     /// `GpuModel::set_fuse_residual`).
     #[arg(long, hide = true)]
     pub fuse_residual: bool,
+    /// Run the attention block after the projections as one dispatch per layer (k/v convs, q/k
+    /// norms, attention, KV write; see `GpuModel::set_fuse_attention`).
+    #[arg(long)]
+    pub fuse_attention: bool,
     /// Run the step-timestamp probe before the timed probe (an experiment knob).
     #[arg(long, hide = true)]
     pub spans_first: bool,
@@ -198,6 +202,7 @@ pub fn run(a: DecodeArgs) -> anyhow::Result<ExitCode> {
     drop(w);
     m.set_pass_per_phase(a.pass_per_phase);
     m.set_fuse_residual(a.fuse_residual);
+    m.set_fuse_attention(a.fuse_attention)?;
 
     // Warm-up (pipelines, recorded steps, and the GPU's clocks: on an H200 the first ~0.3 s of
     // decode after start-up ran at 4.1 ms of GPU time per step, later steps at 1.8 ms), then the
