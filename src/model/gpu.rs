@@ -692,7 +692,7 @@ impl GpuModel<'static> {
             let kv_floats = (cache_capacity as usize + kk) * g.kv_dim();
             ensure!(
                 (4 * kv_floats as u64) <= gpu.max_binding(),
-                "layer {i}: a KV cache of {cache_capacity} tokens × {} floats needs {} bytes, more \
+                "layer {i}: a KV cache of {cache_capacity} tokens (+ {kk} rows of conv history) × {} floats needs {} bytes, more \
                  than this adapter's largest storage binding ({} bytes); use a shorter max_seq (prompt + --max-tokens)",
                 g.kv_dim(),
                 4 * kv_floats as u64,
