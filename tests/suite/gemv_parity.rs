@@ -4,8 +4,8 @@
 use crate::ops_util::{gpu, Rng};
 use inkling_wgpu::formats::{quantize, Encoding, QMatrix};
 use inkling_wgpu::gpu::dispatch::DispatchError;
-use inkling_wgpu::gpu::gemv_pairs_with;
 use inkling_wgpu::gpu::gemv::{kernel_encodings, GemvArgs, GpuWeights, Reduction, NO_GAMMA};
+use inkling_wgpu::gpu::gemv_pairs_with;
 use inkling_wgpu::gpu::Gpu;
 use std::borrow::Cow;
 

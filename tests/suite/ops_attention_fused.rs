@@ -271,7 +271,7 @@ fn check(gpu: &Gpu, c: Cfg, kk: usize, n: usize, seed: u64) {
     let mut mixed = vec![pre.max(2)];
     mixed.resize(n - pre.max(2) + 1, 1);
     let mut threes = vec![3; n / 3];
-    if n % 3 != 0 {
+    if !n.is_multiple_of(3) {
         threes.push(n % 3);
     }
     for chunks in [vec![n], vec![1; n], mixed, threes] {
