@@ -1,8 +1,9 @@
 //! inkling-wgpu: Inkling mixture-of-experts language models on any GPU through wgpu.
 //!
-//! Layout: [`formats`] (registry and CPU reference), [`gpu`] (device, kernels, dispatcher),
-//! [`model`] (config, weights, forward), [`chat`] (the TMLv0 chat format), [`serve`] (the
-//! OpenAI-compatible HTTP server), [`cli`] (the `inkling-wgpu` command).
+//! Layout: [`formats`] (registry and CPU reference), [`container`] (stamped quantised containers
+//! and checkpoint tensor names), [`gpu`] (device, kernels, dispatcher), [`model`] (config,
+//! weights, forward), [`chat`] (the TMLv0 chat format), [`serve`] (the OpenAI-compatible HTTP
+//! server), [`cli`] (the `inkling-wgpu` command).
 pub mod bundled;
 pub mod chat;
 pub mod cli;

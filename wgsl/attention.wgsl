@@ -18,8 +18,8 @@
 // (residual inside) of its KV head from the raw k/v projections and a conv ring, then k_norm, all
 // in workgroup memory, so the one new key and value never leave the workgroup. The first query head
 // of each KV group (exactly one workgroup per KV head) writes the new k/v into the cache and the raw
-// k/v into the ring. Bindings: q = raw q_proj [H, D], k_raw / v_raw = raw k/v projections
-// [KVH * D] (f32), `proj` = the layer's attention constants [rel_proj | q_norm | k_norm | k conv w
+// k/v into the ring. Bindings: q = raw q_proj [H, D], k_new / v_new = the raw k/v projections
+// [KVH * D], `proj` = the layer's attention constants [rel_proj | q_norm | k_norm | k conv w
 // [C, K] | v conv w [C, K]] (C = KVH * D), caches [cap + K, KVH, D] read_write, whose last K rows
 // are the conv ring: ring row p % K holds the raw input of position p (zeros before the sequence),
 // so the K - 1 rows a step reads are never the row it writes and no workgroup races another.
@@ -61,12 +61,12 @@ const NEW: u32 = 0x80000000u; // row-base tag: the row lives in k_new / v_new, n
 
 //!IF VEC4
 @group(0) @binding(2) var<storage, read> q: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> k_new: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read> v_new: array<vec4<f32>>;
 //!IF FUSED
 @group(0) @binding(7) var<storage, read_write> k_cache: array<vec4<f32>>;
 @group(0) @binding(8) var<storage, read_write> v_cache: array<vec4<f32>>;
 //!ELSE
-@group(0) @binding(3) var<storage, read> k_new: array<vec4<f32>>;
-@group(0) @binding(4) var<storage, read> v_new: array<vec4<f32>>;
 @group(0) @binding(7) var<storage, read> k_cache: array<vec4<f32>>;
 @group(0) @binding(8) var<storage, read> v_cache: array<vec4<f32>>;
 @group(0) @binding(10) var<storage, read_write> k_cache_w: array<vec4<f32>>;
@@ -80,51 +80,36 @@ const UNIT: u32 = 4u; // floats per array element
 fn row_base(row: u32) -> u32 {
     return row * (p.d / 4u);
 }
-fn ld_q(b: u32, c: u32) -> vec4<f32> {
-    return q[b + c];
+// Column c (elements 4c .. 4c+3) of the row at b, one loader per array.
+//!EACH ld_q=q ld_kn=k_new ld_kc=k_cache ld_vn=v_new ld_vc=v_cache
+fn $NAME(b: u32, c: u32) -> vec4<f32> {
+    return $ARRAY[b + c];
 }
+//!END EACH
+// Element i of a flat f32 view, one loader (and, in the fused variant, one store) per array.
+//!EACH ld_q1=q ld_kn1=k_new ld_vn1=v_new ld_kc1=k_cache ld_vc1=v_cache
+fn $NAME(i: u32) -> f32 {
+    return $ARRAY[i / 4u][i % 4u];
+}
+//!END EACH
 //!IF FUSED
-// Element i of a flat f32 view (q, caches).
-fn ld_q1(i: u32) -> f32 {
-    return q[i / 4u][i % 4u];
+//!EACH st_kc1=k_cache st_vc1=v_cache
+fn $NAME(i: u32, v: f32) {
+    $ARRAY[i / 4u][i % 4u] = v;
 }
-fn ld_kc1(i: u32) -> f32 {
-    return k_cache[i / 4u][i % 4u];
-}
-fn ld_vc1(i: u32) -> f32 {
-    return v_cache[i / 4u][i % 4u];
-}
-fn st_kc1(i: u32, v: f32) {
-    k_cache[i / 4u][i % 4u] = v;
-}
-fn st_vc1(i: u32, v: f32) {
-    v_cache[i / 4u][i % 4u] = v;
-}
-//!ELSE
-fn ld_kn(b: u32, c: u32) -> vec4<f32> {
-    return k_new[b + c];
-}
-fn ld_vn(b: u32, c: u32) -> vec4<f32> {
-    return v_new[b + c];
-}
+//!END EACH
 //!END
-fn ld_kc(b: u32, c: u32) -> vec4<f32> {
-    return k_cache[b + c];
-}
-fn ld_vc(b: u32, c: u32) -> vec4<f32> {
-    return v_cache[b + c];
-}
 fn st_out(b: u32, c: u32, v: vec4<f32>) {
     out[b + c] = v;
 }
 //!ELSE
 @group(0) @binding(2) var<storage, read> q: array<f32>;
+@group(0) @binding(3) var<storage, read> k_new: array<f32>;
+@group(0) @binding(4) var<storage, read> v_new: array<f32>;
 //!IF FUSED
 @group(0) @binding(7) var<storage, read_write> k_cache: array<f32>;
 @group(0) @binding(8) var<storage, read_write> v_cache: array<f32>;
 //!ELSE
-@group(0) @binding(3) var<storage, read> k_new: array<f32>;
-@group(0) @binding(4) var<storage, read> v_new: array<f32>;
 @group(0) @binding(7) var<storage, read> k_cache: array<f32>;
 @group(0) @binding(8) var<storage, read> v_cache: array<f32>;
 @group(0) @binding(10) var<storage, read_write> k_cache_w: array<f32>;
@@ -137,70 +122,31 @@ const UNIT: u32 = 1u;
 fn row_base(row: u32) -> u32 {
     return row * p.d;
 }
-// Elements 4c .. 4c+3 of the row at b; those >= D read as 0 (never loaded).
-fn ld_q(b: u32, c: u32) -> vec4<f32> {
+// Elements 4c .. 4c+3 of the row at b; those >= D read as 0 (never loaded). One loader per array.
+//!EACH ld_q=q ld_kn=k_new ld_kc=k_cache ld_vn=v_new ld_vc=v_cache
+fn $NAME(b: u32, c: u32) -> vec4<f32> {
     var v = vec4<f32>(0.0);
     for (var u = 0u; u < 4u; u++) {
         if (4u * c + u < p.d) {
-            v[u] = q[b + 4u * c + u];
+            v[u] = $ARRAY[b + 4u * c + u];
         }
     }
     return v;
 }
-fn ld_kc(b: u32, c: u32) -> vec4<f32> {
-    var v = vec4<f32>(0.0);
-    for (var u = 0u; u < 4u; u++) {
-        if (4u * c + u < p.d) {
-            v[u] = k_cache[b + 4u * c + u];
-        }
-    }
-    return v;
+//!END EACH
+// Element i of a flat f32 view, one loader (and, in the fused variant, one store) per array.
+//!EACH ld_q1=q ld_kn1=k_new ld_vn1=v_new ld_kc1=k_cache ld_vc1=v_cache
+fn $NAME(i: u32) -> f32 {
+    return $ARRAY[i];
 }
+//!END EACH
 //!IF FUSED
-fn ld_q1(i: u32) -> f32 {
-    return q[i];
+//!EACH st_kc1=k_cache st_vc1=v_cache
+fn $NAME(i: u32, v: f32) {
+    $ARRAY[i] = v;
 }
-fn ld_kc1(i: u32) -> f32 {
-    return k_cache[i];
-}
-fn ld_vc1(i: u32) -> f32 {
-    return v_cache[i];
-}
-fn st_kc1(i: u32, v: f32) {
-    k_cache[i] = v;
-}
-fn st_vc1(i: u32, v: f32) {
-    v_cache[i] = v;
-}
-//!ELSE
-fn ld_kn(b: u32, c: u32) -> vec4<f32> {
-    var v = vec4<f32>(0.0);
-    for (var u = 0u; u < 4u; u++) {
-        if (4u * c + u < p.d) {
-            v[u] = k_new[b + 4u * c + u];
-        }
-    }
-    return v;
-}
-fn ld_vn(b: u32, c: u32) -> vec4<f32> {
-    var v = vec4<f32>(0.0);
-    for (var u = 0u; u < 4u; u++) {
-        if (4u * c + u < p.d) {
-            v[u] = v_new[b + 4u * c + u];
-        }
-    }
-    return v;
-}
+//!END EACH
 //!END
-fn ld_vc(b: u32, c: u32) -> vec4<f32> {
-    var v = vec4<f32>(0.0);
-    for (var u = 0u; u < 4u; u++) {
-        if (4u * c + u < p.d) {
-            v[u] = v_cache[b + 4u * c + u];
-        }
-    }
-    return v;
-}
 fn st_out(b: u32, c: u32, v: vec4<f32>) {
     for (var u = 0u; u < 4u; u++) {
         if (4u * c + u < p.d) {
@@ -227,8 +173,6 @@ struct FusedParams {
     _p0: u32,
     _p1: u32,
 }
-@group(0) @binding(3) var<storage, read> k_raw: array<f32>;
-@group(0) @binding(4) var<storage, read> v_raw: array<f32>;
 @group(0) @binding(12) var<uniform> fp: FusedParams;
 
 const MAX_CK: u32 = 8u;
@@ -237,10 +181,12 @@ const MAX_CK: u32 = 8u;
 var<workgroup> k_sh: array<vec4<f32>, MAX_D4>;
 var<workgroup> v_sh: array<vec4<f32>, MAX_D4>;
 
-fn ld_kn(b: u32, c: u32) -> vec4<f32> {
+// The key / value of this call's token j - pos0 at row base b: the one new token's, from
+// workgroup memory.
+fn ld_knew(b: u32, c: u32) -> vec4<f32> {
     return k_sh[c];
 }
-fn ld_vn(b: u32, c: u32) -> vec4<f32> {
+fn ld_vnew(b: u32, c: u32) -> vec4<f32> {
     return v_sh[c];
 }
 
@@ -282,8 +228,8 @@ fn prologue(tid: u32, hh: u32, g: u32, pos0: u32) {
     var sv = 0.0;
     if (live) {
         qv = ld_q1(hh * d + tid);
-        kx = k_raw[c];
-        vx = v_raw[c];
+        kx = ld_kn1(c);
+        vx = ld_vn1(c);
         // as conv.wgsl: s = sum_k w[c, k] * xin[k], window oldest first, then out = x + s
         for (var k = 0u; k < MAX_CK; k++) {
             if (k < km1) {
@@ -328,6 +274,13 @@ fn prologue(tid: u32, hh: u32, g: u32, pos0: u32) {
         st_vc1(ring0 + (pos0 % kk) * row + c, vx);
     }
 }
+//!ELSE
+fn ld_knew(b: u32, c: u32) -> vec4<f32> {
+    return ld_kn(b, c);
+}
+fn ld_vnew(b: u32, c: u32) -> vec4<f32> {
+    return ld_vn(b, c);
+}
 //!END
 
 // Cache slot of absolute position j < pos0: ring slot on sliding layers; on full layers the linear slot,
@@ -341,7 +294,7 @@ fn cache_slot(j: u32) -> u32 {
 
 fn ld_v(kb: u32, c: u32) -> vec4<f32> {
     if ((kb & NEW) != 0u) {
-        return ld_vn(kb & ~NEW, c);
+        return ld_vnew(kb & ~NEW, c);
     }
     return ld_vc(kb, c);
 }
@@ -409,11 +362,11 @@ fn attn(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             if (j >= pos0) {
                 let b = row_base((j - pos0) * p.kvh + g);
                 for (; c + LPK < d4; c += 2u * LPK) {
-                    a0 += dot(q_sh[c], ld_kn(b, c));
-                    a1 += dot(q_sh[c + LPK], ld_kn(b, c + LPK));
+                    a0 += dot(q_sh[c], ld_knew(b, c));
+                    a1 += dot(q_sh[c + LPK], ld_knew(b, c + LPK));
                 }
                 if (c < d4) {
-                    a0 += dot(q_sh[c], ld_kn(b, c));
+                    a0 += dot(q_sh[c], ld_knew(b, c));
                 }
                 if (lane == 0u) {
                     kb_sh[key] = b | NEW;

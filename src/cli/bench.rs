@@ -8,8 +8,8 @@
 use super::output::outln;
 use crate::formats::Encoding;
 use crate::gpu::gemv::{kernel_encodings, GemvArgs, GpuWeights, NO_GAMMA};
-use crate::gpu::Call;
-use crate::gpu::Gpu;
+use crate::gpu::timing::{measure_copy, CopyMeasure, TimestampPairs};
+use crate::gpu::{Call, Gpu};
 use anyhow::Context;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -55,7 +55,7 @@ pub struct KernelArgs {
     #[arg(long)]
     pub quick: bool,
     /// Timed dispatches per format and shape (1 to 100000).
-    #[arg(long, default_value_t = 50, value_parser = parse_iters)]
+    #[arg(long, default_value_t = 50, value_parser = super::values::parse_iters)]
     pub iters: usize,
     /// Only these encodings (e.g. `int4-g64,bf16`); default all kernel formats.
     #[arg(long, value_delimiter = ',')]
@@ -73,29 +73,11 @@ pub struct CopyArgs {
     pub json: bool,
     /// Buffer size in MiB, 1 to 1048576 (default 1024, 64 on CPU adapters; at most the adapter's
     /// largest buffer).
-    #[arg(long, value_parser = parse_mib)]
+    #[arg(long, value_parser = super::values::parse_mib)]
     pub mib: Option<u64>,
     /// Copies timed (1 to 100000).
-    #[arg(long, default_value_t = 20, value_parser = parse_iters)]
+    #[arg(long, default_value_t = 20, value_parser = super::values::parse_iters)]
     pub iters: usize,
-}
-
-/// A buffer size in MiB: a whole number from 1 to 2^20.
-pub fn parse_mib(s: &str) -> Result<u64, String> {
-    match s.parse::<u64>() {
-        Ok(v) if (1..=1 << 20).contains(&v) => Ok(v),
-        _ => Err(format!(
-            "expected a size in MiB from 1 to 1048576, got {s:?}"
-        )),
-    }
-}
-
-/// A repetition count: a whole number from 1 to 100000.
-pub fn parse_iters(s: &str) -> Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(v) if (1..=100_000).contains(&v) => Ok(v),
-        _ => Err(format!("expected a count from 1 to 100000, got {s:?}")),
-    }
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -223,11 +205,7 @@ fn slab_bytes(enc: Encoding, n_bytes: usize, seed: u64) -> Vec<u8> {
     let mut s = seed;
     let mut out = Vec::with_capacity(n_bytes + 8);
     while out.len() < n_bytes {
-        s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = s;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
+        let z = crate::model::sampling::splitmix64(&mut s);
         // clear the top exponent bit of every f32 / bf16 value so none is inf/NaN
         let z = match enc.format {
             crate::formats::Format::F32 => z & 0xBFFF_FFFF_BFFF_FFFF,
@@ -238,10 +216,6 @@ fn slab_bytes(enc: Encoding, n_bytes: usize, seed: u64) -> Vec<u8> {
     }
     out.truncate(n_bytes);
     out
-}
-
-fn is_cpu(gpu: &Gpu) -> bool {
-    gpu.info.device_type == wgpu::DeviceType::Cpu
 }
 
 /// Time `n` recordings of `calls` (rotating); returns seconds per dispatch and how it was measured.
@@ -256,7 +230,7 @@ fn time_calls(gpu: &Gpu, calls: &[Call], n: usize) -> anyhow::Result<(f64, &'sta
         }
         gpu.queue.submit([enc.finish()]);
         gpu.device.poll(wgpu::PollType::wait_indefinitely())?;
-        if t_warm.elapsed().as_secs_f64() > 0.3 || is_cpu(gpu) {
+        if t_warm.elapsed().as_secs_f64() > 0.3 || gpu.is_cpu() {
             break;
         }
     }
@@ -264,22 +238,18 @@ fn time_calls(gpu: &Gpu, calls: &[Call], n: usize) -> anyhow::Result<(f64, &'sta
         // Like CUDA events around back-to-back launches: one compute pass of `n` dispatches
         // (rotating over the weight copies) between two GPU timestamps, time / n; median of 5.
         let reps = 5u32;
-        let (qs, resolve) = timestamp_pairs(gpu, "bench", reps);
+        let ts = TimestampPairs::new(gpu, "bench", reps);
         let mut enc = gpu.device.create_command_encoder(&Default::default());
         for r in 0..reps {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some("bench timed"),
-                timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
-                    query_set: &qs,
-                    beginning_of_pass_write_index: Some(2 * r),
-                    end_of_pass_write_index: Some(2 * r + 1),
-                }),
+                timestamp_writes: Some(ts.pass(r)),
             });
             for k in 0..n {
                 calls[k % calls.len()].record_in_pass(&mut pass);
             }
         }
-        let mut secs = read_timestamp_pairs(gpu, enc, &qs, &resolve, reps)?;
+        let mut secs = ts.finish_and_read(gpu, enc, reps)?;
         secs.sort_by(f64::total_cmp);
         let per = secs[secs.len() / 2] / n as f64;
         Ok((
@@ -303,7 +273,7 @@ fn time_calls(gpu: &Gpu, calls: &[Call], n: usize) -> anyhow::Result<(f64, &'sta
 
 fn kernels(a: KernelArgs) -> anyhow::Result<ExitCode> {
     let gpu = Gpu::new()?;
-    let quick = a.quick || is_cpu(&gpu);
+    let quick = a.quick || gpu.is_cpu();
     let div = if quick { 4 } else { 1 };
     let iters = if quick { a.iters.min(5) } else { a.iters }.max(1);
     let encs: Vec<Encoding> = if a.formats.is_empty() {
@@ -438,168 +408,14 @@ fn kernels(a: KernelArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Time `n` repetitions of `record` (median of 5): GPU timestamps around them when the adapter has
-/// them, else the wall clock around one submit. Returns (seconds for n, method).
-fn time_reps(
-    gpu: &Gpu,
-    n: usize,
-    record: &dyn Fn(&mut wgpu::CommandEncoder),
-) -> anyhow::Result<(f64, &'static str)> {
-    let reps = 5usize;
-    // first use of the buffers (wgpu's lazy zero-fill) and clocks up: ≥ 0.5 s untimed
-    let t_warm = Instant::now();
-    loop {
-        let mut enc = gpu.device.create_command_encoder(&Default::default());
-        for _ in 0..3 {
-            record(&mut enc);
-        }
-        gpu.queue.submit([enc.finish()]);
-        gpu.device.poll(wgpu::PollType::wait_indefinitely())?;
-        if t_warm.elapsed().as_secs_f64() > 0.5 || is_cpu(gpu) {
-            break;
-        }
-    }
-    let mut secs = Vec::new();
-    let how;
-    if gpu.has_timestamps() {
-        // an empty compute pass writes the start, `n` repetitions, an empty pass the end
-        how = "gpu timestamps around n repetitions, median of 5";
-        let (qs, resolve) = timestamp_pairs(gpu, "copy bench", reps as u32);
-        let mut enc = gpu.device.create_command_encoder(&Default::default());
-        for r in 0..reps as u32 {
-            enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some("copy start"),
-                timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
-                    query_set: &qs,
-                    beginning_of_pass_write_index: Some(2 * r),
-                    end_of_pass_write_index: None,
-                }),
-            });
-            for _ in 0..n {
-                record(&mut enc);
-            }
-            enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some("copy end"),
-                timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
-                    query_set: &qs,
-                    beginning_of_pass_write_index: None,
-                    end_of_pass_write_index: Some(2 * r + 1),
-                }),
-            });
-        }
-        secs = read_timestamp_pairs(gpu, enc, &qs, &resolve, reps as u32)?;
-    } else {
-        how = "wall clock around one submit of n repetitions, median of 5";
-        for _ in 0..reps {
-            let t0 = Instant::now();
-            let mut enc = gpu.device.create_command_encoder(&Default::default());
-            for _ in 0..n {
-                record(&mut enc);
-            }
-            gpu.queue.submit([enc.finish()]);
-            gpu.device.poll(wgpu::PollType::wait_indefinitely())?;
-            secs.push(t0.elapsed().as_secs_f64());
-        }
-    }
-    secs.sort_by(|a, b| a.total_cmp(b));
-    Ok((secs[secs.len() / 2].max(1e-12), how))
-}
-
-/// What [`measure_copy`] found.
-pub struct CopyMeasure {
-    /// Bytes per copy.
-    pub bytes: u64,
-    /// GB/s (read + write) of `copy_buffer_to_buffer`.
-    pub gbs_cmd: f64,
-    /// GB/s (read + write) of the compute-shader copy.
-    pub gbs_shader: f64,
-    /// The faster of the two: the ceiling other figures are compared with.
-    pub ceiling: f64,
-    /// How it was timed.
-    pub how: &'static str,
-}
-
-/// Time `n` copies of `mib` MiB both ways (see [`copy`]); `bench decode` and `generate --profile`
-/// take their roofline's bandwidth from it.
-pub fn measure_copy(gpu: &Gpu, mib: u64, n: usize) -> anyhow::Result<CopyMeasure> {
-    anyhow::ensure!(
-        (1..=1 << 20).contains(&mib) && n >= 1,
-        "a copy of {mib} MiB timed {n} times: want 1 to 1048576 MiB, at least once"
-    );
-    let size = (mib << 20)
-        .min(gpu.limits.max_buffer_size)
-        .min(gpu.max_binding())
-        & !255;
-    let src = gpu.storage("copy src", size);
-    let dst = gpu.storage("copy dst", size);
-
-    let (t_cmd, how) = time_reps(gpu, n, &|enc| {
-        enc.copy_buffer_to_buffer(&src, 0, &dst, 0, size)
-    })?;
-
-    let words = (size / 16) as u32;
-    let groups = words.div_ceil(256).clamp(1, 65535);
-    let params = gpu.uniform_init(
-        "copy params",
-        bytemuck::cast_slice(&[words, groups * 256, 0u32, 0u32]),
-    );
-    let module = gpu.shader("copy", include_str!("../../wgsl/copy.wgsl"));
-    let pipeline = gpu
-        .device
-        .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some("copy"),
-            layout: None,
-            module: &module,
-            entry_point: Some("main"),
-            compilation_options: Default::default(),
-            cache: None,
-        });
-    let bind = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
-        label: Some("copy"),
-        layout: &pipeline.get_bind_group_layout(0),
-        entries: &[
-            wgpu::BindGroupEntry {
-                binding: 0,
-                resource: params.as_entire_binding(),
-            },
-            wgpu::BindGroupEntry {
-                binding: 1,
-                resource: src.as_entire_binding(),
-            },
-            wgpu::BindGroupEntry {
-                binding: 2,
-                resource: dst.as_entire_binding(),
-            },
-        ],
-    });
-    let (t_shader, _) = time_reps(gpu, n, &|enc| {
-        let mut pass = enc.begin_compute_pass(&Default::default());
-        pass.set_pipeline(&pipeline);
-        pass.set_bind_group(0, &bind, &[]);
-        pass.dispatch_workgroups(groups, 1, 1);
-    })?;
-
-    let bytes = 2.0 * size as f64 * n as f64;
-    let gbs_cmd = bytes / t_cmd / 1e9;
-    let gbs_shader = bytes / t_shader / 1e9;
-    let ceiling = gbs_cmd.max(gbs_shader);
-    Ok(CopyMeasure {
-        bytes: size,
-        gbs_cmd,
-        gbs_shader,
-        ceiling,
-        how,
-    })
-}
-
 /// Device-to-device copy bandwidth, two ways: `copy_buffer_to_buffer` and a compute-shader copy
 /// (`wgsl/copy.wgsl`, vec4<u32> loads and stores). Both count bytes read + written (2× the bytes
 /// copied), as PyTorch reports a copy. The ceiling other figures are compared with is the higher
 /// of the two: on NVIDIA's Vulkan driver `copy_buffer_to_buffer` runs far below the memory's speed
-/// (measured on an H200: about 850 GB/s against about 4200 GB/s for the shader copy).
+/// (see BENCHMARKS.md, section *Copy bandwidth*).
 fn copy(a: CopyArgs) -> anyhow::Result<ExitCode> {
     let gpu = Gpu::new()?;
-    let mib = a.mib.unwrap_or(if is_cpu(&gpu) { 64 } else { 1024 });
+    let mib = a.mib.unwrap_or(if gpu.is_cpu() { 64 } else { 1024 });
     let n = a.iters.max(1);
     let CopyMeasure {
         bytes: size,
@@ -701,42 +517,4 @@ fn compare(a: CompareArgs) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// A timestamp query set of `reps` (begin, end) pairs and the buffer it resolves into.
-fn timestamp_pairs(gpu: &Gpu, label: &str, reps: u32) -> (wgpu::QuerySet, wgpu::Buffer) {
-    let qs = gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
-        label: Some(label),
-        ty: wgpu::QueryType::Timestamp,
-        count: 2 * reps,
-    });
-    let resolve = gpu.device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some(label),
-        size: 16 * reps as u64,
-        usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-        mapped_at_creation: false,
-    });
-    (qs, resolve)
-}
-
-/// Resolve the `reps` (begin, end) pairs of `qs` at the end of `enc`, submit it, wait, and return
-/// each pair's duration in seconds.
-fn read_timestamp_pairs(
-    gpu: &Gpu,
-    mut enc: wgpu::CommandEncoder,
-    qs: &wgpu::QuerySet,
-    resolve: &wgpu::Buffer,
-    reps: u32,
-) -> anyhow::Result<Vec<f64>> {
-    enc.resolve_query_set(qs, 0..2 * reps, resolve, 0);
-    gpu.queue.submit([enc.finish()]);
-    let raw = gpu.read_bytes(resolve, 0, 16 * reps as u64)?;
-    let period = gpu.queue.get_timestamp_period() as f64 * 1e-9; // seconds per tick
-    Ok(raw
-        .chunks_exact(16)
-        .map(|p| {
-            let t = |o: usize| u64::from_le_bytes(p[o..o + 8].try_into().expect("8 bytes"));
-            t(8).saturating_sub(t(0)) as f64 * period
-        })
-        .collect())
 }

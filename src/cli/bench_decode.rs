@@ -33,7 +33,7 @@ pub struct DecodeArgs {
     #[arg(long, value_parser = super::parse_gbs)]
     pub peak_gbs: Option<f64>,
     /// Size of the copy measured for the bandwidth, MiB (default 1024, 64 on CPU adapters).
-    #[arg(long, value_parser = super::bench::parse_mib)]
+    #[arg(long, value_parser = super::values::parse_mib)]
     pub copy_mib: Option<u64>,
     /// Print one JSON object on stdout (the text report goes to stderr).
     #[arg(long)]
@@ -48,7 +48,7 @@ pub struct DecodeArgs {
     pub per_op: bool,
     /// Run the timed (pipelined, untimed-on-GPU) probe this many times and print each run's tok/s
     /// (the last one is reported); an experiment knob.
-    #[arg(long, default_value_t = 1, hide = true, value_parser = super::bench::parse_iters)]
+    #[arg(long, default_value_t = 1, hide = true, value_parser = super::values::parse_iters)]
     pub repeat: usize,
     /// Fuse each residual chain of a decode step into one dispatch (an experiment knob; see
     /// `GpuModel::set_fuse_residual`).
@@ -71,7 +71,7 @@ pub fn probe_prompt(width: usize) -> Vec<u32> {
 }
 
 /// The copy bandwidth to divide by: `peak` when given, else measured once by `bench copy`'s
-/// method ([`super::bench::measure_copy`]: the faster of `copy_buffer_to_buffer` and a
+/// method ([`crate::gpu::timing::measure_copy`]: the faster of `copy_buffer_to_buffer` and a
 /// compute-shader copy, bytes read + written, `mib` MiB, default 1024 or 64 on a CPU adapter).
 pub fn copy_bandwidth(
     gpu: &Gpu,
@@ -81,9 +81,8 @@ pub fn copy_bandwidth(
     Ok(match peak {
         Some(p) => (p, "--peak-gbs".into()),
         None => {
-            let cpu = gpu.info.device_type == wgpu::DeviceType::Cpu;
-            let mib = mib.unwrap_or(if cpu { 64 } else { 1024 });
-            let c = super::bench::measure_copy(gpu, mib, 20)?;
+            let mib = mib.unwrap_or(if gpu.is_cpu() { 64 } else { 1024 });
+            let c = crate::gpu::timing::measure_copy(gpu, mib, 20)?;
             (
                 c.ceiling,
                 format!(
@@ -204,9 +203,9 @@ pub fn run(a: DecodeArgs) -> anyhow::Result<ExitCode> {
     m.set_fuse_residual(a.fuse_residual);
     m.set_fuse_attention(a.fuse_attention)?;
 
-    // Warm-up (pipelines, recorded steps, and the GPU's clocks: on an H200 the first ~0.3 s of
-    // decode after start-up ran at 4.1 ms of GPU time per step, later steps at 1.8 ms), then the
-    // timed run, then the profiled run.
+    // Warm-up (pipelines, recorded steps, and the GPU's clocks: see BENCHMARKS.md, section
+    // *Decode: `bench decode` on a synthetic Inkling-Small, 4 layers*), then the timed run, then
+    // the profiled run.
     let warm = Instant::now();
     while warm.elapsed().as_secs_f64() < WARMUP_S {
         probe(&mut m, &prompt, a.tokens)?;

@@ -17,6 +17,7 @@ pub mod serve;
 pub mod shaders;
 pub mod smoke;
 pub mod synth;
+pub mod values;
 
 /// Inkling mixture-of-experts language models on any GPU through wgpu.
 #[derive(Parser, Debug)]
@@ -32,9 +33,9 @@ pub enum Command {
     Generate(generate::Args),
     /// Print the weight-format registry (FORMATS.md).
     Formats(formats::Args),
-    /// Run every GPU kernel against the CPU reference on this adapter.
+    /// Run the GEMV kernel of every format against the CPU reference on this adapter.
     Smoke(smoke::Args),
-    /// Benchmarks (kernels, copy bandwidth).
+    /// Benchmarks (GEMV kernels, copy bandwidth, decode, comparison of two runs).
     Bench(bench::Args),
     /// Convert a checkpoint into a stamped quantised container.
     Convert(convert::Args),

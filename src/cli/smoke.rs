@@ -1,4 +1,5 @@
-//! `inkling-wgpu smoke`: every GPU kernel on this adapter against the f64 CPU reference.
+//! `inkling-wgpu smoke`: the GEMV of every kernel format on this adapter against the f64 CPU
+//! reference.
 use super::output::outln;
 use crate::formats::{quantize, Encoding, QMatrix};
 use crate::gpu::dispatch::DispatchError;
@@ -19,11 +20,7 @@ pub struct Args {
 struct Rng(u64);
 impl Rng {
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        crate::model::sampling::splitmix64(&mut self.0)
     }
     fn vec(&mut self, n: usize) -> Vec<f32> {
         (0..n)
@@ -89,11 +86,7 @@ fn gbs(gpu: &Gpu, ordinal: u32, w: &GpuWeights) -> anyhow::Result<f64> {
         Ok(t0.elapsed().as_secs_f64())
     };
     run(1)?; // warm up
-    let n = if gpu.info.device_type == wgpu::DeviceType::Cpu {
-        3
-    } else {
-        50
-    };
+    let n = if gpu.is_cpu() { 3 } else { 50 };
     let t = run(n)?;
     Ok(w.expert_bytes() as f64 * n as f64 / t / 1e9)
 }

@@ -1,8 +1,9 @@
 //! `inkling-wgpu convert`: a source checkpoint (either layout) → a stamped container.
 //!
 //! Released-layout source names (layout b) are renamed to transformers names (layout a) through
-//! the loader's one mapping, [`crate::model::names::released_to_causal`].
+//! the loader's one mapping, [`super::names::released_to_causal`].
 
+use super::names::released_to_causal;
 use super::reader::{to_f32, Container, TensorEntry};
 use super::stamp::{SCALES_SUFFIX, SHAPE_KEY, STAMP_KEY};
 use super::writer::{tmp_path, PlannedTensor, ShardWriter, WriteBudget};
@@ -12,7 +13,6 @@ use super::{
 };
 use crate::formats::finite::{describe, first_non_finite, first_non_finite_bytes};
 use crate::formats::{quantize_with, Encoding, Format, ScaleRule};
-use crate::model::names::released_to_causal;
 use anyhow::{bail, Context, Result};
 use safetensors::Dtype;
 use std::path::{Path, PathBuf};

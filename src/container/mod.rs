@@ -11,12 +11,14 @@
 //! - [`convert`]: the conversion itself (source name mapping of both checkpoint layouts,
 //!   quantisation, slab planning, sharding).
 //! - [`verify`]: the full NaN/Inf scan of every tensor (`info --verify`).
+//! - [`names`]: the one released ↔ transformers tensor-name mapping of checkpoints.
 //!
 //! Tensor names in a container are the transformers `InklingForCausalLM` names (layout a), except
 //! that routed and shared experts are stored per expert ([`expert_name`], [`shared_expert_name`])
 //! with gate and up de-interleaved.
 pub mod convert;
 pub mod header;
+pub mod names;
 pub mod reader;
 pub mod stamp;
 pub mod synth;

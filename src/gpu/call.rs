@@ -99,6 +99,14 @@ pub fn uniform<P: bytemuck::Pod>(gpu: &Gpu, label: &str, params: &P) -> wgpu::Bu
         })
 }
 
+/// Bind-group entry: the whole of `buf` at `binding`.
+pub fn entry(binding: u32, buf: &wgpu::Buffer) -> wgpu::BindGroupEntry<'_> {
+    wgpu::BindGroupEntry {
+        binding,
+        resource: buf.as_entire_binding(),
+    }
+}
+
 /// A bind group for `pipeline` (group 0) from `(binding, buffer)` pairs (whole buffers).
 pub fn bind_group(
     gpu: &Gpu,
@@ -108,10 +116,7 @@ pub fn bind_group(
 ) -> wgpu::BindGroup {
     let entries: Vec<wgpu::BindGroupEntry> = buffers
         .iter()
-        .map(|&(binding, buf)| wgpu::BindGroupEntry {
-            binding,
-            resource: buf.as_entire_binding(),
-        })
+        .map(|&(binding, buf)| entry(binding, buf))
         .collect();
     gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
         label: Some(label),
@@ -190,18 +195,6 @@ impl Call {
     /// Keep `buffers` alive as long as the call.
     pub fn owning(mut self, buffers: impl IntoIterator<Item = wgpu::Buffer>) -> Call {
         self.owned.extend(buffers);
-        self
-    }
-
-    /// The same call labelled as part of decoder layer `layer`.
-    pub fn at_layer(mut self, layer: usize) -> Call {
-        self.label.layer = Some(u16::try_from(layer).expect("layer index fits u16"));
-        self
-    }
-
-    /// The same call with operation name `op`.
-    pub fn named(mut self, op: &'static str) -> Call {
-        self.label.op = op;
         self
     }
 

@@ -97,10 +97,9 @@ impl Gpu {
             })?;
         let info = adapter.get_info();
         let mut limits = adapter.limits();
-        let wanted = wgpu::Features::SUBGROUP
-            | wgpu::Features::TIMESTAMP_QUERY
-            | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
-            | wgpu::Features::SHADER_F16;
+        // what the kernels use (subgroup reductions) and what the profilers use (timestamps at
+        // the beginning and end of compute passes); nothing else
+        let wanted = wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
         let mut features = adapter.features() & wanted;
         if let Some(p) = profile {
             limits = p.clamp_limits(&limits);
@@ -134,6 +133,12 @@ impl Gpu {
     /// Whether subgroup operations are available.
     pub fn has_subgroups(&self) -> bool {
         self.features.contains(wgpu::Features::SUBGROUP)
+    }
+
+    /// Whether the adapter is a CPU (lavapipe, WARP): benchmarks shrink their shapes and skip
+    /// their warm-up there.
+    pub fn is_cpu(&self) -> bool {
+        self.info.device_type == wgpu::DeviceType::Cpu
     }
 
     /// Whether timestamp queries are available.
@@ -213,16 +218,6 @@ impl Gpu {
                 | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         })
-    }
-
-    /// A uniform buffer initialised from bytes.
-    pub fn uniform_init(&self, label: &str, bytes: &[u8]) -> wgpu::Buffer {
-        self.device
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some(label),
-                contents: bytes,
-                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-            })
     }
 
     /// Copy `size` bytes from `buf` (at `offset`) back to the host. Blocks until done.

@@ -56,7 +56,7 @@
 //! caller never sees chunks.
 
 use crate::formats::{Encoding, Format, QMatrix};
-use crate::gpu::call::{grid_u64, Call, Dispatch, Label};
+use crate::gpu::call::{dummy, entry, grid_u64, Call, Dispatch, Label};
 use crate::gpu::dispatch::{self, DispatchError};
 use crate::gpu::kernel::{self, Bind, Kernel, KernelSpec};
 use crate::gpu::Gpu;
@@ -1167,10 +1167,7 @@ impl GpuWeights {
             usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        let no_gamma = args
-            .gamma
-            .is_none()
-            .then(|| gpu.storage("gemv no gamma", 4));
+        let no_gamma = args.gamma.is_none().then(|| dummy(gpu));
         let gamma = args.gamma.or(no_gamma.as_ref()).expect("one of them");
         let spr = enc.scales_per_row(self.cols) as u32;
         let row_v = (gpu_row_stride(enc, self.cols) / 16) as u32;
@@ -1212,12 +1209,12 @@ impl GpuWeights {
                             size: wgpu::BufferSize::new(PARAMS_BYTES),
                         }),
                     },
-                    whole(1, &c.weights),
-                    whole(2, &c.scales),
-                    whole(3, args.x),
-                    whole(4, args.pairs),
-                    whole(5, gamma),
-                    whole(6, args.y),
+                    entry(1, &c.weights),
+                    entry(2, &c.scales),
+                    entry(3, args.x),
+                    entry(4, args.pairs),
+                    entry(5, gamma),
+                    entry(6, args.y),
                 ],
             });
             let total = args.n_pairs as u64 * row_blocks as u64;
@@ -1270,13 +1267,6 @@ fn strides(w: &GpuWeights, args: &GemvArgs) -> (u64, u64) {
         args.y_stride as u64
     };
     (x, y)
-}
-
-fn whole(binding: u32, buf: &wgpu::Buffer) -> wgpu::BindGroupEntry<'_> {
-    wgpu::BindGroupEntry {
-        binding,
-        resource: buf.as_entire_binding(),
-    }
 }
 
 /// Every x tile [`GpuWeights::bind`] can pick for tuning `t` of `f` on a device with

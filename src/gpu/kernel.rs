@@ -172,16 +172,50 @@ fn build(gpu: &Gpu, spec: &KernelSpec) -> wgpu::ComputePipeline {
 }
 
 /// Keep the lines of the active branches of `//!IF FLAG` / `//!ELSE` / `//!END` blocks (blocks
-/// may nest); `flags` gives every flag's value. Panics on an unknown flag or unbalanced lines
-/// (a bug in the skeleton, caught by the WGSL validation tests).
+/// may nest); `flags` gives every flag's value. A `//!EACH name=array …` / `//!END EACH` block
+/// (no `//!IF` inside) is written once per `name=array` pair with `$NAME` and `$ARRAY` replaced:
+/// one WGSL function per storage array, written once. Panics on an unknown flag or unbalanced
+/// lines (a bug in the skeleton, caught by the WGSL validation tests).
 pub fn preprocess(src: &str, flags: &[(&str, bool)]) -> String {
     let mut out = String::with_capacity(src.len());
     // per open block: (the enclosing block is kept, this branch is kept)
     let mut stack: Vec<(bool, bool)> = Vec::new();
     let mut keep = true;
+    // an open `//!EACH` block: its pairs and lines so far
+    let mut each: Option<(Vec<(String, String)>, Vec<&str>)> = None;
     for line in src.lines() {
         let l = line.trim();
-        if let Some(name) = l.strip_prefix("//!IF ") {
+        if let Some((pairs, body)) = each.as_mut() {
+            if l == "//!END EACH" {
+                for (name, array) in pairs.iter() {
+                    for b in body.iter() {
+                        out.push_str(&b.replace("$NAME", name).replace("$ARRAY", array));
+                        out.push('\n');
+                    }
+                }
+                each = None;
+            } else {
+                assert!(!l.starts_with("//!"), "WGSL: {l} inside //!EACH");
+                body.push(line);
+            }
+            continue;
+        }
+        if let Some(list) = l.strip_prefix("//!EACH ") {
+            if keep {
+                let pairs = list
+                    .split_whitespace()
+                    .map(|p| {
+                        let (n, a) = p
+                            .split_once('=')
+                            .unwrap_or_else(|| panic!("WGSL: //!EACH item {p} is not name=array"));
+                        (n.to_string(), a.to_string())
+                    })
+                    .collect();
+                each = Some((pairs, Vec::new()));
+            } else {
+                each = Some((Vec::new(), Vec::new()));
+            }
+        } else if let Some(name) = l.strip_prefix("//!IF ") {
             let v = flags
                 .iter()
                 .find(|f| f.0 == name.trim())
@@ -203,6 +237,7 @@ pub fn preprocess(src: &str, flags: &[(&str, bool)]) -> String {
         }
     }
     assert!(stack.is_empty(), "WGSL: unclosed //!IF block");
+    assert!(each.is_none(), "WGSL: unclosed //!EACH block");
     out
 }
 
@@ -220,6 +255,16 @@ mod tests {
         assert_eq!(run(true, false), "a\nb\nd\nf\n");
         assert_eq!(run(false, true), "a\ne\nf\n");
         assert_eq!(run(false, false), "a\ne\nf\n");
+    }
+
+    #[test]
+    fn preprocess_each_writes_one_copy_per_pair() {
+        let src = "a\n//!IF A\n//!EACH ld_x=x ld_y=y\nfn $NAME() { $ARRAY[0]; }\n//!END EACH\n//!END\nb\n";
+        assert_eq!(
+            preprocess(src, &[("A", true)]),
+            "a\nfn ld_x() { x[0]; }\nfn ld_y() { y[0]; }\nb\n"
+        );
+        assert_eq!(preprocess(src, &[("A", false)]), "a\nb\n");
     }
 
     /// Two threads asking for one key at the same time: one build, one shared value; another key

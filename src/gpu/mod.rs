@@ -3,7 +3,7 @@
 //! `kernel` (the [`kernel::Kernel`] trait, pipeline builder and cache) and `call` (the recorded
 //! [`call::Call`]) are what every kernel family builds on: `gemv` (the MoE GEMV over every
 //! kernel format) and `ops` (everything else). `dispatch` checks format ordinals, `variants`
-//! lists every pipeline, `limits` clamps a device to a profile.
+//! lists every pipeline, `timing` reads GPU timestamps and times copies, `limits` clamps a device to a profile.
 pub mod call;
 pub mod device;
 pub mod dispatch;
@@ -12,6 +12,7 @@ pub mod gemv_pairs;
 pub mod kernel;
 pub mod limits;
 pub mod ops;
+pub mod timing;
 pub mod variants;
 
 pub use call::{Call, Label};

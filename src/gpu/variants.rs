@@ -6,50 +6,13 @@
 //! limits cannot hold them, naming the limit.
 
 use crate::gpu::gemv::{self, Tuning};
-use crate::gpu::kernel::{Bind, Kernel, KernelSpec};
+use crate::gpu::kernel::KernelSpec;
 use crate::gpu::limits::LimitProfile;
-use crate::gpu::{ops, Gpu};
-
-/// WGSL of `bench copy`'s compute-shader copy.
-const COPY_WGSL: &str = include_str!("../../wgsl/copy.wgsl");
+use crate::gpu::{ops, timing, Gpu};
 
 /// `bench copy`'s kernel (its pipeline uses the layout wgpu derives from the WGSL).
 pub fn bench_copy() -> KernelSpec {
-    KernelSpec::of(&CopyKey)
-}
-
-/// The pipeline of `bench copy`'s compute-shader copy. Label `bench/copy`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct CopyKey;
-
-/// The `Params` of copy.wgsl.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
-pub struct CopyParams {
-    /// `vec4<u32>` words to copy.
-    pub n: u32,
-    /// Threads in the whole dispatch.
-    pub stride: u32,
-    pub _p: [u32; 2],
-}
-
-impl std::fmt::Display for CopyKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("bench/copy")
-    }
-}
-
-impl Kernel for CopyKey {
-    type Params = CopyParams;
-    fn entry(&self) -> &'static str {
-        "main"
-    }
-    fn bindings(&self) -> Vec<(u32, Bind)> {
-        vec![(0, Bind::Uniform), (1, Bind::Read), (2, Bind::Write)]
-    }
-    fn source(&self) -> String {
-        COPY_WGSL.to_string()
-    }
+    KernelSpec::of(&timing::CopyKey)
 }
 
 /// Every kernel the engine can build on a device of `profile` (`None`: any device, i.e. every

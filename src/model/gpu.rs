@@ -27,12 +27,12 @@ use super::weights::{Ffn, Mlp, Weights};
 use crate::formats::{Format, QMatrix};
 use crate::gpu::gemv::{gpu_row_stride, run_staged, GemvArgs, GpuWeights, StagedCopy, NO_GAMMA};
 use crate::gpu::ops::{
-    attention_consts, norm::EmbedShard, Argmax, AttentionKernel, AttentionShape, Elementwise,
-    EmbedNorm, FusedAttention, FusedAttentionIo, PosBuffer, RmsNorm, Router, RouterShape,
-    SconvInput, SconvRmsNorm, ShortConvKernel, SiluMulLayout,
+    attention_consts, norm::EmbedShard, Argmax, AttentionShape, DivConst, EmbedNorm,
+    FusedAttention, FusedAttentionIo, MoeCombine, MulConst, PosBuffer, RmsNorm, RouterShape,
+    SconvInput, SconvRmsNorm, ShortConvKernel, SiluMul, SiluMulLayout,
 };
 use crate::gpu::Gpu;
-use crate::gpu::{Call, Label};
+use crate::gpu::{timing, Call, Label};
 use crate::human_bytes;
 use anyhow::{bail, ensure, Context, Result};
 use std::borrow::Cow;
@@ -246,15 +246,14 @@ impl Experts {
             GemvArgs::new(io.x, io.tokens, io.pairs, np, gu),
             gate_up,
         )?);
-        recs.push(Rec::Call(Elementwise::silu_mul(
-            gpu,
-            np,
-            inter,
-            SiluMulLayout::fused(inter),
-            gu,
-            gu,
-            act,
-        )?));
+        recs.push(Rec::Call(
+            SiluMul {
+                rows: np,
+                i: inter,
+                layout: SiluMulLayout::fused(inter),
+            }
+            .bind(gpu, gu, gu, act)?,
+        ));
         recs.push(self.down.call(
             gpu,
             GemvArgs::new(act, np, io.pairs, np, y).x_per_pair(true),
@@ -535,13 +534,11 @@ fn flush_timestamps(gpu: &Gpu, ts: &mut Timestamps, steps: &HashMap<StepKey, Ste
         return Ok(());
     }
     let raw = gpu.read_bytes(&ts.resolve, 0, ts.pending.len() as u64 * ts.stride)?;
+    let ticks = timing::ticks(&raw);
     for (slot, key) in ts.pending.iter().enumerate() {
         let segs = &steps[key].segs;
-        let base = slot * ts.stride as usize;
-        let t = |q: usize| {
-            let o = base + 8 * q;
-            u64::from_le_bytes(raw[o..o + 8].try_into().expect("8 bytes"))
-        };
+        let base = slot * ts.stride as usize / 8;
+        let t = |q: usize| ticks[base + q];
         for (i, (ph, _)) in segs.iter().enumerate() {
             ts.ticks[ph.index()] += t(2 * i + 1).saturating_sub(t(2 * i));
         }
@@ -1317,17 +1314,12 @@ impl<'w> GpuModel<'w> {
         );
         let cap = cap.clamp(1, wgpu::QUERY_SET_MAX_QUERIES / 2);
         self.spans = Some(StepSpans {
-            qs: self.gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
-                label: Some("step spans"),
-                ty: wgpu::QueryType::Timestamp,
-                count: 2 * cap,
-            }),
-            resolve: self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("step span timestamps"),
-                size: cap as u64 * wgpu::QUERY_RESOLVE_BUFFER_ALIGNMENT,
-                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-                mapped_at_creation: false,
-            }),
+            qs: timing::query_set(&self.gpu, "step spans", 2 * cap),
+            resolve: timing::resolve_buffer(
+                &self.gpu,
+                "step span timestamps",
+                cap as u64 * wgpu::QUERY_RESOLVE_BUFFER_ALIGNMENT,
+            ),
             cap,
             n: 0,
         });
@@ -1343,15 +1335,13 @@ impl<'w> GpuModel<'w> {
         if sp.n == 0 {
             return Ok(Default::default());
         }
-        let period = self.gpu.queue.get_timestamp_period() as f64 * 1e-9;
+        let period = timing::seconds_per_tick(&self.gpu);
         let stride = wgpu::QUERY_RESOLVE_BUFFER_ALIGNMENT as usize;
         let raw = self
             .gpu
             .read_bytes(&sp.resolve, 0, sp.n as u64 * stride as u64)?;
-        let tick = |i: usize, k: usize| {
-            let o = i * stride + 8 * k;
-            u64::from_le_bytes(raw[o..o + 8].try_into().expect("8 bytes"))
-        };
+        let ticks = timing::ticks(&raw);
+        let tick = |i: usize, k: usize| ticks[i * stride / 8 + k];
         let n = sp.n as usize;
         let busy = (0..n)
             .map(|i| tick(i, 1).saturating_sub(tick(i, 0)) as f64 * period)
@@ -1380,7 +1370,7 @@ impl<'w> GpuModel<'w> {
         };
         // streaming steps are several submissions and carry no timestamps
         if self.has_timestamps() && self.stream.is_none() {
-            let period = self.gpu.queue.get_timestamp_period() as f64 * 1e-9;
+            let period = timing::seconds_per_tick(&self.gpu);
             let mut phase_s = [0f64; 7];
             let mut span_s = 0.0;
             if let Some(ts) = p.ts.as_mut() {
@@ -1599,18 +1589,13 @@ impl<'w> GpuModel<'w> {
                         (8 * need as u64).next_multiple_of(wgpu::QUERY_RESOLVE_BUFFER_ALIGNMENT);
                     let slots = ((16u64 << 20) / stride).clamp(1, 4096);
                     prof.ts = Some(Timestamps {
-                        qs: gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
-                            label: Some("decode profile"),
-                            ty: wgpu::QueryType::Timestamp,
-                            count: need,
-                        }),
+                        qs: timing::query_set(gpu, "decode profile", need),
                         queries: need,
-                        resolve: gpu.device.create_buffer(&wgpu::BufferDescriptor {
-                            label: Some("decode profile timestamps"),
-                            size: slots * stride,
-                            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-                            mapped_at_creation: false,
-                        }),
+                        resolve: timing::resolve_buffer(
+                            gpu,
+                            "decode profile timestamps",
+                            slots * stride,
+                        ),
                         stride,
                         slots,
                         pending: Vec::new(),
@@ -1644,20 +1629,13 @@ impl<'w> GpuModel<'w> {
             let n = step.recs.len();
             if op.sets.len() * OP_SET_KERNELS < n {
                 op.sets = (0..n.div_ceil(OP_SET_KERNELS))
-                    .map(|_| {
-                        gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
-                            label: Some("per-op profile"),
-                            ty: wgpu::QueryType::Timestamp,
-                            count: 2 * OP_SET_KERNELS as u32,
-                        })
-                    })
+                    .map(|_| timing::query_set(gpu, "per-op profile", 2 * OP_SET_KERNELS as u32))
                     .collect();
-                op.resolve = Some(gpu.device.create_buffer(&wgpu::BufferDescriptor {
-                    label: Some("per-op profile timestamps"),
-                    size: (16 * OP_SET_KERNELS * op.sets.len()) as u64,
-                    usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-                    mapped_at_creation: false,
-                }));
+                op.resolve = Some(timing::resolve_buffer(
+                    gpu,
+                    "per-op profile timestamps",
+                    (16 * OP_SET_KERNELS * op.sets.len()) as u64,
+                ));
             }
             for (i, r) in step.recs.iter().enumerate() {
                 let q = 2 * (i % OP_SET_KERNELS) as u32;
@@ -1762,7 +1740,7 @@ impl<'w> GpuModel<'w> {
 
     /// Per-op profile: wait for the step just submitted and add its kernels' times.
     fn read_op_times(&mut self, key: StepKey) -> Result<()> {
-        let period = self.gpu.queue.get_timestamp_period() as f64 * 1e-9;
+        let period = timing::seconds_per_tick(&self.gpu);
         let recs = &self.steps[&key].recs;
         let op = self.op_prof.as_mut().expect("op profile");
         let raw = self.gpu.read_bytes(
@@ -1770,14 +1748,14 @@ impl<'w> GpuModel<'w> {
             0,
             16 * recs.len() as u64,
         )?;
-        let tick =
-            |q: usize| u64::from_le_bytes(raw[8 * q..8 * q + 8].try_into().expect("8 bytes"));
+        let ticks = timing::ticks(&raw);
+        let tick = |q: usize| ticks[q];
         let first = tick(0);
         let mut last = first;
         for (i, r) in recs.iter().enumerate() {
             let (b, e) = (tick(2 * i), tick(2 * i + 1));
             op.times
-                .add(&r.op_name(), e.saturating_sub(b) as f64 * period);
+                .add(r.op_name(), e.saturating_sub(b) as f64 * period);
             last = last.max(e);
         }
         op.times.steps += 1;
@@ -2117,7 +2095,7 @@ impl<'w> GpuModel<'w> {
                 recs.push(Rec::Call(
                     RmsNorm::rows(t * kvh, d, eps).bind_inplace(gpu, &a.k_new, &l.k_norm)?,
                 ));
-                recs.push(Rec::Call(AttentionKernel::new(shape).bind(
+                recs.push(Rec::Call(shape.bind(
                     gpu,
                     &self.pos_buf,
                     &a.q,
@@ -2164,15 +2142,14 @@ impl<'w> GpuModel<'w> {
                         ffn.gate_up
                             .call(gpu, dense(&a.xn, &a.gu), what("dense gate_up"))?,
                     );
-                    recs.push(Rec::Call(Elementwise::silu_mul(
-                        gpu,
-                        t,
-                        *inter,
-                        SiluMulLayout::fused(*inter),
-                        &a.gu,
-                        &a.gu,
-                        &a.act,
-                    )?));
+                    recs.push(Rec::Call(
+                        SiluMul {
+                            rows: t,
+                            i: *inter,
+                            layout: SiluMulLayout::fused(*inter),
+                        }
+                        .bind(gpu, &a.gu, &a.gu, &a.act)?,
+                    ));
                     recs.push(
                         ffn.down
                             .call(gpu, dense(&a.act, &a.m), what("dense down"))?,
@@ -2190,12 +2167,13 @@ impl<'w> GpuModel<'w> {
                             )?)
                         }
                         None => {
-                            recs.push(Rec::Call(Elementwise::mul_const(
-                                gpu,
-                                t * hid,
-                                &a.m,
-                                *global_scale,
-                            )?));
+                            recs.push(Rec::Call(
+                                MulConst {
+                                    n: t * hid,
+                                    c: *global_scale,
+                                }
+                                .bind(gpu, &a.m)?,
+                            ));
                             marks.at(&recs, Phase::Other);
                             recs.push(conv(hid, true, &a.m, 3, &a.h)?);
                         }
@@ -2216,13 +2194,13 @@ impl<'w> GpuModel<'w> {
                     marks.at(&recs, Phase::Router);
                     recs.push(router.call(gpu, dense(&a.xn, &a.router_logits), what("router"))?);
                     recs.push(Rec::Call(
-                        Router::new(RouterShape {
+                        RouterShape {
                             tokens: t,
                             n_routed: ne,
                             n_shared: ns,
                             top_k: *top_k,
                             scale: *scale,
-                        })
+                        }
                         .bind_checked(
                             gpu,
                             &a.router_logits,
@@ -2293,19 +2271,23 @@ impl<'w> GpuModel<'w> {
                             div,
                         )?),
                         None => {
-                            recs.push(Rec::Call(Elementwise::moe_combine(
-                                gpu,
-                                t,
-                                hid,
-                                *top_k,
-                                &a.y_routed,
-                                &a.gammas,
-                                true,
-                                sh,
-                                true,
-                                false,
-                                &a.m,
-                            )?));
+                            recs.push(Rec::Call(
+                                MoeCombine {
+                                    tokens: t,
+                                    hidden: hid,
+                                    top_k: *top_k,
+                                    weight_routed: true,
+                                    weight_shared: true,
+                                    accumulate: false,
+                                }
+                                .bind(
+                                    gpu,
+                                    &a.y_routed,
+                                    &a.gammas,
+                                    sh,
+                                    &a.m,
+                                )?,
+                            ));
                             recs.push(conv(hid, true, &a.m, 3, &a.h)?);
                         }
                     }
@@ -2323,7 +2305,7 @@ impl<'w> GpuModel<'w> {
                     let mut n = RmsNorm::rows(1, hid, eps);
                     n.x_off = (t - 1) * hid;
                     recs.push(Rec::Call(n.bind(gpu, &a.h, &self.norm, &a.hn)?));
-                    recs.push(Rec::Call(Elementwise::div_const(gpu, hid, &a.hn, mup)?));
+                    recs.push(Rec::Call(DivConst { n: hid, c: mup }.bind(gpu, &a.hn)?));
                 }
                 recs.push(self.lm_head.call(
                     gpu,
@@ -2348,7 +2330,7 @@ impl<'w> GpuModel<'w> {
                     recs.push(Rec::Call(
                         RmsNorm::rows(t, hid, eps).bind(gpu, &a.h, &self.norm, &a.hn)?,
                     ));
-                    recs.push(Rec::Call(Elementwise::div_const(gpu, t * hid, &a.hn, mup)?));
+                    recs.push(Rec::Call(DivConst { n: t * hid, c: mup }.bind(gpu, &a.hn)?));
                 }
                 recs.push(
                     self.lm_head

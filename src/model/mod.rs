@@ -3,7 +3,6 @@
 //! - [`config`]: `config.json` / `generation_config.json` → [`TextConfig`], [`GenerationConfig`].
 //! - [`weights`]: [`Checkpoint`] (mapped safetensors, or a converted container verified through
 //!   [`crate::container::Container`]) → [`Weights`] (shared by CPU and GPU paths).
-//! - [`names`]: the one released ↔ transformers tensor-name mapping.
 //! - [`cache`]: KV ring buffers and short-conv states ([`Cache`]).
 //! - [`expert_cache`]: slot bookkeeping of a GPU expert cache (which routed experts are resident).
 //! - [`usage`]: the per-model routing-count file that ranks the expert cache's pinned hot set.
@@ -19,7 +18,6 @@ pub mod eval;
 pub mod expert_cache;
 pub mod generate;
 pub mod gpu;
-pub mod names;
 pub mod profile;
 pub mod sampling;
 pub mod status;

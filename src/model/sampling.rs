@@ -1,6 +1,16 @@
 //! Token choice: greedy argmax or temperature / top-k / top-p sampling with a seeded PRNG
 //! (splitmix64-seeded xoshiro256**; no external crate, reproducible across platforms).
 
+/// One step of splitmix64 (Steele, Lea and Flood 2014): advances `state` and returns the next
+/// value. Also the engine's generator of reproducible test and benchmark data.
+pub fn splitmix64(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut x = *state;
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
 /// xoshiro256** seeded through splitmix64.
 #[derive(Clone, Debug)]
 pub struct Rng {
@@ -10,13 +20,7 @@ pub struct Rng {
 impl Rng {
     pub fn new(seed: u64) -> Rng {
         let mut z = seed;
-        let mut next = || {
-            z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut x = z;
-            x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            x ^ (x >> 31)
-        };
+        let mut next = || splitmix64(&mut z);
         Rng {
             s: [next(), next(), next(), next()],
         }

@@ -14,8 +14,8 @@
 //! forward decodes exactly the bytes the GPU path uploads.
 use super::config::{AttnGeom, GenerationConfig, MlpKind, TextConfig};
 use super::error::{ModelError, Result};
-use super::names::causal_to_released;
 use crate::container::header::check_header;
+use crate::container::names::causal_to_released;
 use crate::container::reader::check_shard_name;
 use crate::container::{expert_name, shared_expert_name, Container, Proj, STAMP_KEY, VERSION_KEY};
 use crate::formats::finite::{describe, first_non_finite};

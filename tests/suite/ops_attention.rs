@@ -1,6 +1,6 @@
 //! Attention with a KV cache: one prefill, chunks and token by token must all equal the full recompute.
 use crate::ops_util;
-use inkling_wgpu::gpu::ops::{AttentionKernel, AttentionShape, PosBuffer};
+use inkling_wgpu::gpu::ops::{AttentionShape, PosBuffer};
 use inkling_wgpu::gpu::Gpu;
 use ops_util::*;
 
@@ -114,7 +114,7 @@ fn run_chunks(gpu: &Gpu, c: &Cfg, s: &Seq, chunks: &[usize]) -> Vec<f32> {
     let mut out = Vec::new();
     let mut p0 = 0;
     for &t in chunks {
-        let kern = AttentionKernel::new(shape(c, t));
+        let kern = shape(c, t);
         let q = buf_f32(gpu, rows(&s.q, p0, t, c.h * c.d));
         let k = buf_f32(gpu, rows(&s.k, p0, t, c.kvh * c.d));
         let v = buf_f32(gpu, rows(&s.v, p0, t, c.kvh * c.d));
@@ -141,7 +141,7 @@ fn run_decode_reused(gpu: &Gpu, c: &Cfg, s: &Seq, prefill: usize) -> Vec<f32> {
     if prefill > 0 {
         out = run_prefix(gpu, c, s, prefill, &pos, &proj, &k_cache, &v_cache);
     }
-    let kern = AttentionKernel::new(shape(c, 1));
+    let kern = shape(c, 1);
     let q = poisoned(gpu, c.h * c.d);
     let k = poisoned(gpu, c.kvh * c.d);
     let v = poisoned(gpu, c.kvh * c.d);
@@ -179,7 +179,7 @@ fn run_prefix(
     kc: &wgpu::Buffer,
     vc: &wgpu::Buffer,
 ) -> Vec<f32> {
-    let kern = AttentionKernel::new(shape(c, t));
+    let kern = shape(c, t);
     let q = buf_f32(gpu, rows(&s.q, 0, t, c.h * c.d));
     let k = buf_f32(gpu, rows(&s.k, 0, t, c.kvh * c.d));
     let v = buf_f32(gpu, rows(&s.v, 0, t, c.kvh * c.d));

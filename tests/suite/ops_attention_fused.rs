@@ -4,8 +4,7 @@
 use crate::ops_attention::{reference, shape, Cfg, Seq};
 use crate::ops_util;
 use inkling_wgpu::gpu::ops::{
-    attention_consts, AttentionKernel, FusedAttention, FusedAttentionIo, PosBuffer, RmsNorm,
-    ShortConvKernel,
+    attention_consts, FusedAttention, FusedAttentionIo, PosBuffer, RmsNorm, ShortConvKernel,
 };
 use inkling_wgpu::gpu::{Call, Gpu};
 use ops_util::*;
@@ -250,7 +249,7 @@ fn run_unfused(gpu: &Gpu, c: &Cfg, raw: &Raw, chunks: &[usize]) -> Vec<f32> {
             RmsNorm::rows((t * c.kvh) as u32, c.d as u32, EPS)
                 .bind_inplace(gpu, &k_new, &kn)
                 .unwrap(),
-            AttentionKernel::new(shape(c, t))
+            shape(c, t)
                 .bind(gpu, &pos, &x.q, &k_new, &v_new, &x.r, &proj, &kc, &vc, &o)
                 .unwrap(),
         ];

@@ -1,6 +1,8 @@
 //! silu·up (three layouts), residual adds, scaling, MoE combine, argmax (V = 201024, last index).
 use crate::ops_util;
-use inkling_wgpu::gpu::ops::{Argmax, Elementwise, SiluMulLayout};
+use inkling_wgpu::gpu::ops::{
+    Add, AddScaled, Argmax, DivConst, MoeCombine, MulConst, SiluMul, SiluMulLayout,
+};
 use ops_util::*;
 
 fn silu(x: f64) -> f64 {
@@ -21,15 +23,12 @@ fn silu_mul_layouts() {
         .collect();
     // separate
     let (gb, ub, ob) = (buf_f32(&gpu, &g), buf_f32(&gpu, &u), poisoned(&gpu, p * i));
-    Elementwise::silu_mul(
-        &gpu,
-        p as u32,
-        i as u32,
-        SiluMulLayout::separate(i as u32),
-        &gb,
-        &ub,
-        &ob,
-    )
+    SiluMul {
+        rows: p as u32,
+        i: i as u32,
+        layout: SiluMulLayout::separate(i as u32),
+    }
+    .bind(&gpu, &gb, &ub, &ob)
     .unwrap()
     .run(&gpu);
     assert_close("separate", &read(&gpu, &ob, p * i), &r, 1e-5);
@@ -39,15 +38,12 @@ fn silu_mul_layouts() {
         .collect();
     let fb = buf_f32(&gpu, &fused);
     let ob = poisoned(&gpu, p * i);
-    Elementwise::silu_mul(
-        &gpu,
-        p as u32,
-        i as u32,
-        SiluMulLayout::fused(i as u32),
-        &fb,
-        &fb,
-        &ob,
-    )
+    SiluMul {
+        rows: p as u32,
+        i: i as u32,
+        layout: SiluMulLayout::fused(i as u32),
+    }
+    .bind(&gpu, &fb, &fb, &ob)
     .unwrap()
     .run(&gpu);
     assert_close("fused", &read(&gpu, &ob, p * i), &r, 1e-5);
@@ -55,15 +51,12 @@ fn silu_mul_layouts() {
     let inter: Vec<f32> = (0..p * i).flat_map(|k| [g[k], u[k]]).collect();
     let ib = buf_f32(&gpu, &inter);
     let ob = poisoned(&gpu, p * i);
-    Elementwise::silu_mul(
-        &gpu,
-        p as u32,
-        i as u32,
-        SiluMulLayout::interleaved(i as u32),
-        &ib,
-        &ib,
-        &ob,
-    )
+    SiluMul {
+        rows: p as u32,
+        i: i as u32,
+        layout: SiluMulLayout::interleaved(i as u32),
+    }
+    .bind(&gpu, &ib, &ib, &ob)
     .unwrap()
     .run(&gpu);
     assert_close("interleaved", &read(&gpu, &ob, p * i), &r, 1e-5);
@@ -80,9 +73,7 @@ fn adds_and_scales() {
     let y = rng.vec(n, 1.0);
     let xb = buf_f32(&gpu, &x);
     let yb = buf_f32(&gpu, &y);
-    Elementwise::add(&gpu, n as u32, &xb, &yb)
-        .unwrap()
-        .run(&gpu);
+    Add { n: n as u32 }.bind(&gpu, &xb, &yb).unwrap().run(&gpu);
     let got = read(&gpu, &xb, n);
     let r: Vec<f64> = x
         .iter()
@@ -98,9 +89,13 @@ fn adds_and_scales() {
     let sb = buf_f32(&gpu, &[0.0, 0.37]);
     let xb = buf_f32(&gpu, &x);
     let yb = buf_f32(&gpu, &y);
-    Elementwise::add_scaled(&gpu, m as u32, &xb, &yb, &sb, 1)
-        .unwrap()
-        .run(&gpu);
+    AddScaled {
+        n: m as u32,
+        s_idx: 1,
+    }
+    .bind(&gpu, &xb, &yb, &sb)
+    .unwrap()
+    .run(&gpu);
     let r: Vec<f64> = x
         .iter()
         .zip(&y)
@@ -109,18 +104,26 @@ fn adds_and_scales() {
     assert_close("add_scaled", &read(&gpu, &xb, m), &r, 1e-6);
 
     let xb = buf_f32(&gpu, &x);
-    Elementwise::div_const(&gpu, m as u32, &xb, 16.0)
-        .unwrap()
-        .run(&gpu);
+    DivConst {
+        n: m as u32,
+        c: 16.0,
+    }
+    .bind(&gpu, &xb)
+    .unwrap()
+    .run(&gpu);
     let got = read(&gpu, &xb, m);
     assert!(
         got.iter().zip(&x).all(|(&a, &b)| a == b / 16.0),
         "div_const exact"
     );
     let xb = buf_f32(&gpu, &x);
-    Elementwise::mul_const(&gpu, m as u32, &xb, 3.0)
-        .unwrap()
-        .run(&gpu);
+    MulConst {
+        n: m as u32,
+        c: 3.0,
+    }
+    .bind(&gpu, &xb)
+    .unwrap()
+    .run(&gpu);
     let r: Vec<f64> = x.iter().map(|&a| a as f64 * 3.0).collect();
     assert_close("mul_const", &read(&gpu, &xb, m), &r, 1e-6);
 }
@@ -156,9 +159,15 @@ fn moe_combine() {
         } else {
             None
         };
-        Elementwise::moe_combine(
-            &gpu, t as u32, h as u32, k as u32, &yb, &gb, wr, sh, ws, acc, &out,
-        )
+        MoeCombine {
+            tokens: t as u32,
+            hidden: h as u32,
+            top_k: k as u32,
+            weight_routed: wr,
+            weight_shared: ws,
+            accumulate: acc,
+        }
+        .bind(&gpu, &yb, &gb, sh, &out)
         .unwrap()
         .run(&gpu);
         let mut r = vec![0.0f64; t * h];

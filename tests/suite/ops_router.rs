@@ -1,6 +1,6 @@
 //! Router: E = 300 routed + 2 shared, top-6; experts past the workgroup size are selectable; ties → lower.
 use crate::ops_util;
-use inkling_wgpu::gpu::ops::{Pair, Router, RouterShape};
+use inkling_wgpu::gpu::ops::{Pair, RouterShape};
 use ops_util::*;
 
 fn sig(x: f64) -> f64 {
@@ -85,13 +85,13 @@ fn e300_top6_two_shared() {
     let pairs = poisoned_u32(&gpu, t * k * 4);
     let gam = poisoned(&gpu, t * k);
     let sgam = poisoned(&gpu, t * s);
-    let router = Router::new(RouterShape {
+    let router = RouterShape {
         tokens: t as u32,
         n_routed: e as u32,
         n_shared: s as u32,
         top_k: k as u32,
         scale,
-    });
+    };
     router
         .bind(&gpu, &lb, &bb, &pairs, &gam, &sgam)
         .unwrap()
@@ -163,13 +163,13 @@ fn bias_changes_selection_only() {
     let pairs = poisoned_u32(&gpu, k * 4);
     let gam = poisoned(&gpu, k);
     let sgam = poisoned(&gpu, s);
-    Router::new(RouterShape {
+    RouterShape {
         tokens: 1,
         n_routed: e as u32,
         n_shared: s as u32,
         top_k: k as u32,
         scale: 1.0,
-    })
+    }
     .bind(&gpu, &lb, &bb, &pairs, &gam, &sgam)
     .unwrap()
     .run(&gpu);
@@ -198,13 +198,13 @@ fn selection_order_sizes_and_no_shared() {
         let pairs = poisoned_u32(&gpu, t * k * 4);
         let gam = poisoned(&gpu, t * k);
         let sgam = poisoned(&gpu, 1);
-        Router::new(RouterShape {
+        RouterShape {
             tokens: t as u32,
             n_routed: e as u32,
             n_shared: 0,
             top_k: k as u32,
             scale: 1.3,
-        })
+        }
         .bind(&gpu, &lb, &bb, &pairs, &gam, &sgam)
         .unwrap()
         .run(&gpu);
@@ -280,13 +280,13 @@ fn nan_scores_and_ties_inside_the_top_k() {
     let pairs = poisoned_u32(&gpu, t * k * 4);
     let gam = poisoned(&gpu, t * k);
     let sgam = poisoned(&gpu, t * s);
-    Router::new(RouterShape {
+    RouterShape {
         tokens: t as u32,
         n_routed: e as u32,
         n_shared: s as u32,
         top_k: k as u32,
         scale: 0.9,
-    })
+    }
     .bind(&gpu, &lb, &bb, &pairs, &gam, &sgam)
     .unwrap()
     .run(&gpu);
@@ -370,13 +370,13 @@ fn underflow_saturation_and_non_finite_logits() {
     let sgam = poisoned(&gpu, t * s);
     let status = buf_u32(&gpu, &[7, 0, 0, 0]);
     let pos = inkling_wgpu::gpu::ops::PosBuffer::new(&gpu, 40);
-    let router = Router::new(RouterShape {
+    let router = RouterShape {
         tokens: t as u32,
         n_routed: e as u32,
         n_shared: s as u32,
         top_k: k as u32,
         scale: 1.7,
-    });
+    };
     router
         .bind_checked(
             &gpu,
@@ -438,13 +438,13 @@ fn underflow_saturation_and_non_finite_logits() {
     );
     // token 2 with k = 8 would rank −inf (6) above NaN (1); with k = 3 neither is chosen, so check
     // the full order with k = E
-    let full = Router::new(RouterShape {
+    let full = RouterShape {
         tokens: 1,
         n_routed: e as u32,
         n_shared: s as u32,
         top_k: e as u32,
         scale: 1.0,
-    });
+    };
     let row = buf_f32(&gpu, &l[2 * ne..3 * ne]);
     let p8 = poisoned_u32(&gpu, e * 4);
     full.bind(&gpu, &row, &bb, &p8, &poisoned(&gpu, e), &poisoned(&gpu, s))

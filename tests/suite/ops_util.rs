@@ -18,16 +18,12 @@ pub fn shared_gpu() -> Gpu {
     GPU.get_or_init(gpu).clone()
 }
 
-/// splitmix64.
+/// splitmix64 (the engine's own, `model::sampling::splitmix64`).
 pub struct Rng(pub u64);
 
 impl Rng {
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        inkling_wgpu::model::sampling::splitmix64(&mut self.0)
     }
     /// Uniform in [-1, 1).
     pub fn f(&mut self) -> f32 {

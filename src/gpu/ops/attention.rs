@@ -140,16 +140,10 @@ impl AttentionShape {
             _pad: 0,
         }
     }
-}
 
-/// Built once per layer shape.
-pub struct AttentionKernel {
-    pub shape: AttentionShape,
-}
-
-impl AttentionKernel {
-    pub fn new(shape: AttentionShape) -> AttentionKernel {
-        let s = &shape;
+    /// Panics unless the shape is one the kernel handles (a bug in the caller).
+    pub(crate) fn check(&self) {
+        let s = self;
         assert!(
             s.head_dim >= 1 && s.head_dim <= 256,
             "head_dim {} not in 1..=256",
@@ -169,7 +163,6 @@ impl AttentionKernel {
                 s.cache_capacity
             );
         }
-        AttentionKernel { shape }
     }
 
     /// Bind one call. Buffers (f32): `q` [T, H, D] (after q_norm), `k_new`/`v_new` [T, KVH, D] (k after
@@ -191,7 +184,8 @@ impl AttentionKernel {
         v_cache: &wgpu::Buffer,
         out: &wgpu::Buffer,
     ) -> Result<Call, BufferTooSmall> {
-        let s = &self.shape;
+        self.check();
+        let s = self;
         let (t, h, kvh, d) = (
             s.tokens as u64,
             s.heads as u64,
@@ -213,7 +207,7 @@ impl AttentionKernel {
         ))
     }
 
-    /// The two dispatches of [`AttentionKernel::bind`] (attend, append) on
+    /// The two dispatches of [`AttentionShape::bind`] (attend, append) on
     /// `[q, k_new, v_new, r, proj, k_cache, v_cache, out]`, sizes already checked.
     pub(crate) fn dispatches(
         &self,
@@ -221,7 +215,7 @@ impl AttentionKernel {
         pos: &PosBuffer,
         b: [&wgpu::Buffer; 8],
     ) -> Vec<Dispatch> {
-        let s = &self.shape;
+        let s = self;
         let [q, k_new, v_new, r, proj, k_cache, v_cache, out] = b;
         let params = s.params();
         // D % 4 == 0: every row is 16-byte aligned and every buffer a whole number of vec4s.

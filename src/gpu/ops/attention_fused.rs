@@ -4,14 +4,14 @@
 //! ordinary attention for longer chunks.
 //!
 //! Computes exactly the unfused chain — [`super::ShortConvKernel::bind_pair`] (k, v convs with the
-//! residual inside), [`super::RmsNorm::bind_inplace`] on q and k, [`super::AttentionKernel`] — except
+//! residual inside), [`super::RmsNorm::bind_inplace`] on q and k, [`AttentionShape::bind`] — except
 //! for the short-conv history: the fused kernels keep it in a ring of K rows at the end of each cache
 //! (`[cap + K, KVH, D]`, ring row `p % K` = the raw k/v input of position `p`), so one-token steps
 //! never race on it. A sequence must therefore run every chunk through [`FusedAttention`] (any mix of
 //! chunk lengths), starting from a cleared ring ([`FusedAttention::ring_range`]).
 
 use super::attention::{attention_source, AttentionParams};
-use super::{dispatch, vec4_tag, AttentionKernel, AttentionShape, PosBuffer};
+use super::{dispatch, vec4_tag, AttentionShape, PosBuffer};
 use crate::gpu::call::{self, grid, need, BufferTooSmall, Call, Label};
 use crate::gpu::kernel::{Bind, Kernel, KernelSpec};
 use crate::gpu::Gpu;
@@ -157,10 +157,10 @@ pub struct FusedAttention {
 }
 
 impl FusedAttention {
-    /// Panics on shapes the kernels cannot run (those of [`AttentionKernel::new`], and a conv kernel
+    /// Panics on shapes the kernels cannot run (those of [`AttentionShape::bind`], and a conv kernel
     /// size outside 1..=8).
     pub fn new(shape: AttentionShape, conv_kernel: u32, eps: f32) -> FusedAttention {
-        AttentionKernel::new(shape);
+        shape.check();
         assert!(
             (1..=MAX_CONV_KERNEL).contains(&conv_kernel),
             "short conv kernel size {conv_kernel} not in 1..={MAX_CONV_KERNEL}"
@@ -190,8 +190,8 @@ impl FusedAttention {
     }
 
     /// Bind one call. One-token shapes: one dispatch (label `"attention fused"`); longer chunks:
-    /// the prologue, then the attention and the KV append of [`AttentionKernel::bind`] (three
-    /// dispatches). `pos.x` = absolute position of the first token, as for [`AttentionKernel`].
+    /// the prologue, then the attention and the KV append of [`AttentionShape::bind`] (three
+    /// dispatches). `pos.x` = absolute position of the first token, as for [`AttentionShape::bind`].
     pub fn bind(
         &self,
         gpu: &Gpu,
@@ -268,7 +268,7 @@ impl FusedAttention {
             ],
             grid(s.kv_heads + s.tokens * s.heads),
         );
-        let attn = AttentionKernel::new(*s).dispatches(
+        let attn = s.dispatches(
             gpu,
             pos,
             [

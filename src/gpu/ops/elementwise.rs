@@ -224,9 +224,6 @@ impl SiluMulLayout {
     }
 }
 
-/// Constructors for the elementwise calls. Sizes are element counts.
-pub struct Elementwise;
-
 /// One dispatch of `entry` over `n` elements, as a call labelled `entry`.
 fn one(
     gpu: &Gpu,
@@ -244,21 +241,27 @@ fn one(
     Call::new(Label::op(entry), vec![d])
 }
 
-impl Elementwise {
-    /// `out[r·I + i] = silu(gate(r, i)) · up(r, i)` for `rows` × `i` elements; `out` f32 [rows, I].
-    pub fn silu_mul(
+/// `out[r·I + i] = silu(gate(r, i)) · up(r, i)` for `rows` × `i` elements. Label `"silu_mul"`.
+#[derive(Clone, Copy, Debug)]
+pub struct SiluMul {
+    pub rows: u32,
+    pub i: u32,
+    pub layout: SiluMulLayout,
+}
+
+impl SiluMul {
+    /// `g`, `u` f32 as `layout` says, `out` f32 [rows, I].
+    pub fn bind(
+        &self,
         gpu: &Gpu,
-        rows: u32,
-        i: u32,
-        layout: SiluMulLayout,
         g: &wgpu::Buffer,
         u: &wgpu::Buffer,
         out: &wgpu::Buffer,
     ) -> Result<Call, BufferTooSmall> {
-        let l = layout;
-        let n = rows * i;
+        let (l, i) = (self.layout, self.i);
+        let n = self.rows * i;
         if n > 0 {
-            let (r1, i1) = (rows as u64 - 1, i as u64 - 1);
+            let (r1, i1) = (self.rows as u64 - 1, i as u64 - 1);
             let g_last = l.g_off as u64 + r1 * l.g_row_stride as u64 + i1 * l.g_elem_stride as u64;
             let u_last = l.u_off as u64 + r1 * l.u_row_stride as u64 + i1 * l.u_elem_stride as u64;
             need(g, g_last + 1, "silu_mul gate")?;
@@ -272,14 +275,23 @@ impl Elementwise {
             &[(1, g), (2, u), (5, out)],
         ))
     }
+}
 
-    /// `x[i] += y[i]` for `n` elements.
-    pub fn add(
+/// `x[i] += y[i]` for `n` elements. Label `"add"`.
+#[derive(Clone, Copy, Debug)]
+pub struct Add {
+    pub n: u32,
+}
+
+impl Add {
+    /// `x`, `y` f32 [n].
+    pub fn bind(
+        &self,
         gpu: &Gpu,
-        n: u32,
         x: &wgpu::Buffer,
         y: &wgpu::Buffer,
     ) -> Result<Call, BufferTooSmall> {
+        let n = self.n;
         need(x, n as u64, "add x")?;
         need(y, n as u64, "add y")?;
         Ok(one(
@@ -289,79 +301,106 @@ impl Elementwise {
             &[(1, y), (5, x)],
         ))
     }
+}
 
-    /// `x[i] += s[s_idx] · y[i]` for `n` elements (`s` f32 buffer, e.g. a `global_scale` tensor).
-    pub fn add_scaled(
+/// `x[i] += s[s_idx] · y[i]` for `n` elements (`s` e.g. a `global_scale` tensor). Label
+/// `"add_scaled"`.
+#[derive(Clone, Copy, Debug)]
+pub struct AddScaled {
+    pub n: u32,
+    pub s_idx: u32,
+}
+
+impl AddScaled {
+    /// `x`, `y` f32 [n], `s` f32 [> s_idx].
+    pub fn bind(
+        &self,
         gpu: &Gpu,
-        n: u32,
         x: &wgpu::Buffer,
         y: &wgpu::Buffer,
         s: &wgpu::Buffer,
-        s_idx: u32,
     ) -> Result<Call, BufferTooSmall> {
+        let n = self.n;
         need(x, n as u64, "add_scaled x")?;
         need(y, n as u64, "add_scaled y")?;
-        need(s, s_idx as u64 + 1, "add_scaled s")?;
+        need(s, self.s_idx as u64 + 1, "add_scaled s")?;
         Ok(one(
             gpu,
             "add_scaled",
-            ElementwiseParams::add(n, s_idx),
+            ElementwiseParams::add(n, self.s_idx),
             &[(1, y), (2, s), (5, x)],
         ))
     }
+}
 
-    /// `x[i] = x[i] / c` for `n` elements (the head's `logits_mup_width_multiplier`; a true division).
-    pub fn div_const(gpu: &Gpu, n: u32, x: &wgpu::Buffer, c: f32) -> Result<Call, BufferTooSmall> {
-        need(x, n as u64, "div_const x")?;
-        Ok(one(
-            gpu,
-            "scale",
-            ElementwiseParams::scale(n, false, c),
-            &[(5, x)],
-        ))
+/// `x[i] = x[i] / c` for `n` elements (the head's `logits_mup_width_multiplier`; a true
+/// division). Label `"scale"`.
+#[derive(Clone, Copy, Debug)]
+pub struct DivConst {
+    pub n: u32,
+    pub c: f32,
+}
+
+impl DivConst {
+    /// `x` f32 [n], in place.
+    pub fn bind(&self, gpu: &Gpu, x: &wgpu::Buffer) -> Result<Call, BufferTooSmall> {
+        need(x, self.n as u64, "div_const x")?;
+        let params = ElementwiseParams::scale(self.n, false, self.c);
+        Ok(one(gpu, "scale", params, &[(5, x)]))
     }
+}
 
-    /// `x[i] = x[i] · c` for `n` elements.
-    pub fn mul_const(gpu: &Gpu, n: u32, x: &wgpu::Buffer, c: f32) -> Result<Call, BufferTooSmall> {
-        need(x, n as u64, "mul_const x")?;
-        Ok(one(
-            gpu,
-            "scale",
-            ElementwiseParams::scale(n, true, c),
-            &[(5, x)],
-        ))
+/// `x[i] = x[i] · c` for `n` elements. Label `"scale"`.
+#[derive(Clone, Copy, Debug)]
+pub struct MulConst {
+    pub n: u32,
+    pub c: f32,
+}
+
+impl MulConst {
+    /// `x` f32 [n], in place.
+    pub fn bind(&self, gpu: &Gpu, x: &wgpu::Buffer) -> Result<Call, BufferTooSmall> {
+        need(x, self.n as u64, "mul_const x")?;
+        let params = ElementwiseParams::scale(self.n, true, self.c);
+        Ok(one(gpu, "scale", params, &[(5, x)]))
     }
+}
 
-    /// MoE combine over `tokens` × `hidden`:
-    /// `out[t,:] (= or +=) Σ_s wr·y[t·top_k+s, :] + Σ_j ws·ys[t·S+j, :]` where `wr = gammas[t·top_k+s]`
-    /// if `weight_routed` else 1 and `ws = shared_gammas[t·S+j]` if `weight_shared` else 1.
-    /// `shared` = `(ys [T·S, hidden], shared_gammas [T·S], S)` or `None`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn moe_combine(
+/// MoE combine over `tokens` × `hidden`:
+/// `out[t,:] (= or +=) Σ_s wr·y[t·top_k+s, :] + Σ_j ws·ys[t·S+j, :]` where `wr = gammas[t·top_k+s]`
+/// if `weight_routed` else 1 and `ws = shared_gammas[t·S+j]` if `weight_shared` else 1; `+=` when
+/// `accumulate`. Label `"moe_combine"`.
+#[derive(Clone, Copy, Debug)]
+pub struct MoeCombine {
+    pub tokens: u32,
+    pub hidden: u32,
+    pub top_k: u32,
+    pub weight_routed: bool,
+    pub weight_shared: bool,
+    pub accumulate: bool,
+}
+
+impl MoeCombine {
+    /// `y` f32 [T·top_k, hidden], `gammas` f32 [T·top_k], `shared` = `(ys [T·S, hidden],
+    /// shared_gammas [T·S], S)` or `None`, `out` f32 [T, hidden].
+    pub fn bind(
+        &self,
         gpu: &Gpu,
-        tokens: u32,
-        hidden: u32,
-        top_k: u32,
         y: &wgpu::Buffer,
         gammas: &wgpu::Buffer,
-        weight_routed: bool,
         shared: Option<(&wgpu::Buffer, &wgpu::Buffer, u32)>,
-        weight_shared: bool,
-        accumulate: bool,
         out: &wgpu::Buffer,
     ) -> Result<Call, BufferTooSmall> {
-        let n = tokens * hidden;
+        let (hidden, top_k) = (self.hidden, self.top_k);
+        let n = self.tokens * hidden;
         let none = dummy(gpu);
-        let (ys, sg, ns) = match shared {
-            Some((ys, sg, ns)) => (ys, sg, ns),
-            None => (&none, &none, 0),
-        };
-        let (t, kk, nsu) = (tokens as u64, top_k as u64, ns as u64);
+        let (ys, sg, ns) = shared.unwrap_or((&none, &none, 0));
+        let (t, kk, nsu) = (self.tokens as u64, top_k as u64, ns as u64);
         need(y, t * kk * hidden as u64, "moe_combine y")?;
-        let ng = if weight_routed { t * kk } else { 0 };
+        let ng = if self.weight_routed { t * kk } else { 0 };
         need(gammas, ng, "moe_combine gammas")?;
         need(ys, t * nsu * hidden as u64, "moe_combine shared ys")?;
-        let nsg = if weight_shared { t * nsu } else { 0 };
+        let nsg = if self.weight_shared { t * nsu } else { 0 };
         need(sg, nsg, "moe_combine shared gammas")?;
         need(out, n as u64, "moe_combine out")?;
         let params = ElementwiseParams {
@@ -369,9 +408,9 @@ impl Elementwise {
             a: hidden,
             b: top_k,
             c: ns,
-            d: weight_routed as u32,
-            e: weight_shared as u32,
-            f: accumulate as u32,
+            d: self.weight_routed as u32,
+            e: self.weight_shared as u32,
+            f: self.accumulate as u32,
             ..Default::default()
         };
         let call = one(

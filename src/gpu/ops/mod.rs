@@ -18,13 +18,15 @@ use crate::gpu::call::{self, Dispatch};
 use crate::gpu::kernel::{Kernel, KernelSpec};
 use crate::gpu::Gpu;
 
-pub use attention::{AttentionKernel, AttentionShape};
+pub use attention::AttentionShape;
 pub use attention_fused::{attention_consts, FusedAttention, FusedAttentionIo};
 pub use conv::ShortConvKernel;
-pub use elementwise::{Argmax, Elementwise, SiluMulLayout};
+pub use elementwise::{
+    Add, AddScaled, Argmax, DivConst, MoeCombine, MulConst, SiluMul, SiluMulLayout,
+};
 pub use norm::{EmbedNorm, EmbedShard, RmsNorm};
 pub use residual::{SconvInput, SconvRmsNorm};
-pub use router::{Pair, Router, RouterShape};
+pub use router::{Pair, RouterShape};
 
 /// [`Dispatch::new`] for an op kernel. Debug builds (the tests) check that the kernel is one of
 /// [`kernels`], so a new variant cannot escape `inkling-wgpu shaders` and the MSL/HLSL

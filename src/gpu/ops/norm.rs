@@ -120,7 +120,7 @@ fn row_groups(rows: u32, tpr: u32) -> [u32; 3] {
 }
 
 /// norm.wgsl with its `VEC4` and `INPLACE` flags set.
-pub fn norm_source(vec4: bool, inplace: bool) -> String {
+fn norm_source(vec4: bool, inplace: bool) -> String {
     crate::gpu::kernel::preprocess(SRC, &[("VEC4", vec4), ("INPLACE", inplace)])
 }
 

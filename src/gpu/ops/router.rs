@@ -84,12 +84,10 @@ pub struct RouterShape {
     pub scale: f32,
 }
 
-pub struct Router {
-    pub shape: RouterShape,
-}
-
-impl Router {
-    pub fn new(shape: RouterShape) -> Router {
+impl RouterShape {
+    /// Panics unless the shape is one the kernel handles (a bug in the caller).
+    fn check(&self) {
+        let shape = self;
         assert!(
             shape.n_routed <= 2048,
             "router: {} routed experts > 2048",
@@ -100,7 +98,6 @@ impl Router {
             "router: bad top_k {}",
             shape.top_k
         );
-        Router { shape }
     }
 
     /// Top-k of `sigmoid(logits[:E]) + bias` (larger first, ties to the lower index, NaN below every
@@ -109,7 +106,7 @@ impl Router {
     /// `model::cpu::route`. `logits` f32 [T, E+S] (routed first), `bias` f32 [E]
     /// (e_score_correction_bias) → `pairs` [T·top_k] of [`Pair`], `gammas` f32 [T·top_k],
     /// `shared_gammas` f32 [T·S] (bind a 4-byte buffer when S = 0). Non-finite logits are not
-    /// reported (see [`Router::bind_checked`]).
+    /// reported (see [`RouterShape::bind_checked`]).
     pub fn bind(
         &self,
         gpu: &Gpu,
@@ -134,7 +131,7 @@ impl Router {
         Ok(call.owning([status, pos]))
     }
 
-    /// [`Router::bind`], and a token whose logits hold a NaN or an Inf sets the run-time status
+    /// [`RouterShape::bind`], and a token whose logits hold a NaN or an Inf sets the run-time status
     /// words `status[2] = layer + 1` (unless an earlier layer already set them) and
     /// `status[3] = max(u32::MAX − (pos0 + t))` over such tokens t (layout: `model::status`);
     /// `check.0` is the status buffer, u32 [≥ 4], `check.1` the uniform `[pos0, 0, 0, 0]` of the
@@ -151,8 +148,9 @@ impl Router {
         check: (&wgpu::Buffer, &wgpu::Buffer),
         layer: u32,
     ) -> Result<Call, BufferTooSmall> {
+        self.check();
         let (status, pos) = check;
-        let s = &self.shape;
+        let s = self;
         let t = s.tokens as u64;
         let n_logits = t * (s.n_routed + s.n_shared) as u64;
         need(logits, n_logits, "router logits")?;

@@ -1,9 +1,8 @@
 //! The one mapping between the two checkpoint name layouts: released names (`model.llm.…`,
 //! layout b) ↔ transformers `InklingForCausalLM` names (`model.layers.N.…`, layout a).
 //!
-//! Used by the loader ([`super::weights::Weights::load`], which asks for tensors by their
-//! transformers name) and by the converter (`crate::container::convert`, which renames released
-//! tensors). Released-only tensors whose rows are interleaved keep a distinct name on the
+//! Used by the loader ([`crate::model::weights::Weights::load`], which asks for tensors by their
+//! transformers name) and by the converter ([`super::convert`], which renames released tensors). Released-only tensors whose rows are interleaved keep a distinct name on the
 //! transformers side (`mlp.w13_dn.weight`, `mlp.experts.w13_weight`,
 //! `mlp.shared_experts.w13_weight`), so that no reader mistakes them for de-interleaved ones.
 
