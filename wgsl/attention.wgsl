@@ -13,6 +13,18 @@
 // (one 16-byte load per 4 elements); otherwise they are f32 arrays read four at a time with the tail
 // masked. Either way a row is handled as ceil(D/4) vec4 "columns".
 //
+// The `//!IF FUSED` variant (one-token decode, T = 1) also runs the attention prologue inside the
+// dispatch: every workgroup normalises its raw q row (q_norm), and computes the k and v short convs
+// (residual inside) of its KV head from the raw k/v projections and a conv ring, then k_norm, all
+// in workgroup memory, so the one new key and value never leave the workgroup. The first query head
+// of each KV group (exactly one workgroup per KV head) writes the new k/v into the cache and the raw
+// k/v into the ring. Bindings: q = raw q_proj [H, D], k_new / v_new = the raw k/v projections
+// [KVH * D], `proj` = the layer's attention constants [rel_proj | q_norm | k_norm | k conv w
+// [C, K] | v conv w [C, K]] (C = KVH * D), caches [cap + K, KVH, D] read_write, whose last K rows
+// are the conv ring: ring row p % K holds the raw input of position p (zeros before the sequence),
+// so the K - 1 rows a step reads are never the row it writes and no workgroup races another.
+// `fp` (binding 12) holds eps and the conv kernel size K. No `attn_append` in this variant.
+//
 // One workgroup of 256 invocations per (token, head); keys in blocks of BK = 64 with an online softmax:
 //   scores: LPK = 4 lanes per key, each a strided share of the q.k columns (two accumulators) and of
 //           the d_rel bias terms; the 4 partials are summed from workgroup memory,
@@ -51,11 +63,16 @@ const NEW: u32 = 0x80000000u; // row-base tag: the row lives in k_new / v_new, n
 @group(0) @binding(2) var<storage, read> q: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read> k_new: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read> v_new: array<vec4<f32>>;
+//!IF FUSED
+@group(0) @binding(7) var<storage, read_write> k_cache: array<vec4<f32>>;
+@group(0) @binding(8) var<storage, read_write> v_cache: array<vec4<f32>>;
+//!ELSE
 @group(0) @binding(7) var<storage, read> k_cache: array<vec4<f32>>;
 @group(0) @binding(8) var<storage, read> v_cache: array<vec4<f32>>;
-@group(0) @binding(9) var<storage, read_write> out: array<vec4<f32>>;
 @group(0) @binding(10) var<storage, read_write> k_cache_w: array<vec4<f32>>;
 @group(0) @binding(11) var<storage, read_write> v_cache_w: array<vec4<f32>>;
+//!END
+@group(0) @binding(9) var<storage, read_write> out: array<vec4<f32>>;
 
 const UNIT: u32 = 4u; // floats per array element
 
@@ -69,6 +86,19 @@ fn $NAME(b: u32, c: u32) -> vec4<f32> {
     return $ARRAY[b + c];
 }
 //!END EACH
+// Element i of a flat f32 view, one loader (and, in the fused variant, one store) per array.
+//!EACH ld_q1=q ld_kn1=k_new ld_vn1=v_new ld_kc1=k_cache ld_vc1=v_cache
+fn $NAME(i: u32) -> f32 {
+    return $ARRAY[i / 4u][i % 4u];
+}
+//!END EACH
+//!IF FUSED
+//!EACH st_kc1=k_cache st_vc1=v_cache
+fn $NAME(i: u32, v: f32) {
+    $ARRAY[i / 4u][i % 4u] = v;
+}
+//!END EACH
+//!END
 fn st_out(b: u32, c: u32, v: vec4<f32>) {
     out[b + c] = v;
 }
@@ -76,11 +106,16 @@ fn st_out(b: u32, c: u32, v: vec4<f32>) {
 @group(0) @binding(2) var<storage, read> q: array<f32>;
 @group(0) @binding(3) var<storage, read> k_new: array<f32>;
 @group(0) @binding(4) var<storage, read> v_new: array<f32>;
+//!IF FUSED
+@group(0) @binding(7) var<storage, read_write> k_cache: array<f32>;
+@group(0) @binding(8) var<storage, read_write> v_cache: array<f32>;
+//!ELSE
 @group(0) @binding(7) var<storage, read> k_cache: array<f32>;
 @group(0) @binding(8) var<storage, read> v_cache: array<f32>;
-@group(0) @binding(9) var<storage, read_write> out: array<f32>;
 @group(0) @binding(10) var<storage, read_write> k_cache_w: array<f32>;
 @group(0) @binding(11) var<storage, read_write> v_cache_w: array<f32>;
+//!END
+@group(0) @binding(9) var<storage, read_write> out: array<f32>;
 
 const UNIT: u32 = 1u;
 
@@ -99,6 +134,19 @@ fn $NAME(b: u32, c: u32) -> vec4<f32> {
     return v;
 }
 //!END EACH
+// Element i of a flat f32 view, one loader (and, in the fused variant, one store) per array.
+//!EACH ld_q1=q ld_kn1=k_new ld_vn1=v_new ld_kc1=k_cache ld_vc1=v_cache
+fn $NAME(i: u32) -> f32 {
+    return $ARRAY[i];
+}
+//!END EACH
+//!IF FUSED
+//!EACH st_kc1=k_cache st_vc1=v_cache
+fn $NAME(i: u32, v: f32) {
+    $ARRAY[i] = v;
+}
+//!END EACH
+//!END
 fn st_out(b: u32, c: u32, v: vec4<f32>) {
     for (var u = 0u; u < 4u; u++) {
         if (4u * c + u < p.d) {
@@ -118,6 +166,123 @@ var<workgroup> kb_sh: array<u32, BK>;     // row base of each key (| NEW when in
 var<workgroup> acc_sh: array<vec4<f32>, WG>;
 var<workgroup> l_sh: array<f32, WG>;
 
+//!IF FUSED
+struct FusedParams {
+    eps: f32,
+    conv_k: u32,   // short-conv kernel size K (1..=MAX_CK)
+    _p0: u32,
+    _p1: u32,
+}
+@group(0) @binding(12) var<uniform> fp: FusedParams;
+
+const MAX_CK: u32 = 8u;
+
+// The new key and value (after conv, k after k_norm), tail past D zero.
+var<workgroup> k_sh: array<vec4<f32>, MAX_D4>;
+var<workgroup> v_sh: array<vec4<f32>, MAX_D4>;
+
+// The key / value of this call's token j - pos0 at row base b: the one new token's, from
+// workgroup memory.
+fn ld_knew(b: u32, c: u32) -> vec4<f32> {
+    return k_sh[c];
+}
+fn ld_vnew(b: u32, c: u32) -> vec4<f32> {
+    return v_sh[c];
+}
+
+// Sums of a and b over the workgroup (in `part` and `l_sh`; every invocation gets both).
+fn wg_sum2(tid: u32, a: f32, b: f32) -> vec2<f32> {
+    part[tid] = a;
+    l_sh[tid] = b;
+    workgroupBarrier();
+    for (var st = WG / 2u; st > 0u; st = st / 2u) {
+        if (tid < st) {
+            part[tid] += part[tid + st];
+            l_sh[tid] += l_sh[tid + st];
+        }
+        workgroupBarrier();
+    }
+    let s = vec2<f32>(part[0], l_sh[0]);
+    workgroupBarrier();
+    return s;
+}
+
+// The prologue of the one token (see the header): q_sh, k_sh and v_sh for head hh of KV group g;
+// the group's first head writes the cache slot and the conv ring.
+fn prologue(tid: u32, hh: u32, g: u32, pos0: u32) {
+    let d = p.d;
+    let row = p.kvh * d;              // C: floats per cache row
+    let ring0 = p.cap * row;          // first float of the conv ring
+    let kk = fp.conv_k;
+    let km1 = kk - 1u;
+    let off_qn = p.d_rel * p.extent;  // q_norm in the constants
+    let off_kn = off_qn + d;
+    let off_kw = off_kn + d;
+    let off_vw = off_kw + row * kk;
+    let c = g * d + tid;
+    let live = tid < d;
+    var qv = 0.0;
+    var kx = 0.0;
+    var vx = 0.0;
+    var sk = 0.0;
+    var sv = 0.0;
+    if (live) {
+        qv = ld_q1(hh * d + tid);
+        kx = ld_kn1(c);
+        vx = ld_vn1(c);
+        // as conv.wgsl: s = sum_k w[c, k] * xin[k], window oldest first, then out = x + s
+        for (var k = 0u; k < MAX_CK; k++) {
+            if (k < km1) {
+                let slot = ring0 + ((pos0 + 1u + k) % kk) * row + c;
+                sk += proj[off_kw + c * kk + k] * ld_kc1(slot);
+                sv += proj[off_vw + c * kk + k] * ld_vc1(slot);
+            } else if (k == km1) {
+                sk += proj[off_kw + c * kk + k] * kx;
+                sv += proj[off_vw + c * kk + k] * vx;
+            }
+        }
+    }
+    let kv = kx + sk;
+    let vv = vx + sv;
+    let ss = wg_sum2(tid, qv * qv, kv * kv);
+    let inv_q = inverseSqrt(ss.x / f32(d) + fp.eps);
+    let inv_k = inverseSqrt(ss.y / f32(d) + fp.eps);
+    var qn = 0.0;
+    var kn = 0.0;
+    if (live) {
+        qn = proj[off_qn + tid] * (qv * inv_q);
+        kn = proj[off_kn + tid] * (kv * inv_k);
+    }
+    if (tid < 4u * ((d + 3u) / 4u)) {
+        q_sh[tid / 4u][tid % 4u] = qn;
+        k_sh[tid / 4u][tid % 4u] = kn;
+        v_sh[tid / 4u][tid % 4u] = select(0.0, vv, live);
+    }
+    if (live && hh % (p.h / p.kvh) == 0u) {
+        var slot = pos0;
+        var keep = true;
+        if (p.window != 0u) {
+            slot = pos0 % p.cap;
+        } else {
+            keep = pos0 < p.cap;
+        }
+        if (keep) {
+            st_kc1(slot * row + c, kn);
+            st_vc1(slot * row + c, vv);
+        }
+        st_kc1(ring0 + (pos0 % kk) * row + c, kx);
+        st_vc1(ring0 + (pos0 % kk) * row + c, vx);
+    }
+}
+//!ELSE
+fn ld_knew(b: u32, c: u32) -> vec4<f32> {
+    return ld_kn(b, c);
+}
+fn ld_vnew(b: u32, c: u32) -> vec4<f32> {
+    return ld_vn(b, c);
+}
+//!END
+
 // Cache slot of absolute position j < pos0: ring slot on sliding layers; on full layers the linear slot,
 // clamped so a host that overruns the capacity cannot read out of bounds.
 fn cache_slot(j: u32) -> u32 {
@@ -129,7 +294,7 @@ fn cache_slot(j: u32) -> u32 {
 
 fn ld_v(kb: u32, c: u32) -> vec4<f32> {
     if ((kb & NEW) != 0u) {
-        return ld_vn(kb & ~NEW, c);
+        return ld_vnew(kb & ~NEW, c);
     }
     return ld_vc(kb, c);
 }
@@ -149,11 +314,15 @@ fn attn(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let i = pos0 + t;
     let d4 = (p.d + 3u) / 4u;
 
-    // q row and r row into workgroup memory.
+    // q row (normalised by the prologue in the fused variant) and r row into workgroup memory.
     let qb = row_base(t * p.h + hh);
+//!IF FUSED
+    prologue(tid, hh, g, pos0);
+//!ELSE
     if (tid < d4) {
         q_sh[tid] = ld_q(qb, tid);
     }
+//!END
     if (tid < p.d_rel) {
         r_sh[tid] = r[(t * p.h + hh) * p.d_rel + tid];
     }
@@ -193,11 +362,11 @@ fn attn(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             if (j >= pos0) {
                 let b = row_base((j - pos0) * p.kvh + g);
                 for (; c + LPK < d4; c += 2u * LPK) {
-                    a0 += dot(q_sh[c], ld_kn(b, c));
-                    a1 += dot(q_sh[c + LPK], ld_kn(b, c + LPK));
+                    a0 += dot(q_sh[c], ld_knew(b, c));
+                    a1 += dot(q_sh[c + LPK], ld_knew(b, c + LPK));
                 }
                 if (c < d4) {
-                    a0 += dot(q_sh[c], ld_kn(b, c));
+                    a0 += dot(q_sh[c], ld_knew(b, c));
                 }
                 if (lane == 0u) {
                     kb_sh[key] = b | NEW;
@@ -293,6 +462,8 @@ fn attn(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
 }
 
+//!IF FUSED
+//!ELSE
 // Append this call's k/v rows to the cache. One invocation per array element (vec4 or f32) of [T, KVH, D].
 @compute @workgroup_size(256)
 fn attn_append(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -317,3 +488,4 @@ fn attn_append(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
     k_cache_w[slot * row + rest] = k_new[idx];
     v_cache_w[slot * row + rest] = v_new[idx];
 }
+//!END

@@ -5,24 +5,24 @@ use inkling_wgpu::gpu::Gpu;
 use ops_util::*;
 
 #[derive(Clone, Copy, Debug)]
-struct Cfg {
-    h: usize,
-    kvh: usize,
-    d: usize,
-    d_rel: usize,
-    extent: usize,
-    window: Option<usize>,
-    cap: usize,
-    tau: Option<(f32, f32)>,
+pub struct Cfg {
+    pub h: usize,
+    pub kvh: usize,
+    pub d: usize,
+    pub d_rel: usize,
+    pub extent: usize,
+    pub window: Option<usize>,
+    pub cap: usize,
+    pub tau: Option<(f32, f32)>,
 }
 
-struct Seq {
-    n: usize,
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    r: Vec<f32>,
-    proj: Vec<f32>,
+pub struct Seq {
+    pub n: usize,
+    pub q: Vec<f32>,
+    pub k: Vec<f32>,
+    pub v: Vec<f32>,
+    pub r: Vec<f32>,
+    pub proj: Vec<f32>,
 }
 
 fn make_seq(c: &Cfg, n: usize, seed: u64) -> Seq {
@@ -38,7 +38,7 @@ fn make_seq(c: &Cfg, n: usize, seed: u64) -> Seq {
 }
 
 /// Full recompute in f64: out [n, H*D].
-fn reference(c: &Cfg, s: &Seq) -> Vec<f64> {
+pub fn reference(c: &Cfg, s: &Seq) -> Vec<f64> {
     let (h, kvh, d, dr, e) = (c.h, c.kvh, c.d, c.d_rel, c.extent);
     let mut out = vec![0.0f64; s.n * h * d];
     for i in 0..s.n {
@@ -85,7 +85,7 @@ fn reference(c: &Cfg, s: &Seq) -> Vec<f64> {
     out
 }
 
-fn shape(c: &Cfg, t: usize) -> AttentionShape {
+pub fn shape(c: &Cfg, t: usize) -> AttentionShape {
     AttentionShape {
         tokens: t as u32,
         heads: c.h as u32,

@@ -5,7 +5,7 @@
 //! strided share of the block's keys). Head dims divisible by 4 use the vec4 variant of the kernel.
 
 use super::{dispatch, vec4_tag, PosBuffer};
-use crate::gpu::call::{grid, need, BufferTooSmall, Call, Label};
+use crate::gpu::call::{grid, need, BufferTooSmall, Call, Dispatch, Label};
 use crate::gpu::kernel::{Bind, Kernel, KernelSpec};
 use crate::gpu::Gpu;
 use std::fmt;
@@ -68,8 +68,14 @@ impl Kernel for AttentionKey {
         }
     }
     fn source(&self) -> String {
-        super::wgsl_variant(SRC, self.vec4)
+        attention_source(self.vec4, false)
     }
+}
+
+/// attention.wgsl in its `VEC4` (head_dim % 4 == 0) and `FUSED` (the one-token kernel with the
+/// prologue inside, [`super::attention_fused`]) variant.
+pub(crate) fn attention_source(vec4: bool, fused: bool) -> String {
+    crate::gpu::kernel::preprocess(SRC, &[("VEC4", vec4), ("FUSED", fused)])
 }
 
 /// Both entry points of attention.wgsl, each in the f32 and vec4 variant.
@@ -112,8 +118,31 @@ impl AttentionShape {
         self.cache_capacity as u64 * self.kv_heads as u64 * self.head_dim as u64 * 4
     }
 
+    /// The uniform of attention.wgsl for this shape.
+    pub fn params(&self) -> AttentionParams {
+        let s = self;
+        let (use_tau, alpha, n_floor) = match s.tau {
+            Some((a, n)) => (1u32, a, n),
+            None => (0, 0.0, 1.0),
+        };
+        AttentionParams {
+            t: s.tokens,
+            h: s.heads,
+            kvh: s.kv_heads,
+            d: s.head_dim,
+            d_rel: s.d_rel,
+            extent: s.extent,
+            window: s.window.unwrap_or(0),
+            cap: s.cache_capacity,
+            use_tau,
+            alpha,
+            n_floor,
+            _pad: 0,
+        }
+    }
+
     /// Panics unless the shape is one the kernel handles (a bug in the caller).
-    fn check(&self) {
+    pub(crate) fn check(&self) {
         let s = self;
         assert!(
             s.head_dim >= 1 && s.head_dim <= 256,
@@ -172,24 +201,23 @@ impl AttentionShape {
         need(k_cache, cache, "attention k_cache")?;
         need(v_cache, cache, "attention v_cache")?;
         need(out, t * h * d, "attention out")?;
-        let (use_tau, alpha, n_floor) = match s.tau {
-            Some((a, n)) => (1u32, a, n),
-            None => (0, 0.0, 1.0),
-        };
-        let params = AttentionParams {
-            t: s.tokens,
-            h: s.heads,
-            kvh: s.kv_heads,
-            d: s.head_dim,
-            d_rel: s.d_rel,
-            extent: s.extent,
-            window: s.window.unwrap_or(0),
-            cap: s.cache_capacity,
-            use_tau,
-            alpha,
-            n_floor,
-            _pad: 0,
-        };
+        Ok(Call::new(
+            Label::op("attention"),
+            self.dispatches(gpu, pos, [q, k_new, v_new, r, proj, k_cache, v_cache, out]),
+        ))
+    }
+
+    /// The two dispatches of [`AttentionShape::bind`] (attend, append) on
+    /// `[q, k_new, v_new, r, proj, k_cache, v_cache, out]`, sizes already checked.
+    pub(crate) fn dispatches(
+        &self,
+        gpu: &Gpu,
+        pos: &PosBuffer,
+        b: [&wgpu::Buffer; 8],
+    ) -> Vec<Dispatch> {
+        let s = self;
+        let [q, k_new, v_new, r, proj, k_cache, v_cache, out] = b;
+        let params = s.params();
         // D % 4 == 0: every row is 16-byte aligned and every buffer a whole number of vec4s.
         let vec4 = s.head_dim.is_multiple_of(4);
         let attn = dispatch(
@@ -228,6 +256,6 @@ impl AttentionShape {
             ],
             grid(n_append),
         );
-        Ok(Call::new(Label::op("attention"), vec![attn, append]))
+        vec![attn, append]
     }
 }

@@ -7,6 +7,7 @@
 //! updates with `queue.write_buffer` ([`PosBuffer`]).
 
 pub mod attention;
+pub mod attention_fused;
 pub mod conv;
 pub mod elementwise;
 pub mod norm;
@@ -18,6 +19,7 @@ use crate::gpu::kernel::{Kernel, KernelSpec};
 use crate::gpu::Gpu;
 
 pub use attention::AttentionShape;
+pub use attention_fused::{attention_consts, FusedAttention, FusedAttentionIo};
 pub use conv::ShortConvKernel;
 pub use elementwise::{
     Add, AddScaled, Argmax, DivConst, MoeCombine, MulConst, SiluMul, SiluMulLayout,
@@ -54,6 +56,7 @@ pub(crate) fn dispatch<K: Kernel>(
 pub fn kernels() -> Vec<KernelSpec> {
     let mut v = Vec::new();
     v.extend(attention::kernels());
+    v.extend(attention_fused::kernels());
     v.extend(conv::kernels());
     v.extend(elementwise::kernels());
     v.extend(norm::kernels());

@@ -30,7 +30,10 @@ pub(super) fn resident_bytes_estimate(w: &Weights<'_>, max_seq: usize, max_chunk
         b += v(&l.attn_sconv.w) + v(&l.mlp_sconv.w);
         let g = cfg.attn(i);
         let cap = g.window.unwrap_or(max_seq) as u64;
-        b += 2 * 4 * cap * g.kv_dim() as u64;
+        // the KV caches with the fused attention's conv ring, and its constants buffer
+        let kk = cfg.conv_kernel_size as u64;
+        b += 2 * 4 * (cap + kk) * g.kv_dim() as u64;
+        b += v(&a.rel_proj) + v(&a.q_norm) + v(&a.k_norm) + v(&a.k_sconv.w) + v(&a.v_sconv.w);
         b += 4 * (cfg.conv_kernel_size as u64) * (2 * g.kv_dim() as u64 + 2 * hid);
         b += match &l.mlp {
             Mlp::Dense(d) => ffn(&d.ffn),

@@ -8,15 +8,17 @@
 //!
 //! With `fuse_residual`, a one-token step fuses each residual chain (conv input → short conv →
 //! `h +=` → the next RMSNorm) into one [`SconvRmsNorm`] dispatch; longer chunks, and every step
-//! by default, keep the separate kernels.
+//! by default, keep the separate kernels. With `fuse_attention`, the attention block after the
+//! projections (k/v convs, q/k norms, attention, KV write) is one [`FusedAttention`] call: one
+//! dispatch for a one-token step, a prologue plus the attention for longer chunks.
 use super::resident::{
     DenseMlp, FfnSlab, MoeMlp, Resident, ResidentLayer, ResidentMlp, ATTN_SCONV, K_SCONV,
     MLP_SCONV, V_SCONV,
 };
 use crate::gpu::gemv::GemvArgs;
 use crate::gpu::ops::{
-    Argmax, AttentionShape, DivConst, EmbedNorm, MoeCombine, MulConst, RmsNorm, RouterShape,
-    SconvInput, SconvRmsNorm, ShortConvKernel, SiluMul, SiluMulLayout,
+    Argmax, DivConst, EmbedNorm, FusedAttention, FusedAttentionIo, MoeCombine, MulConst, RmsNorm,
+    RouterShape, SconvInput, SconvRmsNorm, ShortConvKernel, SiluMul, SiluMulLayout,
 };
 use crate::gpu::{Call, Gpu};
 use crate::model::config::TextConfig;
@@ -158,13 +160,22 @@ pub(super) fn at_layer(mut c: Call, layer: usize) -> Call {
     c
 }
 
+/// Which fused kernels a step uses (both off by default).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Fusions {
+    /// The residual chains of one-token steps as [`SconvRmsNorm`] dispatches.
+    pub residual: bool,
+    /// The attention after the projections as [`FusedAttention`] (every chunk size).
+    pub attention: bool,
+}
+
 /// Build the step of `key` over `res`.
 pub(super) fn build_step(
     gpu: &Gpu,
     cfg: &TextConfig,
     res: &Resident,
     key: StepKey,
-    fuse_residual: bool,
+    fusions: Fusions,
 ) -> Result<Step> {
     let r = Recipe {
         gpu,
@@ -175,7 +186,8 @@ pub(super) fn build_step(
         eps: cfg.rms_norm_eps as f32,
         kernel: cfg.conv_kernel_size as u32,
         head: key.head,
-        fuse: key.tokens == 1 && fuse_residual,
+        fuse: key.tokens == 1 && fusions.residual,
+        fuse_attention: fusions.attention,
     };
     let mut blocks = vec![r.embedding(key.chained)?];
     for li in 0..res.layers.len() {
@@ -244,6 +256,8 @@ struct Recipe<'a> {
     head: Head,
     /// Fuse the residual chains (one-token steps with `fuse_residual`).
     fuse: bool,
+    /// Run the attention after the projections as [`FusedAttention`].
+    fuse_attention: bool,
 }
 
 impl Recipe<'_> {
@@ -270,14 +284,12 @@ impl Recipe<'_> {
         Ok(b)
     }
 
-    /// Layer `li`'s attention block and its residual: input norm; q/k/v/r GEMVs; k and v short
-    /// convs (one dispatch); per-head q and k norms; attention (τ, relative bias, sliding mask,
-    /// KV append); o_proj; `h += attn_sconv(o)`; the post-attention norm into `xn`.
+    /// Layer `li`'s attention block and its residual: input norm; q/k/v/r GEMVs; the attention
+    /// after the projections ([`Recipe::attention`] or [`Recipe::fused_attention`]); o_proj;
+    /// `h += attn_sconv(o)`; the post-attention norm into `xn`.
     fn attention_block(&self, li: usize) -> Result<Block> {
         let (gpu, a, t, hid, eps) = (self.gpu, &self.res.acts, self.t, self.hid, self.eps);
         let l: &ResidentLayer = &self.res.layers[li];
-        let g = l.geom;
-        let (h, kvh, d) = (g.heads as u32, g.kv_heads as u32, g.head_dim as u32);
         let mut b = Block::new(Phase::Attention, Some(li));
         // fused: the previous layer's MLP residual already wrote this norm
         if !(self.fuse && li > 0) {
@@ -287,56 +299,13 @@ impl Recipe<'_> {
         b.push(l.k.call(gpu, self.dense(&a.xn, &a.k_raw), "k_proj")?);
         b.push(l.v.call(gpu, self.dense(&a.xn, &a.v_raw), "v_proj")?);
         b.push(l.r.call(gpu, self.dense(&a.xn, &a.r), "r_proj")?);
-        b.push(
-            ShortConvKernel {
-                tokens: t,
-                channels: kvh * d,
-                kernel: self.kernel,
-                accumulate: false,
+        if self.fuse_attention {
+            b.push(self.fused_attention(li)?);
+        } else {
+            for c in self.attention(li)? {
+                b.push(c);
             }
-            .bind_pair(
-                gpu,
-                [
-                    &a.k_raw,
-                    &l.conv_w[K_SCONV],
-                    &l.conv_state[K_SCONV],
-                    &a.k_new,
-                ],
-                [
-                    &a.v_raw,
-                    &l.conv_w[V_SCONV],
-                    &l.conv_state[V_SCONV],
-                    &a.v_new,
-                ],
-            )?,
-        );
-        b.push(RmsNorm::rows(t * h, d, eps).bind_inplace(gpu, &a.q, &l.q_norm)?);
-        b.push(RmsNorm::rows(t * kvh, d, eps).bind_inplace(gpu, &a.k_new, &l.k_norm)?);
-        let shape = AttentionShape {
-            tokens: t,
-            heads: h,
-            kv_heads: kvh,
-            head_dim: d,
-            d_rel: g.d_rel as u32,
-            extent: g.rel_extent as u32,
-            window: g.window.map(|w| w as u32),
-            cache_capacity: l.cache_capacity,
-            tau: g
-                .log_scaling
-                .map(|(n_floor, alpha)| (alpha as f32, n_floor as f32)),
-        };
-        b.push(shape.bind(
-            gpu,
-            &self.res.pos,
-            &a.q,
-            &a.k_new,
-            &a.v_new,
-            &a.r,
-            &l.rel_proj,
-            &l.k_cache,
-            &l.v_cache,
-            &a.attn,
-        )?);
+        }
         b.push(l.o.call(gpu, self.dense(&a.attn, &a.o), "o_proj")?);
         if self.fuse {
             b.phase(Phase::Other);
@@ -550,6 +519,72 @@ impl Recipe<'_> {
     /// A dense GEMV of the step's tokens: `y = W x` per token.
     fn dense<'b>(&'b self, x: &'b wgpu::Buffer, y: &'b wgpu::Buffer) -> GemvArgs<'b> {
         GemvArgs::new(x, self.t, &self.res.acts.dense_pairs, self.t, y)
+    }
+
+    /// Layer `li`'s attention after the projections as separate kernels: the k and v short convs
+    /// (one dispatch), the per-head q and k norms (in place), and the attention (τ, relative
+    /// bias, sliding mask, KV append) into `attn`.
+    fn attention(&self, li: usize) -> Result<[Call; 4]> {
+        let (gpu, a, t, eps) = (self.gpu, &self.res.acts, self.t, self.eps);
+        let l = &self.res.layers[li];
+        let shape = l.attn_shape(t);
+        let (h, kvh, d) = (shape.heads, shape.kv_heads, shape.head_dim);
+        let k_conv = [
+            &a.k_raw,
+            &l.conv_w[K_SCONV],
+            &l.conv_state[K_SCONV],
+            &a.k_new,
+        ];
+        let v_conv = [
+            &a.v_raw,
+            &l.conv_w[V_SCONV],
+            &l.conv_state[V_SCONV],
+            &a.v_new,
+        ];
+        Ok([
+            ShortConvKernel {
+                tokens: t,
+                channels: kvh * d,
+                kernel: self.kernel,
+                accumulate: false,
+            }
+            .bind_pair(gpu, k_conv, v_conv)?,
+            RmsNorm::rows(t * h, d, eps).bind_inplace(gpu, &a.q, &l.q_norm)?,
+            RmsNorm::rows(t * kvh, d, eps).bind_inplace(gpu, &a.k_new, &l.k_norm)?,
+            shape.bind(
+                gpu,
+                &self.res.pos,
+                &a.q,
+                &a.k_new,
+                &a.v_new,
+                &a.r,
+                &l.rel_proj,
+                &l.k_cache,
+                &l.v_cache,
+                &a.attn,
+            )?,
+        ])
+    }
+
+    /// Layer `li`'s attention after the projections as one [`FusedAttention`] call (k/v convs
+    /// over the conv ring in the caches, q/k norms, attention, KV write) into `attn`.
+    fn fused_attention(&self, li: usize) -> Result<Call> {
+        let a = &self.res.acts;
+        let l = &self.res.layers[li];
+        let io = FusedAttentionIo {
+            q: &a.q,
+            k_raw: &a.k_raw,
+            v_raw: &a.v_raw,
+            r: &a.r,
+            consts: &l.attn_consts,
+            k_cache: &l.k_cache,
+            v_cache: &l.v_cache,
+            out: &a.attn,
+            k_new: &a.k_new,
+            v_new: &a.v_new,
+        };
+        let fused = FusedAttention::new(l.attn_shape(self.t), self.kernel, self.eps);
+        Ok(fused.bind(self.gpu, &self.res.pos, &io)?)
     }
 
     /// `y (+)= sconv(x)` with layer `li`'s conv `wi` over `ch` channels.

@@ -27,7 +27,7 @@ use super::weights::Weights;
 use crate::gpu::Gpu;
 use anyhow::{bail, ensure, Context, Result};
 use budget::DecodeBytes;
-use graph::{Head, PassLayout, Step, StepKey};
+use graph::{Fusions, Head, PassLayout, Step, StepKey};
 use record::{words, Readback, Recorder, RING, STATUS_BYTES};
 use resident::Resident;
 use std::collections::HashMap;
@@ -92,7 +92,7 @@ pub struct GpuModel<'w> {
     spans: Option<SpanTimer>,
     /// Record a step as one compute pass per phase run (as profile mode does) instead of one.
     pass_per_phase: bool,
-    fuse_residual: bool,
+    fusions: Fusions,
 }
 
 impl<'w> GpuModel<'w> {
@@ -174,7 +174,7 @@ impl<'w> GpuModel<'w> {
             op_profile: None,
             spans: None,
             pass_per_phase: false,
-            fuse_residual: false,
+            fusions: Fusions::default(),
         })
     }
 
@@ -388,14 +388,37 @@ impl<'w> GpuModel<'w> {
     /// single workgroup measured slower on an H200: BENCHMARKS.md, *Decode: `bench decode` on a
     /// synthetic Inkling-Small, 4 layers*).
     pub fn set_fuse_residual(&mut self, on: bool) {
-        if on != self.fuse_residual {
-            self.fuse_residual = on;
+        if on != self.fusions.residual {
+            self.fusions.residual = on;
             self.steps.clear();
         }
     }
 
-    /// Forget the sequence: position 0, conv states cleared (KV slots are overwritten before they
-    /// are read, so the caches need no clearing).
+    /// Run the attention block after the projections through
+    /// [`crate::gpu::ops::FusedAttention`]: one dispatch per layer for one-token steps (k/v short
+    /// convs, q/k RMSNorms, attention and the KV-cache write) instead of five (conv pair, two
+    /// norms, attention, KV append), and a prologue plus the attention for longer chunks. Same
+    /// results as the separate kernels within float rounding (tested); off by default (`bench
+    /// decode --fuse-attention`). The fused kernels keep the k/v conv history in their own ring,
+    /// so the switch is refused in the middle of a sequence: call it at position 0 (after
+    /// [`GpuModel::reset`]).
+    pub fn set_fuse_attention(&mut self, on: bool) -> Result<()> {
+        if on != self.fusions.attention {
+            ensure!(
+                self.pos == 0,
+                "the fused attention can only be switched at the start of a sequence (position \
+                 {}); reset first",
+                self.pos
+            );
+            self.fusions.attention = on;
+            self.steps.clear();
+        }
+        Ok(())
+    }
+
+    /// Forget the sequence: position 0, conv states and the fused attention's conv rings cleared
+    /// (KV slots are overwritten before they are read, so the rest of the caches needs no
+    /// clearing).
     pub fn reset(&mut self) {
         self.pos = 0;
         if self.dirty {
@@ -596,7 +619,7 @@ impl<'w> GpuModel<'w> {
             chained: tokens.is_none(),
         };
         if !self.steps.contains_key(&key) {
-            let step = graph::build_step(&self.gpu, &self.cfg, &self.res, key, self.fuse_residual)?;
+            let step = graph::build_step(&self.gpu, &self.cfg, &self.res, key, self.fusions)?;
             self.steps.insert(key, step);
         }
         let GpuModel {

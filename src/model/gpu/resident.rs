@@ -3,13 +3,14 @@
 //! layer, the embedding table in binding-sized shards, and the activations of one chunk.
 use crate::formats::{Format, QMatrix};
 use crate::gpu::gemv::{GemvArgs, GpuWeights, NO_GAMMA};
-use crate::gpu::ops::{EmbedShard, PosBuffer};
+use crate::gpu::ops::{attention_consts, AttentionShape, EmbedShard, FusedAttention, PosBuffer};
 use crate::gpu::{Call, Gpu};
 use crate::model::config::{AttnGeom, TextConfig};
 use crate::model::status;
 use crate::model::weights::{Ffn, Mlp, Weights};
 use anyhow::{ensure, Context, Result};
 use std::borrow::Cow;
+use std::ops::Range;
 
 /// The dense matrices of one linear (or of a slab of experts), uploaded.
 pub(super) struct Linear {
@@ -143,10 +144,39 @@ pub(super) struct ResidentLayer {
     pub conv_w: [wgpu::Buffer; 4],
     /// Their states `[K−1, C]`.
     pub conv_state: [wgpu::Buffer; 4],
+    /// `[cache_capacity + K, KVH·D]` each: the KV cache, then the k/v conv ring of
+    /// [`FusedAttention`] (byte range `conv_ring`).
     pub k_cache: wgpu::Buffer,
     pub v_cache: wgpu::Buffer,
     pub cache_capacity: u32,
+    pub conv_ring: Range<u64>,
+    /// rel_proj, q_norm, k_norm and the k/v conv weights as one buffer ([`attention_consts`]).
+    pub attn_consts: wgpu::Buffer,
     pub mlp: ResidentMlp,
+}
+
+impl ResidentLayer {
+    /// The attention shape of this layer for chunks of `t` tokens.
+    pub fn attn_shape(&self, t: u32) -> AttentionShape {
+        attn_shape(self.geom, t, self.cache_capacity)
+    }
+}
+
+/// The attention shape of a layer of geometry `g` for chunks of `t` tokens.
+fn attn_shape(g: AttnGeom, t: u32, cache_capacity: u32) -> AttentionShape {
+    AttentionShape {
+        tokens: t,
+        heads: g.heads as u32,
+        kv_heads: g.kv_heads as u32,
+        head_dim: g.head_dim as u32,
+        d_rel: g.d_rel as u32,
+        extent: g.rel_extent as u32,
+        window: g.window.map(|w| w as u32),
+        cache_capacity,
+        tau: g
+            .log_scaling
+            .map(|(n_floor, alpha)| (alpha as f32, n_floor as f32)),
+    }
 }
 
 /// Index of each short conv in [`ResidentLayer::conv_w`] / `conv_state`.
@@ -317,12 +347,17 @@ impl Resident {
             .collect()
     }
 
-    /// Queue the clearing of every conv state (a new sequence).
+    /// Queue the clearing of every conv state and of the fused attention's conv rings (a new
+    /// sequence).
     pub fn clear_conv_states(&self, gpu: &Gpu) {
         let mut enc = gpu.device.create_command_encoder(&Default::default());
         for l in &self.layers {
             for s in &l.conv_state {
                 enc.clear_buffer(s, 0, None);
+            }
+            let ring = &l.conv_ring;
+            for c in [&l.k_cache, &l.v_cache] {
+                enc.clear_buffer(c, ring.start, Some(ring.end - ring.start));
             }
         }
         gpu.queue.submit([enc.finish()]);
@@ -381,11 +416,12 @@ fn upload_layer(
         Some(win) => win,
         None => max_seq,
     } as u32;
-    let kv_floats = cache_capacity as usize * g.kv_dim();
+    // the cache rows, then the K rows of the fused attention's conv ring
+    let kv_floats = (cache_capacity as usize + kk) * g.kv_dim();
     ensure!(
         (4 * kv_floats as u64) <= gpu.max_binding(),
-        "layer {i}: a KV cache of {cache_capacity} tokens × {} floats needs {} bytes, more \
-         than this adapter's largest storage binding ({} bytes); use a shorter max_seq (prompt + --max-tokens)",
+        "layer {i}: a KV cache of {cache_capacity} tokens (+ {kk} rows of conv history) × {} \
+         floats needs {} bytes, more than this adapter's largest storage binding ({} bytes); use a shorter max_seq (prompt + --max-tokens)",
         g.kv_dim(),
         4 * kv_floats as u64,
         gpu.max_binding()
@@ -402,6 +438,19 @@ fn upload_layer(
         zeroed(gpu, "attn_sconv state", (kk - 1) * hid),
         zeroed(gpu, "mlp_sconv state", (kk - 1) * hid),
     ];
+    let eps = cfg.rms_norm_eps as f32;
+    let fused = FusedAttention::new(attn_shape(g, 1, cache_capacity), kk as u32, eps);
+    let attn_consts = attention_consts(
+        &fused.shape,
+        kk as u32,
+        [
+            &aw.rel_proj,
+            &aw.q_norm,
+            &aw.k_norm,
+            &aw.k_sconv.w,
+            &aw.v_sconv.w,
+        ],
+    );
     let mlp = match &lw.mlp {
         Mlp::Dense(d) => {
             let inter = d.ffn.gate.rows;
@@ -474,6 +523,8 @@ fn upload_layer(
         k_cache: zeroed(gpu, "k cache", kv_floats),
         v_cache: zeroed(gpu, "v cache", kv_floats),
         cache_capacity,
+        conv_ring: fused.ring_range(),
+        attn_consts: f32_buf(gpu, "attention constants", &attn_consts),
         mlp,
     })
 }
