@@ -57,6 +57,7 @@
 
 use crate::formats::{Encoding, Format, QMatrix};
 use crate::gpu::dispatch::{self, DispatchError};
+use crate::gpu::gemm::{self, GemmCall, GemmChoice};
 use crate::gpu::kernel::{Bind, KernelSpec};
 use crate::gpu::Gpu;
 use std::sync::Arc;
@@ -145,7 +146,7 @@ pub fn set_tuning_override(t: Option<Tuning>) {
     TUNING_OVERRIDE.store(v, std::sync::atomic::Ordering::Relaxed);
 }
 
-fn tuning_override() -> Option<Tuning> {
+pub(crate) fn tuning_override() -> Option<Tuning> {
     let o = TUNING_OVERRIDE.load(std::sync::atomic::Ordering::Relaxed);
     (o != 0).then_some(Tuning {
         tpr: o >> 16,
@@ -951,6 +952,9 @@ pub struct GemvArgs<'a> {
     /// Force this tuning instead of [`plan`]'s choice (tests, benchmarks); wins over
     /// [`set_tuning_override`]. x is read directly or staged by [`plan`]'s rules for that tuning.
     pub tuning: Option<Tuning>,
+    /// Whether [`GemvCall::new`] may run the call as a GEMM ([`gemm::select`]; default
+    /// [`GemmChoice::Auto`]).
+    pub gemm: GemmChoice,
 }
 
 impl<'a> GemvArgs<'a> {
@@ -976,7 +980,13 @@ impl<'a> GemvArgs<'a> {
             reduction: Reduction::Auto,
             x_per_pair: false,
             tuning: None,
+            gemm: GemmChoice::Auto,
         }
+    }
+    /// Whether the call may run as a GEMM ([`GemvArgs::gemm`]).
+    pub fn gemm(mut self, choice: GemmChoice) -> Self {
+        self.gemm = choice;
+        self
     }
     /// With a forced tuning (see [`GemvArgs::tuning`]); panics unless TPR is a power of two
     /// ≤ 256 and RPT is 1..=8.
@@ -1005,10 +1015,12 @@ impl<'a> GemvArgs<'a> {
 /// A GEMV ready to record: pipeline, uniform block and one bind group per weight chunk, all made
 /// once in [`GemvCall::new`]; [`GemvCall::record`] allocates nothing.
 pub struct GemvCall {
-    _params: wgpu::Buffer,
+    _params: Option<wgpu::Buffer>,
     _dummy: Option<wgpu::Buffer>,
     parts: Vec<Part>,
     subgroups: bool,
+    /// The GEMM that replaces the dispatches, when [`gemm::select`] picked it.
+    gemm: Option<GemmCall>,
 }
 
 /// One dispatch of a [`GemvCall`]: a weight chunk's pipeline (its [`plan`]), bind group and grid.
@@ -1084,6 +1096,16 @@ impl GemvCall {
                     args.tokens, args.n_pairs
                 )));
             }
+        }
+        if let Some(tile) = gemm::select(weights, &args) {
+            let g = GemmCall::new(gpu, weights, &args, tile)?;
+            return Ok(GemvCall {
+                _params: None,
+                _dummy: None,
+                parts: Vec::new(),
+                subgroups,
+                gemm: Some(g),
+            });
         }
         let smem = gpu.limits.max_compute_workgroup_storage_size as u64;
         let align = (gpu.limits.min_uniform_buffer_offset_alignment as u64).max(PARAMS_BYTES);
@@ -1181,10 +1203,11 @@ impl GemvCall {
             });
         }
         Ok(GemvCall {
-            _params: params,
+            _params: Some(params),
             _dummy: dummy,
             parts,
             subgroups,
+            gemm: None,
         })
     }
 
@@ -1193,9 +1216,14 @@ impl GemvCall {
         self.subgroups
     }
 
-    /// Number of dispatches (one per weight chunk).
+    /// Number of dispatches (one per weight chunk; a GEMM's, see [`GemmCall::dispatches`]).
     pub fn dispatches(&self) -> usize {
-        self.parts.len()
+        self.parts.len() + self.gemm.as_ref().map_or(0, GemmCall::dispatches)
+    }
+
+    /// The GEMM this call runs instead of GEMV dispatches, if any.
+    pub fn gemm(&self) -> Option<&GemmCall> {
+        self.gemm.as_ref()
     }
 
     /// The [`plan`] of every dispatch, in recording order.
@@ -1233,6 +1261,9 @@ impl GemvCall {
 
     /// Record the dispatches into an open compute pass.
     pub fn record_in_pass(&self, pass: &mut wgpu::ComputePass<'_>) {
+        if let Some(g) = &self.gemm {
+            g.record_in_pass(pass);
+        }
         let mut current: Option<&Arc<wgpu::ComputePipeline>> = None;
         for part in &self.parts {
             if !current.is_some_and(|c| Arc::ptr_eq(c, &part.pipeline)) {

@@ -7,6 +7,7 @@ pub mod variants;
 
 pub use device::{Gpu, GpuError};
 pub mod dispatch;
+pub mod gemm;
 pub mod gemv;
 
 pub use dispatch::{gemv_pairs, DispatchError};
