@@ -194,60 +194,84 @@ fn int3_four(lb: u32, hb: u32) -> vec4<f32> {
     return bitcast<vec4<f32>>(l | h | vec4<u32>(MAGIC)) - vec4<f32>(MAGIC_INT3);
 }
 
-fn wload(i: u32, last: u32) -> vec4<u32> {
-    return W[min(i, last)];
+// Words of one lane's 32 columns of one row per 128-column step: 8 vec4 (f32), 4 (bf16), one
+// (int4: 4 words of 8 columns; int3-g64: 2 words of lows and 1 of highs in .xyz).
+const WV: u32 = select(select(1u, 4u, FMT == 9u), 8u, FMT == 0u);
+
+// The raw words of lane `lane`'s columns k0 + 32 lane .. + 31 of the row at vec4 `rowv` (last
+// vec4 of the row: `last`; loads never leave the row).
+fn load_w(rowv: u32, last: u32, k0: u32, lane: u32) -> array<vec4<u32>, WV> {
+    var raw: array<vec4<u32>, WV>;
+    let c = k0 + 32u * lane;
+    if (FMT == 5u) {
+        // int3-g64: a 128-column unit is 12 words: group A lows 0-3, highs 4-5; group B lows
+        // 6-9, highs 10-11; lane l takes half l % 2 of group l / 2
+        let wb = 4u * rowv + 12u * (k0 / 128u) + 6u * (lane / 2u);
+        let h = lane & 1u;
+        let lw = 4u * last + 3u;
+        let a = min(wb + 2u * h, lw);
+        let b = min(wb + 2u * h + 1u, lw);
+        let hi = min(wb + 4u + h, lw);
+        raw[0] = vec4<u32>(W[a / 4u][a & 3u], W[b / 4u][b & 3u], W[hi / 4u][hi & 3u], 0u);
+    } else {
+        let cpv = select(select(32u, 8u, FMT == 9u), 4u, FMT == 0u); // columns per vec4
+        for (var m = 0u; m < WV; m++) {
+            raw[m] = W[min(rowv + c / cpv + m, last)];
+        }
+    }
+    return raw;
 }
 
-fn wword(i: u32, last: u32) -> u32 {
-    let j = min(i, 4u * last + 3u);
-    return W[j / 4u][j & 3u];
-}
-
-// The 8 weights of columns c8 .. c8 + 7 (c8 a multiple of 8) of the row whose first vec4 is
-// `rowv` (last vec4 of the row: `last`) and whose first scale is `srow`: columns 0-3 in [0],
-// 4-7 in [1] (int4: in-place values, x pre-scaled; the int4 row scale is applied later). Zero
-// past `cols`; loads never leave the row.
-fn w8(rowv: u32, last: u32, srow: u32, c8: u32) -> array<vec4<f32>, 2> {
+// The 8 weights of octet o (columns c8 = k0 + 32 lane + 8 o .. c8 + 7) from the raw words:
+// columns 0-3 in [0], 4-7 in [1] (int4: in-place values for the pre-scaled x; the int4 row scale
+// is applied after the sum). `s` = the scale of the lane's columns (grouped formats). Zero past
+// `cols`.
+fn w8(raw: array<vec4<u32>, WV>, o: u32, c8: u32, s: f32) -> array<vec4<f32>, 2> {
     var out: array<vec4<f32>, 2>;
     let ok = c8 < prm.cols;
     if (FMT == 0u) {
-        let a = bitcast<vec4<f32>>(wload(rowv + c8 / 4u, last));
-        let b = bitcast<vec4<f32>>(wload(rowv + c8 / 4u + 1u, last));
-        out[0] = select(vec4<f32>(0.0), a, ok);
-        out[1] = select(vec4<f32>(0.0), b, c8 + 4u < prm.cols);
+        out[0] = select(vec4<f32>(0.0), bitcast<vec4<f32>>(raw[2u * o]), ok);
+        out[1] = select(vec4<f32>(0.0), bitcast<vec4<f32>>(raw[2u * o + 1u]), c8 + 4u < prm.cols);
     } else if (FMT == 9u) {
-        let wd = wload(rowv + c8 / 8u, last);
+        let wd = raw[o];
         let ev = bitcast<vec4<f32>>(wd << vec4<u32>(16u));
         let od = bitcast<vec4<f32>>(wd & vec4<u32>(0xffff0000u));
         out[0] = select(vec4<f32>(0.0), vec4<f32>(ev.x, od.x, ev.y, od.y), ok);
         out[1] = select(vec4<f32>(0.0), vec4<f32>(ev.z, od.z, ev.w, od.w), ok);
     } else if (FMT == 2u || FMT == 4u) {
-        let wd = wword(4u * rowv + c8 / 8u, last);
+        let wd = raw[0][o];
         let wh = wd >> 12u;
         var a = bitcast<vec4<f32>>((vec4<u32>(wd) & I4_MASK_A) | vec4<u32>(MAGIC)) - I4_SUB_A;
         var b = bitcast<vec4<f32>>((vec4<u32>(wd, wh, wh, wh) & I4_MASK_B) | vec4<u32>(MAGIC)) - I4_SUB_B;
         if (FMT == 4u) {
-            let s = S[srow + min(c8 / max(GS, 1u), prm.spr - 1u)];
             a *= s;
             b *= s;
         }
         out[0] = select(vec4<f32>(0.0), a, ok);
         out[1] = select(vec4<f32>(0.0), b, ok);
     } else {
-        // int3-g64: a 128-column unit is 12 words: group A lows 0-3, highs 4-5; group B lows
-        // 6-9, highs 10-11
-        let u = c8 / 128u;
-        let g = (c8 / 64u) & 1u;
-        let j = c8 & 63u;
-        let wb = 4u * rowv + 12u * u + 6u * g;
-        let lb = wword(wb + j / 16u, last) >> (2u * (j & 15u));
-        let hb = wword(wb + 4u + j / 32u, last) >> (j & 31u);
-        let s = S[srow + min(2u * u + g, prm.spr - 1u)];
+        let r = raw[0];
+        let lb = r[o / 2u] >> (16u * (o & 1u));
+        let hb = r.z >> (8u * o);
         out[0] = select(vec4<f32>(0.0), int3_four(lb, hb) * s, ok);
         out[1] = select(vec4<f32>(0.0), int3_four(lb >> 8u, hb >> 4u) * s, ok);
     }
     return out;
 }
+
+// The scale of lane `lane`'s 32 columns of step k0 (grouped int4, int3-g64; 1 otherwise).
+fn lane_scale(srow: u32, k0: u32, lane: u32) -> f32 {
+    if (FMT == 4u) {
+        return S[srow + min((k0 + 32u * lane) / max(GS, 1u), prm.spr - 1u)];
+    }
+    if (FMT == 5u) {
+        return S[srow + min(2u * (k0 / 128u) + lane / 2u, prm.spr - 1u)];
+    }
+    return 1.0;
+}
+
+// x items a thread stages per step: (token quad, column) pairs, NQ * 128 / 256 of them
+const XI: u32 = NQ / 2u;
 
 @compute @workgroup_size(256)
 fn main(
@@ -282,7 +306,6 @@ fn main(
             tile_e = select(NONE, e, e >= prm.e0 && e < prm.e1);
         }
     }
-    workgroupBarrier();
     let e = workgroupUniformLoad(&tile_e);
     if (e == NONE) {
         return;
@@ -299,33 +322,45 @@ fn main(
         rowv[rr] = local_row * prm.row_v;
         srow[rr] = local_row * prm.spr;
     }
+    // this thread's x items: column lc of token quads q0 + 2 j, read from the 4 slots' rows
+    let lc = li & 127u;
+    let q0 = li / 128u;
+    let xscale = stage_scale(lc);
+    var xb: array<vec4<u32>, XI>;
+    for (var j = 0u; j < XI; j++) {
+        let q = q0 + 2u * j;
+        xb[j] = vec4<u32>(slot_x[4u * q], slot_x[4u * q + 1u], slot_x[4u * q + 2u], slot_x[4u * q + 3u]);
+    }
     var acc: array<vec4<f32>, RM * NQ>;
     for (var k = 0u; k < RM * NQ; k++) {
         acc[k] = vec4<f32>(0.0);
     }
+    var xr: array<vec4<f32>, XI>;
+    for (var j = 0u; j < XI; j++) {
+        xr[j] = load_x(xb[j], lc);
+    }
     for (var k0 = 0u; k0 < prm.cols; k0 += 128u) {
-        // stage x: item = (token quad, column), 4 scalar loads -> one vec4 store
-        for (var it = li; it < NQ * 128u; it += 256u) {
-            let q = it / 128u;
-            let lc = it & 127u;
-            let c = k0 + lc;
-            var v = vec4<f32>(0.0);
-            if (c < prm.cols) {
-                for (var n = 0u; n < 4u; n++) {
-                    let b = slot_x[4u * q + n];
-                    if (b != NONE) {
-                        v[n] = X[b + c];
-                    }
-                }
-            }
-            XS[xs_index(lc) + q] = v * stage_scale(c);
+        var raw: array<array<vec4<u32>, WV>, RM>;
+        var sc: array<f32, RM>;
+        for (var rr = 0u; rr < RM; rr++) {
+            raw[rr] = load_w(rowv[rr], rowv[rr] + prm.row_v - 1u, k0, lane);
+            sc[rr] = lane_scale(srow[rr], k0, lane);
+        }
+        for (var j = 0u; j < XI; j++) {
+            XS[xs_index(lc) + q0 + 2u * j] = xr[j] * xscale;
         }
         workgroupBarrier();
+        // the next step's x, in flight during this step's FMAs
+        if (k0 + 128u < prm.cols) {
+            for (var j = 0u; j < XI; j++) {
+                xr[j] = load_x(xb[j], k0 + 128u + lc);
+            }
+        }
         for (var o = 0u; o < 4u; o++) {
             let lc8 = 32u * lane + 8u * o;
             var w: array<array<vec4<f32>, 2>, RM>;
             for (var rr = 0u; rr < RM; rr++) {
-                w[rr] = w8(rowv[rr], rowv[rr] + prm.row_v - 1u, srow[rr], k0 + lc8);
+                w[rr] = w8(raw[rr], o, k0 + lc8, sc[rr]);
             }
             for (var j = 0u; j < 8u; j++) {
                 let xi = xs_index(lc8 + j);
@@ -362,5 +397,18 @@ fn main(
             workgroupBarrier();
         }
     }
+}
+
+// x at column c of the rows starting at `b` (4 slots; NONE = empty slot), zero past `cols`.
+fn load_x(b: vec4<u32>, c: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    if (c < prm.cols) {
+        for (var n = 0u; n < 4u; n++) {
+            if (b[n] != NONE) {
+                v[n] = X[b[n] + c];
+            }
+        }
+    }
+    return v;
 }
 //!END

@@ -101,6 +101,16 @@ pub enum GemmChoice {
     Always(Tile),
 }
 
+/// Benchmark-only switch: with `false`, [`GemmChoice::Auto`] keeps the GEMV (`bench prefill
+/// --compare` times the same model both ways). Calls built earlier keep their choice.
+static AUTO_ENABLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Let [`GemmChoice::Auto`] pick the GEMM (`true`, the default) or never (`false`) for calls built
+/// from now on.
+pub fn set_auto_enabled(on: bool) {
+    AUTO_ENABLED.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// The tile to run `args` over `weights` as a GEMM, or `None` to keep the GEMV (rules in the
 /// module docs).
 pub fn select(weights: &GpuWeights, args: &GemvArgs<'_>) -> Option<Tile> {
@@ -114,7 +124,8 @@ pub fn select(weights: &GpuWeights, args: &GemvArgs<'_>) -> Option<Tile> {
         GemmChoice::Always(t) => return Some(t),
         GemmChoice::Auto => {}
     }
-    if args.tuning.is_some()
+    if !AUTO_ENABLED.load(std::sync::atomic::Ordering::Relaxed)
+        || args.tuning.is_some()
         || args.reduction != Reduction::Auto
         || gemv::tuning_override().is_some()
     {
