@@ -106,7 +106,7 @@ pub fn run(a: GemmArgs) -> anyhow::Result<ExitCode> {
     };
     say(format!("adapter: {}", gpu.describe()))?;
     say(format!(
-        "{:<9} {:<34} {:>5} {:>6} {:<10} {:>10} {:>9} {:>8} {:>7}",
+        "{:<9} {:<34} {:>5} {:>6} {:<14} {:>10} {:>9} {:>8} {:>7}",
         "format", "shape", "T", "pairs", "kernel", "us/call", "us/token", "TFLOP/s", "vs GEMV"
     ))?;
     // (label, experts, O, I, x per pair)
@@ -186,7 +186,7 @@ pub fn run(a: GemmArgs) -> anyhow::Result<ExitCode> {
                     let flops = 2.0 * o as f64 * i as f64 * np as f64;
                     let base = *gemv_t.get_or_insert(secs);
                     say(format!(
-                        "{:<9} {:<34} {:>5} {:>6} {:<10} {:>10.1} {:>9.3} {:>8.2} {:>6.2}x",
+                        "{:<9} {:<34} {:>5} {:>6} {:<14} {:>10.1} {:>9.3} {:>8.2} {:>6.2}x",
                         enc.spelling(),
                         shape,
                         t,

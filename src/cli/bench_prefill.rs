@@ -1,5 +1,5 @@
 //! `inkling-wgpu bench prefill`: prefill tok/s and time to first token on the GPU forward. For
-//! each prompt length N, N fixed pseudo-random ids below the logits width are fed from position
+//! each prompt length N, N fixed pseudo-random ids below the vocabulary are fed from position
 //! 0 and the first greedy token is read back (`GpuModel::forward_greedy`): once untimed (pipelines
 //! and recorded steps of its chunk shapes), then `--repeat` timed runs by wall clock, median
 //! reported. Time to first token = that time; prefill tok/s = N / time.
@@ -88,7 +88,7 @@ pub fn run(a: PrefillArgs) -> anyhow::Result<ExitCode> {
     }
     let w = Weights::load(&ck)?;
     let gpu = Gpu::new()?;
-    let width = w.config.logits_width();
+    let width = w.config.logits_width().min(w.config.vocab_size);
     let max_chunk = *chunks.iter().max().expect("a chunk");
     let say = |line: String| -> Result<(), super::output::StdoutError> {
         if a.json {

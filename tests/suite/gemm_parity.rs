@@ -74,9 +74,10 @@ fn run(gpu: &Gpu, w: &GpuWeights, pr: &Problem, choice: GemmChoice) -> (Vec<f32>
 }
 
 /// Check every pair of `y` against the f64 reference: pairs of experts outside the slab stay NaN,
-/// so do the gaps between output rows.
-fn check(what: &str, mats: &[QMatrix], pr: &Problem, y: &[f32]) {
+/// so do the gaps between output rows. Returns the largest relative error.
+fn check(what: &str, mats: &[QMatrix], pr: &Problem, y: &[f32]) -> f64 {
     let o = mats[0].rows;
+    let mut worst = 0f64;
     for (p, &(e, t, wi)) in pr.pairs.iter().enumerate() {
         let got = &y[pr.y_offset + p * pr.y_stride..][..o];
         if e as usize >= mats.len() {
@@ -132,6 +133,7 @@ fn dense_every_format_odd_shapes_and_token_counts() {
     let gpu = gpu();
     let mut rng = Rng(0x6e33);
     let shapes = [(1, 1), (33, 63), (130, 200), (257, 129), (5, 384)];
+    let (mut worst, mut worst_vs_gemv) = (0f64, 0f64);
     for enc in kernel_encodings() {
         for (si, &(o, i)) in shapes.iter().enumerate() {
             let m = mats(&mut rng, enc, 1, o, i);
@@ -155,14 +157,16 @@ fn dense_every_format_odd_shapes_and_token_counts() {
                 let what = format!("{} [{o}x{i}] t {t} {tile:?}", enc.spelling());
                 let (y, ran) = run(&gpu, &w, &pr, GemmChoice::Always(tile));
                 assert!(ran, "{what}: no GEMM");
-                check(&what, &m, &pr, &y);
+                worst = worst.max(check(&what, &m, &pr, &y));
                 let (yv, ran) = run(&gpu, &w, &pr, GemmChoice::Never);
                 assert!(!ran);
                 let err = rel_err(&y, &yv.iter().map(|&v| v as f64).collect::<Vec<_>>());
                 assert!(err <= TOL, "{what}: GEMM vs GEMV rel err {err:e}");
+                worst_vs_gemv = worst_vs_gemv.max(err);
             }
         }
     }
+    eprintln!("dense GEMM: max rel err {worst:.2e} vs f64, {worst_vs_gemv:.2e} vs GEMV");
 }
 
 /// Routed experts (grouped by the sort pass): repeated experts, an expert with more pairs than a
@@ -173,6 +177,7 @@ fn routed_grouped_by_expert_every_format() {
     let gpu = gpu();
     let mut rng = Rng(0x9a1);
     let (experts, o, i) = (6usize, 70usize, 136usize);
+    let (mut worst, mut worst_vs_gemv) = (0f64, 0f64);
     for enc in kernel_encodings() {
         let m = mats(&mut rng, enc, experts, o, i);
         let stride = inkling_wgpu::gpu::gemv::gpu_row_stride(enc, i) as u64;
@@ -214,7 +219,7 @@ fn routed_grouped_by_expert_every_format() {
             let what = format!("{} slab {k} {tile:?}", enc.spelling());
             let (y, ran) = run(&gpu, w, &pr, GemmChoice::Always(tile));
             assert!(ran, "{what}: no GEMM");
-            check(&what, &m, &pr, &y);
+            worst = worst.max(check(&what, &m, &pr, &y));
             let (yv, _) = run(&gpu, w, &pr, GemmChoice::Never);
             check(&format!("{what} (GEMV)"), &m, &pr, &yv);
             for (p, &(e, ..)) in pairs.iter().enumerate().filter(|(_, p)| p.0 < 6) {
@@ -228,9 +233,11 @@ fn routed_grouped_by_expert_every_format() {
                     err <= TOL,
                     "{what}: pair {p} (expert {e}) GEMM vs GEMV {err:e}"
                 );
+                worst_vs_gemv = worst_vs_gemv.max(err);
             }
         }
     }
+    eprintln!("routed GEMM: max rel err {worst:.2e} vs f64, {worst_vs_gemv:.2e} vs GEMV");
 }
 
 /// Many pairs per expert and more experts than one workgroup's thread count, one format per
@@ -268,7 +275,8 @@ fn routed_many_experts_and_pairs() {
     for tile in TILES {
         let (y, ran) = run(&gpu, &w, &pr, GemmChoice::Always(tile));
         assert!(ran);
-        check(&format!("{tile:?}"), &m, &pr, &y);
+        let worst = check(&format!("{tile:?}"), &m, &pr, &y);
+        eprintln!("300 experts, {tile:?}: max rel err {worst:.2e}");
     }
 }
 
@@ -306,4 +314,39 @@ fn selection_rule() {
     assert_eq!(call.gemm().map(|g| g.tile()), Some(TILES[0]));
     // the grouping pass, then the GEMM
     assert_eq!(call.dispatches(), 2);
+}
+
+/// More tiles than one grid dimension holds (65,535 workgroups): the grid spreads over y, and
+/// the last pairs are right (PITFALLS.md, workgroup counts).
+#[test]
+fn more_workgroups_than_one_grid_dimension() {
+    let gpu = gpu();
+    let mut rng = Rng(65_536);
+    let (o, i, t) = (3usize, 5usize, 540_000usize);
+    let enc = Encoding::parse("int4").unwrap();
+    let m = mats(&mut rng, enc, 1, o, i);
+    let w = GpuWeights::upload(&gpu, &m).unwrap();
+    let x = rng.vec(t * i, 1.0);
+    let x_rows: Vec<Vec<f32>> = x.chunks(i).map(|r| r.to_vec()).collect();
+    let pairs: Vec<(u32, u32, u32)> = (0..t as u32).map(|k| (0, k, NO_GAMMA)).collect();
+    let pr = Problem {
+        x_rows: &x_rows,
+        x_stride: i,
+        x_offset: 0,
+        pairs: &pairs,
+        gammas: &[],
+        x_per_pair: false,
+        y_stride: o,
+        y_offset: 0,
+    };
+    let tile = TILES[0];
+    assert!(t.div_ceil(tile.pairs() as usize) > 65_535);
+    let (y, ran) = run(&gpu, &w, &pr, GemmChoice::Always(tile));
+    assert!(ran);
+    for p in [0, 1, t / 2, t - 2, t - 1] {
+        let r = m[0].gemv_ref_f64(&x_rows[p]);
+        let err = rel_err(&y[p * o..(p + 1) * o], &r);
+        assert!(err <= TOL, "pair {p}: rel err {err:e}");
+    }
+    assert!(y.iter().all(|v| v.is_finite()), "a pair left unwritten");
 }
