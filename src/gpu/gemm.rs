@@ -33,8 +33,7 @@
 //! no forced tuning, no [`crate::gpu::gemv::set_tuning_override`], [`GemmChoice::Auto`]), the
 //! format has a GEMM kernel, E ≤ [`EMAX`], and the pairs per used expert,
 //! `P / min(E, P)`, reach [`MIN_PAIRS_PER_EXPERT`]: below that the GEMV, which reads each weight
-//! once per pair at the copy bandwidth, wastes less than the GEMM's partly empty tiles. BN is 16
-//! from 16 pairs per expert on, else 8.
+//! once per pair at the copy bandwidth, wastes less than the GEMM's partly empty tiles.
 
 use crate::formats::{Encoding, Format};
 use crate::gpu::dispatch::DispatchError;
@@ -78,8 +77,11 @@ impl Tile {
     }
 }
 
-/// Every tile [`select`] can pick, smallest BN first.
-pub const TILES: [Tile; 2] = [Tile { rm: 2, nq: 2 }, Tile { rm: 2, nq: 4 }];
+/// Every tile [`select`] picks: 128 rows × 8 pairs. Measured on an H200 (BENCHMARKS.md, `bench
+/// gemm`): 128 × 8 ran 18–24 TFLOP/s in every format; 128 × 16 ran 2 TFLOP/s and 256 × 8 did in
+/// int4, so the driver's compiler is taken to keep the accumulators of those instantiations out
+/// of registers. [`GemmChoice::Always`] builds any RM in 1, 2, 4 and BN in 8, 16.
+pub const TILES: [Tile; 1] = [Tile { rm: 2, nq: 2 }];
 
 /// Whether `enc` has a GEMM kernel (every GEMV kernel format).
 pub fn supported(enc: Encoding) -> bool {
@@ -135,7 +137,7 @@ pub fn select(weights: &GpuWeights, args: &GemvArgs<'_>) -> Option<Tile> {
     if per_expert < MIN_PAIRS_PER_EXPERT {
         return None;
     }
-    Some(if per_expert >= 16 { TILES[1] } else { TILES[0] })
+    Some(TILES[0])
 }
 
 /// The WGSL of one instantiation: the generated prelude, then the GEMM (`sort` false, entry

@@ -6,6 +6,14 @@
 use crate::ops_util::{gpu, Rng};
 use inkling_wgpu::formats::{quantize, Encoding, QMatrix};
 use inkling_wgpu::gpu::gemm::{self, GemmChoice, Tile, TILES};
+
+/// The selectable tiles and the others `GemmChoice::Always` builds (benchmarks).
+const ALL_TILES: [Tile; 4] = [
+    Tile { rm: 2, nq: 2 },
+    Tile { rm: 2, nq: 4 },
+    Tile { rm: 4, nq: 2 },
+    Tile { rm: 1, nq: 4 },
+];
 use inkling_wgpu::gpu::gemv::{kernel_encodings, GemvArgs, GemvCall, GpuWeights, NO_GAMMA};
 use inkling_wgpu::gpu::Gpu;
 
@@ -139,7 +147,7 @@ fn dense_every_format_odd_shapes_and_token_counts() {
             let m = mats(&mut rng, enc, 1, o, i);
             let w = GpuWeights::upload(&gpu, &m).unwrap();
             for (ti, &t) in [1usize, 3, 17, 64].iter().enumerate() {
-                let tile = TILES[(si + ti) % TILES.len()];
+                let tile = ALL_TILES[(si + ti) % ALL_TILES.len()];
                 let x_rows = rows(&mut rng, t, i);
                 let pairs: Vec<(u32, u32, u32)> = (0..t as u32)
                     .map(|k| (0, k, if k % 3 == 1 { k % 2 } else { NO_GAMMA }))
@@ -190,7 +198,7 @@ fn routed_grouped_by_expert_every_format() {
         ];
         assert!(slabs[1].chunks().len() == 3 && slabs[2].chunks().len() == 18);
         for (k, w) in slabs.iter().enumerate() {
-            let tile = TILES[k % TILES.len()];
+            let tile = ALL_TILES[k % ALL_TILES.len()];
             let tokens = 13;
             // expert 1 gets 20 pairs (more than a tile), 4 unused, expert 9 does not exist
             let mut pairs = Vec::new();
@@ -272,7 +280,7 @@ fn routed_many_experts_and_pairs() {
         y_stride: o,
         y_offset: 0,
     };
-    for tile in TILES {
+    for tile in ALL_TILES {
         let (y, ran) = run(&gpu, &w, &pr, GemmChoice::Always(tile));
         assert!(ran);
         let worst = check(&format!("{tile:?}"), &m, &pr, &y);
@@ -297,7 +305,7 @@ fn selection_rule() {
     let pick = |w: &GpuWeights, n: u32| gemm::select(w, &GemvArgs::new(&x, 64, &pb, n, &y));
     assert_eq!(pick(&one, min - 1), None);
     assert_eq!(pick(&one, min), Some(TILES[0]));
-    assert_eq!(pick(&one, 16), Some(TILES[1]));
+    assert_eq!(pick(&one, 64), Some(TILES[0]));
     assert_eq!(pick(&eight, 8 * min - 1), None);
     assert_eq!(pick(&eight, 8 * min), Some(TILES[0]));
     let a = GemvArgs::new(&x, 64, &pb, 64, &y);
