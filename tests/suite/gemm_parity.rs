@@ -114,6 +114,7 @@ fn check(what: &str, mats: &[QMatrix], pr: &Problem, y: &[f32]) -> f64 {
             err <= TOL,
             "{what}: pair {p} = ({e},{t},{wi}): rel err {err:e}"
         );
+        worst = worst.max(err);
         if pr.y_stride > o && p + 1 < pr.pairs.len() {
             let gap = &y[pr.y_offset + p * pr.y_stride + o..pr.y_offset + (p + 1) * pr.y_stride];
             assert!(
@@ -122,6 +123,7 @@ fn check(what: &str, mats: &[QMatrix], pr: &Problem, y: &[f32]) -> f64 {
             );
         }
     }
+    worst
 }
 
 fn mats(rng: &mut Rng, enc: Encoding, experts: usize, o: usize, i: usize) -> Vec<QMatrix<'static>> {
