@@ -28,6 +28,10 @@ pub enum What {
     Copy(CopyArgs),
     /// Decode probe: tok/s, per-phase GPU time per token, bytes per token and roofline.
     Decode(crate::cli::bench_decode::DecodeArgs),
+    /// Prefill GEMM against the GEMV at prefill shapes: µs per call, TFLOP/s.
+    Gemm(crate::cli::bench_gemm::GemmArgs),
+    /// Prefill probe: prefill tok/s and time to first token for prompts of random ids.
+    Prefill(crate::cli::bench_prefill::PrefillArgs),
     /// Ratio table of two `bench kernels --json` files (A/B GB/s), rows matched by format and shape.
     Compare(CompareArgs),
 }
@@ -86,6 +90,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         What::Copy(a) => copy(a),
         What::Decode(a) => crate::cli::bench_decode::run(a),
         What::Compare(a) => compare(a),
+        What::Gemm(a) => crate::cli::bench_gemm::run(a),
+        What::Prefill(a) => crate::cli::bench_prefill::run(a),
     }
 }
 
@@ -201,7 +207,7 @@ pub fn shape_names(div: usize) -> Vec<String> {
 }
 
 /// splitmix64 bytes that decode to finite values in every format.
-fn slab_bytes(enc: Encoding, n_bytes: usize, seed: u64) -> Vec<u8> {
+pub(super) fn slab_bytes(enc: Encoding, n_bytes: usize, seed: u64) -> Vec<u8> {
     let mut s = seed;
     let mut out = Vec::with_capacity(n_bytes + 8);
     while out.len() < n_bytes {
@@ -219,7 +225,7 @@ fn slab_bytes(enc: Encoding, n_bytes: usize, seed: u64) -> Vec<u8> {
 }
 
 /// Time `n` recordings of `calls` (rotating); returns seconds per dispatch and how it was measured.
-fn time_calls(gpu: &Gpu, calls: &[Call], n: usize) -> anyhow::Result<(f64, &'static str)> {
+pub(super) fn time_calls(gpu: &Gpu, calls: &[Call], n: usize) -> anyhow::Result<(f64, &'static str)> {
     // warm-up: every copy once (first use), then keep the GPU busy for ≥ 0.3 s so that clocks
     // are up (after the host-side data generation the GPU idles and the first timings are slow)
     let t_warm = Instant::now();

@@ -4,6 +4,8 @@ use std::process::ExitCode;
 
 pub mod bench;
 pub mod bench_decode;
+pub mod bench_gemm;
+pub mod bench_prefill;
 pub mod chat;
 pub mod convert;
 pub mod formats;

@@ -66,6 +66,7 @@
 use crate::formats::{Encoding, Format, QMatrix};
 use crate::gpu::call::{dummy, entry, grid_u64, Call, Dispatch, Label};
 use crate::gpu::dispatch::{self, DispatchError};
+use crate::gpu::gemm::{self, GemmChoice};
 use crate::gpu::kernel::{self, Bind, Kernel, KernelSpec};
 use crate::gpu::slab_layout;
 use crate::gpu::Gpu;
@@ -170,7 +171,7 @@ pub fn set_tuning_override(t: Option<Tuning>) {
     TUNING_OVERRIDE.store(v, std::sync::atomic::Ordering::Relaxed);
 }
 
-fn tuning_override() -> Option<Tuning> {
+pub(crate) fn tuning_override() -> Option<Tuning> {
     let o = TUNING_OVERRIDE.load(std::sync::atomic::Ordering::Relaxed);
     (o != 0).then_some(Tuning {
         tpr: o >> 16,
@@ -1044,6 +1045,9 @@ pub struct GemvArgs<'a> {
     /// Force this tuning instead of [`plan`]'s choice (tests, benchmarks); wins over
     /// [`set_tuning_override`]. x is read directly or staged by [`plan`]'s rules for that tuning.
     pub tuning: Option<Tuning>,
+    /// Whether [`GpuWeights::bind`] may run the call as a GEMM ([`gemm::select`]; default
+    /// [`GemmChoice::Auto`]).
+    pub gemm: GemmChoice,
 }
 
 impl<'a> GemvArgs<'a> {
@@ -1069,7 +1073,13 @@ impl<'a> GemvArgs<'a> {
             reduction: Reduction::Auto,
             x_per_pair: false,
             tuning: None,
+            gemm: GemmChoice::Auto,
         }
+    }
+    /// Whether the call may run as a GEMM ([`GemvArgs::gemm`]).
+    pub fn gemm(mut self, choice: GemmChoice) -> Self {
+        self.gemm = choice;
+        self
     }
     /// With a forced tuning (see [`GemvArgs::tuning`]); panics unless `tpr` is a power of two
     /// ≤ 256 and `rpt` is 1..=8.
@@ -1236,6 +1246,9 @@ impl GpuWeights {
                     args.tokens, args.n_pairs
                 )));
             }
+        }
+        if let Some(tile) = gemm::select(self, &args) {
+            return gemm::bind(gpu, self, &args, tile);
         }
         let smem = gpu.limits.max_compute_workgroup_storage_size as u64;
         let align = (gpu.limits.min_uniform_buffer_offset_alignment as u64).max(PARAMS_BYTES);
