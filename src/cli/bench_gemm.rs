@@ -3,7 +3,7 @@
 //! (pairs (0, t)), and the routed gate_up 256x[4096 x 4096] and down 256x[4096 x 2048] with
 //! 6 random distinct experts per token (the down reading x per pair). Prints µs per call (the
 //! grouping pass included), µs per token and the useful TFLOP/s, 2·O·I·P / time.
-use super::bench::{slab_bytes, time_calls};
+use super::bench_calls::{slab_bytes, time_calls};
 use super::output::outln;
 use crate::formats::Encoding;
 use crate::gpu::gemm::{self, GemmChoice, Tile, TILES};

@@ -43,6 +43,8 @@ use crate::gpu::kernel::{self, Bind, Kernel, KernelSpec};
 use crate::gpu::Gpu;
 use std::fmt;
 
+pub use crate::gpu::gemm_tile::{GemmChoice, Tile};
+
 /// Source of the GEMM skeleton and its grouping pass.
 pub const GEMM_WGSL: &str = include_str!("../../wgsl/gemm.wgsl");
 
@@ -53,26 +55,6 @@ pub const MIN_PAIRS_PER_EXPERT: u32 = 4;
 /// Most experts of a slab the grouping pass handles (two u32 per expert of workgroup memory);
 /// larger slabs keep the GEMV.
 pub const EMAX: u32 = 1024;
-
-
-/// The output tile of one workgroup: RM rows per thread (BM = 64·RM rows) × NQ quads of pairs
-/// (BN = 4·NQ pairs).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Tile {
-    pub rm: u32,
-    pub nq: u32,
-}
-
-impl Tile {
-    /// Rows per workgroup, BM.
-    pub fn rows(self) -> u32 {
-        64 * self.rm
-    }
-    /// Pairs per workgroup, BN.
-    pub fn pairs(self) -> u32 {
-        4 * self.nq
-    }
-}
 
 /// Every tile [`select`] picks: 128 rows × 8 pairs. Measured on an H200 (BENCHMARKS.md, `bench
 /// gemm`): 128 × 8 ran 18–24 TFLOP/s in every format; 128 × 16 ran 2 TFLOP/s and 256 × 8 did in
@@ -88,18 +70,6 @@ pub fn supported(enc: Encoding) -> bool {
         enc.format,
         Format::F32 | Format::Bf16 | Format::Int4 | Format::Int4Grouped
     )
-}
-
-/// Whether a [`GemvArgs`] call may run as a GEMM ([`GemvArgs::gemm`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum GemmChoice {
-    /// Always the GEMV.
-    Never,
-    /// The GEMM when [`select`]'s rules pick it (the default).
-    Auto,
-    /// The GEMM with this tile whenever it can run (format, experts ≤ [`EMAX`], ≥ 1 pair);
-    /// tests and benchmarks.
-    Always(Tile),
 }
 
 /// Benchmark-only switch: with `false`, [`GemmChoice::Auto`] keeps the GEMV (`bench prefill
@@ -269,10 +239,26 @@ pub fn workgroup_bytes(tile: Tile) -> u64 {
     16 * (128 * tile.nq as u64 + 4) + 16 * 256 + 12 * tile.pairs() as u64 + 4
 }
 
+impl GpuWeights {
+    /// Bind a call over these weights: the GEMM ([`bind`]) when [`select`] picks it, else the
+    /// GEMV ([`GpuWeights::bind_gemv`]); callers see one [`Call`] either way (label `"gemm"` or
+    /// `"gemv"`). Errors: those of [`GpuWeights::check_args`], checked first whichever kernel
+    /// runs the call, and of [`bind`] or [`GpuWeights::bind_gemv`].
+    pub fn bind(&self, gpu: &Gpu, ordinal: u32, args: GemvArgs) -> Result<Call, DispatchError> {
+        match select(self, &args) {
+            Some(tile) => {
+                self.check_args(gpu, ordinal, &args)?;
+                bind(gpu, self, &args, tile)
+            }
+            None => self.bind_gemv(gpu, ordinal, args),
+        }
+    }
+}
+
 /// The GEMM of `args` over `weights` with `tile`, as one [`Call`] labelled `"gemm"`: for a slab
 /// of several experts the grouping pass first, then one dispatch per weight chunk; the grouping
 /// scratch and the absent-gamma placeholder are owned by the call. The caller
-/// ([`GpuWeights::bind`]) has checked the ordinal and the buffer sizes of `args`.
+/// ([`GpuWeights::bind`]) has checked `args` ([`GpuWeights::check_args`]).
 /// [`DispatchError::Shape`] for 0 pairs, more than [`EMAX`] experts, a format without a GEMM
 /// kernel or more than 65535² workgroups.
 pub fn bind(

@@ -66,7 +66,7 @@
 use crate::formats::{Encoding, Format, QMatrix};
 use crate::gpu::call::{dummy, entry, grid_u64, Call, Dispatch, Label};
 use crate::gpu::dispatch::{self, DispatchError};
-use crate::gpu::gemm::{self, GemmChoice};
+use crate::gpu::gemm_tile::GemmChoice;
 use crate::gpu::kernel::{self, Bind, Kernel, KernelSpec};
 use crate::gpu::slab_layout;
 use crate::gpu::Gpu;
@@ -1045,7 +1045,7 @@ pub struct GemvArgs<'a> {
     /// Force this tuning instead of [`plan`]'s choice (tests, benchmarks); wins over
     /// [`set_tuning_override`]. x is read directly or staged by [`plan`]'s rules for that tuning.
     pub tuning: Option<Tuning>,
-    /// Whether [`GpuWeights::bind`] may run the call as a GEMM ([`gemm::select`]; default
+    /// Whether [`GpuWeights::bind`] may run the call as a GEMM (`gemm::select`; default
     /// [`GemmChoice::Auto`]).
     pub gemm: GemmChoice,
 }
@@ -1204,16 +1204,22 @@ impl Kernel for GemvKey {
 }
 
 impl GpuWeights {
-    /// Bind a GEMV over these weights through the dispatcher: `ordinal` must be in the registry
-    /// ([`DispatchError::UnknownOrdinal`]), have a kernel here ([`DispatchError::NoKernel`]) and be
-    /// the ordinal of the weights' encoding ([`DispatchError::EncodingMismatch`]); buffers too
-    /// small for `args` are [`DispatchError::Shape`]. One dispatch per weight chunk with pairs
-    /// (none when `n_pairs` is 0); label `"gemv"`.
-    pub fn bind(&self, gpu: &Gpu, ordinal: u32, args: GemvArgs) -> Result<Call, DispatchError> {
+    /// Check a call over these weights (what [`GpuWeights::bind`] checks first, whichever kernel
+    /// runs it): `ordinal` must be in the registry ([`DispatchError::UnknownOrdinal`]), have a
+    /// kernel here ([`DispatchError::NoKernel`]) and be the ordinal of the weights' encoding
+    /// ([`DispatchError::EncodingMismatch`]); the reduction must be available; buffers too small
+    /// for `args` are [`DispatchError::Shape`]. Returns the encoding and whether the GEMV reduces
+    /// with subgroups.
+    pub fn check_args(
+        &self,
+        gpu: &Gpu,
+        ordinal: u32,
+        args: &GemvArgs,
+    ) -> Result<(Encoding, bool), DispatchError> {
         let enc = dispatch::check(ordinal, self.encoding())?;
         let subgroups = args.reduction.subgroups(gpu)?;
         let (o, i) = (self.rows as u64, self.cols as u64);
-        let (x_stride, y_stride) = strides(self, &args);
+        let (x_stride, y_stride) = strides(self, args);
         if args.tokens == 0 {
             return Err(DispatchError::Shape("tokens must be ≥ 1".into()));
         }
@@ -1247,9 +1253,21 @@ impl GpuWeights {
                 )));
             }
         }
-        if let Some(tile) = gemm::select(self, &args) {
-            return gemm::bind(gpu, self, &args, tile);
-        }
+        Ok((enc, subgroups))
+    }
+
+    /// Bind the GEMV over these weights (never the GEMM, whatever [`GemvArgs::gemm`] says; errors
+    /// of [`GpuWeights::check_args`]). One dispatch per pair of weight chunks with pairs (none
+    /// when `n_pairs` is 0); label `"gemv"`.
+    pub fn bind_gemv(
+        &self,
+        gpu: &Gpu,
+        ordinal: u32,
+        args: GemvArgs,
+    ) -> Result<Call, DispatchError> {
+        let (enc, subgroups) = self.check_args(gpu, ordinal, &args)?;
+        let (o, i) = (self.rows as u64, self.cols as u64);
+        let (x_stride, y_stride) = strides(self, &args);
         let smem = gpu.limits.max_compute_workgroup_storage_size as u64;
         let align = (gpu.limits.min_uniform_buffer_offset_alignment as u64).max(PARAMS_BYTES);
         // one dispatch per pair of weight chunks (the last one alone when their count is odd)

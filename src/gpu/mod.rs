@@ -9,6 +9,7 @@ pub mod call;
 pub mod device;
 pub mod dispatch;
 pub mod gemm;
+pub mod gemm_tile;
 pub mod gemv;
 pub mod gemv_pairs;
 pub mod kernel;

@@ -330,7 +330,10 @@ fn selection_rule() {
     let a3 = GemvArgs::new(&x3, 64, &pb, 64, &y);
     assert!(!gemm::supported(i3));
     assert_eq!(gemm::select(&w3, &a3), None);
-    assert_eq!(gemm::select(&w3, &a3.gemm(GemmChoice::Always(TILES[0]))), None);
+    assert_eq!(
+        gemm::select(&w3, &a3.gemm(GemmChoice::Always(TILES[0]))),
+        None
+    );
     let call = w3.bind(&gpu, i3.format.ordinal(), a3).unwrap();
     assert_eq!(call.label.op, "gemv");
 }
