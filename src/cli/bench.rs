@@ -5,14 +5,14 @@
 //! (like CUDA events around back-to-back launches) when the adapter has TIMESTAMP_QUERY, else wall clock over many dispatches in one submit. A working set of
 //! several copies of the weights (> 256 MiB on a real GPU) is rotated so that L2 does not flatter;
 //! on a CPU adapter (lavapipe) or with `--quick` shapes are divided by 4 and one copy is used.
+use super::bench_calls::{slab_bytes, time_calls};
 use super::output::outln;
 use crate::formats::Encoding;
 use crate::gpu::gemv::{kernel_encodings, GemvArgs, GpuWeights, NO_GAMMA};
-use crate::gpu::timing::{measure_copy, CopyMeasure, TimestampPairs};
-use crate::gpu::{Call, Gpu};
+use crate::gpu::timing::{measure_copy, CopyMeasure};
+use crate::gpu::Gpu;
 use anyhow::Context;
 use std::process::ExitCode;
-use std::time::Instant;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -28,6 +28,10 @@ pub enum What {
     Copy(CopyArgs),
     /// Decode probe: tok/s, per-phase GPU time per token, bytes per token and roofline.
     Decode(crate::cli::bench_decode::DecodeArgs),
+    /// Prefill GEMM against the GEMV at prefill shapes: µs per call, TFLOP/s.
+    Gemm(crate::cli::bench_gemm::GemmArgs),
+    /// Prefill probe: prefill tok/s and time to first token for prompts of random ids.
+    Prefill(crate::cli::bench_prefill::PrefillArgs),
     /// Ratio table of two `bench kernels --json` files (A/B GB/s), rows matched by format and shape.
     Compare(CompareArgs),
 }
@@ -86,6 +90,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         What::Copy(a) => copy(a),
         What::Decode(a) => crate::cli::bench_decode::run(a),
         What::Compare(a) => compare(a),
+        What::Gemm(a) => crate::cli::bench_gemm::run(a),
+        What::Prefill(a) => crate::cli::bench_prefill::run(a),
     }
 }
 
@@ -198,77 +204,6 @@ impl Shape {
 /// native scripts in benches/native/ print the same names).
 pub fn shape_names(div: usize) -> Vec<String> {
     SHAPES.iter().map(|s| s.name(div)).collect()
-}
-
-/// splitmix64 bytes that decode to finite values in every format.
-fn slab_bytes(enc: Encoding, n_bytes: usize, seed: u64) -> Vec<u8> {
-    let mut s = seed;
-    let mut out = Vec::with_capacity(n_bytes + 8);
-    while out.len() < n_bytes {
-        let z = crate::model::sampling::splitmix64(&mut s);
-        // clear the top exponent bit of every f32 / bf16 value so none is inf/NaN
-        let z = match enc.format {
-            crate::formats::Format::F32 => z & 0xBFFF_FFFF_BFFF_FFFF,
-            crate::formats::Format::Bf16 => z & 0xBFFF_BFFF_BFFF_BFFF,
-            _ => z,
-        };
-        out.extend_from_slice(&z.to_le_bytes());
-    }
-    out.truncate(n_bytes);
-    out
-}
-
-/// Time `n` recordings of `calls` (rotating); returns seconds per dispatch and how it was measured.
-fn time_calls(gpu: &Gpu, calls: &[Call], n: usize) -> anyhow::Result<(f64, &'static str)> {
-    // warm-up: every copy once (first use), then keep the GPU busy for ≥ 0.3 s so that clocks
-    // are up (after the host-side data generation the GPU idles and the first timings are slow)
-    let t_warm = Instant::now();
-    loop {
-        let mut enc = gpu.device.create_command_encoder(&Default::default());
-        for c in calls {
-            c.record(&mut enc);
-        }
-        gpu.queue.submit([enc.finish()]);
-        gpu.device.poll(wgpu::PollType::wait_indefinitely())?;
-        if t_warm.elapsed().as_secs_f64() > 0.3 || gpu.is_cpu() {
-            break;
-        }
-    }
-    if gpu.has_timestamps() {
-        // Like CUDA events around back-to-back launches: one compute pass of `n` dispatches
-        // (rotating over the weight copies) between two GPU timestamps, time / n; median of 5.
-        let reps = 5u32;
-        let ts = TimestampPairs::new(gpu, "bench", reps);
-        let mut enc = gpu.device.create_command_encoder(&Default::default());
-        for r in 0..reps {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some("bench timed"),
-                timestamp_writes: Some(ts.pass(r)),
-            });
-            for k in 0..n {
-                calls[k % calls.len()].record_in_pass(&mut pass);
-            }
-        }
-        let mut secs = ts.finish_and_read(gpu, enc, reps)?;
-        secs.sort_by(f64::total_cmp);
-        let per = secs[secs.len() / 2] / n as f64;
-        Ok((
-            per,
-            "gpu timestamps around n back-to-back dispatches in one pass, median of 5",
-        ))
-    } else {
-        let t0 = Instant::now();
-        for k in 0..n {
-            let mut enc = gpu.device.create_command_encoder(&Default::default());
-            calls[k % calls.len()].record(&mut enc);
-            gpu.queue.submit([enc.finish()]);
-        }
-        gpu.device.poll(wgpu::PollType::wait_indefinitely())?;
-        Ok((
-            t0.elapsed().as_secs_f64() / n as f64,
-            "wall clock, mean over submits",
-        ))
-    }
 }
 
 fn kernels(a: KernelArgs) -> anyhow::Result<ExitCode> {

@@ -3,7 +3,10 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 pub mod bench;
+pub mod bench_calls;
 pub mod bench_decode;
+pub mod bench_gemm;
+pub mod bench_prefill;
 pub mod chat;
 pub mod convert;
 pub mod formats;

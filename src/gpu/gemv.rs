@@ -66,6 +66,7 @@
 use crate::formats::{Encoding, Format, QMatrix};
 use crate::gpu::call::{dummy, entry, grid_u64, Call, Dispatch, Label};
 use crate::gpu::dispatch::{self, DispatchError};
+use crate::gpu::gemm_tile::GemmChoice;
 use crate::gpu::kernel::{self, Bind, Kernel, KernelSpec};
 use crate::gpu::slab_layout;
 use crate::gpu::Gpu;
@@ -170,7 +171,7 @@ pub fn set_tuning_override(t: Option<Tuning>) {
     TUNING_OVERRIDE.store(v, std::sync::atomic::Ordering::Relaxed);
 }
 
-fn tuning_override() -> Option<Tuning> {
+pub(crate) fn tuning_override() -> Option<Tuning> {
     let o = TUNING_OVERRIDE.load(std::sync::atomic::Ordering::Relaxed);
     (o != 0).then_some(Tuning {
         tpr: o >> 16,
@@ -1044,6 +1045,9 @@ pub struct GemvArgs<'a> {
     /// Force this tuning instead of [`plan`]'s choice (tests, benchmarks); wins over
     /// [`set_tuning_override`]. x is read directly or staged by [`plan`]'s rules for that tuning.
     pub tuning: Option<Tuning>,
+    /// Whether [`GpuWeights::bind`] may run the call as a GEMM (`gemm::select`; default
+    /// [`GemmChoice::Auto`]).
+    pub gemm: GemmChoice,
 }
 
 impl<'a> GemvArgs<'a> {
@@ -1069,7 +1073,13 @@ impl<'a> GemvArgs<'a> {
             reduction: Reduction::Auto,
             x_per_pair: false,
             tuning: None,
+            gemm: GemmChoice::Auto,
         }
+    }
+    /// Whether the call may run as a GEMM ([`GemvArgs::gemm`]).
+    pub fn gemm(mut self, choice: GemmChoice) -> Self {
+        self.gemm = choice;
+        self
     }
     /// With a forced tuning (see [`GemvArgs::tuning`]); panics unless `tpr` is a power of two
     /// ≤ 256 and `rpt` is 1..=8.
@@ -1194,16 +1204,22 @@ impl Kernel for GemvKey {
 }
 
 impl GpuWeights {
-    /// Bind a GEMV over these weights through the dispatcher: `ordinal` must be in the registry
-    /// ([`DispatchError::UnknownOrdinal`]), have a kernel here ([`DispatchError::NoKernel`]) and be
-    /// the ordinal of the weights' encoding ([`DispatchError::EncodingMismatch`]); buffers too
-    /// small for `args` are [`DispatchError::Shape`]. One dispatch per weight chunk with pairs
-    /// (none when `n_pairs` is 0); label `"gemv"`.
-    pub fn bind(&self, gpu: &Gpu, ordinal: u32, args: GemvArgs) -> Result<Call, DispatchError> {
+    /// Check a call over these weights (what [`GpuWeights::bind`] checks first, whichever kernel
+    /// runs it): `ordinal` must be in the registry ([`DispatchError::UnknownOrdinal`]), have a
+    /// kernel here ([`DispatchError::NoKernel`]) and be the ordinal of the weights' encoding
+    /// ([`DispatchError::EncodingMismatch`]); the reduction must be available; buffers too small
+    /// for `args` are [`DispatchError::Shape`]. Returns the encoding and whether the GEMV reduces
+    /// with subgroups.
+    pub fn check_args(
+        &self,
+        gpu: &Gpu,
+        ordinal: u32,
+        args: &GemvArgs,
+    ) -> Result<(Encoding, bool), DispatchError> {
         let enc = dispatch::check(ordinal, self.encoding())?;
         let subgroups = args.reduction.subgroups(gpu)?;
         let (o, i) = (self.rows as u64, self.cols as u64);
-        let (x_stride, y_stride) = strides(self, &args);
+        let (x_stride, y_stride) = strides(self, args);
         if args.tokens == 0 {
             return Err(DispatchError::Shape("tokens must be ≥ 1".into()));
         }
@@ -1237,6 +1253,21 @@ impl GpuWeights {
                 )));
             }
         }
+        Ok((enc, subgroups))
+    }
+
+    /// Bind the GEMV over these weights (never the GEMM, whatever [`GemvArgs::gemm`] says; errors
+    /// of [`GpuWeights::check_args`]). One dispatch per pair of weight chunks with pairs (none
+    /// when `n_pairs` is 0); label `"gemv"`.
+    pub fn bind_gemv(
+        &self,
+        gpu: &Gpu,
+        ordinal: u32,
+        args: GemvArgs,
+    ) -> Result<Call, DispatchError> {
+        let (enc, subgroups) = self.check_args(gpu, ordinal, &args)?;
+        let (o, i) = (self.rows as u64, self.cols as u64);
+        let (x_stride, y_stride) = strides(self, &args);
         let smem = gpu.limits.max_compute_workgroup_storage_size as u64;
         let align = (gpu.limits.min_uniform_buffer_offset_alignment as u64).max(PARAMS_BYTES);
         // one dispatch per pair of weight chunks (the last one alone when their count is odd)

@@ -2,11 +2,14 @@
 //!
 //! `kernel` (the [`kernel::Kernel`] trait, pipeline builder and cache) and `call` (the recorded
 //! [`call::Call`]) are what every kernel family builds on: `gemv` (the MoE GEMV over every
-//! kernel format) and `ops` (everything else). `dispatch` checks format ordinals, `variants`
+//! kernel format), `gemm` (the prefill GEMM `gemv` hands calls with many pairs per expert to) and
+//! `ops` (everything else). `dispatch` checks format ordinals, `variants`
 //! lists every pipeline, `timing` reads GPU timestamps and times copies, `limits` clamps a device to a profile.
 pub mod call;
 pub mod device;
 pub mod dispatch;
+pub mod gemm;
+pub mod gemm_tile;
 pub mod gemv;
 pub mod gemv_pairs;
 pub mod kernel;

@@ -5,6 +5,7 @@
 //! them; the tests translate each to MSL, HLSL and SPIR-V. [`check_device`] refuses a device whose
 //! limits cannot hold them, naming the limit.
 
+use crate::gpu::gemm;
 use crate::gpu::gemv::{self, Tuning};
 use crate::gpu::kernel::KernelSpec;
 use crate::gpu::limits::LimitProfile;
@@ -23,6 +24,7 @@ pub fn all(profile: Option<LimitProfile>) -> Vec<KernelSpec> {
         .map_or(u64::MAX, |l| l.max_compute_workgroup_storage_size as u64);
     let subgroups = profile.is_none_or(|p| p.subgroups());
     let mut v = gemv::kernels(smem, subgroups);
+    v.extend(gemm::kernels());
     v.extend(ops::kernels());
     v.push(bench_copy());
     v
@@ -48,10 +50,11 @@ pub struct LimitError {
 }
 
 /// Check the limits every kernel depends on against `gpu`'s: storage and uniform buffers per
-/// stage of every op kernel and of the GEMV layout (shared by all GEMV kernels), and the
-/// workgroup memory of every GEMV tuning at its smallest x tile (512 columns). The op kernels'
-/// workgroup memory (under 10 KiB each) and workgroup sizes (≤ 256) are within WebGPU's defaults,
-/// which the translation tests check with naga.
+/// stage of every op kernel, of the GEMV layout (shared by all GEMV kernels) and of the GEMM and
+/// its grouping pass, and the workgroup memory of every GEMV tuning at its smallest x tile (512
+/// columns). The op kernels' workgroup memory (under 10 KiB each), the GEMM's (under 12.3 KiB)
+/// and their workgroup sizes (≤ 256) are within WebGPU's defaults, which the translation tests
+/// check with naga.
 pub fn check_device(gpu: &Gpu) -> Result<(), LimitError> {
     check_limits(&gpu.limits, gpu.profile)
 }
@@ -77,6 +80,8 @@ pub fn check_limits(
     specs.push(KernelSpec::of(&gemv::GemvKey::new(
         encs[0], false, t, 512, false,
     )));
+    specs.push(KernelSpec::of(&gemm::GemmKey::new(encs[0], gemm::TILES[0])));
+    specs.push(KernelSpec::of(&gemm::SortKey(gemm::TILES[0])));
     for s in &specs {
         let (sb, ub) = (s.storage_buffers(), s.uniform_buffers());
         if sb > limits.max_storage_buffers_per_shader_stage {

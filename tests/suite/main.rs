@@ -23,6 +23,7 @@ mod expert_cache;
 mod formats_doc;
 mod formats_quant;
 mod fuzz_loaders;
+mod gemm_parity;
 mod gemv_cli;
 mod gemv_large;
 mod gemv_parity;

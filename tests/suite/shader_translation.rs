@@ -221,6 +221,16 @@ fn expected_gemv(smem: u64, subgroups: bool) -> usize {
     n
 }
 
+/// The GEMM variant count: every GEMV kernel encoding but int3-g64 (GEMV only) × the GEMM
+/// tiles, plus the grouping pass of each tile.
+fn expected_gemm() -> usize {
+    let encs = gemv::kernel_encodings()
+        .into_iter()
+        .filter(|e| e.spelling() != "int3-g64")
+        .count();
+    (encs + 1) * inkling_wgpu::gpu::gemm::TILES.len()
+}
+
 /// Op kernels per WGSL file: attention (2 entry points × f32/vec4), fused attention (the FUSED
 /// attention × f32/vec4, the prologue), conv (single, pair), elementwise (8 entry points), norm
 /// (rms_norm out/in place and embed_norm × f32/vec4), residual (f32/vec4), router (1); then
@@ -269,13 +279,18 @@ fn every_shader_translates_to_msl_hlsl_and_valid_spirv() {
         .filter(|w| w.0.key.starts_with("gemv:"))
         .count();
     assert_eq!(gemv_n, expected_gemv(u64::MAX, true), "GEMV variants");
+    let gemm_n = written
+        .iter()
+        .filter(|w| w.0.key.starts_with("gemm"))
+        .count();
+    assert_eq!(gemm_n, expected_gemm(), "GEMM variants");
     assert_eq!(
-        written.len() - gemv_n,
+        written.len() - gemv_n - gemm_n,
         EXPECTED_OPS + 1,
         "op kernels + bench copy"
     );
     eprintln!(
-        "{} kernels: {gemv_n} GEMV, {} op, 1 bench copy",
+        "{} kernels: {gemv_n} GEMV, {gemm_n} GEMM, {} op, 1 bench copy",
         written.len(),
         EXPECTED_OPS
     );

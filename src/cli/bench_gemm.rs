@@ -1,0 +1,228 @@
+//! `inkling-wgpu bench gemm`: the prefill GEMM ([`crate::gpu::gemm`]) against the GEMV on the
+//! projections of one Inkling-Small prefill chunk of T tokens: a dense [4096 x 4096] linear
+//! (pairs (0, t)), and the routed gate_up 256x[4096 x 4096] and down 256x[4096 x 2048] with
+//! 6 random distinct experts per token (the down reading x per pair). Prints µs per call (the
+//! grouping pass included), µs per token and the useful TFLOP/s, 2·O·I·P / time.
+use super::bench_calls::{slab_bytes, time_calls};
+use super::output::outln;
+use crate::formats::Encoding;
+use crate::gpu::gemm::{self, GemmChoice, Tile, TILES};
+use crate::gpu::gemv::{GemvArgs, GpuWeights, NO_GAMMA};
+use crate::gpu::Gpu;
+use anyhow::Context;
+use std::process::ExitCode;
+
+#[derive(clap::Args, Debug)]
+pub struct GemmArgs {
+    /// Kernel encodings, comma-separated (default: bf16, int4-g64).
+    #[arg(long, value_delimiter = ',')]
+    pub formats: Vec<String>,
+    /// Tokens of the chunk, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = [64u32, 512, 2048])]
+    pub tokens: Vec<u32>,
+    /// GEMM tiles RMxBN to time besides the GEMV and the automatic choice, comma-separated, RM
+    /// in 1, 2, 4 and BN in 8, 16 (default: every tile the selection can pick).
+    #[arg(long, value_delimiter = ',')]
+    pub tiles: Vec<String>,
+    /// Calls per timing.
+    #[arg(long, default_value_t = 10, value_parser = super::values::parse_iters)]
+    pub iters: usize,
+    /// Dimensions / 4 and 32 routed experts (always on CPU adapters).
+    #[arg(long)]
+    pub quick: bool,
+    /// Only the dense linear (no routed slabs).
+    #[arg(long)]
+    pub dense_only: bool,
+    /// Print one JSON object on stdout (the table goes to stderr).
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_tile(s: &str) -> anyhow::Result<Tile> {
+    let bad = || anyhow::anyhow!("--tiles {s}: want RMxBN with RM in 1, 2, 4 and BN in 8, 16");
+    let (r, b) = s.split_once('x').ok_or_else(bad)?;
+    let (rm, bn): (u32, u32) = (r.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?);
+    anyhow::ensure!(matches!(rm, 1 | 2 | 4) && matches!(bn, 8 | 16), bad());
+    Ok(Tile { rm, nq: bn / 4 })
+}
+
+/// splitmix64 step.
+fn mix(s: &mut u64) -> u64 {
+    *s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *s;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// `top_k` distinct random experts below `experts` per token, 16-byte pairs.
+fn routed_pairs(tokens: u32, experts: u32, top_k: u32, seed: u64) -> Vec<u32> {
+    let mut s = seed;
+    let mut out = Vec::new();
+    for t in 0..tokens {
+        let mut chosen: Vec<u32> = Vec::new();
+        while chosen.len() < top_k as usize {
+            let e = (mix(&mut s) % experts as u64) as u32;
+            if !chosen.contains(&e) {
+                chosen.push(e);
+            }
+        }
+        for e in chosen {
+            out.extend_from_slice(&[e, t, NO_GAMMA, 0]);
+        }
+    }
+    out
+}
+
+pub fn run(a: GemmArgs) -> anyhow::Result<ExitCode> {
+    let gpu = Gpu::new()?;
+    let quick = a.quick || gpu.info.device_type == wgpu::DeviceType::Cpu;
+    let div = if quick { 4 } else { 1 };
+    let n_experts = if quick { 32 } else { 256 };
+    let top_k = 6;
+    let encs: Vec<Encoding> = if a.formats.is_empty() {
+        vec![Encoding::BF16, Encoding::parse("int4-g64")?]
+    } else {
+        a.formats
+            .iter()
+            .map(|s| Encoding::parse(s).with_context(|| format!("--formats {s}")))
+            .collect::<anyhow::Result<_>>()?
+    };
+    if let Some(e) = encs.iter().find(|&&e| !gemm::supported(e)) {
+        anyhow::bail!("--formats {}: no GEMM kernel for this format", e.spelling());
+    }
+    let tiles: Vec<Tile> = if a.tiles.is_empty() {
+        TILES.to_vec()
+    } else {
+        a.tiles
+            .iter()
+            .map(|s| parse_tile(s))
+            .collect::<anyhow::Result<_>>()?
+    };
+    let say = |line: String| -> Result<(), super::output::StdoutError> {
+        if a.json {
+            eprintln!("{line}");
+            Ok(())
+        } else {
+            outln!("{line}")
+        }
+    };
+    say(format!("adapter: {}", gpu.describe()))?;
+    say(format!(
+        "{:<9} {:<34} {:>5} {:>6} {:<14} {:>10} {:>9} {:>8} {:>7}",
+        "format", "shape", "T", "pairs", "kernel", "us/call", "us/token", "TFLOP/s", "vs GEMV"
+    ))?;
+    // (label, experts, O, I, x per pair)
+    let mut shapes = vec![("dense", 1usize, 4096 / div, 4096 / div, false)];
+    if !a.dense_only {
+        shapes.push(("routed gate_up", n_experts, 4096 / div, 4096 / div, false));
+        shapes.push(("routed down", n_experts, 4096 / div, 2048 / div, true));
+    }
+    let mut results = Vec::new();
+    let mut method = "";
+    for enc in &encs {
+        for &(label, experts, o, i, per_pair) in &shapes {
+            let eb = experts * o * enc.bytes_per_row(i);
+            let sb = experts * 4 * enc.scale_count(o, i);
+            // rotate copies of a dense matrix so the working set exceeds 256 MiB
+            let copies = if experts > 1 || quick {
+                1
+            } else {
+                ((256u64 << 20) / (eb + sb) as u64 + 1).min(16) as usize
+            };
+            let scales: Vec<u8> = (0..sb / 4).flat_map(|_| 0.01f32.to_le_bytes()).collect();
+            let weights = (0..copies)
+                .map(|c| {
+                    let data = slab_bytes(*enc, eb, c as u64 + 1);
+                    GpuWeights::from_slab_bytes(&gpu, *enc, experts, o, i, &data, &scales)
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let shape = if experts == 1 {
+                format!("{label} [{o}x{i}]")
+            } else {
+                format!("{label} {experts}x[{o}x{i}]")
+            };
+            for &t in &a.tokens {
+                let pairs: Vec<u32> = if experts == 1 {
+                    (0..t).flat_map(|k| [0, k, NO_GAMMA, 0]).collect()
+                } else {
+                    routed_pairs(t, experts as u32, top_k, 7 + t as u64)
+                };
+                let np = (pairs.len() / 4) as u32;
+                let x_rows = if per_pair { np } else { t };
+                let x = gpu.storage_init(
+                    "x",
+                    bytemuck::cast_slice(&vec![0.25f32; x_rows as usize * i]),
+                );
+                let pb = gpu.storage_init("pairs", bytemuck::cast_slice(&pairs));
+                let y = gpu.storage("y", 4 * (np as usize * o) as u64);
+                let mut kinds = vec![("gemv".to_string(), GemmChoice::Never)];
+                kinds.push(("auto".to_string(), GemmChoice::Auto));
+                for &tl in &tiles {
+                    kinds.push((
+                        format!("gemm {}x{}", tl.rm, tl.pairs()),
+                        GemmChoice::Always(tl),
+                    ));
+                }
+                let mut gemv_t = None;
+                for (kind, choice) in kinds {
+                    let args = GemvArgs::new(&x, x_rows, &pb, np, &y)
+                        .x_per_pair(per_pair)
+                        .gemm(choice);
+                    let calls = weights
+                        .iter()
+                        .map(|w| w.bind(&gpu, enc.format.ordinal(), args))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    let picked = match gemm::select(&weights[0], &args) {
+                        Some(t) => format!("gemm {}x{}", t.rm, t.pairs()),
+                        None => "gemv".into(),
+                    };
+                    let kind = if kind == "auto" {
+                        format!("auto={picked}")
+                    } else {
+                        kind
+                    };
+                    let (secs, how) = time_calls(&gpu, &calls, a.iters)?;
+                    method = how;
+                    let flops = 2.0 * o as f64 * i as f64 * np as f64;
+                    let base = *gemv_t.get_or_insert(secs);
+                    say(format!(
+                        "{:<9} {:<34} {:>5} {:>6} {:<14} {:>10.1} {:>9.3} {:>8.2} {:>6.2}x",
+                        enc.spelling(),
+                        shape,
+                        t,
+                        np,
+                        kind,
+                        secs * 1e6,
+                        secs * 1e6 / t as f64,
+                        flops / secs / 1e12,
+                        base / secs
+                    ))?;
+                    results.push(serde_json::json!({
+                        "format": enc.spelling(), "shape": shape, "tokens": t, "pairs": np,
+                        "kernel": kind, "us_per_call": secs * 1e6,
+                        "tflops": flops / secs / 1e12, "speedup_vs_gemv": base / secs,
+                    }));
+                }
+            }
+        }
+    }
+    if a.json {
+        let doc = serde_json::json!({
+            "adapter": gpu.info.name, "backend": format!("{:?}", gpu.info.backend),
+            "driver": format!("{} {}", gpu.info.driver, gpu.info.driver_info),
+            "timing": method, "quick": quick, "results": results,
+        });
+        outln!("{}", serde_json::to_string_pretty(&doc)?)?;
+    } else {
+        outln!(
+            "timing: {method}; TFLOP/s = 2·O·I·pairs / time{}",
+            if quick {
+                "; quick (shapes / 4, 32 experts)"
+            } else {
+                ""
+            }
+        )?;
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,148 @@
+//! `inkling-wgpu bench prefill`: prefill tok/s and time to first token on the GPU forward. For
+//! each prompt length N, N fixed pseudo-random ids below the vocabulary are fed from position
+//! 0 and the first greedy token is read back (`GpuModel::forward_greedy`): once untimed (pipelines
+//! and recorded steps of its chunk shapes), then `--repeat` timed runs by wall clock, median
+//! reported. Time to first token = that time; prefill tok/s = N / time.
+//!
+//! The model is built for chunks of the largest `--chunk` (default: the engine's
+//! [`DEFAULT_MAX_CHUNK`]); that chunk runs exactly as `generate` does (inner chunks without a
+//! head). A smaller `--chunk` C feeds the prompt as consecutive `forward_greedy` calls of C ids,
+//! so each piece also runs the head and waits for its id. `--compare` times every length twice,
+//! on two models built the same way: GEMV only (the engine before the prefill GEMM) and with
+//! the GEMM ([`crate::gpu::gemm`]).
+use super::output::outln;
+use crate::gpu::Gpu;
+use crate::model::gpu::DEFAULT_MAX_CHUNK;
+use crate::model::{Checkpoint, GpuModel, GpuModelOptions, Weights};
+use anyhow::{ensure, Context};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+#[derive(clap::Args, Debug)]
+pub struct PrefillArgs {
+    /// Checkpoint or container directory (default: the bundled demo model).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Prompt lengths, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = [128usize, 512, 2048])]
+    pub prompt: Vec<usize>,
+    /// Tokens per submission, comma-separated (default: the engine's default chunk).
+    #[arg(long, value_delimiter = ',')]
+    pub chunk: Vec<usize>,
+    /// Timed runs per prompt length (the median is reported).
+    #[arg(long, default_value_t = 3, value_parser = super::values::parse_iters)]
+    pub repeat: usize,
+    /// Also time every length with the GEMV only (a second model), for a before/after table.
+    #[arg(long)]
+    pub compare: bool,
+    /// Print one JSON object on stdout (the table goes to stderr).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `n` fixed pseudo-random ids below `width`.
+pub fn prompt_ids(n: usize, width: usize) -> Vec<u32> {
+    (0..n as u64)
+        .map(|i| ((i * 2654435761 + 12345) % width.max(1) as u64) as u32)
+        .collect()
+}
+
+/// Feed `ids` from position 0 in pieces of `chunk` (one piece when it is the model's chunk);
+/// returns the seconds to the first token.
+fn prefill(m: &mut GpuModel, ids: &[u32], chunk: usize) -> anyhow::Result<f64> {
+    m.reset();
+    let t0 = Instant::now();
+    if chunk == m.max_chunk() {
+        m.forward_greedy(ids)?;
+    } else {
+        for piece in ids.chunks(chunk) {
+            m.forward_greedy(piece)?;
+        }
+    }
+    Ok(t0.elapsed().as_secs_f64())
+}
+
+pub fn run(a: PrefillArgs) -> anyhow::Result<ExitCode> {
+    ensure!(
+        !a.prompt.is_empty() && a.prompt.iter().all(|&n| n >= 1),
+        "--prompt: every length must be at least 1"
+    );
+    let chunks = if a.chunk.is_empty() {
+        vec![DEFAULT_MAX_CHUNK]
+    } else {
+        a.chunk.clone()
+    };
+    ensure!(chunks.iter().all(|&c| c >= 1), "--chunk must be at least 1");
+    let dir = match &a.model {
+        Some(d) => d.clone(),
+        None => crate::bundled::materialize()?,
+    };
+    let ck = Checkpoint::open(&dir)?;
+    let max_n = *a.prompt.iter().max().expect("a length");
+    if let Some(max) = ck.config.max_position_embeddings {
+        ensure!(
+            max_n < max,
+            "--prompt {max_n} passes the model's context of {max} positions"
+        );
+    }
+    let w = Weights::load(&ck)?;
+    let gpu = Gpu::new()?;
+    let width = w.config.logits_width().min(w.config.vocab_size);
+    let max_chunk = *chunks.iter().max().expect("a chunk");
+    let say = |line: String| -> Result<(), super::output::StdoutError> {
+        if a.json {
+            eprintln!("{line}");
+            Ok(())
+        } else {
+            outln!("{line}")
+        }
+    };
+    say(format!("adapter: {}", gpu.describe()))?;
+    say(format!("model: {}", dir.display()))?;
+    say(format!(
+        "{:<6} {:>6} {:>6} {:>10} {:>12}",
+        "kernel", "chunk", "prompt", "TTFT ms", "prefill tok/s"
+    ))?;
+    let modes: &[bool] = if a.compare { &[false, true] } else { &[true] };
+    let mut results = Vec::new();
+    for &gemm in modes {
+        crate::gpu::gemm::set_auto_enabled(gemm);
+        let opts = GpuModelOptions {
+            max_chunk,
+            ..GpuModelOptions::new(max_n + 1)
+        };
+        let mut m = GpuModel::new(&gpu, &w, opts)
+            .with_context(|| format!("building the GPU model on {}", gpu.describe()))?;
+        let kernel = if gemm { "gemm" } else { "gemv" };
+        for &c in &chunks {
+            for &n in &a.prompt {
+                let ids = prompt_ids(n, width);
+                prefill(&mut m, &ids, c)?;
+                let mut secs: Vec<f64> = (0..a.repeat)
+                    .map(|_| prefill(&mut m, &ids, c))
+                    .collect::<anyhow::Result<_>>()?;
+                secs.sort_by(f64::total_cmp);
+                let s = secs[secs.len() / 2];
+                say(format!(
+                    "{kernel:<6} {c:>6} {n:>6} {:>10.1} {:>12.1}",
+                    s * 1e3,
+                    n as f64 / s
+                ))?;
+                results.push(serde_json::json!({
+                    "kernel": kernel, "chunk": c, "prompt_tokens": n, "ttft_s": s,
+                    "prefill_tok_s": n as f64 / s, "runs_s": secs,
+                }));
+            }
+        }
+    }
+    crate::gpu::gemm::set_auto_enabled(true);
+    if a.json {
+        let doc = serde_json::json!({
+            "adapter": gpu.describe(), "model": dir.display().to_string(),
+            "repeat": a.repeat, "results": results,
+        });
+        outln!("{}", serde_json::to_string_pretty(&doc)?)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,414 @@
+// The MoE GEMM (prefill): the GEMV's problem for many pairs at once, each weight read once per
+// tile of pairs. Instantiated by src/gpu/gemm.rs (`gemm::wgsl_source`):
+//   * a generated prelude defines FMT (format ordinal), GS (group size, 0 = none), RM (rows per
+//     thread), NQ (token quads per tile: a tile holds BN = 4 * NQ pairs), BN and EMAX (most experts
+//     the sort pass can group);
+//   * `//!IF SORT` selects the grouping pass (entry `sort_pairs`) over the GEMM (entry `main`).
+//
+// Problem, as the GEMV (wgsl/gemv.wgsl): for pairs p in 0..n_pairs,
+//   Y[p * y_stride + y_offset + r] = gamma(p) * sum_i W_{expert(p)}[r, i] * X[xrow(p) * x_stride + x_offset + i]
+// with xrow(p) = token(p), or p with `x_per_pair` (bit 8 of `pair_mode`), for the rows r0 <= r < r1
+// of the experts e0 <= e < e1 held by the bound weight chunk; pairs of other experts are not
+// written. PAIRS holds 4 u32 per pair (expert, token, weight_idx, pad); weight_idx 0xFFFFFFFF = no
+// gamma. Weight rows, scales and their decode are the GEMV's (FORMATS.md bytes padded to whole
+// units; f32 scales [E][O][spr]).
+//
+// Tiles of pairs. Unsorted (bit 0 of `pair_mode` clear, one-expert slabs): tile s holds pairs
+// s * BN .. s * BN + BN; a pair whose expert is not e0 is skipped. Sorted (bit 0 set): the SORT
+// pass first groups the pairs by expert into the scratch buffer SC:
+//   SC[4 s .. 4 s + 3]       tile s = (expert, first sorted index, pair count (0 = empty), 0),
+//                            s < n_tiles = ceil(n_pairs / BN) + min(E, n_pairs), a bound on
+//                            sum_e ceil(count_e / BN);
+//   SC[4 n_tiles + k]        the k-th pair index in expert order.
+// Then every tile holds at most BN pairs of ONE expert. Pairs with expert >= E are in no tile.
+//
+// GEMM workgroup: 256 threads = 64 row sets x 4 lanes; a row set owns RM consecutive rows, so a
+// workgroup covers BM = 64 * RM rows of one tile. The columns run in steps of 128: the x of the
+// tile's BN pairs for the step is staged in workgroup memory (zeros past `cols` and for empty
+// slots, pre-scaled for int4 as in the GEMV), then lane l of a row set reads columns
+// 32 l .. 32 l + 31 of its RM rows from global memory, decodes each weight ONCE and multiplies
+// it into the BN pairs' accumulators (RM x BN f32 per thread, as vec4 over 4 pairs); each x vec4
+// read from workgroup memory feeds RM FMAs. The 4 lanes' partial sums are added through
+// workgroup memory at the end. Each output is one f32 sum over the row in a fixed order.
+
+struct Params {
+    rows: u32,      // O, rows per expert
+    cols: u32,      // I, columns
+    n_pairs: u32,   // P
+    row_v: u32,     // padded row stride in vec4<u32>
+    e0: u32,        // experts [e0, e1) are in this chunk
+    e1: u32,
+    r0: u32,        // rows [r0, r1) of each of them are in this chunk
+    r1: u32,
+    x_stride: u32,  // f32 elements between x rows
+    x_offset: u32,  // f32 element offset of x row 0
+    y_stride: u32,  // f32 elements between pairs in Y
+    y_offset: u32,  // f32 element offset of pair 0, row 0
+    spr: u32,       // f32 scales per row (0 when the format has none)
+    rb: u32,        // row blocks in this chunk: ceil((r1 - r0) / BM)
+    use_gamma: u32, // 0: ignore weight_idx (no gamma buffer bound)
+    pair_mode: u32, // bit 0: sorted tiles in SC; bit 8: x row = pair index (x_per_pair)
+    n_tiles: u32,   // tiles launched per row block
+    experts: u32,   // E of the slab (sort pass)
+    pad0: u32,
+    pad1: u32,
+}
+
+@group(0) @binding(0) var<uniform> prm: Params;
+//!IF SORT
+@group(0) @binding(1) var<storage, read> PAIRS: array<u32>;
+@group(0) @binding(2) var<storage, read_write> SC: array<u32>;
+
+// per-expert pair counts, then write cursors
+var<workgroup> cnt: array<atomic<u32>, EMAX>;
+var<workgroup> cur: array<atomic<u32>, EMAX>;
+// per-thread sums of the scans (pairs, tiles)
+var<workgroup> scan_p: array<u32, 256>;
+var<workgroup> scan_t: array<u32, 256>;
+
+// One workgroup: count the pairs of each expert, exclusive scans of the counts and of the tiles
+// per expert (each thread owns EMAX / 256 consecutive experts), scatter the pair indices in
+// expert order (order inside an expert is free: each pair's sum does not depend on it), then
+// write every tile (empty ones with count 0).
+@compute @workgroup_size(256)
+fn sort_pairs(@builtin(local_invocation_index) li: u32) {
+    let ne = prm.experts;
+    let np = prm.n_pairs;
+    let nt = prm.n_tiles;
+    const PER: u32 = EMAX / 256u;
+    for (var e = li; e < EMAX; e += 256u) {
+        atomicStore(&cnt[e], 0u);
+    }
+    workgroupBarrier();
+    for (var p = li; p < np; p += 256u) {
+        let e = PAIRS[4u * p];
+        if (e < ne) {
+            atomicAdd(&cnt[e], 1u);
+        }
+    }
+    workgroupBarrier();
+    var sp = 0u;
+    var st = 0u;
+    for (var k = 0u; k < PER; k++) {
+        let c = atomicLoad(&cnt[li * PER + k]);
+        sp += c;
+        st += (c + BN - 1u) / BN;
+    }
+    scan_p[li] = sp;
+    scan_t[li] = st;
+    workgroupBarrier();
+    // Hillis-Steele inclusive scan over the 256 thread sums
+    for (var off = 1u; off < 256u; off <<= 1u) {
+        var ap = 0u;
+        var at = 0u;
+        if (li >= off) {
+            ap = scan_p[li - off];
+            at = scan_t[li - off];
+        }
+        workgroupBarrier();
+        scan_p[li] += ap;
+        scan_t[li] += at;
+        workgroupBarrier();
+    }
+    var bp = scan_p[li] - sp;
+    var bt = scan_t[li] - st;
+    for (var k = 0u; k < PER; k++) {
+        let e = li * PER + k;
+        let c = atomicLoad(&cnt[e]);
+        atomicStore(&cur[e], bp);
+        for (var j = 0u; j * BN < c; j++) {
+            let s = bt + j;
+            SC[4u * s] = e;
+            SC[4u * s + 1u] = bp + j * BN;
+            SC[4u * s + 2u] = min(BN, c - j * BN);
+            SC[4u * s + 3u] = 0u;
+        }
+        bp += c;
+        bt += (c + BN - 1u) / BN;
+    }
+    let used = scan_t[255];
+    for (var s = used + li; s < nt; s += 256u) {
+        SC[4u * s] = 0u;
+        SC[4u * s + 1u] = 0u;
+        SC[4u * s + 2u] = 0u;
+        SC[4u * s + 3u] = 0u;
+    }
+    workgroupBarrier();
+    let base = 4u * nt;
+    for (var p = li; p < np; p += 256u) {
+        let e = PAIRS[4u * p];
+        if (e < ne) {
+            SC[base + atomicAdd(&cur[e], 1u)] = p;
+        }
+    }
+}
+//!ELSE
+@group(0) @binding(1) var<storage, read> W: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read> S: array<f32>;
+@group(0) @binding(3) var<storage, read> X: array<f32>;
+@group(0) @binding(4) var<storage, read> PAIRS: array<u32>;
+@group(0) @binding(5) var<storage, read> GAMMA: array<f32>;
+@group(0) @binding(6) var<storage, read> SC: array<u32>;
+@group(0) @binding(7) var<storage, read_write> Y: array<f32>;
+
+const NONE: u32 = 0xffffffffu;
+const BM: u32 = 64u * RM;
+// the x tile: 128 columns x NQ vec4 (4 pairs each), one pad vec4 per 32 columns so that the
+// 4 lanes of a row set (32 columns apart) read 4 different bank groups
+const XS_LEN: u32 = 128u * NQ + 4u;
+var<workgroup> XS: array<vec4<f32>, XS_LEN>;
+var<workgroup> red: array<vec4<f32>, 256>;
+// the tile's slots: x row base (NONE = empty slot), pair index, gamma
+var<workgroup> slot_x: array<u32, BN>;
+var<workgroup> slot_p: array<u32, BN>;
+var<workgroup> slot_g: array<f32, BN>;
+var<workgroup> tile_e: u32;
+
+// int4 magic-number decode, as the GEMV: nibbles masked in place, x pre-scaled by 16^-n
+const MAGIC: u32 = 0x4b000000u;
+const MAGIC_INT3: f32 = 8388612.0; // 2^23 + 4
+const I4_MASK_A: vec4<u32> = vec4<u32>(0xfu, 0xf0u, 0xf00u, 0xf000u);
+const I4_MASK_B: vec4<u32> = vec4<u32>(0xf0000u, 0xf00u, 0xf000u, 0xf0000u);
+const I4_SUB_A: vec4<f32> = vec4<f32>(8388616.0, 8388736.0, 8390656.0, 8421376.0);
+const I4_SUB_B: vec4<f32> = vec4<f32>(8912896.0, 8390656.0, 8421376.0, 8912896.0);
+const I4_XS_A: vec4<f32> = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);
+const I4_XS_B: vec4<f32> = vec4<f32>(0.0000152587890625, 0.00390625, 0.000244140625, 0.0000152587890625);
+
+fn xs_index(lc: u32) -> u32 {
+    return lc * NQ + lc / 32u;
+}
+
+// Factor of column c applied while staging x (int4: 16^-n of its nibble's in-place position).
+fn stage_scale(c: u32) -> f32 {
+    if (FMT == 2u || FMT == 4u) {
+        let v = select(I4_XS_A, I4_XS_B, (c & 4u) != 0u);
+        return v[c & 3u];
+    }
+    return 1.0;
+}
+
+// int3: four values from one byte of 2-bit lows and four high bits (both shifted down), u - 4
+fn int3_four(lb: u32, hb: u32) -> vec4<f32> {
+    let l = (vec4<u32>(lb) >> vec4<u32>(0u, 2u, 4u, 6u)) & vec4<u32>(3u);
+    let h = (vec4<u32>(hb << 2u, hb << 1u, hb, hb >> 1u)) & vec4<u32>(4u);
+    return bitcast<vec4<f32>>(l | h | vec4<u32>(MAGIC)) - vec4<f32>(MAGIC_INT3);
+}
+
+// Words of one lane's 32 columns of one row per 128-column step: 8 vec4 (f32), 4 (bf16), one
+// (int4: 4 words of 8 columns; int3-g64: 2 words of lows and 1 of highs in .xyz).
+const WV: u32 = select(select(1u, 4u, FMT == 9u), 8u, FMT == 0u);
+
+// The raw words of lane `lane`'s columns k0 + 32 lane .. + 31 of the row at vec4 `rowv` (last
+// vec4 of the row: `last`; loads never leave the row).
+fn load_w(rowv: u32, last: u32, k0: u32, lane: u32) -> array<vec4<u32>, WV> {
+    var raw: array<vec4<u32>, WV>;
+    let c = k0 + 32u * lane;
+    if (FMT == 5u) {
+        // int3-g64: a 128-column unit is 12 words: group A lows 0-3, highs 4-5; group B lows
+        // 6-9, highs 10-11; lane l takes half l % 2 of group l / 2
+        let wb = 4u * rowv + 12u * (k0 / 128u) + 6u * (lane / 2u);
+        let h = lane & 1u;
+        let lw = 4u * last + 3u;
+        let a = min(wb + 2u * h, lw);
+        let b = min(wb + 2u * h + 1u, lw);
+        let hi = min(wb + 4u + h, lw);
+        raw[0] = vec4<u32>(W[a / 4u][a & 3u], W[b / 4u][b & 3u], W[hi / 4u][hi & 3u], 0u);
+    } else {
+        let cpv = select(select(32u, 8u, FMT == 9u), 4u, FMT == 0u); // columns per vec4
+        for (var m = 0u; m < WV; m++) {
+            raw[m] = W[min(rowv + c / cpv + m, last)];
+        }
+    }
+    return raw;
+}
+
+// The 8 weights of octet o (columns c8 = k0 + 32 lane + 8 o .. c8 + 7) from the raw words:
+// columns 0-3 in [0], 4-7 in [1] (int4: in-place values for the pre-scaled x; the int4 row scale
+// is applied after the sum). `s` = the scale of the lane's columns (grouped formats). Zero past
+// `cols`.
+fn w8(raw: array<vec4<u32>, WV>, o: u32, c8: u32, s: f32) -> array<vec4<f32>, 2> {
+    var out: array<vec4<f32>, 2>;
+    let ok = c8 < prm.cols;
+    if (FMT == 0u) {
+        out[0] = select(vec4<f32>(0.0), bitcast<vec4<f32>>(raw[2u * o]), ok);
+        out[1] = select(vec4<f32>(0.0), bitcast<vec4<f32>>(raw[2u * o + 1u]), c8 + 4u < prm.cols);
+    } else if (FMT == 9u) {
+        let wd = raw[o];
+        let ev = bitcast<vec4<f32>>(wd << vec4<u32>(16u));
+        let od = bitcast<vec4<f32>>(wd & vec4<u32>(0xffff0000u));
+        out[0] = select(vec4<f32>(0.0), vec4<f32>(ev.x, od.x, ev.y, od.y), ok);
+        out[1] = select(vec4<f32>(0.0), vec4<f32>(ev.z, od.z, ev.w, od.w), ok);
+    } else if (FMT == 2u || FMT == 4u) {
+        let wd = raw[0][o];
+        let wh = wd >> 12u;
+        var a = bitcast<vec4<f32>>((vec4<u32>(wd) & I4_MASK_A) | vec4<u32>(MAGIC)) - I4_SUB_A;
+        var b = bitcast<vec4<f32>>((vec4<u32>(wd, wh, wh, wh) & I4_MASK_B) | vec4<u32>(MAGIC)) - I4_SUB_B;
+        if (FMT == 4u) {
+            a *= s;
+            b *= s;
+        }
+        out[0] = select(vec4<f32>(0.0), a, ok);
+        out[1] = select(vec4<f32>(0.0), b, ok);
+    } else {
+        let r = raw[0];
+        let lb = r[o / 2u] >> (16u * (o & 1u));
+        let hb = r.z >> (8u * o);
+        out[0] = select(vec4<f32>(0.0), int3_four(lb, hb) * s, ok);
+        out[1] = select(vec4<f32>(0.0), int3_four(lb >> 8u, hb >> 4u) * s, ok);
+    }
+    return out;
+}
+
+// The scale of lane `lane`'s 32 columns of step k0 (grouped int4, int3-g64; 1 otherwise).
+fn lane_scale(srow: u32, k0: u32, lane: u32) -> f32 {
+    if (FMT == 4u) {
+        return S[srow + min((k0 + 32u * lane) / max(GS, 1u), prm.spr - 1u)];
+    }
+    if (FMT == 5u) {
+        return S[srow + min(2u * (k0 / 128u) + lane / 2u, prm.spr - 1u)];
+    }
+    return 1.0;
+}
+
+// x items a thread stages per step: (token quad, column) pairs, NQ * 128 / 256 of them
+const XI: u32 = NQ / 2u;
+
+@compute @workgroup_size(256)
+fn main(
+    @builtin(local_invocation_index) li: u32,
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+) {
+    let lin = wid.x + wid.y * nwg.x;
+    if (lin >= prm.n_tiles * prm.rb) {
+        return; // whole workgroup: lin is workgroup-uniform
+    }
+    let tile = lin / prm.rb;
+    let blk = lin % prm.rb;
+    let sorted = (prm.pair_mode & 1u) != 0u;
+    if (li < BN) {
+        var e = prm.e0;
+        var p = tile * BN + li;
+        var live = p < prm.n_pairs;
+        if (sorted) {
+            e = SC[4u * tile];
+            live = li < SC[4u * tile + 2u];
+            p = SC[4u * prm.n_tiles + min(SC[4u * tile + 1u] + li, prm.n_pairs - 1u)];
+        }
+        p = min(p, prm.n_pairs - 1u);
+        live = live && PAIRS[4u * p] == e && e >= prm.e0 && e < prm.e1;
+        let xr = select(PAIRS[4u * p + 1u], p, (prm.pair_mode & 256u) != 0u);
+        let wi = PAIRS[4u * p + 2u];
+        slot_x[li] = select(NONE, xr * prm.x_stride + prm.x_offset, live);
+        slot_p[li] = p;
+        slot_g[li] = select(1.0, GAMMA[min(wi, arrayLength(&GAMMA) - 1u)], wi != NONE && prm.use_gamma != 0u);
+        if (li == 0u) {
+            tile_e = select(NONE, e, e >= prm.e0 && e < prm.e1);
+        }
+    }
+    let e = workgroupUniformLoad(&tile_e);
+    if (e == NONE) {
+        return;
+    }
+    let lane = li & 3u;
+    let rset = li >> 2u;
+    let r_first = prm.r0 + blk * BM + rset * RM;
+    let ebase = (e - prm.e0) * (prm.r1 - prm.r0);
+    var rowv: array<u32, RM>;
+    var srow: array<u32, RM>;
+    for (var rr = 0u; rr < RM; rr++) {
+        // rows past r1 repeat the last row (read, never written)
+        let local_row = ebase + (min(r_first + rr, prm.r1 - 1u) - prm.r0);
+        rowv[rr] = local_row * prm.row_v;
+        srow[rr] = local_row * prm.spr;
+    }
+    // this thread's x items: column lc of token quads q0 + 2 j, read from the 4 slots' rows
+    let lc = li & 127u;
+    let q0 = li / 128u;
+    let xscale = stage_scale(lc);
+    var xb: array<vec4<u32>, XI>;
+    for (var j = 0u; j < XI; j++) {
+        let q = q0 + 2u * j;
+        xb[j] = vec4<u32>(slot_x[4u * q], slot_x[4u * q + 1u], slot_x[4u * q + 2u], slot_x[4u * q + 3u]);
+    }
+    var acc: array<vec4<f32>, RM * NQ>;
+    for (var k = 0u; k < RM * NQ; k++) {
+        acc[k] = vec4<f32>(0.0);
+    }
+    var xr: array<vec4<f32>, XI>;
+    for (var j = 0u; j < XI; j++) {
+        xr[j] = load_x(xb[j], lc);
+    }
+    for (var k0 = 0u; k0 < prm.cols; k0 += 128u) {
+        var raw: array<array<vec4<u32>, WV>, RM>;
+        var sc: array<f32, RM>;
+        for (var rr = 0u; rr < RM; rr++) {
+            raw[rr] = load_w(rowv[rr], rowv[rr] + prm.row_v - 1u, k0, lane);
+            sc[rr] = lane_scale(srow[rr], k0, lane);
+        }
+        for (var j = 0u; j < XI; j++) {
+            XS[xs_index(lc) + q0 + 2u * j] = xr[j] * xscale;
+        }
+        workgroupBarrier();
+        // the next step's x, in flight during this step's FMAs
+        if (k0 + 128u < prm.cols) {
+            for (var j = 0u; j < XI; j++) {
+                xr[j] = load_x(xb[j], k0 + 128u + lc);
+            }
+        }
+        for (var o = 0u; o < 4u; o++) {
+            let lc8 = 32u * lane + 8u * o;
+            var w: array<array<vec4<f32>, 2>, RM>;
+            for (var rr = 0u; rr < RM; rr++) {
+                w[rr] = w8(raw[rr], o, k0 + lc8, sc[rr]);
+            }
+            for (var j = 0u; j < 8u; j++) {
+                let xi = xs_index(lc8 + j);
+                for (var q = 0u; q < NQ; q++) {
+                    let xv = XS[xi + q];
+                    for (var rr = 0u; rr < RM; rr++) {
+                        acc[rr * NQ + q] = fma(vec4<f32>(w[rr][j / 4u][j & 3u]), xv, acc[rr * NQ + q]);
+                    }
+                }
+            }
+        }
+        workgroupBarrier();
+    }
+    // add the 4 lanes' partial sums; round (rr, q) is written by lane q % 4
+    for (var rr = 0u; rr < RM; rr++) {
+        let r = r_first + rr;
+        var rs = 1.0;
+        if (FMT == 2u) {
+            rs = S[srow[rr]];
+        }
+        for (var q = 0u; q < NQ; q++) {
+            red[li] = acc[rr * NQ + q];
+            workgroupBarrier();
+            if (lane == (q & 3u) && r < prm.r1) {
+                let b = rset * 4u;
+                let sum = ((red[b] + red[b + 1u]) + (red[b + 2u] + red[b + 3u])) * rs;
+                for (var n = 0u; n < 4u; n++) {
+                    let slot = 4u * q + n;
+                    if (slot_x[slot] != NONE) {
+                        Y[slot_p[slot] * prm.y_stride + prm.y_offset + r] = sum[n] * slot_g[slot];
+                    }
+                }
+            }
+            workgroupBarrier();
+        }
+    }
+}
+
+// x at column c of the rows starting at `b` (4 slots; NONE = empty slot), zero past `cols`.
+fn load_x(b: vec4<u32>, c: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    if (c < prm.cols) {
+        for (var n = 0u; n < 4u; n++) {
+            if (b[n] != NONE) {
+                v[n] = X[b[n] + c];
+            }
+        }
+    }
+    return v;
+}
+//!END
