@@ -242,14 +242,7 @@ fn kernels(a: KernelArgs) -> anyhow::Result<ExitCode> {
             .collect::<anyhow::Result<_>>()?
     };
     // the text table goes to stdout, or to stderr beside `--json`'s document
-    let say = |line: String| -> Result<(), super::output::StdoutError> {
-        if a.json {
-            eprintln!("{line}");
-            Ok(())
-        } else {
-            outln!("{line}")
-        }
-    };
+    let say = |line: String| super::output::report_line(a.json, &line);
     say(format!("adapter: {}", gpu.describe()))?;
     say(format!(
         "{:<16} {:<47} {:>3} {:>12} {:>10} {:>9} {:>7}",

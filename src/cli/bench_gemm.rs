@@ -99,14 +99,7 @@ pub fn run(a: GemmArgs) -> anyhow::Result<ExitCode> {
             .map(|s| parse_tile(s))
             .collect::<anyhow::Result<_>>()?
     };
-    let say = |line: String| -> Result<(), super::output::StdoutError> {
-        if a.json {
-            eprintln!("{line}");
-            Ok(())
-        } else {
-            outln!("{line}")
-        }
-    };
+    let say = |line: String| super::output::report_line(a.json, &line);
     say(format!("adapter: {}", gpu.describe()))?;
     say(format!(
         "{:<9} {:<34} {:>5} {:>6} {:<14} {:>10} {:>9} {:>8} {:>7}",

@@ -90,14 +90,7 @@ pub fn run(a: PrefillArgs) -> anyhow::Result<ExitCode> {
     let gpu = Gpu::new()?;
     let width = w.config.logits_width().min(w.config.vocab_size);
     let max_chunk = *chunks.iter().max().expect("a chunk");
-    let say = |line: String| -> Result<(), super::output::StdoutError> {
-        if a.json {
-            eprintln!("{line}");
-            Ok(())
-        } else {
-            outln!("{line}")
-        }
-    };
+    let say = |line: String| super::output::report_line(a.json, &line);
     say(format!("adapter: {}", gpu.describe()))?;
     say(format!("model: {}", dir.display()))?;
     say(format!(

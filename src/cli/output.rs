@@ -20,6 +20,17 @@ pub fn write_stdout(args: std::fmt::Arguments<'_>) -> Result<(), StdoutError> {
         .map_err(StdoutError)
 }
 
+/// One line of a text report: on stdout, or on stderr when `json` (stdout then holds the JSON
+/// document).
+pub fn report_line(json: bool, line: &str) -> Result<(), StdoutError> {
+    if json {
+        eprintln!("{line}");
+        Ok(())
+    } else {
+        write_stdout(format_args!("{line}\n"))
+    }
+}
+
 /// Write raw bytes to stdout and flush.
 pub fn write_stdout_bytes(bytes: &[u8]) -> Result<(), StdoutError> {
     let mut o = io::stdout().lock();

@@ -3,6 +3,7 @@
 //! or not, strided x and y, x per pair, chunked slabs. Outputs are poisoned with NaN first.
 //! Runs on lavapipe in CI: a missing adapter FAILS (no skip).
 
+use crate::gemv_parity::rel_err;
 use crate::ops_util::{gpu, Rng};
 use inkling_wgpu::formats::{quantize, Encoding, QMatrix};
 use inkling_wgpu::gpu::gemm::{self, GemmChoice, Tile, TILES};
@@ -18,21 +19,6 @@ use inkling_wgpu::gpu::gemv::{kernel_encodings, GemvArgs, GpuWeights, NO_GAMMA};
 use inkling_wgpu::gpu::Gpu;
 
 const TOL: f64 = 1e-5;
-
-fn rel_err(y: &[f32], r: &[f64]) -> f64 {
-    let num: f64 = y
-        .iter()
-        .zip(r)
-        .map(|(&a, &b)| (a as f64 - b).powi(2))
-        .sum::<f64>()
-        .sqrt();
-    let den: f64 = r.iter().map(|b| b * b).sum::<f64>().sqrt();
-    if den == 0.0 {
-        num
-    } else {
-        num / den
-    }
-}
 
 /// One problem: x rows at `x_stride` from `x_offset` (NaN elsewhere), pairs `(expert, token,
 /// weight_idx)`, outputs at `y_stride` from `y_offset`.

@@ -9,7 +9,8 @@ use inkling_wgpu::gpu::gemv_pairs_with;
 use inkling_wgpu::gpu::Gpu;
 use std::borrow::Cow;
 
-fn rel_err(y: &[f32], r: &[f64]) -> f64 {
+/// ‖y − ref‖ / ‖ref‖ in f64 (‖y − ref‖ when the reference is zero).
+pub(crate) fn rel_err(y: &[f32], r: &[f64]) -> f64 {
     assert_eq!(y.len(), r.len());
     let num: f64 = y
         .iter()
