@@ -14,8 +14,11 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// A fresh directory per call: tests running in parallel may convert the same fixture the same way.
 fn tmpdir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("inkling-convert-{tag}-{}", std::process::id()));
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let d = std::env::temp_dir().join(format!("inkling-convert-{tag}-{}-{n}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     d
 }
