@@ -321,11 +321,7 @@ fn kernels(a: KernelArgs) -> anyhow::Result<ExitCode> {
         }
     }
     if a.json {
-        let doc = serde_json::json!({
-            "adapter": gpu.info.name, "backend": format!("{:?}", gpu.info.backend),
-            "driver": format!("{} {}", gpu.info.driver, gpu.info.driver_info),
-            "timing": method, "quick": quick, "results": results,
-        });
+        let doc = super::bench_calls::results_doc(&gpu, method, quick, results);
         outln!("{}", serde_json::to_string_pretty(&doc)?)?;
     } else {
         outln!(

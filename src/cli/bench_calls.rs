@@ -76,3 +76,18 @@ pub fn time_calls(gpu: &Gpu, calls: &[Call], n: usize) -> anyhow::Result<(f64, &
         ))
     }
 }
+
+/// The `--json` document of `bench kernels` and `bench gemm`: the adapter, backend and driver, the
+/// timing method, whether the shapes were the quick ones, and the result rows.
+pub fn results_doc(
+    gpu: &Gpu,
+    method: &str,
+    quick: bool,
+    results: Vec<serde_json::Value>,
+) -> serde_json::Value {
+    serde_json::json!({
+        "adapter": gpu.info.name, "backend": format!("{:?}", gpu.info.backend),
+        "driver": format!("{} {}", gpu.info.driver, gpu.info.driver_info),
+        "timing": method, "quick": quick, "results": results,
+    })
+}
