@@ -176,6 +176,14 @@ impl SynthSpec {
                 self.top_k
             );
         }
+        if n > self.n_experts {
+            bail!(
+                "{flag} {n}: more routed experts than the preset's {} (the flag keeps the shapes \
+                 with fewer experts); use at most {}",
+                self.n_experts,
+                self.n_experts
+            );
+        }
         self.n_experts = n;
         Ok(self)
     }
