@@ -55,10 +55,11 @@ pub struct DecodeArgs {
     /// `GpuModel::set_fuse_residual`).
     #[arg(long, hide = true)]
     pub fuse_residual: bool,
-    /// Run the attention block after the projections as one dispatch per layer (k/v convs, q/k
-    /// norms, attention, KV write; see `GpuModel::set_fuse_attention`).
+    /// Run the attention block after the projections as the separate kernels (k/v convs, q/k
+    /// norms, attention with KV append: five dispatches per layer) instead of the default fused
+    /// one (see `GpuModel::set_fuse_attention`).
     #[arg(long)]
-    pub fuse_attention: bool,
+    pub split_attention: bool,
     /// Run the step-timestamp probe before the timed probe (an experiment knob).
     #[arg(long, hide = true)]
     pub spans_first: bool,
@@ -214,7 +215,7 @@ pub fn run(a: DecodeArgs) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("building the GPU model on {}", gpu.describe()))?;
     m.set_pass_per_phase(a.pass_per_phase);
     m.set_fuse_residual(a.fuse_residual);
-    m.set_fuse_attention(a.fuse_attention)?;
+    m.set_fuse_attention(!a.split_attention)?;
 
     // Warm-up (pipelines, recorded steps, and the GPU's clocks: see BENCHMARKS.md, section
     // *Decode: `bench decode` on a synthetic Inkling-Small, 4 layers*), then the timed run, then

@@ -1,8 +1,9 @@
-//! The GPU forward with the fused attention block (`GpuModel::set_fuse_attention`: one dispatch per
-//! layer for the k/v convs, q/k norms, attention and KV write of a one-token step; a prologue plus
-//! the attention for prompt chunks), alone and with `set_fuse_residual`: transformers' greedy tokens
-//! on every fixture, and teacher-forced logits of prompt + one-token steps within the bounds of
-//! `model_gpu_reference` (1e-4 to transformers, 1e-5 to the CPU).
+//! The GPU forward with the fused attention block (`GpuModel::set_fuse_attention`, the default: one
+//! dispatch per layer for the k/v convs, q/k norms, attention and KV write of a one-token step; a
+//! prologue plus the attention for prompt chunks) and with the separate kernels, alone and with
+//! `set_fuse_residual`: transformers' greedy tokens on every fixture, and teacher-forced logits of
+//! prompt + one-token steps within the bounds of `model_gpu_reference` (1e-4 to transformers, 1e-5
+//! to the CPU).
 use crate::model_common;
 use crate::ops_util::shared_gpu as gpu;
 use inkling_wgpu::model::{Checkpoint, CpuModel, GpuModel, GpuModelOptions, Weights};
@@ -25,10 +26,11 @@ fn assert_rows(a: &[Vec<f32>], b: &[Vec<f32>], tol: f64, what: &str) -> f64 {
     worst
 }
 
-/// A GPU model of `w` with the fused attention on (and the fused residual chains when `residual`).
-fn fused_model<'a>(w: &'a Weights<'a>, residual: bool) -> GpuModel<'a> {
+/// A GPU model of `w` with the fused attention `attention` (and the fused residual chains when
+/// `residual`).
+fn model<'a>(w: &'a Weights<'a>, attention: bool, residual: bool) -> GpuModel<'a> {
     let mut m = GpuModel::new(&gpu(), w, GpuModelOptions::new(MAX_SEQ)).unwrap();
-    m.set_fuse_attention(true).unwrap();
+    m.set_fuse_attention(attention).unwrap();
     m.set_fuse_residual(residual);
     m
 }
@@ -40,9 +42,9 @@ fn fused_attention_keeps_the_reference_tokens_and_logits() {
         let w = Weights::load(&ck).unwrap();
         let r = reference(name);
         let eos = ck.generation.clone().unwrap().eos_token_ids;
-        for residual in [false, true] {
-            let mut m = fused_model(&w, residual);
-            let tag = format!("{name} (fused attention, fused residual {residual})");
+        for (attention, residual) in [(true, false), (true, true), (false, false)] {
+            let mut m = model(&w, attention, residual);
+            let tag = format!("{name} (fused attention {attention}, fused residual {residual})");
             for (ci, c) in r.cases.iter().enumerate() {
                 m.reset();
                 check_greedy_case(&mut m, &tag, ci, c, &eos);
@@ -89,9 +91,14 @@ fn fused_attention_chunks_and_window_edges_equal_the_cpu() {
             .map(|i| ((i * 2654435761 + 17) % v) as u32)
             .collect();
         let full = CpuModel::new(&w).forward_all(&seq).unwrap();
-        let mut m = fused_model(&w, false);
-        for sizes in [vec![1], vec![3], vec![win + 1, 1, 2], vec![win - 1, 1]] {
-            m.reset();
+        for (attention, sizes) in [
+            (true, vec![1]),
+            (true, vec![3]),
+            (true, vec![win + 1, 1, 2]),
+            (true, vec![win - 1, 1]),
+            (false, vec![win + 1, 1, 2]),
+        ] {
+            let mut m = model(&w, attention, false);
             let mut got = Vec::new();
             let (mut i, mut k) = (0, 0);
             while i < seq.len() {
@@ -100,8 +107,9 @@ fn fused_attention_chunks_and_window_edges_equal_the_cpu() {
                 i += n;
                 k += 1;
             }
-            let e = assert_rows(&got, &full, 1e-5, &format!("{name} fused chunks {sizes:?}"));
-            eprintln!("{name} fused chunks {sizes:?}: worst rel error vs CPU {e:.3e}");
+            let tag = format!("{name} chunks {sizes:?} (fused attention {attention})");
+            let e = assert_rows(&got, &full, 1e-5, &tag);
+            eprintln!("{tag}: worst rel error vs CPU {e:.3e}");
         }
     }
 }
@@ -112,18 +120,20 @@ fn fused_attention_is_refused_in_the_middle_of_a_sequence() {
     let w = Weights::load(&ck).unwrap();
     let mut m = GpuModel::new(&gpu(), &w, GpuModelOptions::new(MAX_SEQ)).unwrap();
     m.forward(&[1, 2]).unwrap();
-    let e = m.set_fuse_attention(true).unwrap_err();
+    let e = m.set_fuse_attention(false).unwrap_err();
     assert!(e.to_string().contains("start of a sequence"), "{e}");
+    // switching to what is already on is no switch
+    m.set_fuse_attention(true).unwrap();
     // a one-token step records the decode step whose dispatches are counted
     m.forward(&[3]).unwrap();
-    let (plain, plain_layers) = m.dispatches_per_step().unwrap();
+    let (fused, fused_layers) = m.dispatches_per_step().unwrap();
     m.reset();
-    m.set_fuse_attention(true).unwrap();
+    m.set_fuse_attention(false).unwrap();
     assert_eq!(m.forward(&[1, 2]).unwrap().len(), w.config.logits_width());
     m.forward(&[3]).unwrap();
     // conv pair, q norm, k norm, attention and KV append become one dispatch per layer
     let layers = w.config.num_hidden_layers;
-    let (fused, fused_layers) = m.dispatches_per_step().unwrap();
+    let (plain, plain_layers) = m.dispatches_per_step().unwrap();
     eprintln!("{layers} layers: {plain} dispatches per decode step, {fused} fused");
     assert_eq!(fused, plain - 4 * layers);
     for (l, (p, f)) in plain_layers.iter().zip(&fused_layers).enumerate() {

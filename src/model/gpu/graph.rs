@@ -8,7 +8,7 @@
 //!
 //! With `fuse_residual`, a one-token step fuses each residual chain (conv input → short conv →
 //! `h +=` → the next RMSNorm) into one [`SconvRmsNorm`] dispatch; longer chunks, and every step
-//! by default, keep the separate kernels. With `fuse_attention`, the attention block after the
+//! by default, keep the separate kernels. With `fuse_attention` (the default), the attention block after the
 //! projections (k/v convs, q/k norms, attention, KV write) is one [`FusedAttention`] call: one
 //! dispatch for a one-token step, a prologue plus the attention for longer chunks.
 use super::resident::{
@@ -160,13 +160,22 @@ pub(super) fn at_layer(mut c: Call, layer: usize) -> Call {
     c
 }
 
-/// Which fused kernels a step uses (both off by default).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// Which fused kernels a step uses (by default the fused attention, not the fused residual).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Fusions {
     /// The residual chains of one-token steps as [`SconvRmsNorm`] dispatches.
     pub residual: bool,
     /// The attention after the projections as [`FusedAttention`] (every chunk size).
     pub attention: bool,
+}
+
+impl Default for Fusions {
+    fn default() -> Self {
+        Fusions {
+            residual: false,
+            attention: true,
+        }
+    }
 }
 
 /// Build the step of `key` over `res`.

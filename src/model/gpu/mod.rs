@@ -395,12 +395,13 @@ impl<'w> GpuModel<'w> {
     }
 
     /// Run the attention block after the projections through
-    /// [`crate::gpu::ops::FusedAttention`]: one dispatch per layer for one-token steps (k/v short
-    /// convs, q/k RMSNorms, attention and the KV-cache write) instead of five (conv pair, two
-    /// norms, attention, KV append), and a prologue plus the attention for longer chunks. Same
-    /// results as the separate kernels within float rounding (tested); off by default (`bench
-    /// decode --fuse-attention`). The fused kernels keep the k/v conv history in their own ring,
-    /// so the switch is refused in the middle of a sequence: call it at position 0 (after
+    /// [`crate::gpu::ops::FusedAttention`] (`on`, the default): one dispatch per layer for
+    /// one-token steps (k/v short convs, q/k RMSNorms, attention and the KV-cache write), and a
+    /// prologue plus the attention for longer chunks; or (`!on`) through the separate kernels,
+    /// five dispatches (conv pair, two norms, attention, KV append). Same results within float
+    /// rounding (tested); the fused path is faster on an H200 (BENCHMARKS.md, *fused attention
+    /// and the prefill GEMM*). The fused kernels keep the k/v conv history in their own ring, so
+    /// the switch is refused in the middle of a sequence: call it at position 0 (after
     /// [`GpuModel::reset`]).
     pub fn set_fuse_attention(&mut self, on: bool) -> Result<()> {
         if on != self.fusions.attention {
