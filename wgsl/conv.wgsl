@@ -4,12 +4,21 @@
 // the host clears it). Afterwards the state holds the last K-1 inputs. One invocation per channel, looping
 // over the T tokens in order, so the state update never races. accumulate != 0: y += out (fuses the
 // decoder's residual add `h = h + sconv(a)`), else y = out.
+// The `//!IF COMBINE` variant reads its input as the MoE combine of the layer (the moe_combine of
+// wgsl/elementwise.wgsl, same order of summation) instead of x:
+//   xin[t, c] = sum_{s<top_k} gammas[t*top_k + s] * yr[t*top_k + s, c]
+//             + sum_{j<n_shared} sgammas[t*n_shared + j] * ys[t*n_shared + j, c]
+// with yr at binding 1 (in place of x), gammas at 5, ys at 6 and sgammas at 7.
 
 struct Params {
     t: u32,
     c: u32,
     k: u32,
     accumulate: u32,
+    top_k: u32,     // COMBINE only
+    n_shared: u32,  // COMBINE only
+    _p0: u32,
+    _p1: u32,
 }
 
 const MAX_K: u32 = 8u;
@@ -32,6 +41,11 @@ const PAIRED: bool = true;
 //!ELSE
 const PAIRED: bool = false;
 //!END
+//!IF COMBINE
+@group(0) @binding(5) var<storage, read> gammas: array<f32>;
+@group(0) @binding(6) var<storage, read> ys: array<f32>;
+@group(0) @binding(7) var<storage, read> sgammas: array<f32>;
+//!END
 
 // Loads and stores of convolution `second` (always the first without PAIR).
 fn ld_x(second: bool, i: u32) -> f32 {
@@ -41,6 +55,24 @@ fn ld_x(second: bool, i: u32) -> f32 {
     }
 //!END
     return x[i];
+}
+
+// The input of token t, channel c: x, or the MoE combine (COMBINE).
+fn ld_in(second: bool, t: u32, c: u32) -> f32 {
+//!IF COMBINE
+    var s = 0.0;
+    for (var k = 0u; k < p.top_k; k++) {
+        let row = t * p.top_k + k;
+        s += x[row * p.c + c] * gammas[row];
+    }
+    for (var j = 0u; j < p.n_shared; j++) {
+        let row = t * p.n_shared + j;
+        s += ys[row * p.c + c] * sgammas[row];
+    }
+    return s;
+//!ELSE
+    return ld_x(second, t * p.c + c);
+//!END
 }
 
 fn ld_w(second: bool, i: u32) -> f32 {
@@ -116,7 +148,7 @@ fn short_conv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
         }
     }
     for (var t = 0u; t < p.t; t++) {
-        let xv = ld_x(second, t * p.c + c);
+        let xv = ld_in(second, t, c);
         var s = 0.0;
         for (var k = 0u; k < MAX_K; k++) {
             if (k < km1) {

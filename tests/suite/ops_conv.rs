@@ -1,4 +1,5 @@
-//! Short convolution: chunked (1, 2, 3 tokens, K = 4 and 3) equals the full sequence; reset does not leak.
+//! Short convolution: chunked (1, 2, 3 tokens, K = 4 and 3) equals the full sequence; reset does not leak;
+//! the MoE-combine input (`bind_combine`) equals the combine then the conv in f64.
 use crate::ops_util;
 use inkling_wgpu::gpu::ops::ShortConvKernel;
 use inkling_wgpu::gpu::Gpu;
@@ -143,4 +144,75 @@ fn reset_state_does_not_leak_and_accumulate() {
         .map(|(a, &b)| a + b as f64)
         .collect();
     assert_close("accumulate", &read(&gpu, &yb2, 5 * c), &r, 1e-5);
+}
+
+/// `bind_combine`: the conv of `Σ_s g·yr + Σ_j sg·ys` (with and without shared experts), chunked
+/// over one state, `h +=`, against the f64 combine then the f64 conv; h starts random and the
+/// state poisoned-then-cleared.
+#[test]
+fn combine_input_equals_combine_then_conv() {
+    let gpu = gpu();
+    for (k, c, n, top_k, ns) in [
+        (4usize, 37usize, 5usize, 3usize, 1usize),
+        (3, 130, 4, 2, 0),
+        (4, 4096 + 3, 3, 6, 2),
+    ] {
+        let mut rng = Rng(31 * c as u64 + top_k as u64);
+        let yr = rng.vec(n * top_k * c, 1.0);
+        let g = rng.vec(n * top_k, 1.0);
+        let ys = rng.vec(n * ns.max(1) * c, 1.0);
+        let sg = rng.vec(n * ns.max(1), 1.0);
+        let wv = rng.vec(c * k, 1.0);
+        let h0 = rng.vec(n * c, 1.0);
+        // the combine in f64, rounded to f32 as the conv's x (the reference conv takes f32 x)
+        let comb: Vec<f64> = (0..n * c)
+            .map(|i| {
+                let (t, ch) = (i / c, i % c);
+                let mut s = 0f64;
+                for q in 0..top_k {
+                    let row = t * top_k + q;
+                    s += yr[row * c + ch] as f64 * g[row] as f64;
+                }
+                for j in 0..ns {
+                    let row = t * ns + j;
+                    s += ys[row * c + ch] as f64 * sg[row] as f64;
+                }
+                s
+            })
+            .collect();
+        let comb32: Vec<f32> = comb.iter().map(|&v| v as f32).collect();
+        let want: Vec<f64> = reference(&comb32, &wv, c, k)
+            .iter()
+            .zip(&h0)
+            .map(|(a, &b)| a + b as f64)
+            .collect();
+        let w = buf_f32(&gpu, &wv);
+        let st = poisoned(&gpu, (k - 1) * c);
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        enc.clear_buffer(&st, 0, None);
+        gpu.queue.submit([enc.finish()]);
+        let mut got = Vec::new();
+        let mut t0 = 0;
+        for t in [1, n - 1] {
+            let kern = ShortConvKernel {
+                tokens: t as u32,
+                channels: c as u32,
+                kernel: k as u32,
+                accumulate: true,
+            };
+            let yrb = buf_f32(&gpu, &yr[t0 * top_k * c..(t0 + t) * top_k * c]);
+            let gb = buf_f32(&gpu, &g[t0 * top_k..(t0 + t) * top_k]);
+            let ysb = buf_f32(&gpu, &ys[t0 * ns * c..(t0 + t) * ns * c]);
+            let sgb = buf_f32(&gpu, &sg[t0 * ns..(t0 + t) * ns]);
+            let hb = buf_f32(&gpu, &h0[t0 * c..(t0 + t) * c]);
+            let shared = (ns > 0).then_some((&ysb, &sgb, ns as u32));
+            kern.bind_combine(&gpu, &yrb, &gb, top_k as u32, shared, &w, &st, &hb)
+                .unwrap()
+                .run(&gpu);
+            got.extend(read(&gpu, &hb, t * c));
+            t0 += t;
+        }
+        let what = format!("K={k} C={c} T={n} top-{top_k} shared {ns}");
+        assert_close(&what, &got, &want, 1e-5);
+    }
 }

@@ -1,18 +1,22 @@
 //! Causal depthwise short convolution with the residual inside (`wgsl/conv.wgsl`).
 
 use super::dispatch;
-use crate::gpu::call::{grid, need, BufferTooSmall, Call, Label};
+use crate::gpu::call::{dummy, grid, need, BufferTooSmall, Call, Label};
 use crate::gpu::kernel::{Bind, Kernel, KernelSpec};
 use crate::gpu::Gpu;
 use std::fmt;
 
 const SRC: &str = include_str!("../../../wgsl/conv.wgsl");
 
-/// The single or the `PAIR` kernel of conv.wgsl: per set k, x and w read at bindings 1 + 4k and
-/// 2 + 4k, state and y written at 3 + 4k and 4 + 4k. Label `conv/short_conv/{single|pair}`.
+/// The single, the `PAIR` or the `COMBINE` kernel of conv.wgsl: per set k, x and w read at
+/// bindings 1 + 4k and 2 + 4k, state and y written at 3 + 4k and 4 + 4k; `COMBINE` (one set) also
+/// reads the routed gammas, the shared experts' rows and their gammas at 5, 6 and 7. Label
+/// `conv/short_conv/{single|pair|combine}`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ConvKey {
     pub paired: bool,
+    /// The input is the MoE combine (never with `paired`).
+    pub combine: bool,
 }
 
 /// The `Params` of conv.wgsl.
@@ -23,11 +27,19 @@ pub struct ConvParams {
     pub c: u32,
     pub k: u32,
     pub accumulate: u32,
+    pub top_k: u32,
+    pub n_shared: u32,
+    pub _p0: u32,
+    pub _p1: u32,
 }
 
 impl fmt::Display for ConvKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let v = if self.paired { "pair" } else { "single" };
+        let v = match (self.paired, self.combine) {
+            (true, _) => "pair",
+            (false, true) => "combine",
+            (false, false) => "single",
+        };
         write!(f, "conv/short_conv/{v}")
     }
 }
@@ -48,17 +60,20 @@ impl Kernel for ConvKey {
                 (4 + b, Bind::Write),
             ]);
         }
+        if self.combine {
+            binds.extend([(5, Bind::Read), (6, Bind::Read), (7, Bind::Read)]);
+        }
         binds
     }
     fn source(&self) -> String {
-        crate::gpu::kernel::preprocess(SRC, &[("PAIR", self.paired)])
+        crate::gpu::kernel::preprocess(SRC, &[("PAIR", self.paired), ("COMBINE", self.combine)])
     }
 }
 
-/// Both kernels of conv.wgsl (single, pair).
+/// The three kernels of conv.wgsl (single, pair, combine).
 pub(crate) fn kernels() -> Vec<KernelSpec> {
-    [false, true]
-        .map(|paired| KernelSpec::of(&ConvKey { paired }))
+    [(false, false), (true, false), (false, true)]
+        .map(|(paired, combine)| KernelSpec::of(&ConvKey { paired, combine }))
         .to_vec()
 }
 
@@ -137,14 +152,83 @@ impl ShortConvKernel {
             c: self.channels,
             k: self.kernel,
             accumulate: self.accumulate as u32,
+            ..Default::default()
         };
+        let key = ConvKey {
+            paired,
+            combine: false,
+        };
+        let groups = sets.len() as u32 * self.channels.div_ceil(64);
+        let d = dispatch(gpu, &key, &params, &entries, grid(groups));
+        Ok(Call::new(Label::op(label), vec![d]))
+    }
+
+    /// The convolution of the MoE combine (the `COMBINE` kernel; one dispatch for what
+    /// [`crate::gpu::ops::MoeCombine`] with both weightings then [`ShortConvKernel::bind`] do in
+    /// two): the input of token t is `Σ_s gammas[t·k+s]·yr[t·k+s, :] + Σ_j sg[t·S+j]·ys[t·S+j, :]`.
+    /// `yr` f32 [T·top_k, C], `gammas` f32 [T·top_k], `shared` = `(ys [T·S, C], sg [T·S], S)` or
+    /// `None`; `w`, `state`, `y` as in [`ShortConvKernel::bind`]. Label `"moe_combine+short_conv"`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn bind_combine(
+        &self,
+        gpu: &Gpu,
+        yr: &wgpu::Buffer,
+        gammas: &wgpu::Buffer,
+        top_k: u32,
+        shared: Option<(&wgpu::Buffer, &wgpu::Buffer, u32)>,
+        w: &wgpu::Buffer,
+        state: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+    ) -> Result<Call, BufferTooSmall> {
+        assert!(
+            (1..=8).contains(&self.kernel),
+            "short conv kernel size {} not in 1..=8",
+            self.kernel
+        );
+        let none = dummy(gpu);
+        let (ys, sg, ns) = shared.unwrap_or((&none, &none, 0));
+        let (t, c, kk, nsu) = (
+            self.tokens as u64,
+            self.channels as u64,
+            top_k as u64,
+            ns as u64,
+        );
+        need(yr, t * kk * c, "moe_combine+short_conv routed rows")?;
+        need(gammas, t * kk, "moe_combine+short_conv gammas")?;
+        need(ys, t * nsu * c, "moe_combine+short_conv shared rows")?;
+        need(sg, t * nsu, "moe_combine+short_conv shared gammas")?;
+        need(w, c * self.kernel as u64, "short_conv w")?;
+        need(state, (self.kernel as u64 - 1) * c, "short_conv state")?;
+        need(y, t * c, "short_conv y")?;
+        let params = ConvParams {
+            t: self.tokens,
+            c: self.channels,
+            k: self.kernel,
+            accumulate: self.accumulate as u32,
+            top_k,
+            n_shared: ns,
+            ..Default::default()
+        };
+        let key = ConvKey {
+            paired: false,
+            combine: true,
+        };
+        let entries = [
+            (1, yr),
+            (2, w),
+            (3, state),
+            (4, y),
+            (5, gammas),
+            (6, ys),
+            (7, sg),
+        ];
         let d = dispatch(
             gpu,
-            &ConvKey { paired },
+            &key,
             &params,
             &entries,
-            grid(sets.len() as u32 * self.channels.div_ceil(64)),
+            grid(self.channels.div_ceil(64)),
         );
-        Ok(Call::new(Label::op(label), vec![d]))
+        Ok(Call::new(Label::op("moe_combine+short_conv"), vec![d]).owning([none]))
     }
 }

@@ -17,8 +17,8 @@ use super::resident::{
 };
 use crate::gpu::gemv::GemvArgs;
 use crate::gpu::ops::{
-    Argmax, DivConst, EmbedNorm, FusedAttention, FusedAttentionIo, MoeCombine, MulConst, RmsNorm,
-    RouterShape, SconvInput, SconvRmsNorm, ShortConvKernel, SiluMul, SiluMulLayout,
+    Argmax, DivConst, EmbedNorm, FusedAttention, FusedAttentionIo, MulConst, RmsNorm, RouterShape,
+    SconvInput, SconvRmsNorm, ShortConvKernel, SiluMul, SiluMulLayout,
 };
 use crate::gpu::{Call, Gpu};
 use crate::model::config::TextConfig;
@@ -375,7 +375,8 @@ impl Recipe<'_> {
     /// Layer `li`'s MoE block and its residual: router GEMV → router kernel (pairs and gammas on
     /// the GPU); the shared experts first (static pairs, so they do not wait on routing); the
     /// routed experts (one MoE GEMV over the (expert, token) pairs for gate‖up, silu·up, one for
-    /// down; or the streaming cut); the combine with the gammas and `h += mlp_sconv(m)`.
+    /// down; or the streaming cut); `h += mlp_sconv(combine)`, the combine with the gammas as the
+    /// conv's input (one dispatch).
     fn moe_block(&self, li: usize, moe: &MoeMlp) -> Result<Block> {
         let (gpu, a, t, hid) = (self.gpu, &self.res.acts, self.t, self.hid);
         let MoeMlp {
@@ -458,18 +459,26 @@ impl Recipe<'_> {
                 b.push(self.fused(li, input, MLP_SCONV, nw, y, div)?);
             }
             None => {
+                // the combine is the conv's input: one dispatch
+                let l = &self.res.layers[li];
                 b.push(
-                    MoeCombine {
+                    ShortConvKernel {
                         tokens: t,
-                        hidden: hid,
-                        top_k: *top_k,
-                        weight_routed: true,
-                        weight_shared: true,
-                        accumulate: false,
+                        channels: hid,
+                        kernel: self.kernel,
+                        accumulate: true,
                     }
-                    .bind(gpu, &a.y_routed, &a.gammas, sh, &a.m)?,
+                    .bind_combine(
+                        gpu,
+                        &a.y_routed,
+                        &a.gammas,
+                        *top_k,
+                        sh,
+                        &l.conv_w[MLP_SCONV],
+                        &l.conv_state[MLP_SCONV],
+                        &a.h,
+                    )?,
                 );
-                b.push(self.conv(li, MLP_SCONV, hid, true, &a.m, &a.h)?);
             }
         }
         Ok(b)
