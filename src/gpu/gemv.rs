@@ -1371,7 +1371,8 @@ impl GpuWeights {
         let (o, i) = (self.rows as u64, self.cols as u64);
         let (x_stride, y_stride) = strides(self, &args);
         let smem = gpu.limits.max_compute_workgroup_storage_size as u64;
-        let align = (gpu.limits.min_uniform_buffer_offset_alignment as u64).max(PARAMS_BYTES);
+        // each dispatch's params at a multiple of the offset alignment (a power of two)
+        let align = PARAMS_BYTES.next_multiple_of(gpu.limits.min_uniform_buffer_offset_alignment as u64);
         // one dispatch per pair of weight chunks (the last one alone when their count is odd)
         let groups: Vec<&[WeightChunk]> = self.chunks.chunks(2).collect();
         let params = gpu.device.create_buffer(&wgpu::BufferDescriptor {
