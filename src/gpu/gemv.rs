@@ -1372,7 +1372,8 @@ impl GpuWeights {
         let (x_stride, y_stride) = strides(self, &args);
         let smem = gpu.limits.max_compute_workgroup_storage_size as u64;
         // each dispatch's params at a multiple of the offset alignment (a power of two)
-        let align = PARAMS_BYTES.next_multiple_of(gpu.limits.min_uniform_buffer_offset_alignment as u64);
+        let align =
+            PARAMS_BYTES.next_multiple_of(gpu.limits.min_uniform_buffer_offset_alignment as u64);
         // one dispatch per pair of weight chunks (the last one alone when their count is odd)
         let groups: Vec<&[WeightChunk]> = self.chunks.chunks(2).collect();
         let params = gpu.device.create_buffer(&wgpu::BufferDescriptor {

@@ -193,7 +193,10 @@ fn segments_are_checked_and_refused_where_they_do_not_fit() {
         match w.bind(gpu, enc.format.ordinal(), args) {
             Err(DispatchError::Shape(m)) => m,
             Err(e) => panic!("{segs:?}: {e}"),
-            Ok(_) => panic!("{:?}: accepted", segs.iter().map(|s| s.0).collect::<Vec<_>>()),
+            Ok(_) => panic!(
+                "{:?}: accepted",
+                segs.iter().map(|s| s.0).collect::<Vec<_>>()
+            ),
         }
     };
     let e = refuse(&w, &gpu, &[(5, &y), (6, &y)], 0);
@@ -224,7 +227,10 @@ fn segments_are_checked_and_refused_where_they_do_not_fit() {
     );
     let one = [(12, &yw)];
     let args = GemvArgs::new(&xw, 1, &pw, 1, &yw).segments(&one);
-    let e = ww.bind(&web, enc.format.ordinal(), args).err().expect("refused");
+    let e = ww
+        .bind(&web, enc.format.ordinal(), args)
+        .err()
+        .expect("refused");
     assert!(e.to_string().contains("9 storage"), "{e}");
 }
 
@@ -234,7 +240,11 @@ fn segments_are_checked_and_refused_where_they_do_not_fit() {
 fn split_columns_copies_each_block_exactly() {
     let gpu = gpu();
     let mut rng = Rng(31);
-    for (tokens, widths) in [(5u32, [7u32, 3, 0, 11]), (1, [256, 64, 64, 96]), (70, [1, 2, 3, 4])] {
+    for (tokens, widths) in [
+        (5u32, [7u32, 3, 0, 11]),
+        (1, [256, 64, 64, 96]),
+        (70, [1, 2, 3, 4]),
+    ] {
         let c: u32 = widths.iter().sum();
         let x = rng.vec((tokens * c) as usize, 1.0);
         let xb = gpu.storage_init("x", bytemuck::cast_slice(&x));
@@ -254,11 +264,16 @@ fn split_columns_copies_each_block_exactly() {
                 let want = &x[t * c as usize + s0..t * c as usize + s0 + w];
                 let got = &y[t * w..(t + 1) * w];
                 assert!(
-                    want.iter().zip(got).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    want.iter()
+                        .zip(got)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
                     "{widths:?} block {k} token {t}"
                 );
             }
-            assert!(y[tokens as usize * w..].iter().all(|v| v.is_nan()), "{widths:?} block {k}");
+            assert!(
+                y[tokens as usize * w..].iter().all(|v| v.is_nan()),
+                "{widths:?} block {k}"
+            );
             s0 += w;
         }
     }
@@ -271,4 +286,31 @@ fn split_columns_copies_each_block_exactly() {
     .err()
     .expect("refused");
     assert!(e.to_string().contains("split x"), "{e}");
+}
+
+/// The segment variant binds three more outputs (9 storage buffers) and chooses the segment only
+/// in `write_y`, the final write after the reduction: no other line of the kernel reads the
+/// segment ends, so the hot loop is the plain one.
+#[test]
+fn the_segment_choice_is_only_in_the_final_write() {
+    use inkling_wgpu::gpu::gemv::{tuning, GemvKey};
+    use inkling_wgpu::gpu::kernel::KernelSpec;
+    for enc in kernel_encodings() {
+        for sg in [false, true] {
+            let key = GemvKey::new(enc, sg, tuning(enc.format), 2048, false);
+            let plain = KernelSpec::of(&key);
+            let seg = KernelSpec::of(&key.with_segments(true));
+            assert_eq!(seg.storage_buffers(), plain.storage_buffers() + 3);
+            assert_eq!(seg.storage_buffers(), 9);
+            assert!(seg.key.ends_with(":seg") && !plain.key.contains(":seg"));
+            assert!(!plain.source.contains("Y1") && seg.source.contains("Y3["));
+            let (head, rest) = seg.source.split_once("fn write_y(").unwrap();
+            let (_, after) = rest.split_once("\n}\n").unwrap();
+            assert_eq!(head.matches("seg_end").count(), 1, "the Params field only");
+            assert_eq!(after.matches("seg_end").count(), 0);
+            // its definition and the one final write of the reduction kept
+            assert_eq!(seg.source.matches("write_y(").count(), 2);
+            assert!(!after.contains("Y1[") && !after.contains("Y["));
+        }
+    }
 }

@@ -158,7 +158,11 @@ fn decode_step_dispatches_per_layer_are_exact() {
                     Mlp::Moe(moe) => 2 + if moe.shared.is_empty() { 0 } else { 3 } + 3 + tail,
                 };
                 eprintln!("{name} residual {residual} layer {li}: {got} dispatches");
-                assert_eq!(got, attention + mlp, "{name} residual {residual} layer {li}");
+                assert_eq!(
+                    got,
+                    attention + mlp,
+                    "{name} residual {residual} layer {li}"
+                );
             }
         }
     }

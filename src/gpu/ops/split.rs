@@ -91,9 +91,8 @@ impl SplitColumns {
             _p: [0; 2],
             ends,
         };
-        let bufs: Vec<(u32, &wgpu::Buffer)> = std::iter::once((1, x))
-            .chain((2..).zip(outs))
-            .collect();
+        let bufs: Vec<(u32, &wgpu::Buffer)> =
+            std::iter::once((1, x)).chain((2..).zip(outs)).collect();
         let d = dispatch(gpu, &SplitKey, &params, &bufs, grid(n.div_ceil(256)));
         Ok(Call::new(Label::op("split"), vec![d]))
     }

@@ -126,7 +126,13 @@ impl DecodeBytes {
         let mut b = r.embed_row_bytes + r.embed_norm.size() + r.norm.size() + r.lm_head.bytes();
         for l in &r.layers {
             b += l.input_norm.size() + l.post_norm.size();
-            b += l.proj.linears().into_iter().chain([&l.o]).map(|x| x.bytes()).sum::<u64>();
+            b += l
+                .proj
+                .linears()
+                .into_iter()
+                .chain([&l.o])
+                .map(|x| x.bytes())
+                .sum::<u64>();
             b += l.q_norm.size() + l.k_norm.size() + l.rel_proj.size();
             b += l.conv_w.iter().map(|x| x.size()).sum::<u64>();
             b += l.conv_state.iter().map(|x| x.size()).sum::<u64>();

@@ -86,7 +86,12 @@ impl Projections {
         let what = |p: &str| format!("layer {layer} {p}");
         if m.iter().all(|x| x.enc == m[0].enc && x.cols == m[0].cols) {
             let joint = concat_rows(&m);
-            let w = Linear::upload(gpu, std::slice::from_ref(&joint), limit, &what("q/k/v/r_proj"))?;
+            let w = Linear::upload(
+                gpu,
+                std::slice::from_ref(&joint),
+                limit,
+                &what("q/k/v/r_proj"),
+            )?;
             return Ok(Projections::Joint {
                 w,
                 rows: m.map(|x| x.rows as u32),
@@ -94,7 +99,12 @@ impl Projections {
         }
         let mut lin = Vec::with_capacity(4);
         for (x, p) in m.iter().zip(["q_proj", "k_proj", "v_proj", "r_proj"]) {
-            lin.push(Linear::upload(gpu, std::slice::from_ref(*x), limit, &what(p))?);
+            lin.push(Linear::upload(
+                gpu,
+                std::slice::from_ref(*x),
+                limit,
+                &what(p),
+            )?);
         }
         Ok(Projections::Separate(
             lin.try_into().ok().expect("four projections"),
