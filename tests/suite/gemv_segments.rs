@@ -303,11 +303,12 @@ fn the_segment_choice_is_only_in_the_final_write() {
             assert_eq!(seg.storage_buffers(), plain.storage_buffers() + 3);
             assert_eq!(seg.storage_buffers(), 9);
             assert!(seg.key.ends_with(":seg") && !plain.key.contains(":seg"));
-            assert!(!plain.source.contains("Y1") && seg.source.contains("Y3["));
+            assert!(!plain.source.contains("Y1[") && seg.source.contains("Y3["));
             let (head, rest) = seg.source.split_once("fn write_y(").unwrap();
-            let (_, after) = rest.split_once("\n}\n").unwrap();
-            assert_eq!(head.matches("seg_end").count(), 1, "the Params field only");
-            assert_eq!(after.matches("seg_end").count(), 0);
+            let (body, after) = rest.split_once("\n}\n").unwrap();
+            assert_eq!(body.matches("prm.seg_end").count(), 1);
+            assert_eq!(head.matches("prm.seg_end").count(), 0);
+            assert_eq!(after.matches("prm.seg_end").count(), 0);
             // its definition and the one final write of the reduction kept
             assert_eq!(seg.source.matches("write_y(").count(), 2);
             assert!(!after.contains("Y1[") && !after.contains("Y["));
