@@ -6,7 +6,8 @@
 // ROWS_PER_WORKGROUP, X_TILE (x columns staged at a time, 0 when x is direct), X_PAD_PERIOD and
 // WEIGHT_CHUNKS (bindings 1/2 always, 7/8 as well when 2). Lines between `//!IF FLAG`,
 // `//!ELSE` and `//!END` keep one branch per flag: SUBGROUP (subgroup reduction), XDIRECT (x read
-// from global memory instead of staged), CHUNK1 (a second weight chunk bound). The functions
+// from global memory instead of staged), CHUNK1 (a second weight chunk bound), SEGMENTS (the rows
+// written to up to four output matrices, bindings 6 and 9-11; see `write_y`). The functions
 // between `//!CHUNK_FN` and `//!END_CHUNK_FN` are written once per bound chunk, and the
 // `//!TEMPLATE` hot loop at each `//!HOT_LOOP k` line, with W0/S0/_0( renamed for chunk k.
 
@@ -26,6 +27,7 @@ struct Params {
     chunk0: vec4<u32>,        // experts [x, y) and rows [z, w) of each held by weight chunk 0
     chunk1: vec4<u32>,        // the same for chunk 1 (empty ranges when one chunk is bound)
     row_blocks: vec4<u32>,    // x: row blocks of chunk 0, y: of chunk 1 (ceil(rows / ROWS_PER_WORKGROUP))
+    seg_end: vec4<u32>,       // SEGMENTS: end row of output segments 0-3 (unused ones end at `rows`)
 }
 
 @group(0) @binding(0) var<uniform> prm: Params;
@@ -42,6 +44,11 @@ struct Params {
 //!IF CHUNK1
 @group(0) @binding(7) var<storage, read> W1: array<vec4<u32>>;
 @group(0) @binding(8) var<storage, read> S1: array<f32>;
+//!END
+//!IF SEGMENTS
+@group(0) @binding(9) var<storage, read_write> Y1: array<f32>;
+@group(0) @binding(10) var<storage, read_write> Y2: array<f32>;
+@group(0) @binding(11) var<storage, read_write> Y3: array<f32>;
 //!END
 
 const NONE: u32 = 0xffffffffu;
@@ -107,6 +114,26 @@ fn int3_group(lo: vec4<u32>, hi: vec2<u32>, xi: u32) -> vec4<f32> {
     d = int3_eight(d, lo.z >> 2u, hi.y << 1u, xi + 10u);
     d = int3_eight(d, lo.w, hi.y >> 1u, xi + 12u);
     return int3_eight(d, lo.w >> 2u, hi.y << 2u, xi + 14u);
+}
+
+// The final write of pair p's output row r (after the reduction, never in the hot loop): at
+// Y[p * y_stride + y_offset + r], or with SEGMENTS into the packed [pairs, rows_i] matrix of r's
+// segment i (rows seg_end[i-1] .. seg_end[i]; segment 0 in Y, 1-3 in Y1-Y3).
+fn write_y(p: u32, r: u32, v: f32) {
+//!IF SEGMENTS
+    let e = prm.seg_end;
+    if (r < e.x) {
+        Y[p * e.x + r] = v;
+    } else if (r < e.y) {
+        Y1[p * (e.y - e.x) + (r - e.x)] = v;
+    } else if (r < e.z) {
+        Y2[p * (e.z - e.y) + (r - e.y)] = v;
+    } else {
+        Y3[p * (e.w - e.z) + (r - e.z)] = v;
+    }
+//!ELSE
+    Y[p * prm.y_stride + prm.y_offset + r] = v;
+//!END
 }
 
 //!CHUNK_FN
@@ -315,7 +342,7 @@ fn main(
             if (wi != NONE && prm.use_gamma != 0u) {
                 sum *= GAMMA[wi];
             }
-            Y[p * prm.y_stride + prm.y_offset + r_first + rr] = sum;
+            write_y(p, r_first + rr, sum);
         }
     }
 //!ELSE
@@ -337,7 +364,7 @@ fn main(
             if (wi != NONE && prm.use_gamma != 0u) {
                 o *= GAMMA[wi];
             }
-            Y[p * prm.y_stride + prm.y_offset + r_first + rr] = o;
+            write_y(p, r_first + rr, o);
         }
     }
 //!END

@@ -62,6 +62,15 @@
 //! gate_up runs as one dispatch: the row blocks of chunk 0 come first, then those of chunk 1,
 //! and each workgroup picks its chunk once, outside the hot loop (the skeleton's hot loop is
 //! written once per chunk). A slab of more chunks takes one dispatch per two; the caller never sees chunks.
+//!
+//! # Output segments
+//! With [`GemvArgs::segments`] the rows of each expert are cut into up to four consecutive
+//! segments, each written to its own buffer as a packed `[pairs, rows_i]` matrix (a layer's q, k,
+//! v and r projections as one GEMV over their concatenated rows). The kernel variant
+//! (`SEGMENTS` in the WGSL) binds the outputs at 6, 9, 10 and 11 and picks the segment of each
+//! row at the final write, after the reduction: the hot loop is the plain one, and a row block
+//! may straddle two segments. It exists for one-chunk slabs on devices with 9 storage buffers
+//! per stage ([`GpuWeights::segments_fit`]); callers fall back to a packed output otherwise.
 
 use crate::formats::{Encoding, Format, QMatrix};
 use crate::gpu::call::{dummy, entry, grid_u64, Call, Dispatch, Label};
@@ -100,7 +109,11 @@ pub struct GemvParams {
     chunk0: [u32; 4],
     chunk1: [u32; 4],
     row_blocks: [u32; 4],
+    seg_end: [u32; 4],
 }
+
+/// Most output segments of one GEMV ([`GemvArgs::segments`]).
+pub const MAX_SEGMENTS: usize = 4;
 
 /// Size of the uniform block.
 const PARAMS_BYTES: u64 = std::mem::size_of::<GemvParams>() as u64;
@@ -379,12 +392,7 @@ pub fn wgsl_source_tuned(
     wgsl_source_chunks(enc, subgroups, t, xt, direct, 1)
 }
 
-/// The WGSL of one instantiation: the generated [`prelude`] plus the skeleton with the branches
-/// of its named flags selected (`//!IF FLAG` / `//!ELSE` / `//!END` lines): `SUBGROUP` (the
-/// reduction), `XDIRECT` (x read from global memory; `xt` is then unused and written as 0) and
-/// `CHUNK1` (`chunks` = 2: a second weight chunk bound at bindings 7 and 8, its decode functions
-/// written from the `//!CHUNK_FN` block with `W0`/`S0`/`_0(` renamed). Panics on a format
-/// without a kernel or `chunks` other than 1 and 2.
+/// The WGSL of one instantiation without output segments ([`wgsl_source_key`]).
 pub fn wgsl_source_chunks(
     enc: Encoding,
     subgroups: bool,
@@ -393,13 +401,33 @@ pub fn wgsl_source_chunks(
     direct: bool,
     chunks: u32,
 ) -> String {
+    wgsl_source_key(&GemvKey::new(enc, subgroups, t, xt, direct).with_chunks(chunks))
+}
+
+/// The WGSL of one instantiation: the generated [`prelude`] plus the skeleton with the branches
+/// of its named flags selected (`//!IF FLAG` / `//!ELSE` / `//!END` lines): `SUBGROUP` (the
+/// reduction), `XDIRECT` (x read from global memory; `xt` is then unused and written as 0),
+/// `CHUNK1` (`chunks` = 2: a second weight chunk bound at bindings 7 and 8, its decode functions
+/// written from the `//!CHUNK_FN` block with `W0`/`S0`/`_0(` renamed) and `SEGMENTS` (output
+/// segments at bindings 6 and 9-11). Panics on a format without a kernel or `chunks` other than
+/// 1 and 2.
+pub fn wgsl_source_key(key: &GemvKey) -> String {
+    let GemvKey {
+        enc,
+        subgroups,
+        tuning: t,
+        xt,
+        direct,
+        chunks,
+        segments,
+    } = *key;
     assert!(
         chunks == 1 || chunks == 2,
         "1 or 2 weight chunks per dispatch"
     );
     let xt = if direct { 0 } else { xt };
     let header = format!(
-        "{} ({}, {}, {chunks} weight chunk(s)), threads per row {} rows per thread {} x tile {xt}",
+        "{} ({}, {}, {chunks} weight chunk(s){}), threads per row {} rows per thread {} x tile {xt}",
         enc.spelling(),
         if subgroups {
             "subgroup reduction"
@@ -407,6 +435,7 @@ pub fn wgsl_source_chunks(
             "shared-memory reduction"
         },
         if direct { "direct x" } else { "staged x" },
+        if segments { ", output segments" } else { "" },
         t.tpr,
         t.rpt,
     );
@@ -416,6 +445,7 @@ pub fn wgsl_source_chunks(
             ("SUBGROUP", subgroups),
             ("XDIRECT", direct),
             ("CHUNK1", chunks == 2),
+            ("SEGMENTS", segments),
         ],
     );
     let (head, rest) = body
@@ -1024,7 +1054,9 @@ pub fn default_limit(gpu: &Gpu) -> u64 {
 ///   reads x row p instead of row `token(p)` (needs `tokens ≥ P`).
 /// * `gamma`: optional f32 per-pair weights indexed by `weight_idx`; without it every pair is
 ///   unweighted whatever its `weight_idx`.
-/// * `y`: f32; pair p's output is `y[p·y_stride + y_offset ..][..O]`.
+/// * `y`: f32; pair p's output is `y[p·y_stride + y_offset ..][..O]`, or with `segments`
+///   ([`GemvArgs::segments`]) rows `s_i .. s_i + rows_i` of it are `segments[i].1[p·rows_i ..]
+///   [..rows_i]` (s_i = rows of the segments before i).
 ///
 /// Strides of 0 mean "packed": `x_stride = I`, `y_stride = O`.
 #[derive(Clone, Copy, Debug)]
@@ -1048,6 +1080,8 @@ pub struct GemvArgs<'a> {
     /// Whether [`GpuWeights::bind`] may run the call as a GEMM (`gemm::select`; default
     /// [`GemmChoice::Auto`]).
     pub gemm: GemmChoice,
+    /// Output segments `(rows_i, buffer_i)` ([`GemvArgs::segments`]); empty: the whole row to `y`.
+    pub segments: &'a [(u32, &'a wgpu::Buffer)],
 }
 
 impl<'a> GemvArgs<'a> {
@@ -1074,7 +1108,20 @@ impl<'a> GemvArgs<'a> {
             x_per_pair: false,
             tuning: None,
             gemm: GemmChoice::Auto,
+            segments: &[],
         }
+    }
+    /// Write the O rows of each pair in up to [`MAX_SEGMENTS`] consecutive segments instead of
+    /// one `y` row: segment i (`rows_i` rows, in order, Σ rows_i = O) goes to its buffer as a
+    /// packed f32 matrix `[n_pairs, rows_i]`; `y` becomes the first segment's buffer. Always the
+    /// GEMV ([`GpuWeights::segments_fit`] says where it binds); y strides and offsets must be 0.
+    /// The buffers must not alias x or each other.
+    pub fn segments(mut self, segments: &'a [(u32, &'a wgpu::Buffer)]) -> Self {
+        if let Some(&(_, y)) = segments.first() {
+            self.y = y;
+        }
+        self.segments = segments;
+        self
     }
     /// Whether the call may run as a GEMM ([`GemvArgs::gemm`]).
     pub fn gemm(mut self, choice: GemmChoice) -> Self {
@@ -1120,8 +1167,9 @@ impl Reduction {
     }
 }
 
-/// One GEMV pipeline: everything that changes the WGSL of [`wgsl_source_tuned`]. Label
-/// `gemv:{encoding}:{sg|smem}:{tpr}x{rpt}:{xdirect|xstaged}:{x tile}:c{chunks}`.
+/// One GEMV pipeline: everything that changes the WGSL of [`wgsl_source_key`]. Label
+/// `gemv:{encoding}:{sg|smem}:{tpr}x{rpt}:{xdirect|xstaged}:{x tile}:c{chunks}`, with `:seg`
+/// appended for the output-segment variant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct GemvKey {
     pub enc: Encoding,
@@ -1134,6 +1182,8 @@ pub struct GemvKey {
     pub direct: bool,
     /// Weight chunks bound per dispatch: 1, or 2 (the second at bindings 7 and 8).
     pub chunks: u32,
+    /// Output segments (`SEGMENTS`: outputs 1-3 at bindings 9-11).
+    pub segments: bool,
 }
 
 impl GemvKey {
@@ -1146,6 +1196,7 @@ impl GemvKey {
             xt: if direct { 0 } else { xt },
             direct,
             chunks: 1,
+            segments: false,
         }
     }
 
@@ -1153,20 +1204,32 @@ impl GemvKey {
     pub fn with_chunks(self, chunks: u32) -> GemvKey {
         GemvKey { chunks, ..self }
     }
+
+    /// The same instantiation with or without output segments.
+    pub fn with_segments(self, segments: bool) -> GemvKey {
+        GemvKey { segments, ..self }
+    }
+
+    /// Storage buffers of its bind-group layout: 6, plus 2 for a second weight chunk, plus 3
+    /// for output segments.
+    pub fn storage_buffers(&self) -> u32 {
+        6 + if self.chunks == 2 { 2 } else { 0 } + if self.segments { 3 } else { 0 }
+    }
 }
 
 impl std::fmt::Display for GemvKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "gemv:{}:{}:{}x{}:{}:{}:c{}",
+            "gemv:{}:{}:{}x{}:{}:{}:c{}{}",
             self.enc.spelling(),
             if self.subgroups { "sg" } else { "smem" },
             self.tuning.tpr,
             self.tuning.rpt,
             if self.direct { "xdirect" } else { "xstaged" },
             self.xt,
-            self.chunks
+            self.chunks,
+            if self.segments { ":seg" } else { "" }
         )
     }
 }
@@ -1176,8 +1239,9 @@ impl Kernel for GemvKey {
     fn entry(&self) -> &'static str {
         "main"
     }
-    /// Uniform params, then weights, scales, x, pairs and gamma read-only, y read-write, and with
-    /// two chunks the second chunk's weights and scales read-only at 7 and 8.
+    /// Uniform params, then weights, scales, x, pairs and gamma read-only, y read-write, with
+    /// two chunks the second chunk's weights and scales read-only at 7 and 8, and with output
+    /// segments the outputs of segments 1-3 read-write at 9, 10 and 11.
     fn bindings(&self) -> Vec<(u32, Bind)> {
         let mut v = vec![(0, Bind::Uniform)];
         v.extend((1..=5).map(|b| (b, Bind::Read)));
@@ -1185,18 +1249,13 @@ impl Kernel for GemvKey {
         if self.chunks == 2 {
             v.extend([(7, Bind::Read), (8, Bind::Read)]);
         }
+        if self.segments {
+            v.extend((9..=11).map(|b| (b, Bind::Write)));
+        }
         v
     }
     fn source(&self) -> String {
-        let t = self.tuning;
-        wgsl_source_chunks(
-            self.enc,
-            self.subgroups,
-            t,
-            self.xt,
-            self.direct,
-            self.chunks,
-        )
+        wgsl_source_key(self)
     }
     fn subgroups(&self) -> bool {
         self.subgroups
@@ -1208,8 +1267,9 @@ impl GpuWeights {
     /// runs it): `ordinal` must be in the registry ([`DispatchError::UnknownOrdinal`]), have a
     /// kernel here ([`DispatchError::NoKernel`]) and be the ordinal of the weights' encoding
     /// ([`DispatchError::EncodingMismatch`]); the reduction must be available; buffers too small
-    /// for `args` are [`DispatchError::Shape`]. Returns the encoding and whether the GEMV reduces
-    /// with subgroups.
+    /// for `args` and output segments that are not 1 to [`MAX_SEGMENTS`] non-empty row counts
+    /// adding up to O (or come with y strides or offsets) are [`DispatchError::Shape`]. Returns
+    /// the encoding and whether the GEMV reduces with subgroups.
     pub fn check_args(
         &self,
         gpu: &Gpu,
@@ -1230,7 +1290,9 @@ impl GpuWeights {
                 args.x.size()
             )));
         }
-        if args.n_pairs > 0 {
+        if !args.segments.is_empty() {
+            check_segments(args, o)?;
+        } else if args.n_pairs > 0 {
             let need_y = 4 * ((args.n_pairs as u64 - 1) * y_stride + args.y_offset as u64 + o);
             if args.y.size() < need_y {
                 return Err(DispatchError::Shape(format!(
@@ -1238,6 +1300,8 @@ impl GpuWeights {
                     args.y.size()
                 )));
             }
+        }
+        if args.n_pairs > 0 {
             if args.pairs.size() < 16 * args.n_pairs as u64 {
                 return Err(DispatchError::Shape(format!(
                     "pairs buffer has {} bytes, {} pairs need {} (16 bytes per pair)",
@@ -1256,9 +1320,20 @@ impl GpuWeights {
         Ok((enc, subgroups))
     }
 
+    /// Whether a GEMV over these weights can write output segments on `gpu`
+    /// ([`GemvArgs::segments`]): the slab is one weight chunk and the device allows the variant's
+    /// 9 storage buffers per shader stage.
+    pub fn segments_fit(&self, gpu: &Gpu) -> bool {
+        let key = GemvKey::new(self.enc, false, tuning(self.enc.format), 0, false);
+        self.chunks.len() == 1
+            && key.with_segments(true).storage_buffers()
+                <= gpu.limits.max_storage_buffers_per_shader_stage
+    }
+
     /// Bind the GEMV over these weights (never the GEMM, whatever [`GemvArgs::gemm`] says; errors
-    /// of [`GpuWeights::check_args`]). One dispatch per pair of weight chunks with pairs (none
-    /// when `n_pairs` is 0); label `"gemv"`.
+    /// of [`GpuWeights::check_args`], and [`DispatchError::Shape`] for output segments where
+    /// they do not fit, [`GpuWeights::segments_fit`]). One dispatch per pair of weight chunks
+    /// with pairs (none when `n_pairs` is 0); label `"gemv"`.
     pub fn bind_gemv(
         &self,
         gpu: &Gpu,
@@ -1266,10 +1341,39 @@ impl GpuWeights {
         args: GemvArgs,
     ) -> Result<Call, DispatchError> {
         let (enc, subgroups) = self.check_args(gpu, ordinal, &args)?;
+        let segmented = !args.segments.is_empty();
+        if segmented && !self.segments_fit(gpu) {
+            return Err(DispatchError::Shape(format!(
+                "output segments need a one-chunk slab (this one has {} chunks) and 9 storage \
+                 buffers per shader stage (the device allows {})",
+                self.chunks.len(),
+                gpu.limits.max_storage_buffers_per_shader_stage
+            )));
+        }
+        // segment i ends at row seg_end[i]; absent segments end at O (never reached)
+        let mut seg_end = [self.rows as u32; MAX_SEGMENTS];
+        let mut end = 0;
+        for (k, &(rows, _)) in args.segments.iter().enumerate() {
+            end += rows;
+            seg_end[k] = end;
+        }
+        let absent: Vec<wgpu::Buffer> = (args.segments.len().max(1)..MAX_SEGMENTS)
+            .filter(|_| segmented)
+            .map(|_| dummy(gpu))
+            .collect();
+        let extra_outputs: Vec<&wgpu::Buffer> = args
+            .segments
+            .iter()
+            .skip(1)
+            .map(|s| s.1)
+            .chain(&absent)
+            .collect();
         let (o, i) = (self.rows as u64, self.cols as u64);
         let (x_stride, y_stride) = strides(self, &args);
         let smem = gpu.limits.max_compute_workgroup_storage_size as u64;
-        let align = (gpu.limits.min_uniform_buffer_offset_alignment as u64).max(PARAMS_BYTES);
+        // each dispatch's params at a multiple of the offset alignment (a power of two)
+        let align =
+            PARAMS_BYTES.next_multiple_of(gpu.limits.min_uniform_buffer_offset_alignment as u64);
         // one dispatch per pair of weight chunks (the last one alone when their count is odd)
         let groups: Vec<&[WeightChunk]> = self.chunks.chunks(2).collect();
         let params = gpu.device.create_buffer(&wgpu::BufferDescriptor {
@@ -1285,8 +1389,9 @@ impl GpuWeights {
             let rows_of = |c: &WeightChunk| c.r1 - c.r0;
             let xt = x_tile(enc.format, plan.tuning, self.cols, smem);
             let n_chunks = group.len() as u32;
-            let key =
-                GemvKey::new(enc, subgroups, plan.tuning, xt, plan.direct).with_chunks(n_chunks);
+            let key = GemvKey::new(enc, subgroups, plan.tuning, xt, plan.direct)
+                .with_chunks(n_chunks)
+                .with_segments(segmented);
             let pipeline = kernel::pipeline(gpu, &key);
             let layout = pipeline.get_bind_group_layout(0);
             let rpw = plan.tuning.rows_per_workgroup();
@@ -1310,6 +1415,7 @@ impl GpuWeights {
                 chunk0: range(c0),
                 chunk1: range(c1),
                 row_blocks: [blocks(c0), blocks(c1), 0, 0],
+                seg_end,
             };
             gpu.queue
                 .write_buffer(&params, k as u64 * align, bytemuck::bytes_of(&p));
@@ -1332,6 +1438,9 @@ impl GpuWeights {
             if let Some(c) = c1 {
                 entries.extend([entry(7, &c.weights), entry(8, &c.scales)]);
             }
+            for (b, y) in (9..).zip(&extra_outputs) {
+                entries.push(entry(b, y));
+            }
             let bg = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
                 label: Some("gemv"),
                 layout: &layout,
@@ -1345,7 +1454,8 @@ impl GpuWeights {
                 .ok_or_else(|| DispatchError::Shape(format!("{total} workgroups exceed 65535²")))?;
             dispatches.push(Dispatch::from_parts(pipeline, bg, groups));
         }
-        Ok(Call::new(Label::op("gemv"), dispatches).owning([params].into_iter().chain(no_gamma)))
+        let owned = [params].into_iter().chain(no_gamma).chain(absent);
+        Ok(Call::new(Label::op("gemv"), dispatches).owning(owned))
     }
 
     /// The [`plan`] of each dispatch of a GEMV over these weights with `args` (what
@@ -1376,6 +1486,36 @@ impl GpuWeights {
             })
             .collect()
     }
+}
+
+/// Check the output segments of `args` over weights of `o` rows (see [`GpuWeights::check_args`]).
+fn check_segments(args: &GemvArgs, o: u64) -> Result<(), DispatchError> {
+    let segs = args.segments;
+    let bad = |m: String| Err(DispatchError::Shape(format!("output segments: {m}")));
+    if segs.len() > MAX_SEGMENTS {
+        return bad(format!("{} given, at most {MAX_SEGMENTS}", segs.len()));
+    }
+    if args.y_stride != 0 || args.y_offset != 0 {
+        return bad("y stride and offset must be 0 (each segment is packed)".into());
+    }
+    let total: u64 = segs.iter().map(|s| s.0 as u64).sum();
+    if segs.iter().any(|s| s.0 == 0) || total != o {
+        let rows: Vec<u32> = segs.iter().map(|s| s.0).collect();
+        return bad(format!(
+            "rows {rows:?} must be non-empty and add up to the {o} rows"
+        ));
+    }
+    for (i, &(rows, y)) in segs.iter().enumerate() {
+        let need = 4 * args.n_pairs as u64 * rows as u64;
+        if y.size() < need {
+            return bad(format!(
+                "buffer {i} has {} bytes, {} pairs × {rows} rows need {need}",
+                y.size(),
+                args.n_pairs
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// `(x_stride, y_stride)` of `args` over `w`, packed strides (0) resolved.
@@ -1411,25 +1551,27 @@ pub fn workgroup_bytes(f: Format, t: Tuning, xt: u32, direct: bool) -> u64 {
 /// Every GEMV kernel the engine builds without a forced tuning on a device with `smem_limit`
 /// bytes of workgroup memory (`u64::MAX`: any device), with the subgroup reduction too when
 /// `subgroups`: each kernel encoding × reduction × ([`candidates`] × [`x_tiles`] staged, and
-/// [`direct_candidates`] direct for f32 and bf16) × one or two weight chunks. Forced tunings
-/// (`bench kernels --tune`, [`GemvArgs::tuning`]) may build others.
+/// [`direct_candidates`] direct for f32 and bf16) × (one or two weight chunks, or one chunk with
+/// output segments). Forced tunings (`bench kernels --tune`, [`GemvArgs::tuning`]) may build
+/// others.
 pub fn kernels(smem_limit: u64, subgroups: bool) -> Vec<KernelSpec> {
     let mut v = Vec::new();
     for enc in kernel_encodings() {
         for sg in [false, true].into_iter().filter(|&sg| !sg || subgroups) {
-            for chunks in [1, 2] {
+            for (chunks, segs) in [(1, false), (2, false), (1, true)] {
+                let key = |t, xt, direct| {
+                    GemvKey::new(enc, sg, t, xt, direct)
+                        .with_chunks(chunks)
+                        .with_segments(segs)
+                };
                 for &t in candidates(enc.format) {
                     for xt in x_tiles(enc.format, t, smem_limit) {
-                        v.push(KernelSpec::of(
-                            &GemvKey::new(enc, sg, t, xt, false).with_chunks(chunks),
-                        ));
+                        v.push(KernelSpec::of(&key(t, xt, false)));
                     }
                 }
                 if matches!(enc.format, Format::F32 | Format::Bf16) {
                     for &t in direct_candidates() {
-                        v.push(KernelSpec::of(
-                            &GemvKey::new(enc, sg, t, 0, true).with_chunks(chunks),
-                        ));
+                        v.push(KernelSpec::of(&key(t, 0, true)));
                     }
                 }
             }

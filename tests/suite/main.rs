@@ -27,6 +27,7 @@ mod gemm_parity;
 mod gemv_cli;
 mod gemv_large;
 mod gemv_parity;
+mod gemv_segments;
 mod gemv_slots;
 mod gemv_tuning;
 mod generate_cli;

@@ -140,3 +140,42 @@ fn fused_attention_is_refused_in_the_middle_of_a_sequence() {
         assert_eq!(*f, p - 4, "layer {l}: dispatches {p} plain, {f} fused");
     }
 }
+
+/// The exact dispatches of each layer of a one-token step with the fused attention: the input
+/// norm (written by the previous layer's fused residual chain in later layers), ONE GEMV for the
+/// q, k, v and r projections (row segments into four outputs), the fused attention, o_proj and
+/// the attention residual (conv and post-attention norm, or one fused chain); then a dense MLP
+/// (gate_up, silu·mul, down, × global_scale and conv, or one fused chain for the last two) or a
+/// MoE (router, top-k, 3 for the shared experts if any, 3 for the routed ones, and the conv of
+/// the combine or one fused chain).
+#[test]
+fn decode_step_dispatches_per_layer_are_exact() {
+    use inkling_wgpu::model::weights::Mlp;
+    for name in FIXTURES {
+        let ck = Checkpoint::open(&fixture(name)).unwrap();
+        let w = Weights::load(&ck).unwrap();
+        for residual in [false, true] {
+            let mut m = model(&w, true, residual);
+            m.forward(&[1, 2]).unwrap();
+            m.forward(&[3]).unwrap();
+            let (_, per_layer) = m.dispatches_per_step().unwrap();
+            // the residual conv, then the next norm unless the fused chain writes it
+            let tail = if residual { 1 } else { 2 };
+            for (li, (l, &got)) in w.layers.iter().zip(&per_layer).enumerate() {
+                let norm = usize::from(!(residual && li > 0));
+                let attention = norm + 1 + 1 + 1 + tail;
+                let mlp = match &l.mlp {
+                    Mlp::Dense(_) => 3 + tail,
+                    // the combine is the conv's input (or the fused chain's)
+                    Mlp::Moe(moe) => 2 + if moe.shared.is_empty() { 0 } else { 3 } + 3 + 1,
+                };
+                eprintln!("{name} residual {residual} layer {li}: {got} dispatches");
+                assert_eq!(
+                    got,
+                    attention + mlp,
+                    "{name} residual {residual} layer {li}"
+                );
+            }
+        }
+    }
+}

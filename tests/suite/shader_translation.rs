@@ -215,8 +215,8 @@ fn expected_gemv(smem: u64, subgroups: bool) -> usize {
         } else {
             0
         };
-        // × one or two weight chunks bound per dispatch
-        n += encodings * (1 + subgroups as usize) * (staged + direct) * 2;
+        // × (one or two weight chunks bound per dispatch, or one chunk with output segments)
+        n += encodings * (1 + subgroups as usize) * (staged + direct) * 3;
     }
     n
 }
@@ -233,9 +233,9 @@ fn expected_gemm() -> usize {
 
 /// Op kernels per WGSL file: attention (2 entry points × f32/vec4), fused attention (the FUSED
 /// attention × f32/vec4, the prologue), conv (single, pair), elementwise (8 entry points), norm
-/// (rms_norm out/in place and embed_norm × f32/vec4), residual (f32/vec4), router (1); then
-/// `bench copy`.
-const EXPECTED_OPS: usize = 4 + 3 + 2 + 8 + 6 + 2 + 1;
+/// (rms_norm out/in place and embed_norm × f32/vec4), residual (f32/vec4), router (1), split
+/// (1); then `bench copy`.
+const EXPECTED_OPS: usize = 4 + 3 + 2 + 8 + 6 + 2 + 1 + 1;
 
 fn spirv_val(dir: &Path, files: &[std::path::PathBuf]) -> Vec<String> {
     let probe = std::process::Command::new("spirv-val")
@@ -401,7 +401,10 @@ fn every_kernel_of_a_profile_fits_its_limits_or_the_device_check_names_the_limit
                 "{p}: {} workgroup {size:?}",
                 s.key
             );
-            if s.storage_buffers() > limits.max_storage_buffers_per_shader_stage {
+            // the GEMV's output-segment variants (9 storage buffers) are optional: the engine
+            // falls back to a packed output where they do not fit (`GpuWeights::segments_fit`)
+            let optional = s.key.starts_with("gemv:") && s.key.ends_with(":seg");
+            if s.storage_buffers() > limits.max_storage_buffers_per_shader_stage && !optional {
                 over_buffers.push(s.key.clone());
             }
             // the GEMV's host-side workgroup-memory formula is naga's size

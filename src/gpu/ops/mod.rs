@@ -13,6 +13,7 @@ pub mod elementwise;
 pub mod norm;
 pub mod residual;
 pub mod router;
+pub mod split;
 
 use crate::gpu::call::{self, Dispatch};
 use crate::gpu::kernel::{Kernel, KernelSpec};
@@ -27,6 +28,7 @@ pub use elementwise::{
 pub use norm::{EmbedNorm, EmbedShard, RmsNorm};
 pub use residual::{SconvInput, SconvRmsNorm};
 pub use router::{Pair, RouterShape};
+pub use split::SplitColumns;
 
 /// [`Dispatch::new`] for an op kernel. Debug builds (the tests) check that the kernel is one of
 /// [`kernels`], so a new variant cannot escape `inkling-wgpu shaders` and the MSL/HLSL
@@ -62,6 +64,7 @@ pub fn kernels() -> Vec<KernelSpec> {
     v.extend(norm::kernels());
     v.extend(residual::kernels());
     v.extend(router::kernels());
+    v.extend(split::kernels());
     v
 }
 

@@ -126,8 +126,11 @@ impl DecodeBytes {
         let mut b = r.embed_row_bytes + r.embed_norm.size() + r.norm.size() + r.lm_head.bytes();
         for l in &r.layers {
             b += l.input_norm.size() + l.post_norm.size();
-            b += [&l.q, &l.k, &l.v, &l.r, &l.o]
+            b += l
+                .proj
+                .linears()
                 .into_iter()
+                .chain([&l.o])
                 .map(|x| x.bytes())
                 .sum::<u64>();
             b += l.q_norm.size() + l.k_norm.size() + l.rel_proj.size();

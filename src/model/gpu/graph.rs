@@ -12,13 +12,14 @@
 //! projections (k/v convs, q/k norms, attention, KV write) is one [`FusedAttention`] call: one
 //! dispatch for a one-token step, a prologue plus the attention for longer chunks.
 use super::resident::{
-    DenseMlp, FfnSlab, MoeMlp, Resident, ResidentLayer, ResidentMlp, ATTN_SCONV, K_SCONV,
-    MLP_SCONV, V_SCONV,
+    DenseMlp, FfnSlab, MoeMlp, Projections, Resident, ResidentLayer, ResidentMlp, ATTN_SCONV,
+    K_SCONV, MLP_SCONV, V_SCONV,
 };
+use crate::gpu::gemm;
 use crate::gpu::gemv::GemvArgs;
 use crate::gpu::ops::{
     Argmax, DivConst, EmbedNorm, FusedAttention, FusedAttentionIo, MulConst, RmsNorm, RouterShape,
-    SconvInput, SconvRmsNorm, ShortConvKernel, SiluMul, SiluMulLayout,
+    SconvInput, SconvRmsNorm, ShortConvKernel, SiluMul, SiluMulLayout, SplitColumns,
 };
 use crate::gpu::{Call, Gpu};
 use crate::model::config::TextConfig;
@@ -293,7 +294,8 @@ impl Recipe<'_> {
         Ok(b)
     }
 
-    /// Layer `li`'s attention block and its residual: input norm; q/k/v/r GEMVs; the attention
+    /// Layer `li`'s attention block and its residual: input norm; q/k/v/r projections
+    /// ([`Recipe::projections`]); the attention
     /// after the projections ([`Recipe::attention`] or [`Recipe::fused_attention`]); o_proj;
     /// `h += attn_sconv(o)`; the post-attention norm into `xn`.
     fn attention_block(&self, li: usize) -> Result<Block> {
@@ -304,10 +306,9 @@ impl Recipe<'_> {
         if !(self.fuse && li > 0) {
             b.push(RmsNorm::rows(t, hid, eps).bind(gpu, &a.h, &l.input_norm, &a.xn)?);
         }
-        b.push(l.q.call(gpu, self.dense(&a.xn, &a.q), "q_proj")?);
-        b.push(l.k.call(gpu, self.dense(&a.xn, &a.k_raw), "k_proj")?);
-        b.push(l.v.call(gpu, self.dense(&a.xn, &a.v_raw), "v_proj")?);
-        b.push(l.r.call(gpu, self.dense(&a.xn, &a.r), "r_proj")?);
+        for c in self.projections(li)? {
+            b.push(c);
+        }
         if self.fuse_attention {
             b.push(self.fused_attention(li)?);
         } else {
@@ -537,6 +538,41 @@ impl Recipe<'_> {
     /// A dense GEMV of the step's tokens: `y = W x` per token.
     fn dense<'b>(&'b self, x: &'b wgpu::Buffer, y: &'b wgpu::Buffer) -> GemvArgs<'b> {
         GemvArgs::new(x, self.t, &self.res.acts.dense_pairs, self.t, y)
+    }
+
+    /// Layer `li`'s q, k, v and r projections of `xn` into `q`, `k_raw`, `v_raw` and `r`. A joint
+    /// slab runs one GEMV writing the four outputs as row segments where the GEMV is chosen and
+    /// segments fit ([`crate::gpu::gemv::GpuWeights::segments_fit`]; every one-token step on
+    /// common devices), else one GEMV or GEMM into the `qkvr` scratch and a [`SplitColumns`];
+    /// separate slabs run four GEMVs.
+    fn projections(&self, li: usize) -> Result<Vec<Call>> {
+        let (gpu, a) = (self.gpu, &self.res.acts);
+        let outs = [&a.q, &a.k_raw, &a.v_raw, &a.r];
+        match &self.res.layers[li].proj {
+            Projections::Separate(lin) => {
+                let ops = ["q_proj", "k_proj", "v_proj", "r_proj"];
+                let calls = lin.iter().zip(outs).zip(ops);
+                calls
+                    .map(|((w, y), op)| w.call(gpu, self.dense(&a.xn, y), op))
+                    .collect()
+            }
+            Projections::Joint { w, rows } => {
+                let packed = self.dense(&a.xn, &a.qkvr);
+                if w.w.segments_fit(gpu) && gemm::select(&w.w, &packed).is_none() {
+                    let segs: Vec<(u32, &wgpu::Buffer)> = rows.iter().copied().zip(outs).collect();
+                    let args = self.dense(&a.xn, &a.q).segments(&segs);
+                    return Ok(vec![w.call(gpu, args, "qkvr_proj")?]);
+                }
+                let split = SplitColumns {
+                    tokens: self.t,
+                    widths: *rows,
+                };
+                Ok(vec![
+                    w.call(gpu, packed, "qkvr_proj")?,
+                    split.bind(gpu, &a.qkvr, outs)?,
+                ])
+            }
+        }
     }
 
     /// Layer `li`'s attention after the projections as separate kernels: the k and v short convs

@@ -46,21 +46,85 @@ impl Linear {
     }
 }
 
-/// `gate` rows then `up` rows of one SwiGLU as one `[2I, H]` matrix (any encoding: rows are
-/// independent, so row bytes and per-row scales simply concatenate).
-fn gate_up(f: &Ffn<'_>) -> QMatrix<'static> {
-    let mut data = Vec::with_capacity(f.gate.data.len() + f.up.data.len());
-    data.extend_from_slice(&f.gate.data);
-    data.extend_from_slice(&f.up.data);
-    let mut scales = Vec::with_capacity(f.gate.scales.len() + f.up.scales.len());
-    scales.extend_from_slice(&f.gate.scales);
-    scales.extend_from_slice(&f.up.scales);
+/// The rows of `mats` (one encoding and column count, at least one matrix), in order, as one
+/// matrix: any encoding, since rows are independent, so row bytes and per-row scales simply
+/// concatenate.
+fn concat_rows(mats: &[&QMatrix<'_>]) -> QMatrix<'static> {
+    let mut data = Vec::with_capacity(mats.iter().map(|m| m.data.len()).sum());
+    let mut scales = Vec::with_capacity(mats.iter().map(|m| m.scales.len()).sum());
+    for m in mats {
+        data.extend_from_slice(&m.data);
+        scales.extend_from_slice(&m.scales);
+    }
     QMatrix {
-        enc: f.gate.enc,
-        rows: f.gate.rows + f.up.rows,
-        cols: f.gate.cols,
+        enc: mats[0].enc,
+        rows: mats.iter().map(|m| m.rows).sum(),
+        cols: mats[0].cols,
         data: Cow::Owned(data),
         scales: Cow::Owned(scales),
+    }
+}
+
+/// `gate` rows then `up` rows of one SwiGLU as one `[2I, H]` matrix.
+fn gate_up(f: &Ffn<'_>) -> QMatrix<'static> {
+    concat_rows(&[&f.gate, &f.up])
+}
+
+/// A layer's q, k, v and r projections of the normed input (`[Rq, H]`, `[Rk, H]`, `[Rv, H]`,
+/// `[Rr, H]`), uploaded.
+pub(super) enum Projections {
+    /// One slab `[Rq + Rk + Rv + Rr, H]`: q rows, then k, v and r rows (one encoding).
+    Joint { w: Linear, rows: [u32; 4] },
+    /// Four slabs in the order q, k, v, r (their encodings differ).
+    Separate([Linear; 4]),
+}
+
+impl Projections {
+    /// Upload `[q, k, v, r]` of layer `layer` as one slab when they share their encoding, else as
+    /// four.
+    fn upload(gpu: &Gpu, m: [&QMatrix<'_>; 4], limit: u64, layer: usize) -> Result<Projections> {
+        let what = |p: &str| format!("layer {layer} {p}");
+        if m.iter().all(|x| x.enc == m[0].enc && x.cols == m[0].cols) {
+            let joint = concat_rows(&m);
+            let w = Linear::upload(
+                gpu,
+                std::slice::from_ref(&joint),
+                limit,
+                &what("q/k/v/r_proj"),
+            )?;
+            return Ok(Projections::Joint {
+                w,
+                rows: m.map(|x| x.rows as u32),
+            });
+        }
+        let mut lin = Vec::with_capacity(4);
+        for (x, p) in m.iter().zip(["q_proj", "k_proj", "v_proj", "r_proj"]) {
+            lin.push(Linear::upload(
+                gpu,
+                std::slice::from_ref(*x),
+                limit,
+                &what(p),
+            )?);
+        }
+        Ok(Projections::Separate(
+            lin.try_into().ok().expect("four projections"),
+        ))
+    }
+
+    /// The uploaded slabs.
+    pub fn linears(&self) -> Vec<&Linear> {
+        match self {
+            Projections::Joint { w, .. } => vec![w],
+            Projections::Separate(l) => l.iter().collect(),
+        }
+    }
+
+    /// Rows of the joint slab (0 for separate slabs).
+    fn joint_rows(&self) -> usize {
+        match self {
+            Projections::Joint { rows, .. } => rows.iter().map(|&r| r as usize).sum(),
+            Projections::Separate(_) => 0,
+        }
     }
 }
 
@@ -132,10 +196,8 @@ pub(super) struct ResidentLayer {
     pub geom: AttnGeom,
     pub input_norm: wgpu::Buffer,
     pub post_norm: wgpu::Buffer,
-    pub q: Linear,
-    pub k: Linear,
-    pub v: Linear,
-    pub r: Linear,
+    /// q, k, v and r projections.
+    pub proj: Projections,
     pub o: Linear,
     pub q_norm: wgpu::Buffer,
     pub k_norm: wgpu::Buffer,
@@ -193,6 +255,8 @@ pub(super) struct Activations {
     pub q: wgpu::Buffer,
     pub k_raw: wgpu::Buffer,
     pub v_raw: wgpu::Buffer,
+    /// Joint q‖k‖v‖r projection outputs `[T, Rq + Rk + Rv + Rr]` before their split.
+    pub qkvr: wgpu::Buffer,
     pub k_new: wgpu::Buffer,
     pub v_new: wgpu::Buffer,
     pub r: wgpu::Buffer,
@@ -369,6 +433,8 @@ struct Widest {
     qd: usize,
     kvd: usize,
     r: usize,
+    /// Rows of the widest joint q/k/v/r slab.
+    qkvr: usize,
     /// Per token: max(2·inter, top_k·2·moe_I, S·2·moe_I).
     gu: usize,
     topk: usize,
@@ -380,6 +446,7 @@ impl Default for Widest {
             qd: 1,
             kvd: 1,
             r: 1,
+            qkvr: 1,
             gu: 1,
             topk: 1,
         }
@@ -451,6 +518,8 @@ fn upload_layer(
             &aw.v_sconv.w,
         ],
     );
+    let proj = Projections::upload(gpu, [&aw.q, &aw.k, &aw.v, &aw.r], limit, i)?;
+    widest.qkvr = widest.qkvr.max(proj.joint_rows());
     let mlp = match &lw.mlp {
         Mlp::Dense(d) => {
             let inter = d.ffn.gate.rows;
@@ -510,10 +579,7 @@ fn upload_layer(
         geom: g,
         input_norm: f32_buf(gpu, "input_norm", &lw.input_norm),
         post_norm: f32_buf(gpu, "post_attn_norm", &lw.post_attn_norm),
-        q: lin(&aw.q, "q_proj")?,
-        k: lin(&aw.k, "k_proj")?,
-        v: lin(&aw.v, "v_proj")?,
-        r: lin(&aw.r, "r_proj")?,
+        proj,
         o: lin(&aw.o, "o_proj")?,
         q_norm: f32_buf(gpu, "q_norm", &aw.q_norm),
         k_norm: f32_buf(gpu, "k_norm", &aw.k_norm),
@@ -552,6 +618,7 @@ impl Activations {
             q: zeroed(gpu, "q", t * wd.qd),
             k_raw: zeroed(gpu, "k_raw", t * wd.kvd),
             v_raw: zeroed(gpu, "v_raw", t * wd.kvd),
+            qkvr: zeroed(gpu, "q/k/v/r", t * wd.qkvr),
             k_new: zeroed(gpu, "k_new", t * wd.kvd),
             v_new: zeroed(gpu, "v_new", t * wd.kvd),
             r: zeroed(gpu, "r", t * wd.r),
