@@ -87,7 +87,8 @@ pub fn set_auto_enabled(on: bool) {
 pub fn select(weights: &GpuWeights, args: &GemvArgs<'_>) -> Option<Tile> {
     let e = weights.experts() as u32;
     let p = args.n_pairs;
-    if !supported(weights.encoding()) || e > EMAX || p == 0 {
+    // the GEMM stages no x prologue
+    if !supported(weights.encoding()) || e > EMAX || p == 0 || args.prologue.is_some() {
         return None;
     }
     match args.gemm {
