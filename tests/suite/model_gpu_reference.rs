@@ -491,7 +491,8 @@ fn fused_residual_chains_keep_the_reference_tokens_and_logits() {
 /// the residual chains saves the dispatches the fused kernel replaces: two in the first layer (the
 /// attention residual's conv + post-attention norm, the MLP's scale or combine + conv), three in
 /// every later layer (also its input norm, written by the previous layer's chain) and two in the
-/// head (the final norm and ÷ mup).
+/// head (the final norm and ÷ mup), counted against the separate norm and silu·up kernels (the
+/// GEMV prologues off; `model_gpu_prologue` counts the steps with them).
 #[test]
 fn fused_residual_chains_save_the_dispatches_they_replace() {
     let gpu = gpu();
@@ -504,6 +505,7 @@ fn fused_residual_chains_save_the_dispatches_they_replace() {
             .map(|fuse| {
                 let mut m = GpuModel::new(&gpu, &w, GpuModelOptions::new(MAX_SEQ)).unwrap();
                 m.set_fuse_residual(fuse);
+                m.set_gemv_prologues(false);
                 assert_eq!(m.dispatches_per_step(), None);
                 m.forward_greedy(&[id]).unwrap();
                 m.dispatches_per_step().unwrap()
