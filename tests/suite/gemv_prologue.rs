@@ -107,8 +107,14 @@ fn check(
         let v = staged_ref(p, &x[r * row..(r + 1) * row], weight);
         let want = w_dot(&mats[e as usize], &v);
         let got = &y[k * o..(k + 1) * o];
-        let what = format!("{} [{o},{i}] {p:?} {red:?} pair {k} = ({e},{t})", enc.spelling());
-        assert!(got.iter().all(|v| v.is_finite()), "{what}: NaN left (poison)");
+        let what = format!(
+            "{} [{o},{i}] {p:?} {red:?} pair {k} = ({e},{t})",
+            enc.spelling()
+        );
+        assert!(
+            got.iter().all(|v| v.is_finite()),
+            "{what}: NaN left (poison)"
+        );
         let err = rel_err(got, &want);
         assert!(err <= 1e-5, "{what}: rel err {err:e}");
     }
@@ -173,12 +179,26 @@ fn prologues_over_chunked_slabs_and_never_as_gemm() {
         let expert_bytes = (o * enc.bytes_per_row(i)) as u64;
         for limit in [expert_bytes, expert_bytes / 2] {
             let w = GpuWeights::upload_with_limit(&gpu, &mats, limit).unwrap();
-            assert!(w.chunks().len() >= experts, "{spelling}: {} chunks", w.chunks().len());
+            assert!(
+                w.chunks().len() >= experts,
+                "{spelling}: {} chunks",
+                w.chunks().len()
+            );
             let pairs: Vec<(u32, u32)> = (0..experts as u32).rev().map(|e| (e, e % 2)).collect();
             for p in [Prologue::Norm, Prologue::Silu] {
                 let weight: Vec<f32> = rng.vec(i, 0.5).iter().map(|v| 1.0 + v).collect();
                 let x = x_rows(&mut rng, p, 2, i);
-                check(&gpu, &mats, &w, p, &x, &weight, &pairs, false, Reduction::Auto);
+                check(
+                    &gpu,
+                    &mats,
+                    &w,
+                    p,
+                    &x,
+                    &weight,
+                    &pairs,
+                    false,
+                    Reduction::Auto,
+                );
             }
         }
     }
@@ -186,8 +206,14 @@ fn prologues_over_chunked_slabs_and_never_as_gemm() {
     let enc = Encoding::BF16;
     let m = quantize(enc, &rng.vec(64 * 128, 1.0), 64, 128).unwrap();
     let w = GpuWeights::upload(&gpu, std::slice::from_ref(&m)).unwrap();
-    let (x, nw) = (buf_f32(&gpu, &rng.vec(8 * 256, 1.0)), buf_f32(&gpu, &[1.0; 128]));
-    let pb = buf_u32(&gpu, &(0..8).flat_map(|t| [0, t, NO_GAMMA, 0]).collect::<Vec<_>>());
+    let (x, nw) = (
+        buf_f32(&gpu, &rng.vec(8 * 256, 1.0)),
+        buf_f32(&gpu, &[1.0; 128]),
+    );
+    let pb = buf_u32(
+        &gpu,
+        &(0..8).flat_map(|t| [0, t, NO_GAMMA, 0]).collect::<Vec<_>>(),
+    );
     let y = poisoned(&gpu, 8 * 64);
     let base = GemvArgs::new(&x, 8, &pb, 8, &y).gemm(GemmChoice::Always(TILES[0]));
     let ord = enc.format.ordinal();

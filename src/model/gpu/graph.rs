@@ -240,7 +240,8 @@ pub(super) fn ffn_calls(
     ops: [&'static str; 2],
 ) -> Result<Vec<Call>> {
     let np = io.n_pairs;
-    let args = io.x.args(GemvArgs::new(io.x.x, io.tokens, io.pairs, np, io.gu));
+    let args =
+        io.x.args(GemvArgs::new(io.x.x, io.tokens, io.pairs, np, io.gu));
     let gate_up = slab.gate_up.call(gpu, args, ops[0])?;
     if io.silu_prologue {
         let down = GemvArgs::new(io.gu, np, io.pairs, np, io.y)
@@ -607,7 +608,8 @@ impl Recipe<'_> {
     /// with prologues, unless a fused residual writes it anyway or the routed experts stream
     /// (their host-run calls and CPU fallback read `xn`).
     fn fold_post_norm(&self, li: usize) -> bool {
-        let streamed = matches!(&self.res.layers[li].mlp, ResidentMlp::Moe(m) if m.routed.is_none());
+        let streamed =
+            matches!(&self.res.layers[li].mlp, ResidentMlp::Moe(m) if m.routed.is_none());
         self.prologues && !self.fuse && !streamed
     }
 
