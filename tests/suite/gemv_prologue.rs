@@ -4,7 +4,7 @@
 //! device has, fresh random inputs for every problem, outputs poisoned with NaN. Also: a prologue
 //! always stages x and never runs as a GEMM, works over chunked slabs, and bad arguments are
 //! refused before anything is recorded.
-use crate::gemv_parity::rel_err;
+use crate::gemv_parity::{reductions, rel_err};
 use crate::ops_util::{buf_f32, buf_u32, gpu, poisoned, read, Rng};
 use inkling_wgpu::formats::{quantize, Encoding, QMatrix};
 use inkling_wgpu::gpu::dispatch::DispatchError;
@@ -118,14 +118,6 @@ fn check(
         let err = rel_err(got, &want);
         assert!(err <= 1e-5, "{what}: rel err {err:e}");
     }
-}
-
-fn reductions(gpu: &Gpu) -> Vec<Reduction> {
-    let mut v = vec![Reduction::Shared];
-    if gpu.has_subgroups() {
-        v.push(Reduction::Subgroup);
-    }
-    v
 }
 
 #[test]

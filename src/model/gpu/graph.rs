@@ -333,16 +333,17 @@ impl Recipe<'_> {
         Ok(b)
     }
 
-    /// Layer `li`'s attention block and its residual: input norm; q/k/v/r GEMVs; the attention
-    /// after the projections ([`Recipe::attention`] or [`Recipe::fused_attention`]); o_proj;
-    /// `h += attn_sconv(o)`; the post-attention norm into `xn`.
+    /// Layer `li`'s attention block and its residual: input norm (or the q/k/v/r GEMVs' norm
+    /// prologue); q/k/v/r GEMVs; the attention after the projections ([`Recipe::attention`] or
+    /// [`Recipe::fused_attention`]); o_proj; `h += attn_sconv(o)`; the post-attention norm into
+    /// `xn` (unless the MLP's GEMVs fold it, [`Recipe::fold_post_norm`]).
     fn attention_block(&self, li: usize) -> Result<Block> {
         let (gpu, a, t, hid, eps) = (self.gpu, &self.res.acts, self.t, self.hid, self.eps);
         let l: &ResidentLayer = &self.res.layers[li];
         let mut b = Block::new(Phase::Attention, Some(li));
         // fused: the previous layer's MLP residual already wrote this norm
         let written = self.fuse && li > 0;
-        let xn = self.normed(&mut b, &l.input_norm, written, self.prologues)?;
+        let xn = self.normed(&mut b, &l.input_norm, written)?;
         b.push(l.q.call(gpu, self.dense_normed(xn, &a.q), "q_proj")?);
         b.push(l.k.call(gpu, self.dense_normed(xn, &a.k_raw), "k_proj")?);
         b.push(l.v.call(gpu, self.dense_normed(xn, &a.v_raw), "v_proj")?);
@@ -582,19 +583,18 @@ impl Recipe<'_> {
     }
 
     /// The normed `h` (norm `weight`) that GEMVs read: `xn` when `written` already, `h` under the
-    /// norm prologue when `fold`, else `xn` after the RMSNorm kernel pushed onto `b`.
+    /// norm prologue with prologues, else `xn` after the RMSNorm kernel pushed onto `b`.
     fn normed<'b>(
         &'b self,
         b: &mut Block,
         weight: &'b wgpu::Buffer,
         written: bool,
-        fold: bool,
     ) -> Result<NormedX<'b>> {
         let a = &self.res.acts;
         if written {
             return Ok(NormedX::plain(&a.xn));
         }
-        if fold {
+        if self.prologues {
             return Ok(NormedX {
                 x: &a.h,
                 norm: Some((weight, self.eps)),
