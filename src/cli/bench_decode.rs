@@ -60,6 +60,10 @@ pub struct DecodeArgs {
     /// one (see `GpuModel::set_fuse_attention`).
     #[arg(long)]
     pub split_attention: bool,
+    /// Run the RMSNorms and silu·up of a decode step as kernels of their own instead of in the
+    /// x staging of the GEMVs after them (see `GpuModel::set_gemv_prologues`).
+    #[arg(long)]
+    pub separate_prologues: bool,
     /// Run the step-timestamp probe before the timed probe (an experiment knob).
     #[arg(long, hide = true)]
     pub spans_first: bool,
@@ -216,6 +220,7 @@ pub fn run(a: DecodeArgs) -> anyhow::Result<ExitCode> {
     m.set_pass_per_phase(a.pass_per_phase);
     m.set_fuse_residual(a.fuse_residual);
     m.set_fuse_attention(!a.split_attention)?;
+    m.set_gemv_prologues(!a.separate_prologues);
 
     // Warm-up (pipelines, recorded steps, and the GPU's clocks: see BENCHMARKS.md, section
     // *Decode: `bench decode` on a synthetic Inkling-Small, 4 layers*), then the timed run, then

@@ -87,8 +87,13 @@ pub fn set_auto_enabled(on: bool) {
 pub fn select(weights: &GpuWeights, args: &GemvArgs<'_>) -> Option<Tile> {
     let e = weights.experts() as u32;
     let p = args.n_pairs;
-    // output segments are a GEMV write (`GemvArgs::segments`)
-    if !supported(weights.encoding()) || e > EMAX || p == 0 || !args.segments.is_empty() {
+    // output segments are a GEMV write (`GemvArgs::segments`); the GEMM stages no x prologue
+    if !supported(weights.encoding())
+        || e > EMAX
+        || p == 0
+        || !args.segments.is_empty()
+        || args.prologue.is_some()
+    {
         return None;
     }
     match args.gemm {
@@ -261,7 +266,7 @@ impl GpuWeights {
 /// scratch and the absent-gamma placeholder are owned by the call. The caller
 /// ([`GpuWeights::bind`]) has checked `args` ([`GpuWeights::check_args`]).
 /// [`DispatchError::Shape`] for 0 pairs, more than [`EMAX`] experts, a format without a GEMM
-/// kernel or more than 65535² workgroups.
+/// kernel, an x prologue ([`crate::gpu::gemv::XPrologue`]) or more than 65535² workgroups.
 pub fn bind(
     gpu: &Gpu,
     weights: &GpuWeights,
@@ -272,6 +277,11 @@ pub fn bind(
     let (o, i) = (weights.rows() as u32, weights.cols() as u32);
     let experts = weights.experts() as u32;
     let np = args.n_pairs;
+    if args.prologue.is_some() {
+        return Err(DispatchError::Shape(
+            "the GEMM stages no x prologue (the GEMV does)".into(),
+        ));
+    }
     if np == 0 || experts > EMAX || !supported(enc) {
         return Err(DispatchError::Shape(format!(
             "GEMM over {np} pairs and {experts} experts of {} (needs ≥ 1 pair, ≤ {EMAX} experts, \

@@ -71,6 +71,16 @@
 //! row at the final write, after the reduction: the hot loop is the plain one, and a row block
 //! may straddle two segments. It exists for one-chunk slabs on devices with 9 storage buffers
 //! per stage ([`GpuWeights::segments_fit`]); callers fall back to a packed output otherwise.
+//!
+//! # x prologues ([`XPrologue`])
+//! The staged variant can stage a function of x instead of x, so the elementwise kernel before a
+//! GEMV needs no dispatch of its own: the RMSNorm of the x row (`w ⊙ x · rsqrt(mean(x²) + eps)`,
+//! the formula of [`crate::gpu::ops::RmsNorm`]; every workgroup first reduces the row's sum of
+//! squares over all its columns, then scales each tile as it stages it), or `silu(gate) · up` of
+//! a gate‖up row (the layout of [`crate::gpu::ops::SiluMulLayout::fused`], the formula of
+//! [`crate::gpu::ops::SiluMul`]). The choice is a uniform read outside the hot loop, so it adds no
+//! pipeline. A call with a prologue always stages x ([`GpuWeights::plans`]) and never runs as a
+//! GEMM (`gemm::select`).
 
 use crate::formats::{Encoding, Format, QMatrix};
 use crate::gpu::call::{dummy, entry, grid_u64, Call, Dispatch, Label};
@@ -110,6 +120,10 @@ pub struct GemvParams {
     chunk1: [u32; 4],
     row_blocks: [u32; 4],
     seg_end: [u32; 4],
+    prologue: u32,
+    norm_eps: f32,
+    prologue_pad0: u32,
+    prologue_pad1: u32,
 }
 
 /// Most output segments of one GEMV ([`GemvArgs::segments`]).
@@ -279,6 +293,7 @@ pub fn plan(
     plan_with(
         enc,
         tuning_override(),
+        false,
         n_pairs,
         rows,
         cols,
@@ -287,17 +302,19 @@ pub fn plan(
     )
 }
 
-/// [`plan`] with `forced` (if any) as the tuning.
+/// [`plan`] with `forced` (if any) as the tuning, staged x whatever the alignment when `staged`.
+#[allow(clippy::too_many_arguments)]
 fn plan_with(
     enc: Encoding,
     forced: Option<Tuning>,
+    staged: bool,
     n_pairs: u32,
     rows: u32,
     cols: u32,
     x_stride: u32,
     x_offset: u32,
 ) -> Plan {
-    let aligned = direct_aligned(enc, cols, x_stride, x_offset);
+    let aligned = !staged && direct_aligned(enc, cols, x_stride, x_offset);
     let pick = |list: &[Tuning], min: u64| {
         list.iter()
             .copied()
@@ -1046,6 +1063,36 @@ pub fn default_limit(gpu: &Gpu) -> u64 {
     l & !255
 }
 
+/// What the staged x holds (see the module docs, *x prologues*).
+#[derive(Clone, Copy, Debug, Default)]
+pub enum XPrologue<'a> {
+    /// x itself.
+    #[default]
+    None,
+    /// The RMSNorm of each x row: `x_c → weight_c · (x_c · rsqrt(Σ_c x_c² / I + eps))`, weight
+    /// f32 `[I]` (bound where the gamma buffer goes, so a call cannot have both).
+    RmsNorm { weight: &'a wgpu::Buffer, eps: f32 },
+    /// SiLU·mul of a gate‖up row of 2·I values: `x_c → silu(row_c) · row_{I + c}` with
+    /// `silu(g) = g / (1 + e^−g)`.
+    SiluMul,
+}
+
+impl XPrologue<'_> {
+    /// The WGSL `PROLOGUE_*` ordinal.
+    fn ordinal(self) -> u32 {
+        match self {
+            XPrologue::None => 0,
+            XPrologue::RmsNorm { .. } => 1,
+            XPrologue::SiluMul => 2,
+        }
+    }
+
+    /// Whether x is staged as something other than x.
+    pub fn is_some(self) -> bool {
+        !matches!(self, XPrologue::None)
+    }
+}
+
 /// Buffers and strides of one GEMV problem (see the module docs for the formula).
 ///
 /// * `x`: f32; token t's input is `x[t·x_stride + x_offset ..][..I]`; `tokens` = T.
@@ -1058,7 +1105,8 @@ pub fn default_limit(gpu: &Gpu) -> u64 {
 ///   ([`GemvArgs::segments`]) rows `s_i .. s_i + rows_i` of it are `segments[i].1[p·rows_i ..]
 ///   [..rows_i]` (s_i = rows of the segments before i).
 ///
-/// Strides of 0 mean "packed": `x_stride = I`, `y_stride = O`.
+/// Strides of 0 mean "packed": `x_stride = I` (2·I under [`XPrologue::SiluMul`]), `y_stride = O`.
+/// `prologue` stages a function of x instead of x ([`XPrologue`]).
 #[derive(Clone, Copy, Debug)]
 pub struct GemvArgs<'a> {
     pub x: &'a wgpu::Buffer,
@@ -1078,10 +1126,12 @@ pub struct GemvArgs<'a> {
     /// [`set_tuning_override`]. x is read directly or staged by [`plan`]'s rules for that tuning.
     pub tuning: Option<Tuning>,
     /// Whether [`GpuWeights::bind`] may run the call as a GEMM (`gemm::select`; default
-    /// [`GemmChoice::Auto`]).
+    /// [`GemmChoice::Auto`]; never with a prologue).
     pub gemm: GemmChoice,
     /// Output segments `(rows_i, buffer_i)` ([`GemvArgs::segments`]); empty: the whole row to `y`.
     pub segments: &'a [(u32, &'a wgpu::Buffer)],
+    /// What x is staged as (default [`XPrologue::None`]).
+    pub prologue: XPrologue<'a>,
 }
 
 impl<'a> GemvArgs<'a> {
@@ -1109,6 +1159,7 @@ impl<'a> GemvArgs<'a> {
             tuning: None,
             gemm: GemmChoice::Auto,
             segments: &[],
+            prologue: XPrologue::None,
         }
     }
     /// Write the O rows of each pair in up to [`MAX_SEGMENTS`] consecutive segments instead of
@@ -1121,6 +1172,18 @@ impl<'a> GemvArgs<'a> {
             self.y = y;
         }
         self.segments = segments;
+        self
+    }
+    /// Stage each x row as its RMSNorm with `weight` (f32 `[I]`) and `eps`
+    /// ([`XPrologue::RmsNorm`]).
+    pub fn rms_norm(mut self, weight: &'a wgpu::Buffer, eps: f32) -> Self {
+        self.prologue = XPrologue::RmsNorm { weight, eps };
+        self
+    }
+    /// Read x rows of 2·I values, gate then up, and stage `silu(gate) · up`
+    /// ([`XPrologue::SiluMul`]).
+    pub fn silu_mul(mut self) -> Self {
+        self.prologue = XPrologue::SiluMul;
         self
     }
     /// Whether the call may run as a GEMM ([`GemvArgs::gemm`]).
@@ -1283,7 +1346,8 @@ impl GpuWeights {
         if args.tokens == 0 {
             return Err(DispatchError::Shape("tokens must be ≥ 1".into()));
         }
-        let need_x = 4 * ((args.tokens as u64 - 1) * x_stride + args.x_offset as u64 + i);
+        let row = x_row_len(self, args);
+        let need_x = 4 * ((args.tokens as u64 - 1) * x_stride + args.x_offset as u64 + row);
         if args.x.size() < need_x {
             return Err(DispatchError::Shape(format!(
                 "x buffer has {} bytes, needs {need_x}",
@@ -1314,6 +1378,26 @@ impl GpuWeights {
                 return Err(DispatchError::Shape(format!(
                     "x_per_pair needs an x row per pair: {} rows for {} pairs",
                     args.tokens, args.n_pairs
+                )));
+            }
+        }
+        if let XPrologue::RmsNorm { weight, eps } = args.prologue {
+            if args.gamma.is_some() {
+                return Err(DispatchError::Shape(
+                    "the RMSNorm prologue's weight takes the gamma binding: no per-pair gamma with it"
+                        .into(),
+                ));
+            }
+            if weight.size() < 4 * i {
+                return Err(DispatchError::Shape(format!(
+                    "RMSNorm prologue weight has {} bytes, needs {} ({i} f32)",
+                    weight.size(),
+                    4 * i
+                )));
+            }
+            if !(eps.is_finite() && eps >= 0.0) {
+                return Err(DispatchError::Shape(format!(
+                    "RMSNorm prologue eps must be finite and ≥ 0, got {eps}"
                 )));
             }
         }
@@ -1382,8 +1466,13 @@ impl GpuWeights {
             usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        let no_gamma = args.gamma.is_none().then(|| dummy(gpu));
-        let gamma = args.gamma.or(no_gamma.as_ref()).expect("one of them");
+        // binding 5: the per-pair gamma, or the RMSNorm prologue's weight
+        let (bound5, norm_eps) = match args.prologue {
+            XPrologue::RmsNorm { weight, eps } => (Some(weight), eps),
+            _ => (args.gamma, 0.0),
+        };
+        let no_gamma = bound5.is_none().then(|| dummy(gpu));
+        let gamma = bound5.or(no_gamma.as_ref()).expect("one of them");
         let mut dispatches = Vec::new();
         for (k, (group, plan)) in groups.iter().zip(self.plans(&args)).enumerate() {
             let rows_of = |c: &WeightChunk| c.r1 - c.r0;
@@ -1416,6 +1505,10 @@ impl GpuWeights {
                 chunk1: range(c1),
                 row_blocks: [blocks(c0), blocks(c1), 0, 0],
                 seg_end,
+                prologue: args.prologue.ordinal(),
+                norm_eps,
+                prologue_pad0: 0,
+                prologue_pad1: 0,
             };
             gpu.queue
                 .write_buffer(&params, k as u64 * align, bytemuck::bytes_of(&p));
@@ -1462,7 +1555,7 @@ impl GpuWeights {
     /// [`GpuWeights::bind`] records, one per pair of weight chunks, dispatches without pairs
     /// included): planned over the rows one pair can meet in it (both chunks' rows when they
     /// split one expert's rows, else the larger chunk's); n_pairs of 0 launches nothing and is
-    /// planned as one pair.
+    /// planned as one pair. A call with an x prologue always stages x.
     pub fn plans(&self, args: &GemvArgs) -> Vec<Plan> {
         let enc = self.encoding();
         let (x_stride, _) = strides(self, args);
@@ -1477,6 +1570,7 @@ impl GpuWeights {
                 plan_with(
                     enc,
                     args.tuning.or_else(tuning_override),
+                    args.prologue.is_some(),
                     args.n_pairs.max(1),
                     rows,
                     self.cols as u32,
@@ -1521,7 +1615,7 @@ fn check_segments(args: &GemvArgs, o: u64) -> Result<(), DispatchError> {
 /// `(x_stride, y_stride)` of `args` over `w`, packed strides (0) resolved.
 fn strides(w: &GpuWeights, args: &GemvArgs) -> (u64, u64) {
     let x = if args.x_stride == 0 {
-        w.cols as u64
+        x_row_len(w, args)
     } else {
         args.x_stride as u64
     };
@@ -1531,6 +1625,15 @@ fn strides(w: &GpuWeights, args: &GemvArgs) -> (u64, u64) {
         args.y_stride as u64
     };
     (x, y)
+}
+
+/// f32 values of one x row that a GEMV over `w` reads: I, or 2·I (gate‖up) under
+/// [`XPrologue::SiluMul`].
+fn x_row_len(w: &GpuWeights, args: &GemvArgs) -> u64 {
+    match args.prologue {
+        XPrologue::SiluMul => 2 * w.cols as u64,
+        _ => w.cols as u64,
+    }
 }
 
 /// Every x tile [`GpuWeights::bind`] can pick for tuning `t` of `f` on a device with

@@ -67,7 +67,8 @@ fn check_problem(
     }
 }
 
-fn reductions(gpu: &Gpu) -> Vec<Reduction> {
+/// The reductions `gpu` can run: the workgroup-memory tree, and subgroups where it has them.
+pub(crate) fn reductions(gpu: &Gpu) -> Vec<Reduction> {
     let mut v = vec![Reduction::Shared];
     if gpu.has_subgroups() {
         v.push(Reduction::Subgroup);

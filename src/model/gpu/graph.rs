@@ -11,6 +11,13 @@
 //! by default, keep the separate kernels. With `fuse_attention` (the default), the attention block after the
 //! projections (k/v convs, q/k norms, attention, KV write) is one [`FusedAttention`] call: one
 //! dispatch for a one-token step, a prologue plus the attention for longer chunks.
+//!
+//! One-token steps fold two kinds of elementwise kernels into the x staging of the GEMVs that
+//! read their output ([`crate::gpu::gemv::XPrologue`]; off with `separate_prologues`): the input
+//! and post-attention RMSNorms into the GEMVs that read the normed `h` (q/k/v/r; router, shared
+//! and routed gate_up or the dense gate_up), and silu·up into the down GEMVs, which then read
+//! `gu` itself. A norm a fused residual already wrote, and the post-attention norm of a layer
+//! whose routed experts stream (the host's expert calls and its CPU fallback read `xn`), stay.
 use super::resident::{
     DenseMlp, FfnSlab, MoeMlp, Projections, Resident, ResidentLayer, ResidentMlp, ATTN_SCONV,
     K_SCONV, MLP_SCONV, V_SCONV,
@@ -161,13 +168,17 @@ pub(super) fn at_layer(mut c: Call, layer: usize) -> Call {
     c
 }
 
-/// Which fused kernels a step uses (by default the fused attention, not the fused residual).
+/// Which fused kernels a step uses (by default the fused attention and the GEMV x prologues, not
+/// the fused residual).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Fusions {
     /// The residual chains of one-token steps as [`SconvRmsNorm`] dispatches.
     pub residual: bool,
     /// The attention after the projections as [`FusedAttention`] (every chunk size).
     pub attention: bool,
+    /// One-token steps run their RMSNorms and silu·up as kernels of their own instead of as
+    /// GEMV x prologues.
+    pub separate_prologues: bool,
 }
 
 impl Default for Fusions {
@@ -175,6 +186,7 @@ impl Default for Fusions {
         Fusions {
             residual: false,
             attention: true,
+            separate_prologues: false,
         }
     }
 }
@@ -198,6 +210,7 @@ pub(super) fn build_step(
         head: key.head,
         fuse: key.tokens == 1 && fusions.residual,
         fuse_attention: fusions.attention,
+        prologues: key.tokens == 1 && !fusions.separate_prologues,
     };
     let mut blocks = vec![r.embedding(key.chained)?];
     for li in 0..res.layers.len() {
@@ -211,33 +224,45 @@ pub(super) fn build_step(
     Ok(Step::from_blocks(blocks))
 }
 
-/// Where an expert FFN reads and writes: x rows `[tokens, H]`, `n_pairs` (expert, token) pairs in
-/// a 16-byte `Pair` buffer, the gate‖up and activation scratch, and the outputs `[n_pairs, H]`.
+/// Where an expert FFN reads and writes: x rows `[tokens, H]` (normed by the gate_up GEMV's
+/// prologue when `x` is its input), `n_pairs` (expert, token) pairs in a 16-byte `Pair` buffer,
+/// the gate‖up and activation scratch, and the outputs `[n_pairs, H]`.
 pub(super) struct FfnIo<'b> {
-    pub x: &'b wgpu::Buffer,
+    pub x: NormedX<'b>,
     pub tokens: u32,
     pub pairs: &'b wgpu::Buffer,
     pub n_pairs: u32,
     pub gu: &'b wgpu::Buffer,
     pub act: &'b wgpu::Buffer,
     pub y: &'b wgpu::Buffer,
+    /// silu·up as the down GEMV's x prologue (it reads `gu`; `act` is not written).
+    pub silu_prologue: bool,
 }
 
 /// `y[p] = down_e(silu(gate_e x_t) · up_e x_t)` for every pair p = (e, t): the gate_up GEMV into
 /// `gu` `[P, 2I]`, silu·up into `act` `[P, I]`, then the down GEMV in which pair p reads
-/// activation row p (`x_per_pair`). Dense, shared, routed and streamed experts all run this;
-/// `ops` names the two GEMVs.
+/// activation row p (`x_per_pair`); with `silu_prologue` the down GEMV stages silu·up of `gu`
+/// row p itself (two calls). Dense, shared, routed and streamed experts all run this; `ops`
+/// names the two GEMVs.
 pub(super) fn ffn_calls(
     gpu: &Gpu,
     slab: &FfnSlab,
     inter: u32,
     io: FfnIo<'_>,
     ops: [&'static str; 2],
-) -> Result<[Call; 3]> {
+) -> Result<Vec<Call>> {
     let np = io.n_pairs;
-    let args = GemvArgs::new(io.x, io.tokens, io.pairs, np, io.gu);
-    Ok([
-        slab.gate_up.call(gpu, args, ops[0])?,
+    let args =
+        io.x.args(GemvArgs::new(io.x.x, io.tokens, io.pairs, np, io.gu));
+    let gate_up = slab.gate_up.call(gpu, args, ops[0])?;
+    if io.silu_prologue {
+        let down = GemvArgs::new(io.gu, np, io.pairs, np, io.y)
+            .x_per_pair(true)
+            .silu_mul();
+        return Ok(vec![gate_up, slab.down.call(gpu, down, ops[1])?]);
+    }
+    Ok(vec![
+        gate_up,
         SiluMul {
             rows: np,
             i: inter,
@@ -250,6 +275,30 @@ pub(super) fn ffn_calls(
             ops[1],
         )?,
     ])
+}
+
+/// The x of the GEMVs that read a normed `h`: `xn` (the norm ran, or a fused residual wrote it),
+/// or `h` with the norm as the GEMVs' x prologue.
+#[derive(Clone, Copy)]
+pub(super) struct NormedX<'b> {
+    pub x: &'b wgpu::Buffer,
+    /// The RMSNorm (weight, eps) each GEMV applies to `x` as it stages it.
+    pub norm: Option<(&'b wgpu::Buffer, f32)>,
+}
+
+impl<'b> NormedX<'b> {
+    /// `x` as it is.
+    pub fn plain(x: &'b wgpu::Buffer) -> NormedX<'b> {
+        NormedX { x, norm: None }
+    }
+
+    /// `args` (over `self.x`) with the norm prologue when there is one.
+    fn args(self, args: GemvArgs<'b>) -> GemvArgs<'b> {
+        match self.norm {
+            Some((w, eps)) => args.rms_norm(w, eps),
+            None => args,
+        }
+    }
 }
 
 /// The shared inputs of every block function.
@@ -268,6 +317,8 @@ struct Recipe<'a> {
     fuse: bool,
     /// Run the attention after the projections as [`FusedAttention`].
     fuse_attention: bool,
+    /// Fold the RMSNorms and silu·up into the GEMVs after them (one-token steps).
+    prologues: bool,
 }
 
 impl Recipe<'_> {
@@ -294,19 +345,19 @@ impl Recipe<'_> {
         Ok(b)
     }
 
-    /// Layer `li`'s attention block and its residual: input norm; q/k/v/r projections
-    /// ([`Recipe::projections`]); the attention
-    /// after the projections ([`Recipe::attention`] or [`Recipe::fused_attention`]); o_proj;
-    /// `h += attn_sconv(o)`; the post-attention norm into `xn`.
+    /// Layer `li`'s attention block and its residual: input norm (or the projections' norm
+    /// prologue); q/k/v/r projections ([`Recipe::projections`]); the attention after the
+    /// projections ([`Recipe::attention`] or [`Recipe::fused_attention`]); o_proj;
+    /// `h += attn_sconv(o)`; the post-attention norm into `xn` (unless the MLP's GEMVs fold it,
+    /// [`Recipe::fold_post_norm`]).
     fn attention_block(&self, li: usize) -> Result<Block> {
         let (gpu, a, t, hid, eps) = (self.gpu, &self.res.acts, self.t, self.hid, self.eps);
         let l: &ResidentLayer = &self.res.layers[li];
         let mut b = Block::new(Phase::Attention, Some(li));
         // fused: the previous layer's MLP residual already wrote this norm
-        if !(self.fuse && li > 0) {
-            b.push(RmsNorm::rows(t, hid, eps).bind(gpu, &a.h, &l.input_norm, &a.xn)?);
-        }
-        for c in self.projections(li)? {
+        let written = self.fuse && li > 0;
+        let xn = self.normed(&mut b, &l.input_norm, written)?;
+        for c in self.projections(li, xn)? {
             b.push(c);
         }
         if self.fuse_attention {
@@ -324,7 +375,9 @@ impl Recipe<'_> {
         } else {
             b.push(self.conv(li, ATTN_SCONV, hid, true, &a.o, &a.h)?);
             b.phase(Phase::Other);
-            b.push(RmsNorm::rows(t, hid, eps).bind(gpu, &a.h, &l.post_norm, &a.xn)?);
+            if !self.fold_post_norm(li) {
+                b.push(RmsNorm::rows(t, hid, eps).bind(gpu, &a.h, &l.post_norm, &a.xn)?);
+            }
         }
         Ok(b)
     }
@@ -339,19 +392,20 @@ impl Recipe<'_> {
             global_scale,
         } = mlp;
         let mut b = Block::new(Phase::Dense, Some(li));
-        b.push(
-            ffn.gate_up
-                .call(gpu, self.dense(&a.xn, &a.gu), "dense gate_up")?,
-        );
-        b.push(
-            SiluMul {
-                rows: t,
-                i: *inter,
-                layout: SiluMulLayout::fused(*inter),
-            }
-            .bind(gpu, &a.gu, &a.gu, &a.act)?,
-        );
-        b.push(ffn.down.call(gpu, self.dense(&a.act, &a.m), "dense down")?);
+        let xn = self.mlp_input(li);
+        let io = FfnIo {
+            x: xn,
+            tokens: t,
+            pairs: &a.dense_pairs,
+            n_pairs: t,
+            gu: &a.gu,
+            act: &a.act,
+            y: &a.m,
+            silu_prologue: self.prologues,
+        };
+        for c in ffn_calls(gpu, ffn, *inter, io, ["dense gate_up", "dense down"])? {
+            b.push(c);
+        }
         match self.mlp_tail(li) {
             Some((nw, y, div)) => {
                 b.phase(Phase::Other);
@@ -391,8 +445,10 @@ impl Recipe<'_> {
             ..
         } = moe;
         let ns = shared.as_ref().map_or(0, |s| s.n as u32);
+        let xn = self.mlp_input(li);
         let mut b = Block::new(Phase::Router, Some(li));
-        b.push(router.call(gpu, self.dense(&a.xn, &a.router_logits), "router")?);
+        let router_args = self.dense_normed(xn, &a.router_logits);
+        b.push(router.call(gpu, router_args, "router")?);
         b.push(
             RouterShape {
                 tokens: t,
@@ -415,13 +471,14 @@ impl Recipe<'_> {
         if let Some(sh) = shared {
             b.phase(Phase::Shared);
             let io = FfnIo {
-                x: &a.xn,
+                x: xn,
                 tokens: t,
                 pairs: &a.shared_pairs,
                 n_pairs: t * ns,
                 gu: &a.gu,
                 act: &a.act,
                 y: &a.y_shared,
+                silu_prologue: self.prologues,
             };
             let ops = ["shared gate_up", "shared down"];
             for c in ffn_calls(gpu, sh, *inter, io, ops)? {
@@ -432,13 +489,14 @@ impl Recipe<'_> {
         match routed {
             Some(routed) => {
                 let io = FfnIo {
-                    x: &a.xn,
+                    x: xn,
                     tokens: t,
                     pairs: &a.pairs,
                     n_pairs: t * top_k,
                     gu: &a.gu,
                     act: &a.act,
                     y: &a.y_routed,
+                    silu_prologue: self.prologues,
                 };
                 let ops = ["routed gate_up", "routed down"];
                 for c in ffn_calls(gpu, routed, *inter, io, ops)? {
@@ -540,12 +598,12 @@ impl Recipe<'_> {
         GemvArgs::new(x, self.t, &self.res.acts.dense_pairs, self.t, y)
     }
 
-    /// Layer `li`'s q, k, v and r projections of `xn` into `q`, `k_raw`, `v_raw` and `r`. A joint
+    /// Layer `li`'s q, k, v and r projections of the normed `xn` into `q`, `k_raw`, `v_raw` and `r`. A joint
     /// slab runs one GEMV writing the four outputs as row segments where the GEMV is chosen and
     /// segments fit ([`crate::gpu::gemv::GpuWeights::segments_fit`]; every one-token step on
     /// common devices), else one GEMV or GEMM into the `qkvr` scratch and a [`SplitColumns`];
     /// separate slabs run four GEMVs.
-    fn projections(&self, li: usize) -> Result<Vec<Call>> {
+    fn projections(&self, li: usize, xn: NormedX<'_>) -> Result<Vec<Call>> {
         let (gpu, a) = (self.gpu, &self.res.acts);
         let outs = [&a.q, &a.k_raw, &a.v_raw, &a.r];
         match &self.res.layers[li].proj {
@@ -553,14 +611,14 @@ impl Recipe<'_> {
                 let ops = ["q_proj", "k_proj", "v_proj", "r_proj"];
                 let calls = lin.iter().zip(outs).zip(ops);
                 calls
-                    .map(|((w, y), op)| w.call(gpu, self.dense(&a.xn, y), op))
+                    .map(|((w, y), op)| w.call(gpu, self.dense_normed(xn, y), op))
                     .collect()
             }
             Projections::Joint { w, rows } => {
-                let packed = self.dense(&a.xn, &a.qkvr);
+                let packed = self.dense_normed(xn, &a.qkvr);
                 if w.w.segments_fit(gpu) && gemm::select(&w.w, &packed).is_none() {
                     let segs: Vec<(u32, &wgpu::Buffer)> = rows.iter().copied().zip(outs).collect();
-                    let args = self.dense(&a.xn, &a.q).segments(&segs);
+                    let args = self.dense_normed(xn, &a.q).segments(&segs);
                     return Ok(vec![w.call(gpu, args, "qkvr_proj")?]);
                 }
                 let split = SplitColumns {
@@ -572,6 +630,55 @@ impl Recipe<'_> {
                     split.bind(gpu, &a.qkvr, outs)?,
                 ])
             }
+        }
+    }
+
+    /// [`Recipe::dense`] over a normed input.
+    fn dense_normed<'b>(&'b self, x: NormedX<'b>, y: &'b wgpu::Buffer) -> GemvArgs<'b> {
+        x.args(self.dense(x.x, y))
+    }
+
+    /// The normed `h` (norm `weight`) that GEMVs read: `xn` when `written` already, `h` under the
+    /// norm prologue with prologues, else `xn` after the RMSNorm kernel pushed onto `b`.
+    fn normed<'b>(
+        &'b self,
+        b: &mut Block,
+        weight: &'b wgpu::Buffer,
+        written: bool,
+    ) -> Result<NormedX<'b>> {
+        let a = &self.res.acts;
+        if written {
+            return Ok(NormedX::plain(&a.xn));
+        }
+        if self.prologues {
+            return Ok(NormedX {
+                x: &a.h,
+                norm: Some((weight, self.eps)),
+            });
+        }
+        b.push(RmsNorm::rows(self.t, self.hid, self.eps).bind(self.gpu, &a.h, weight, &a.xn)?);
+        Ok(NormedX::plain(&a.xn))
+    }
+
+    /// Whether layer `li`'s post-attention norm is left to the MLP's GEMVs: one-token steps
+    /// with prologues, unless a fused residual writes it anyway or the routed experts stream
+    /// (their host-run calls and CPU fallback read `xn`).
+    fn fold_post_norm(&self, li: usize) -> bool {
+        let streamed =
+            matches!(&self.res.layers[li].mlp, ResidentMlp::Moe(m) if m.routed.is_none());
+        self.prologues && !self.fuse && !streamed
+    }
+
+    /// The input of layer `li`'s MLP: `xn`, or `h` under the post-attention norm prologue.
+    fn mlp_input(&self, li: usize) -> NormedX<'_> {
+        let a = &self.res.acts;
+        if self.fold_post_norm(li) {
+            NormedX {
+                x: &a.h,
+                norm: Some((&self.res.layers[li].post_norm, self.eps)),
+            }
+        } else {
+            NormedX::plain(&a.xn)
         }
     }
 

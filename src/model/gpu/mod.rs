@@ -394,6 +394,18 @@ impl<'w> GpuModel<'w> {
         }
     }
 
+    /// Fold the RMSNorms and silu·up of one-token steps into the x staging of the GEMVs that
+    /// read them (`true`, the default; [`crate::gpu::gemv::XPrologue`]): per layer the input
+    /// and post-attention norms and the silu·up kernels need no dispatch of their own. `false`
+    /// runs them as separate kernels (the prompt chunks always do). Same results within float
+    /// rounding (tested).
+    pub fn set_gemv_prologues(&mut self, on: bool) {
+        if on == self.fusions.separate_prologues {
+            self.fusions.separate_prologues = !on;
+            self.steps.clear();
+        }
+    }
+
     /// Run the attention block after the projections through
     /// [`crate::gpu::ops::FusedAttention`] (`on`, the default): one dispatch per layer for
     /// one-token steps (k/v short convs, q/k RMSNorms, attention and the KV-cache write), and a

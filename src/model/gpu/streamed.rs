@@ -1,7 +1,7 @@
 //! Expert streaming on the GPU (see [`crate::model::stream`]): the slot pool, the routed experts
 //! of one layer placed and run between submissions at the step's [`super::graph::Node::Routed`]
 //! cut, and the CPU fallback when that fails.
-use super::graph::{at_layer, ffn_calls, FfnIo};
+use super::graph::{at_layer, ffn_calls, FfnIo, NormedX};
 use super::resident::{zeroed, Activations, FfnSlab, Linear, Resident, ResidentMlp};
 use crate::formats::QMatrix;
 use crate::gpu::gemv::{run_staged, GpuWeights, StagedCopy};
@@ -33,7 +33,7 @@ pub(super) struct Streamer<'w> {
     /// Down outputs of one part `[P, H]`, copied to the pairs' rows of `y_routed`.
     y_part: wgpu::Buffer,
     /// Recorded part FFNs by `(tokens, pairs)`.
-    part_calls: HashMap<(u32, u32), [Call; 3]>,
+    part_calls: HashMap<(u32, u32), Vec<Call>>,
     /// `MAP_READ` copy of the router's pairs of one layer (read back once per streamed layer).
     pairs_rb: wgpu::Buffer,
     /// Threads copying misses ([`upload_threads`]).
@@ -343,17 +343,20 @@ impl<'w> Streamer<'w> {
                     .write_buffer(&self.part_pairs, 0, bytemuck::cast_slice(&compact));
                 if !self.part_calls.contains_key(&(t, n)) {
                     let io = FfnIo {
-                        x: &a.xn,
+                        x: NormedX::plain(&a.xn),
                         tokens: t,
                         pairs: &self.part_pairs,
                         n_pairs: n,
                         gu: &a.gu,
                         act: &a.act,
                         y: &self.y_part,
+                        silu_prologue: false,
                     };
                     let ops = ["streamed routed gate_up", "streamed routed down"];
                     let calls = ffn_calls(gpu, &self.pool, self.inter, io, ops)?
-                        .map(|c| at_layer(c, layer));
+                        .into_iter()
+                        .map(|c| at_layer(c, layer))
+                        .collect();
                     self.part_calls.insert((t, n), calls);
                 }
                 let mut enc = gpu
