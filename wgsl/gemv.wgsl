@@ -46,6 +46,15 @@ struct Params {
 
 const NONE: u32 = 0xffffffffu;
 
+// One unit of a row as loaded: its WORDS_PER_UNIT weight words (b and c unused below 3) and the
+// group scales it needs (x: int4-gN, x and y: int3-g64's two groups; unused otherwise).
+struct Unit {
+    a: vec4<u32>,
+    b: vec4<u32>,
+    c: vec4<u32>,
+    s: vec2<f32>,
+}
+
 // Small integers to f32 without an int-to-float conversion: the f32 with bits 0x4B000000 | m
 // (m < 2^23) is exactly 2^23 + m. A 4-bit field at bits 4l (l < 4) is masked IN PLACE, so lane l
 // holds 2^23 + q * 16^l, and one subtract of 2^23 + bias * 16^l leaves (q - bias) * 16^l exactly.
@@ -110,29 +119,47 @@ fn int3_group(lo: vec4<u32>, hi: vec2<u32>, xi: u32) -> vec4<f32> {
 }
 
 //!CHUNK_FN
-// THE per-format decode step: unit u of a row (first weight word at vec4 index wv of W0) dotted
-// with x from tile-local vec4 index xi, added to `acc` (scale of the unit's group applied).
-// `srow` = index in S0 of the row's first scale.
-fn unit_dot_0(acc: vec4<f32>, wv: u32, srow: u32, u: u32, xi: u32) -> vec4<f32> {
+// The weight words of unit u of a row (first word at vec4 index wv of W0; b and c only for
+// int3-g64, whose unit is three words) and the scales it needs (`srow` = index in S0 of the
+// row's first scale): the unit's group scale (int4-gN) or its two group scales (int3-g64).
+fn unit_load_0(wv: u32, srow: u32, u: u32) -> Unit {
+    var w: Unit;
+    w.a = W0[wv];
+    if (FMT == FMT_INT4_GROUPED) {
+        // a 32-column unit lies inside one group (GROUP_SIZE is 32, 64 or 128)
+        w.s = vec2<f32>(S0[srow + (u * 32u) / max(GROUP_SIZE, 1u)], 0.0);
+    } else if (FMT == FMT_INT3_G64) {
+        w.b = W0[wv + 1u];
+        w.c = W0[wv + 2u];
+        // a lone last group has no scale B
+        w.s = vec2<f32>(S0[srow + 2u * u], S0[srow + min(2u * u + 1u, prm.scales_per_row - 1u)]);
+    }
+    return w;
+}
+
+//!END_CHUNK_FN
+
+// THE per-format decode step: unit `w` of a row dotted with x from tile-local vec4 index xi,
+// added to `acc` (scale of the unit's group applied).
+fn unit_dot(acc: vec4<f32>, w: Unit, xi: u32) -> vec4<f32> {
     if (FMT == FMT_F32) {
-        return fma(bitcast<vec4<f32>>(W0[wv]), xs(xi), acc);
+        return fma(bitcast<vec4<f32>>(w.a), xs(xi), acc);
     } else if (FMT == FMT_BF16) {
         // two values per word, low half first; w = f32 with those upper 16 bits
-        let wd = W0[wv];
+        let wd = w.a;
         let x0 = xs(xi);
         let x1 = xs(xi + 1u);
         let ev = bitcast<vec4<f32>>(wd << vec4<u32>(16u));
         let od = bitcast<vec4<f32>>(wd & vec4<u32>(0xffff0000u));
         return fma(ev, vec4<f32>(x0.x, x0.z, x1.x, x1.z), fma(od, vec4<f32>(x0.y, x0.w, x1.y, x1.w), acc));
     } else if (FMT == FMT_INT4 || FMT == FMT_INT4_GROUPED) {
-        let wd = W0[wv];
+        let wd = w.a;
         if (FMT == FMT_INT4_GROUPED) {
-            // a 32-column unit lies inside one group (GROUP_SIZE is 32, 64 or 128)
             var d = nibble_word(vec4<f32>(0.0), wd.x, NIBBLE_MASKS, INT4_BIAS, xi);
             d = nibble_word(d, wd.y, NIBBLE_MASKS, INT4_BIAS, xi + 2u);
             d = nibble_word(d, wd.z, NIBBLE_MASKS, INT4_BIAS, xi + 4u);
             d = nibble_word(d, wd.w, NIBBLE_MASKS, INT4_BIAS, xi + 6u);
-            return fma(d, vec4<f32>(S0[srow + (u * 32u) / max(GROUP_SIZE, 1u)]), acc);
+            return fma(d, vec4<f32>(w.s.x), acc);
         }
         // the row scale is applied once per row after the loop
         var a = nibble_word(acc, wd.x, NIBBLE_MASKS, INT4_BIAS, xi);
@@ -141,39 +168,68 @@ fn unit_dot_0(acc: vec4<f32>, wv: u32, srow: u32, u: u32, xi: u32) -> vec4<f32> 
         return nibble_word(a, wd.w, NIBBLE_MASKS, INT4_BIAS, xi + 6u);
     } else {
         // int3-g64: a unit is two groups in 3 vec4: group A = a, b.xy; group B = b.zw c.xy, c.zw
-        let a = W0[wv];
-        let b = W0[wv + 1u];
-        let c = W0[wv + 2u];
-        let sa = S0[srow + 2u * u];
-        let sb = S0[srow + min(2u * u + 1u, prm.scales_per_row - 1u)]; // a lone last group has no scale B
-        let ga = int3_group(a, b.xy, xi);
-        let gb = int3_group(vec4<u32>(b.z, b.w, c.x, c.y), c.zw, xi + 16u);
-        return fma(ga, vec4<f32>(sa), fma(gb, vec4<f32>(sb), acc));
+        let ga = int3_group(w.a, w.b.xy, xi);
+        let gb = int3_group(vec4<u32>(w.b.z, w.b.w, w.c.x, w.c.y), w.c.zw, xi + 16u);
+        return fma(ga, vec4<f32>(w.s.x), fma(gb, vec4<f32>(w.s.y), acc));
     }
 }
 
-//!END_CHUNK_FN
-
-// The hot loop of one thread over its units from `u` to `u_end` (stride THREADS_PER_ROW) of its
-// rows in chunk 0, written into `main` once per bound chunk (`//!HOT_LOOP k`, W0/S0/_0( renamed):
-// straight-line code, two units per iteration (their weight loads issue together), one x read
-// per unit shared by the ROWS_PER_THREAD rows; `t0` = first column of the x tile.
+// The hot loop of one thread over its units from `u_begin` to `u_end` (stride THREADS_PER_ROW)
+// of its rows in chunk 0, written into `main` once per bound chunk (`//!HOT_LOOP k`, W0/S0/_0(
+// renamed): straight-line code, UNITS_PER_STEP units per step, one x read per unit shared by the
+// ROWS_PER_THREAD rows; `t0` = first column of the x tile. With PREFETCH the words of the next
+// step are loaded before this step decodes (a software pipeline: the weight loads of a thread
+// stay in flight while it computes); the prefetch past the last unit re-reads the last unit
+// (clamped, never decoded).
 //!TEMPLATE
-            var u = u_begin;
-            for (; u + THREADS_PER_ROW < u_end; u += 2u * THREADS_PER_ROW) {
-                let xi = (u * COLS_PER_UNIT - t0) / 4u;
-                let xj = xi + THREADS_PER_ROW * (COLS_PER_UNIT / 4u);
+//!IF PREFETCH
+            let last = u_end - 1u;
+            var cur: array<Unit, ROWS_PER_THREAD * UNITS_PER_STEP>;
+            for (var k = 0u; k < UNITS_PER_STEP; k++) {
+                let uk = min(u_begin + k * THREADS_PER_ROW, last);
                 for (var rr = 0u; rr < ROWS_PER_THREAD; rr++) {
-                    let a = unit_dot_0(acc[rr], rowv[rr] + u * WORDS_PER_UNIT, srow[rr], u, xi);
-                    acc[rr] = unit_dot_0(a, rowv[rr] + (u + THREADS_PER_ROW) * WORDS_PER_UNIT, srow[rr], u + THREADS_PER_ROW, xj);
+                    cur[k * ROWS_PER_THREAD + rr] = unit_load_0(rowv[rr] + uk * WORDS_PER_UNIT, srow[rr], uk);
                 }
             }
-            if (u < u_end) {
-                let xi = (u * COLS_PER_UNIT - t0) / 4u;
-                for (var rr = 0u; rr < ROWS_PER_THREAD; rr++) {
-                    acc[rr] = unit_dot_0(acc[rr], rowv[rr] + u * WORDS_PER_UNIT, srow[rr], u, xi);
+            for (var u = u_begin; u < u_end; u += UNITS_PER_STEP * THREADS_PER_ROW) {
+                var nxt: array<Unit, ROWS_PER_THREAD * UNITS_PER_STEP>;
+                for (var k = 0u; k < UNITS_PER_STEP; k++) {
+                    let uk = min(u + (UNITS_PER_STEP + k) * THREADS_PER_ROW, last);
+                    for (var rr = 0u; rr < ROWS_PER_THREAD; rr++) {
+                        nxt[k * ROWS_PER_THREAD + rr] = unit_load_0(rowv[rr] + uk * WORDS_PER_UNIT, srow[rr], uk);
+                    }
+                }
+                for (var k = 0u; k < UNITS_PER_STEP; k++) {
+                    let uk = u + k * THREADS_PER_ROW;
+                    if (uk < u_end) {
+                        let xi = (uk * COLS_PER_UNIT - t0) / 4u;
+                        for (var rr = 0u; rr < ROWS_PER_THREAD; rr++) {
+                            acc[rr] = unit_dot(acc[rr], cur[k * ROWS_PER_THREAD + rr], xi);
+                        }
+                    }
+                }
+                cur = nxt;
+            }
+//!ELSE
+            for (var u = u_begin; u < u_end; u += UNITS_PER_STEP * THREADS_PER_ROW) {
+                var cur: array<Unit, ROWS_PER_THREAD * UNITS_PER_STEP>;
+                for (var k = 0u; k < UNITS_PER_STEP; k++) {
+                    let uk = min(u + k * THREADS_PER_ROW, u_end - 1u);
+                    for (var rr = 0u; rr < ROWS_PER_THREAD; rr++) {
+                        cur[k * ROWS_PER_THREAD + rr] = unit_load_0(rowv[rr] + uk * WORDS_PER_UNIT, srow[rr], uk);
+                    }
+                }
+                for (var k = 0u; k < UNITS_PER_STEP; k++) {
+                    let uk = u + k * THREADS_PER_ROW;
+                    if (uk < u_end) {
+                        let xi = (uk * COLS_PER_UNIT - t0) / 4u;
+                        for (var rr = 0u; rr < ROWS_PER_THREAD; rr++) {
+                            acc[rr] = unit_dot(acc[rr], cur[k * ROWS_PER_THREAD + rr], xi);
+                        }
+                    }
                 }
             }
+//!END
 //!END_TEMPLATE
 
 @compute @workgroup_size(256)

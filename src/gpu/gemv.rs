@@ -228,7 +228,7 @@ pub fn direct_candidates() -> &'static [Tuning] {
 /// masking) and `x_stride` (0 = `cols`) and `x_offset` multiples of 4 (every x row on a vec4).
 pub fn direct_aligned(enc: Encoding, cols: u32, x_stride: u32, x_offset: u32) -> bool {
     let x_stride = if x_stride == 0 { cols } else { x_stride };
-    matches!(enc.format, Format::F32 | Format::Bf16)
+    (matches!(enc.format, Format::F32 | Format::Bf16) || std::env::var_os("INKLING_GEMV_DIRECT").is_some())
         && cols.is_multiple_of(unit_shape(enc.format).0)
         && x_stride.is_multiple_of(4)
         && x_offset.is_multiple_of(4)
@@ -292,7 +292,12 @@ fn plan_with(
             .unwrap_or(list[list.len() - 1])
     };
     let (tuning, direct) = match forced {
-        Some(t) => (t, aligned && t.rows_per_workgroup() <= DIRECT_MAX_RPW),
+        Some(t) => (
+            t,
+            aligned
+                && (t.rows_per_workgroup() <= DIRECT_MAX_RPW
+                    || std::env::var_os("INKLING_GEMV_DIRECT").is_some()),
+        ),
         None if aligned => (pick(direct_candidates(), DIRECT_MIN_WORKGROUPS), true),
         None => (pick(candidates(enc.format), MIN_WORKGROUPS), false),
     };
@@ -318,6 +323,24 @@ fn x_tile(f: Format, t: Tuning, cols: usize, smem_limit: u64) -> u32 {
         xt -= 512;
     }
     xt
+}
+
+/// The shape of the hot loop of `f`'s kernel: units per step and whether the next step's
+/// weight words load while this step decodes (`PREFETCH` in the WGSL).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HotLoop {
+    pub units_per_step: u32,
+    pub prefetch: bool,
+}
+
+/// The hot loop of `f`'s kernel (BENCHMARKS.md, *Quantised GEMV decode*).
+pub fn hot_loop(f: Format) -> HotLoop {
+    let _ = f;
+    let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u32>().ok());
+    HotLoop {
+        units_per_step: env("INKLING_GEMV_UPS").unwrap_or(2),
+        prefetch: env("INKLING_GEMV_PREFETCH").unwrap_or(0) != 0,
+    }
 }
 
 /// Padded GPU row stride in bytes for `enc` and `cols` (see the module docs).
@@ -350,7 +373,7 @@ fn prelude(enc: Encoding, t: Tuning, xt: u32, chunks: u32, header: &str) -> Stri
             spec.ordinal
         ));
     }
-    let consts: [(&str, String); 10] = [
+    let consts: [(&str, String); 11] = [
         ("FMT", wgsl_format_const(enc.format)),
         ("GROUP_SIZE", format!("{}u", enc.group_size)),
         ("COLS_PER_UNIT", format!("{cols_per_unit}u")),
@@ -361,6 +384,7 @@ fn prelude(enc: Encoding, t: Tuning, xt: u32, chunks: u32, header: &str) -> Stri
         ("X_TILE", format!("{xt}u")),
         ("X_PAD_PERIOD", format!("{}u", pad_period(enc.format))),
         ("WEIGHT_CHUNKS", format!("{chunks}u")),
+        ("UNITS_PER_STEP", format!("{}u", hot_loop(enc.format).units_per_step)),
     ];
     for (name, value) in consts {
         out.push_str(&format!("const {name}: u32 = {value};\n"));
@@ -416,6 +440,7 @@ pub fn wgsl_source_chunks(
             ("SUBGROUP", subgroups),
             ("XDIRECT", direct),
             ("CHUNK1", chunks == 2),
+            ("PREFETCH", hot_loop(enc.format).prefetch),
         ],
     );
     let (head, rest) = body
