@@ -46,15 +46,6 @@ struct Params {
 
 const NONE: u32 = 0xffffffffu;
 
-// One unit of a row as loaded: its WORDS_PER_UNIT weight words (b and c unused below 3) and the
-// group scales it needs (x: int4-gN, x and y: int3-g64's two groups; unused otherwise).
-struct Unit {
-    a: vec4<u32>,
-    b: vec4<u32>,
-    c: vec4<u32>,
-    s: vec2<f32>,
-}
-
 // Small integers to f32 without an int-to-float conversion: the f32 with bits 0x4B000000 | m
 // (m < 2^23) is exactly 2^23 + m. A 4-bit field at bits 4l (l < 4) is masked IN PLACE, so lane l
 // holds 2^23 + q * 16^l, and one subtract of 2^23 + bias * 16^l leaves (q - bias) * 16^l exactly.
@@ -119,47 +110,43 @@ fn int3_group(lo: vec4<u32>, hi: vec2<u32>, xi: u32) -> vec4<f32> {
 }
 
 //!CHUNK_FN
-// The weight words of unit u of a row (first word at vec4 index wv of W0; b and c only for
-// int3-g64, whose unit is three words) and the scales it needs (`srow` = index in S0 of the
-// row's first scale): the unit's group scale (int4-gN) or its two group scales (int3-g64).
-fn unit_load_0(wv: u32, srow: u32, u: u32) -> Unit {
-    var w: Unit;
-    w.a = W0[wv];
+// The group scales unit u of a row needs (`srow` = index in S0 of the row's first scale): x =
+// the unit's group scale (int4-gN, a 32-column unit lies inside one group: GROUP_SIZE is 32, 64
+// or 128), x and y = its two group scales (int3-g64; a lone last group has no scale B), zeros
+// for the other formats.
+fn unit_scales_0(srow: u32, u: u32) -> vec2<f32> {
     if (FMT == FMT_INT4_GROUPED) {
-        // a 32-column unit lies inside one group (GROUP_SIZE is 32, 64 or 128)
-        w.s = vec2<f32>(S0[srow + (u * 32u) / max(GROUP_SIZE, 1u)], 0.0);
+        return vec2<f32>(S0[srow + (u * 32u) / max(GROUP_SIZE, 1u)], 0.0);
     } else if (FMT == FMT_INT3_G64) {
-        w.b = W0[wv + 1u];
-        w.c = W0[wv + 2u];
-        // a lone last group has no scale B
-        w.s = vec2<f32>(S0[srow + 2u * u], S0[srow + min(2u * u + 1u, prm.scales_per_row - 1u)]);
+        return vec2<f32>(S0[srow + 2u * u], S0[srow + min(2u * u + 1u, prm.scales_per_row - 1u)]);
     }
-    return w;
+    return vec2<f32>(0.0);
 }
 
 //!END_CHUNK_FN
 
-// THE per-format decode step: unit `w` of a row dotted with x from tile-local vec4 index xi,
-// added to `acc` (scale of the unit's group applied).
-fn unit_dot(acc: vec4<f32>, w: Unit, xi: u32) -> vec4<f32> {
+// THE per-format decode step: one unit of a row (weight words w0, and w1 and w2 for int3-g64;
+// group scales `s` of `unit_scales_0`) dotted with x from tile-local vec4 index xi, added to
+// `acc` (scale of the unit's group applied).
+fn unit_dot(acc: vec4<f32>, w0: vec4<u32>, w1: vec4<u32>, w2: vec4<u32>, s: vec2<f32>, xi: u32) -> vec4<f32> {
     if (FMT == FMT_F32) {
-        return fma(bitcast<vec4<f32>>(w.a), xs(xi), acc);
+        return fma(bitcast<vec4<f32>>(w0), xs(xi), acc);
     } else if (FMT == FMT_BF16) {
         // two values per word, low half first; w = f32 with those upper 16 bits
-        let wd = w.a;
+        let wd = w0;
         let x0 = xs(xi);
         let x1 = xs(xi + 1u);
         let ev = bitcast<vec4<f32>>(wd << vec4<u32>(16u));
         let od = bitcast<vec4<f32>>(wd & vec4<u32>(0xffff0000u));
         return fma(ev, vec4<f32>(x0.x, x0.z, x1.x, x1.z), fma(od, vec4<f32>(x0.y, x0.w, x1.y, x1.w), acc));
     } else if (FMT == FMT_INT4 || FMT == FMT_INT4_GROUPED) {
-        let wd = w.a;
+        let wd = w0;
         if (FMT == FMT_INT4_GROUPED) {
             var d = nibble_word(vec4<f32>(0.0), wd.x, NIBBLE_MASKS, INT4_BIAS, xi);
             d = nibble_word(d, wd.y, NIBBLE_MASKS, INT4_BIAS, xi + 2u);
             d = nibble_word(d, wd.z, NIBBLE_MASKS, INT4_BIAS, xi + 4u);
             d = nibble_word(d, wd.w, NIBBLE_MASKS, INT4_BIAS, xi + 6u);
-            return fma(d, vec4<f32>(w.s.x), acc);
+            return fma(d, vec4<f32>(s.x), acc);
         }
         // the row scale is applied once per row after the loop
         var a = nibble_word(acc, wd.x, NIBBLE_MASKS, INT4_BIAS, xi);
@@ -168,9 +155,9 @@ fn unit_dot(acc: vec4<f32>, w: Unit, xi: u32) -> vec4<f32> {
         return nibble_word(a, wd.w, NIBBLE_MASKS, INT4_BIAS, xi + 6u);
     } else {
         // int3-g64: a unit is two groups in 3 vec4: group A = a, b.xy; group B = b.zw c.xy, c.zw
-        let ga = int3_group(w.a, w.b.xy, xi);
-        let gb = int3_group(vec4<u32>(w.b.z, w.b.w, w.c.x, w.c.y), w.c.zw, xi + 16u);
-        return fma(ga, vec4<f32>(w.s.x), fma(gb, vec4<f32>(w.s.y), acc));
+        let ga = int3_group(w0, w1.xy, xi);
+        let gb = int3_group(vec4<u32>(w1.z, w1.w, w2.x, w2.y), w2.zw, xi + 16u);
+        return fma(ga, vec4<f32>(s.x), fma(gb, vec4<f32>(s.y), acc));
     }
 }
 
@@ -182,54 +169,66 @@ fn unit_dot(acc: vec4<f32>, w: Unit, xi: u32) -> vec4<f32> {
 // stay in flight while it computes); the prefetch past the last unit re-reads the last unit
 // (clamped, never decoded).
 //!TEMPLATE
-//!IF PREFETCH
+            // words and scales of one step: unit k of row rr at k * ROWS_PER_THREAD + rr
+            var cw: array<vec4<u32>, ROWS_PER_THREAD * UNITS_PER_STEP * WORDS_PER_UNIT>;
+            var cs: array<vec2<f32>, ROWS_PER_THREAD * UNITS_PER_STEP>;
             let last = u_end - 1u;
-            var cur: array<Unit, ROWS_PER_THREAD * UNITS_PER_STEP>;
+//!IF PREFETCH
             for (var k = 0u; k < UNITS_PER_STEP; k++) {
                 let uk = min(u_begin + k * THREADS_PER_ROW, last);
                 for (var rr = 0u; rr < ROWS_PER_THREAD; rr++) {
-                    cur[k * ROWS_PER_THREAD + rr] = unit_load_0(rowv[rr] + uk * WORDS_PER_UNIT, srow[rr], uk);
-                }
-            }
-            for (var u = u_begin; u < u_end; u += UNITS_PER_STEP * THREADS_PER_ROW) {
-                var nxt: array<Unit, ROWS_PER_THREAD * UNITS_PER_STEP>;
-                for (var k = 0u; k < UNITS_PER_STEP; k++) {
-                    let uk = min(u + (UNITS_PER_STEP + k) * THREADS_PER_ROW, last);
-                    for (var rr = 0u; rr < ROWS_PER_THREAD; rr++) {
-                        nxt[k * ROWS_PER_THREAD + rr] = unit_load_0(rowv[rr] + uk * WORDS_PER_UNIT, srow[rr], uk);
+                    let i = k * ROWS_PER_THREAD + rr;
+                    for (var j = 0u; j < WORDS_PER_UNIT; j++) {
+                        cw[i * WORDS_PER_UNIT + j] = W0[rowv[rr] + uk * WORDS_PER_UNIT + j];
                     }
-                }
-                for (var k = 0u; k < UNITS_PER_STEP; k++) {
-                    let uk = u + k * THREADS_PER_ROW;
-                    if (uk < u_end) {
-                        let xi = (uk * COLS_PER_UNIT - t0) / 4u;
-                        for (var rr = 0u; rr < ROWS_PER_THREAD; rr++) {
-                            acc[rr] = unit_dot(acc[rr], cur[k * ROWS_PER_THREAD + rr], xi);
-                        }
-                    }
-                }
-                cur = nxt;
-            }
-//!ELSE
-            for (var u = u_begin; u < u_end; u += UNITS_PER_STEP * THREADS_PER_ROW) {
-                var cur: array<Unit, ROWS_PER_THREAD * UNITS_PER_STEP>;
-                for (var k = 0u; k < UNITS_PER_STEP; k++) {
-                    let uk = min(u + k * THREADS_PER_ROW, u_end - 1u);
-                    for (var rr = 0u; rr < ROWS_PER_THREAD; rr++) {
-                        cur[k * ROWS_PER_THREAD + rr] = unit_load_0(rowv[rr] + uk * WORDS_PER_UNIT, srow[rr], uk);
-                    }
-                }
-                for (var k = 0u; k < UNITS_PER_STEP; k++) {
-                    let uk = u + k * THREADS_PER_ROW;
-                    if (uk < u_end) {
-                        let xi = (uk * COLS_PER_UNIT - t0) / 4u;
-                        for (var rr = 0u; rr < ROWS_PER_THREAD; rr++) {
-                            acc[rr] = unit_dot(acc[rr], cur[k * ROWS_PER_THREAD + rr], xi);
-                        }
-                    }
+                    cs[i] = unit_scales_0(srow[rr], uk);
                 }
             }
 //!END
+            for (var u = u_begin; u < u_end; u += UNITS_PER_STEP * THREADS_PER_ROW) {
+//!IF PREFETCH
+                // the next step's units (clamped to the last: never decoded past it)
+                var nw: array<vec4<u32>, ROWS_PER_THREAD * UNITS_PER_STEP * WORDS_PER_UNIT>;
+                var ns: array<vec2<f32>, ROWS_PER_THREAD * UNITS_PER_STEP>;
+                let un = u + UNITS_PER_STEP * THREADS_PER_ROW;
+//!ELSE
+                let un = u;
+//!END
+                for (var k = 0u; k < UNITS_PER_STEP; k++) {
+                    let uk = min(un + k * THREADS_PER_ROW, last);
+                    for (var rr = 0u; rr < ROWS_PER_THREAD; rr++) {
+                        let i = k * ROWS_PER_THREAD + rr;
+                        for (var j = 0u; j < WORDS_PER_UNIT; j++) {
+//!IF PREFETCH
+                            nw[i * WORDS_PER_UNIT + j] = W0[rowv[rr] + uk * WORDS_PER_UNIT + j];
+//!ELSE
+                            cw[i * WORDS_PER_UNIT + j] = W0[rowv[rr] + uk * WORDS_PER_UNIT + j];
+//!END
+                        }
+//!IF PREFETCH
+                        ns[i] = unit_scales_0(srow[rr], uk);
+//!ELSE
+                        cs[i] = unit_scales_0(srow[rr], uk);
+//!END
+                    }
+                }
+                for (var k = 0u; k < UNITS_PER_STEP; k++) {
+                    let uk = u + k * THREADS_PER_ROW;
+                    if (uk < u_end) {
+                        let xi = (uk * COLS_PER_UNIT - t0) / 4u;
+                        for (var rr = 0u; rr < ROWS_PER_THREAD; rr++) {
+                            let i = k * ROWS_PER_THREAD + rr;
+                            let b = i * WORDS_PER_UNIT;
+                            acc[rr] = unit_dot(acc[rr], cw[b], cw[b + min(1u, WORDS_PER_UNIT - 1u)],
+                                cw[b + min(2u, WORDS_PER_UNIT - 1u)], cs[i], xi);
+                        }
+                    }
+                }
+//!IF PREFETCH
+                cw = nw;
+                cs = ns;
+//!END
+            }
 //!END_TEMPLATE
 
 @compute @workgroup_size(256)

@@ -205,8 +205,19 @@ pub fn candidates(f: Format) -> &'static [Tuning] {
         t(128, 1),
         t(256, 1),
     ];
+    const INT4: &[Tuning] = &[
+        t(8, 4),
+        t(16, 4),
+        t(32, 4),
+        t(32, 2),
+        t(32, 1),
+        t(64, 1),
+        t(128, 1),
+        t(256, 1),
+    ];
     const INT3: &[Tuning] = &[t(32, 1), t(64, 1), t(128, 1), t(256, 1)];
     match f {
+        Format::Int4 | Format::Int4Grouped => INT4,
         Format::Int3G64 => INT3,
         _ => GENERIC,
     }
@@ -228,7 +239,7 @@ pub fn direct_candidates() -> &'static [Tuning] {
 /// masking) and `x_stride` (0 = `cols`) and `x_offset` multiples of 4 (every x row on a vec4).
 pub fn direct_aligned(enc: Encoding, cols: u32, x_stride: u32, x_offset: u32) -> bool {
     let x_stride = if x_stride == 0 { cols } else { x_stride };
-    (matches!(enc.format, Format::F32 | Format::Bf16) || std::env::var_os("INKLING_GEMV_DIRECT").is_some())
+    matches!(enc.format, Format::F32 | Format::Bf16)
         && cols.is_multiple_of(unit_shape(enc.format).0)
         && x_stride.is_multiple_of(4)
         && x_offset.is_multiple_of(4)
@@ -292,12 +303,7 @@ fn plan_with(
             .unwrap_or(list[list.len() - 1])
     };
     let (tuning, direct) = match forced {
-        Some(t) => (
-            t,
-            aligned
-                && (t.rows_per_workgroup() <= DIRECT_MAX_RPW
-                    || std::env::var_os("INKLING_GEMV_DIRECT").is_some()),
-        ),
+        Some(t) => (t, aligned && t.rows_per_workgroup() <= DIRECT_MAX_RPW),
         None if aligned => (pick(direct_candidates(), DIRECT_MIN_WORKGROUPS), true),
         None => (pick(candidates(enc.format), MIN_WORKGROUPS), false),
     };
@@ -325,22 +331,36 @@ fn x_tile(f: Format, t: Tuning, cols: usize, smem_limit: u64) -> u32 {
     xt
 }
 
-/// The shape of the hot loop of `f`'s kernel: units per step and whether the next step's
-/// weight words load while this step decodes (`PREFETCH` in the WGSL).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct HotLoop {
-    pub units_per_step: u32,
-    pub prefetch: bool,
+/// Units each hot-loop step of a thread decodes (UNITS_PER_STEP in the WGSL); their weight
+/// loads issue together.
+const UNITS_PER_STEP: u32 = 2;
+
+/// Fewest steps of a thread per x tile for which the hot loop prefetches (PREFETCH in the WGSL:
+/// the next step's weights load while this step decodes); shorter loops lose more to the longer
+/// prologue and the registers of the second step than they win (BENCHMARKS.md, *Quantised GEMV
+/// decode*, H200).
+const PREFETCH_MIN_STEPS: u32 = 6;
+
+/// Units per hot-loop step ([`UNITS_PER_STEP`], or `INKLING_GEMV_UPS` when benchmarking).
+fn units_per_step() -> u32 {
+    std::env::var("INKLING_GEMV_UPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(UNITS_PER_STEP)
 }
 
-/// The hot loop of `f`'s kernel (BENCHMARKS.md, *Quantised GEMV decode*).
-pub fn hot_loop(f: Format) -> HotLoop {
-    let _ = f;
-    let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u32>().ok());
-    HotLoop {
-        units_per_step: env("INKLING_GEMV_UPS").unwrap_or(2),
-        prefetch: env("INKLING_GEMV_PREFETCH").unwrap_or(0) != 0,
+/// Whether the hot loop of an instantiation prefetches: the quantised formats (x staged) when a
+/// thread takes at least [`PREFETCH_MIN_STEPS`] steps over a tile of `xt` columns
+/// (`INKLING_GEMV_PREFETCH` = 0 or 1 forces it when benchmarking).
+fn prefetch(f: Format, t: Tuning, xt: u32) -> bool {
+    if let Some(v) = std::env::var("INKLING_GEMV_PREFETCH")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+    {
+        return v != 0;
     }
+    let steps = (xt / unit_shape(f).0) / (t.tpr * units_per_step());
+    !matches!(f, Format::F32 | Format::Bf16) && steps >= PREFETCH_MIN_STEPS
 }
 
 /// Padded GPU row stride in bytes for `enc` and `cols` (see the module docs).
@@ -384,7 +404,7 @@ fn prelude(enc: Encoding, t: Tuning, xt: u32, chunks: u32, header: &str) -> Stri
         ("X_TILE", format!("{xt}u")),
         ("X_PAD_PERIOD", format!("{}u", pad_period(enc.format))),
         ("WEIGHT_CHUNKS", format!("{chunks}u")),
-        ("UNITS_PER_STEP", format!("{}u", hot_loop(enc.format).units_per_step)),
+        ("UNITS_PER_STEP", format!("{}u", units_per_step())),
     ];
     for (name, value) in consts {
         out.push_str(&format!("const {name}: u32 = {value};\n"));
@@ -440,7 +460,7 @@ pub fn wgsl_source_chunks(
             ("SUBGROUP", subgroups),
             ("XDIRECT", direct),
             ("CHUNK1", chunks == 2),
-            ("PREFETCH", hot_loop(enc.format).prefetch),
+            ("PREFETCH", prefetch(enc.format, t, xt)),
         ],
     );
     let (head, rest) = body
