@@ -3,10 +3,12 @@
 // (`gemv::wgsl_source_tuned`) defines the format ordinals FMT_* from the registry, FMT and
 // GROUP_SIZE of this instantiation, COLS_PER_UNIT / WORDS_PER_UNIT (a unit: the columns decoded
 // from WORDS_PER_UNIT vec4<u32> weight words), THREADS_PER_ROW, ROWS_PER_THREAD,
-// ROWS_PER_WORKGROUP, X_TILE (x columns staged at a time, 0 when x is direct), X_PAD_PERIOD and
-// WEIGHT_CHUNKS (bindings 1/2 always, 7/8 as well when 2). Lines between `//!IF FLAG`,
-// `//!ELSE` and `//!END` keep one branch per flag: SUBGROUP (subgroup reduction), XDIRECT (x read
-// from global memory instead of staged), CHUNK1 (a second weight chunk bound). The functions
+// ROWS_PER_WORKGROUP, X_TILE (x columns staged at a time, 0 when x is direct), X_PAD_PERIOD,
+// WEIGHT_CHUNKS (bindings 1/2 always, 7/8 as well when 2) and UNITS_PER_STEP (units per hot-loop
+// step). Lines between `//!IF FLAG`, `//!ELSE` and `//!END` keep one branch per flag: SUBGROUP
+// (subgroup reduction), XDIRECT (x read from global memory instead of staged), CHUNK1 (a second
+// weight chunk bound), UNIT_ARRAYS (the hot loop loads a step's units into arrays first) and
+// PREFETCH (it loads the next step while decoding this one). The functions
 // between `//!CHUNK_FN` and `//!END_CHUNK_FN` are written once per bound chunk, and the
 // `//!TEMPLATE` hot loop at each `//!HOT_LOOP k` line, with W0/S0/_0( renamed for chunk k.
 
@@ -123,6 +125,13 @@ fn unit_scales_0(srow: u32, u: u32) -> vec2<f32> {
     return vec2<f32>(0.0);
 }
 
+// `unit_dot` of unit u of a row read in place (first word at vec4 index wv of W0).
+fn unit_dot_0(acc: vec4<f32>, wv: u32, srow: u32, u: u32, xi: u32) -> vec4<f32> {
+    let w1 = W0[wv + min(1u, WORDS_PER_UNIT - 1u)];
+    let w2 = W0[wv + min(2u, WORDS_PER_UNIT - 1u)];
+    return unit_dot(acc, W0[wv], w1, w2, unit_scales_0(srow, u), xi);
+}
+
 //!END_CHUNK_FN
 
 // THE per-format decode step: one unit of a row (weight words w0, and w1 and w2 for int3-g64;
@@ -163,12 +172,15 @@ fn unit_dot(acc: vec4<f32>, w0: vec4<u32>, w1: vec4<u32>, w2: vec4<u32>, s: vec2
 
 // The hot loop of one thread over its units from `u_begin` to `u_end` (stride THREADS_PER_ROW)
 // of its rows in chunk 0, written into `main` once per bound chunk (`//!HOT_LOOP k`, W0/S0/_0(
-// renamed): straight-line code, UNITS_PER_STEP units per step, one x read per unit shared by the
-// ROWS_PER_THREAD rows; `t0` = first column of the x tile. With PREFETCH the words of the next
-// step are loaded before this step decodes (a software pipeline: the weight loads of a thread
-// stay in flight while it computes); the prefetch past the last unit re-reads the last unit
-// (clamped, never decoded).
+// renamed): straight-line code, UNITS_PER_STEP (2) units per step, their weight loads issued
+// together, one x read per unit shared by the ROWS_PER_THREAD rows; `t0` = first column of the
+// x tile. UNIT_ARRAYS (the quantised formats) loads a step's words and group scales into arrays
+// before decoding them; without it (f32, bf16) the two units are read in place. With PREFETCH the
+// next step's words and scales load before this step decodes (a software pipeline: a thread's
+// weight loads stay in flight while it computes); a prefetch past the last unit re-reads the
+// last unit (clamped, never decoded).
 //!TEMPLATE
+//!IF UNIT_ARRAYS
             // words and scales of one step: unit k of row rr at k * ROWS_PER_THREAD + rr
             var cw: array<vec4<u32>, ROWS_PER_THREAD * UNITS_PER_STEP * WORDS_PER_UNIT>;
             var cs: array<vec2<f32>, ROWS_PER_THREAD * UNITS_PER_STEP>;
@@ -229,6 +241,23 @@ fn unit_dot(acc: vec4<f32>, w0: vec4<u32>, w1: vec4<u32>, w2: vec4<u32>, s: vec2
                 cs = ns;
 //!END
             }
+//!ELSE
+            var u = u_begin;
+            for (; u + THREADS_PER_ROW < u_end; u += 2u * THREADS_PER_ROW) {
+                let xi = (u * COLS_PER_UNIT - t0) / 4u;
+                let xj = xi + THREADS_PER_ROW * (COLS_PER_UNIT / 4u);
+                for (var rr = 0u; rr < ROWS_PER_THREAD; rr++) {
+                    let a = unit_dot_0(acc[rr], rowv[rr] + u * WORDS_PER_UNIT, srow[rr], u, xi);
+                    acc[rr] = unit_dot_0(a, rowv[rr] + (u + THREADS_PER_ROW) * WORDS_PER_UNIT, srow[rr], u + THREADS_PER_ROW, xj);
+                }
+            }
+            if (u < u_end) {
+                let xi = (u * COLS_PER_UNIT - t0) / 4u;
+                for (var rr = 0u; rr < ROWS_PER_THREAD; rr++) {
+                    acc[rr] = unit_dot_0(acc[rr], rowv[rr] + u * WORDS_PER_UNIT, srow[rr], u, xi);
+                }
+            }
+//!END
 //!END_TEMPLATE
 
 @compute @workgroup_size(256)

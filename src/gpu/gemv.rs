@@ -23,8 +23,11 @@
 //! (256 / THREADS_PER_ROW) · ROWS_PER_THREAD rows of one pair. By default x is staged: the whole
 //! x row (up to 16384 columns, as far as the adapter's workgroup memory allows) is copied once
 //! per workgroup into workgroup memory as vec4, zero past I, padded against bank conflicts.
-//! The hot loop has no barrier: two units per iteration, one coalesced 16-byte weight load per
-//! row and unit, vec4 accumulators. The quantised decode keeps x in f32 and costs one mask-or,
+//! The hot loop has no barrier: two units per step (their loads issue together), one coalesced
+//! 16-byte weight load per row and unit, vec4 accumulators. A quantised kernel whose threads take
+//! at least [`PREFETCH_MIN_STEPS`] steps over the x tile software-pipelines the loop ([`prefetch`],
+//! `PREFETCH` in the WGSL): the next step's weight words and group scales load while the current
+//! step decodes, so a thread's loads stay in flight during its arithmetic. The quantised decode keeps x in f32 and costs one mask-or,
 //! one subtract and one FMA per weight: a 4-bit field masked in place inside the mantissa of
 //! 2²³ (the "magic number" conversion) gives (q − bias)·16ˡ in lane l after one subtract, so
 //! lane l of an accumulator carries 16ˡ, removed once per row (an exact power of two). int3-g64
@@ -341,25 +344,10 @@ const UNITS_PER_STEP: u32 = 2;
 /// decode*, H200).
 const PREFETCH_MIN_STEPS: u32 = 6;
 
-/// Units per hot-loop step ([`UNITS_PER_STEP`], or `INKLING_GEMV_UPS` when benchmarking).
-fn units_per_step() -> u32 {
-    std::env::var("INKLING_GEMV_UPS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(UNITS_PER_STEP)
-}
-
 /// Whether the hot loop of an instantiation prefetches: the quantised formats (x staged) when a
-/// thread takes at least [`PREFETCH_MIN_STEPS`] steps over a tile of `xt` columns
-/// (`INKLING_GEMV_PREFETCH` = 0 or 1 forces it when benchmarking).
-fn prefetch(f: Format, t: Tuning, xt: u32) -> bool {
-    if let Some(v) = std::env::var("INKLING_GEMV_PREFETCH")
-        .ok()
-        .and_then(|v| v.parse::<u32>().ok())
-    {
-        return v != 0;
-    }
-    let steps = (xt / unit_shape(f).0) / (t.tpr * units_per_step());
+/// thread takes at least [`PREFETCH_MIN_STEPS`] steps over a tile of `xt` columns.
+pub fn prefetch(f: Format, t: Tuning, xt: u32) -> bool {
+    let steps = (xt / unit_shape(f).0) / (t.tpr * UNITS_PER_STEP);
     !matches!(f, Format::F32 | Format::Bf16) && steps >= PREFETCH_MIN_STEPS
 }
 
@@ -404,7 +392,7 @@ fn prelude(enc: Encoding, t: Tuning, xt: u32, chunks: u32, header: &str) -> Stri
         ("X_TILE", format!("{xt}u")),
         ("X_PAD_PERIOD", format!("{}u", pad_period(enc.format))),
         ("WEIGHT_CHUNKS", format!("{chunks}u")),
-        ("UNITS_PER_STEP", format!("{}u", units_per_step())),
+        ("UNITS_PER_STEP", format!("{UNITS_PER_STEP}u")),
     ];
     for (name, value) in consts {
         out.push_str(&format!("const {name}: u32 = {value};\n"));
@@ -460,6 +448,10 @@ pub fn wgsl_source_chunks(
             ("SUBGROUP", subgroups),
             ("XDIRECT", direct),
             ("CHUNK1", chunks == 2),
+            (
+                "UNIT_ARRAYS",
+                !matches!(enc.format, Format::F32 | Format::Bf16),
+            ),
             ("PREFETCH", prefetch(enc.format, t, xt)),
         ],
     );
