@@ -237,9 +237,10 @@ pub fn direct_candidates() -> &'static [Tuning] {
     ]
 }
 
-/// Whether the direct-x variant's alignment assumptions hold: f32 or bf16 (int4/int3 pre-scale x
-/// while staging it), `cols` a whole number of units (4 columns for f32, 8 for bf16: no tail
-/// masking) and `x_stride` (0 = `cols`) and `x_offset` multiples of 4 (every x row on a vec4).
+/// Whether the direct-x variant's alignment assumptions hold: f32 or bf16 (int4-g64 with direct x
+/// measured 11–60% slower than staged on the H200, BENCHMARKS.md, *quantised GEMV hot loop*),
+/// `cols` a whole number of units (4 columns for f32, 8 for bf16: no tail masking) and
+/// `x_stride` (0 = `cols`) and `x_offset` multiples of 4 (every x row on a vec4).
 pub fn direct_aligned(enc: Encoding, cols: u32, x_stride: u32, x_offset: u32) -> bool {
     let x_stride = if x_stride == 0 { cols } else { x_stride };
     matches!(enc.format, Format::F32 | Format::Bf16)
@@ -340,8 +341,8 @@ const UNITS_PER_STEP: u32 = 2;
 
 /// Fewest steps of a thread per x tile for which the hot loop prefetches (PREFETCH in the WGSL:
 /// the next step's weights load while this step decodes); shorter loops lose more to the longer
-/// prologue and the registers of the second step than they win (BENCHMARKS.md, *Quantised GEMV
-/// decode*, H200).
+/// prologue and the registers of the second step than they win (BENCHMARKS.md, *quantised GEMV
+/// hot loop*, H200).
 const PREFETCH_MIN_STEPS: u32 = 6;
 
 /// Whether the hot loop of an instantiation prefetches: the quantised formats (x staged) when a
