@@ -3,11 +3,13 @@
 // (`gemv::wgsl_source_tuned`) defines the format ordinals FMT_* from the registry, FMT and
 // GROUP_SIZE of this instantiation, COLS_PER_UNIT / WORDS_PER_UNIT (a unit: the columns decoded
 // from WORDS_PER_UNIT vec4<u32> weight words), THREADS_PER_ROW, ROWS_PER_THREAD,
-// ROWS_PER_WORKGROUP, X_TILE (x columns staged at a time, 0 when x is direct), X_PAD_PERIOD and
-// WEIGHT_CHUNKS (bindings 1/2 always, 7/8 as well when 2). Lines between `//!IF FLAG`,
-// `//!ELSE` and `//!END` keep one branch per flag: SUBGROUP (subgroup reduction), XDIRECT (x read
-// from global memory instead of staged), CHUNK1 (a second weight chunk bound), SEGMENTS (the rows
-// written to up to four output matrices, bindings 6 and 9-11; see `write_y`). The functions
+// ROWS_PER_WORKGROUP, X_TILE (x columns staged at a time, 0 when x is direct), X_PAD_PERIOD,
+// WEIGHT_CHUNKS (bindings 1/2 always, 7/8 as well when 2) and UNITS_PER_STEP (units per hot-loop
+// step). Lines between `//!IF FLAG`, `//!ELSE` and `//!END` keep one branch per flag: SUBGROUP
+// (subgroup reduction), XDIRECT (x read from global memory instead of staged), CHUNK1 (a second
+// weight chunk bound), SEGMENTS (the rows written to up to four output matrices, bindings 6 and
+// 9-11; see `write_y`), UNIT_ARRAYS (the hot loop loads a step's units into arrays first) and
+// PREFETCH (it loads the next step while decoding this one). The functions
 // between `//!CHUNK_FN` and `//!END_CHUNK_FN` are written once per bound chunk, and the
 // `//!TEMPLATE` hot loop at each `//!HOT_LOOP k` line, with W0/S0/_0( renamed for chunk k.
 // Staged x may carry an x prologue chosen at run time (`prm.prologue`, outside the hot loop): the
@@ -169,29 +171,50 @@ fn write_y(p: u32, r: u32, v: f32) {
 }
 
 //!CHUNK_FN
-// THE per-format decode step: unit u of a row (first weight word at vec4 index wv of W0) dotted
-// with x from tile-local vec4 index xi, added to `acc` (scale of the unit's group applied).
-// `srow` = index in S0 of the row's first scale.
+// The group scales unit u of a row needs (`srow` = index in S0 of the row's first scale): x =
+// the unit's group scale (int4-gN, a 32-column unit lies inside one group: GROUP_SIZE is 32, 64
+// or 128), x and y = its two group scales (int3-g64; a lone last group has no scale B), zeros
+// for the other formats.
+fn unit_scales_0(srow: u32, u: u32) -> vec2<f32> {
+    if (FMT == FMT_INT4_GROUPED) {
+        return vec2<f32>(S0[srow + (u * 32u) / max(GROUP_SIZE, 1u)], 0.0);
+    } else if (FMT == FMT_INT3_G64) {
+        return vec2<f32>(S0[srow + 2u * u], S0[srow + min(2u * u + 1u, prm.scales_per_row - 1u)]);
+    }
+    return vec2<f32>(0.0);
+}
+
+// `unit_dot` of unit u of a row read in place (first word at vec4 index wv of W0).
 fn unit_dot_0(acc: vec4<f32>, wv: u32, srow: u32, u: u32, xi: u32) -> vec4<f32> {
+    let w1 = W0[wv + min(1u, WORDS_PER_UNIT - 1u)];
+    let w2 = W0[wv + min(2u, WORDS_PER_UNIT - 1u)];
+    return unit_dot(acc, W0[wv], w1, w2, unit_scales_0(srow, u), xi);
+}
+
+//!END_CHUNK_FN
+
+// THE per-format decode step: one unit of a row (weight words w0, and w1 and w2 for int3-g64;
+// group scales `s` of `unit_scales_0`) dotted with x from tile-local vec4 index xi, added to
+// `acc` (scale of the unit's group applied).
+fn unit_dot(acc: vec4<f32>, w0: vec4<u32>, w1: vec4<u32>, w2: vec4<u32>, s: vec2<f32>, xi: u32) -> vec4<f32> {
     if (FMT == FMT_F32) {
-        return fma(bitcast<vec4<f32>>(W0[wv]), xs(xi), acc);
+        return fma(bitcast<vec4<f32>>(w0), xs(xi), acc);
     } else if (FMT == FMT_BF16) {
         // two values per word, low half first; w = f32 with those upper 16 bits
-        let wd = W0[wv];
+        let wd = w0;
         let x0 = xs(xi);
         let x1 = xs(xi + 1u);
         let ev = bitcast<vec4<f32>>(wd << vec4<u32>(16u));
         let od = bitcast<vec4<f32>>(wd & vec4<u32>(0xffff0000u));
         return fma(ev, vec4<f32>(x0.x, x0.z, x1.x, x1.z), fma(od, vec4<f32>(x0.y, x0.w, x1.y, x1.w), acc));
     } else if (FMT == FMT_INT4 || FMT == FMT_INT4_GROUPED) {
-        let wd = W0[wv];
+        let wd = w0;
         if (FMT == FMT_INT4_GROUPED) {
-            // a 32-column unit lies inside one group (GROUP_SIZE is 32, 64 or 128)
             var d = nibble_word(vec4<f32>(0.0), wd.x, NIBBLE_MASKS, INT4_BIAS, xi);
             d = nibble_word(d, wd.y, NIBBLE_MASKS, INT4_BIAS, xi + 2u);
             d = nibble_word(d, wd.z, NIBBLE_MASKS, INT4_BIAS, xi + 4u);
             d = nibble_word(d, wd.w, NIBBLE_MASKS, INT4_BIAS, xi + 6u);
-            return fma(d, vec4<f32>(S0[srow + (u * 32u) / max(GROUP_SIZE, 1u)]), acc);
+            return fma(d, vec4<f32>(s.x), acc);
         }
         // the row scale is applied once per row after the loop
         var a = nibble_word(acc, wd.x, NIBBLE_MASKS, INT4_BIAS, xi);
@@ -200,24 +223,84 @@ fn unit_dot_0(acc: vec4<f32>, wv: u32, srow: u32, u: u32, xi: u32) -> vec4<f32> 
         return nibble_word(a, wd.w, NIBBLE_MASKS, INT4_BIAS, xi + 6u);
     } else {
         // int3-g64: a unit is two groups in 3 vec4: group A = a, b.xy; group B = b.zw c.xy, c.zw
-        let a = W0[wv];
-        let b = W0[wv + 1u];
-        let c = W0[wv + 2u];
-        let sa = S0[srow + 2u * u];
-        let sb = S0[srow + min(2u * u + 1u, prm.scales_per_row - 1u)]; // a lone last group has no scale B
-        let ga = int3_group(a, b.xy, xi);
-        let gb = int3_group(vec4<u32>(b.z, b.w, c.x, c.y), c.zw, xi + 16u);
-        return fma(ga, vec4<f32>(sa), fma(gb, vec4<f32>(sb), acc));
+        let ga = int3_group(w0, w1.xy, xi);
+        let gb = int3_group(vec4<u32>(w1.z, w1.w, w2.x, w2.y), w2.zw, xi + 16u);
+        return fma(ga, vec4<f32>(s.x), fma(gb, vec4<f32>(s.y), acc));
     }
 }
 
-//!END_CHUNK_FN
-
-// The hot loop of one thread over its units from `u` to `u_end` (stride THREADS_PER_ROW) of its
-// rows in chunk 0, written into `main` once per bound chunk (`//!HOT_LOOP k`, W0/S0/_0( renamed):
-// straight-line code, two units per iteration (their weight loads issue together), one x read
-// per unit shared by the ROWS_PER_THREAD rows; `t0` = first column of the x tile.
+// The hot loop of one thread over its units from `u_begin` to `u_end` (stride THREADS_PER_ROW)
+// of its rows in chunk 0, written into `main` once per bound chunk (`//!HOT_LOOP k`, W0/S0/_0(
+// renamed): straight-line code, UNITS_PER_STEP (2) units per step, their weight loads issued
+// together, one x read per unit shared by the ROWS_PER_THREAD rows; `t0` = first column of the
+// x tile. UNIT_ARRAYS (the quantised formats) loads a step's words and group scales into arrays
+// before decoding them; without it (f32, bf16) the two units are read in place. With PREFETCH the
+// next step's words and scales load before this step decodes (a software pipeline: a thread's
+// weight loads stay in flight while it computes); a prefetch past the last unit re-reads the
+// last unit (clamped, never decoded).
 //!TEMPLATE
+//!IF UNIT_ARRAYS
+            // words and scales of one step: unit k of row rr at k * ROWS_PER_THREAD + rr
+            var cw: array<vec4<u32>, ROWS_PER_THREAD * UNITS_PER_STEP * WORDS_PER_UNIT>;
+            var cs: array<vec2<f32>, ROWS_PER_THREAD * UNITS_PER_STEP>;
+            let last = u_end - 1u;
+//!IF PREFETCH
+            for (var k = 0u; k < UNITS_PER_STEP; k++) {
+                let uk = min(u_begin + k * THREADS_PER_ROW, last);
+                for (var rr = 0u; rr < ROWS_PER_THREAD; rr++) {
+                    let i = k * ROWS_PER_THREAD + rr;
+                    for (var j = 0u; j < WORDS_PER_UNIT; j++) {
+                        cw[i * WORDS_PER_UNIT + j] = W0[rowv[rr] + uk * WORDS_PER_UNIT + j];
+                    }
+                    cs[i] = unit_scales_0(srow[rr], uk);
+                }
+            }
+//!END
+            for (var u = u_begin; u < u_end; u += UNITS_PER_STEP * THREADS_PER_ROW) {
+//!IF PREFETCH
+                // the next step's units (clamped to the last: never decoded past it)
+                var nw: array<vec4<u32>, ROWS_PER_THREAD * UNITS_PER_STEP * WORDS_PER_UNIT>;
+                var ns: array<vec2<f32>, ROWS_PER_THREAD * UNITS_PER_STEP>;
+                let un = u + UNITS_PER_STEP * THREADS_PER_ROW;
+//!ELSE
+                let un = u;
+//!END
+                for (var k = 0u; k < UNITS_PER_STEP; k++) {
+                    let uk = min(un + k * THREADS_PER_ROW, last);
+                    for (var rr = 0u; rr < ROWS_PER_THREAD; rr++) {
+                        let i = k * ROWS_PER_THREAD + rr;
+                        for (var j = 0u; j < WORDS_PER_UNIT; j++) {
+//!IF PREFETCH
+                            nw[i * WORDS_PER_UNIT + j] = W0[rowv[rr] + uk * WORDS_PER_UNIT + j];
+//!ELSE
+                            cw[i * WORDS_PER_UNIT + j] = W0[rowv[rr] + uk * WORDS_PER_UNIT + j];
+//!END
+                        }
+//!IF PREFETCH
+                        ns[i] = unit_scales_0(srow[rr], uk);
+//!ELSE
+                        cs[i] = unit_scales_0(srow[rr], uk);
+//!END
+                    }
+                }
+                for (var k = 0u; k < UNITS_PER_STEP; k++) {
+                    let uk = u + k * THREADS_PER_ROW;
+                    if (uk < u_end) {
+                        let xi = (uk * COLS_PER_UNIT - t0) / 4u;
+                        for (var rr = 0u; rr < ROWS_PER_THREAD; rr++) {
+                            let i = k * ROWS_PER_THREAD + rr;
+                            let b = i * WORDS_PER_UNIT;
+                            acc[rr] = unit_dot(acc[rr], cw[b], cw[b + min(1u, WORDS_PER_UNIT - 1u)],
+                                cw[b + min(2u, WORDS_PER_UNIT - 1u)], cs[i], xi);
+                        }
+                    }
+                }
+//!IF PREFETCH
+                cw = nw;
+                cs = ns;
+//!END
+            }
+//!ELSE
             var u = u_begin;
             for (; u + THREADS_PER_ROW < u_end; u += 2u * THREADS_PER_ROW) {
                 let xi = (u * COLS_PER_UNIT - t0) / 4u;
@@ -233,6 +316,7 @@ fn unit_dot_0(acc: vec4<f32>, wv: u32, srow: u32, u: u32, xi: u32) -> vec4<f32> 
                     acc[rr] = unit_dot_0(acc[rr], rowv[rr] + u * WORDS_PER_UNIT, srow[rr], u, xi);
                 }
             }
+//!END
 //!END_TEMPLATE
 
 @compute @workgroup_size(256)

@@ -68,6 +68,10 @@ pub struct KernelArgs {
     /// on the same weights and printed with its tuning. Default: the built-in tuning per format.
     #[arg(long, value_delimiter = ',', hide = true)]
     pub tune: Vec<String>,
+    /// Only the shapes whose printed name contains one of these (benchmarking only), e.g.
+    /// `routed,moe-layer`. Default: every shape.
+    #[arg(long, value_delimiter = ',', hide = true)]
+    pub shapes: Vec<String>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -252,6 +256,9 @@ fn kernels(a: KernelArgs) -> anyhow::Result<ExitCode> {
     let mut method = "";
     for enc in &encs {
         for s in SHAPES {
+            if !a.shapes.is_empty() && !a.shapes.iter().any(|f| s.name(div).contains(f.as_str())) {
+                continue;
+            }
             let (o, i) = (s.o / div, s.i / div);
             let eb = s.experts * o * enc.bytes_per_row(i);
             let sb = s.experts * 4 * enc.scale_count(o, i);

@@ -23,8 +23,11 @@
 //! (256 / THREADS_PER_ROW) · ROWS_PER_THREAD rows of one pair. By default x is staged: the whole
 //! x row (up to 16384 columns, as far as the adapter's workgroup memory allows) is copied once
 //! per workgroup into workgroup memory as vec4, zero past I, padded against bank conflicts.
-//! The hot loop has no barrier: two units per iteration, one coalesced 16-byte weight load per
-//! row and unit, vec4 accumulators. The quantised decode keeps x in f32 and costs one mask-or,
+//! The hot loop has no barrier: two units per step (their loads issue together), one coalesced
+//! 16-byte weight load per row and unit, vec4 accumulators. A quantised kernel whose threads take
+//! at least [`PREFETCH_MIN_STEPS`] steps over the x tile software-pipelines the loop ([`prefetch`],
+//! `PREFETCH` in the WGSL): the next step's weight words and group scales load while the current
+//! step decodes, so a thread's loads stay in flight during its arithmetic. The quantised decode keeps x in f32 and costs one mask-or,
 //! one subtract and one FMA per weight: a 4-bit field masked in place inside the mantissa of
 //! 2²³ (the "magic number" conversion) gives (q − bias)·16ˡ in lane l after one subtract, so
 //! lane l of an accumulator carries 16ˡ, removed once per row (an exact power of two). int3-g64
@@ -232,8 +235,19 @@ pub fn candidates(f: Format) -> &'static [Tuning] {
         t(128, 1),
         t(256, 1),
     ];
+    const INT4: &[Tuning] = &[
+        t(8, 4),
+        t(16, 4),
+        t(32, 4),
+        t(32, 2),
+        t(32, 1),
+        t(64, 1),
+        t(128, 1),
+        t(256, 1),
+    ];
     const INT3: &[Tuning] = &[t(32, 1), t(64, 1), t(128, 1), t(256, 1)];
     match f {
+        Format::Int4 | Format::Int4Grouped => INT4,
         Format::Int3G64 => INT3,
         _ => GENERIC,
     }
@@ -250,9 +264,10 @@ pub fn direct_candidates() -> &'static [Tuning] {
     ]
 }
 
-/// Whether the direct-x variant's alignment assumptions hold: f32 or bf16 (int4/int3 pre-scale x
-/// while staging it), `cols` a whole number of units (4 columns for f32, 8 for bf16: no tail
-/// masking) and `x_stride` (0 = `cols`) and `x_offset` multiples of 4 (every x row on a vec4).
+/// Whether the direct-x variant's alignment assumptions hold: f32 or bf16 (int4-g64 with direct x
+/// measured 11–60% slower than staged on the H200, BENCHMARKS.md, *quantised GEMV hot loop*),
+/// `cols` a whole number of units (4 columns for f32, 8 for bf16: no tail masking) and
+/// `x_stride` (0 = `cols`) and `x_offset` multiples of 4 (every x row on a vec4).
 pub fn direct_aligned(enc: Encoding, cols: u32, x_stride: u32, x_offset: u32) -> bool {
     let x_stride = if x_stride == 0 { cols } else { x_stride };
     matches!(enc.format, Format::F32 | Format::Bf16)
@@ -350,6 +365,23 @@ fn x_tile(f: Format, t: Tuning, cols: usize, smem_limit: u64) -> u32 {
     xt
 }
 
+/// Units each hot-loop step of a thread decodes (UNITS_PER_STEP in the WGSL); their weight
+/// loads issue together.
+const UNITS_PER_STEP: u32 = 2;
+
+/// Fewest steps of a thread per x tile for which the hot loop prefetches (PREFETCH in the WGSL:
+/// the next step's weights load while this step decodes); shorter loops lose more to the longer
+/// prologue and the registers of the second step than they win (BENCHMARKS.md, *quantised GEMV
+/// hot loop*, H200).
+const PREFETCH_MIN_STEPS: u32 = 6;
+
+/// Whether the hot loop of an instantiation prefetches: the quantised formats (x staged) when a
+/// thread takes at least [`PREFETCH_MIN_STEPS`] steps over a tile of `xt` columns.
+pub fn prefetch(f: Format, t: Tuning, xt: u32) -> bool {
+    let steps = (xt / unit_shape(f).0) / (t.tpr * UNITS_PER_STEP);
+    !matches!(f, Format::F32 | Format::Bf16) && steps >= PREFETCH_MIN_STEPS
+}
+
 /// Padded GPU row stride in bytes for `enc` and `cols` (see the module docs).
 pub fn gpu_row_stride(enc: Encoding, cols: usize) -> usize {
     let (_, vpu) = unit_shape(enc.format);
@@ -380,7 +412,7 @@ fn prelude(enc: Encoding, t: Tuning, xt: u32, chunks: u32, header: &str) -> Stri
             spec.ordinal
         ));
     }
-    let consts: [(&str, String); 10] = [
+    let consts: [(&str, String); 11] = [
         ("FMT", wgsl_format_const(enc.format)),
         ("GROUP_SIZE", format!("{}u", enc.group_size)),
         ("COLS_PER_UNIT", format!("{cols_per_unit}u")),
@@ -391,6 +423,7 @@ fn prelude(enc: Encoding, t: Tuning, xt: u32, chunks: u32, header: &str) -> Stri
         ("X_TILE", format!("{xt}u")),
         ("X_PAD_PERIOD", format!("{}u", pad_period(enc.format))),
         ("WEIGHT_CHUNKS", format!("{chunks}u")),
+        ("UNITS_PER_STEP", format!("{UNITS_PER_STEP}u")),
     ];
     for (name, value) in consts {
         out.push_str(&format!("const {name}: u32 = {value};\n"));
@@ -463,6 +496,11 @@ pub fn wgsl_source_key(key: &GemvKey) -> String {
             ("XDIRECT", direct),
             ("CHUNK1", chunks == 2),
             ("SEGMENTS", segments),
+            (
+                "UNIT_ARRAYS",
+                !matches!(enc.format, Format::F32 | Format::Bf16),
+            ),
+            ("PREFETCH", prefetch(enc.format, t, xt)),
         ],
     );
     let (head, rest) = body

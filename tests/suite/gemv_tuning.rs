@@ -119,7 +119,7 @@ fn each_candidate_tuning_selected_and_exact() {
     let i = 4096;
     // (rows, pairs, rows per workgroup expected: direct f32/bf16, staged int4, staged int3-g64)
     let table: &[(usize, usize, [u32; 3])] = &[
-        (4096, 8, [8, 64, 8]),
+        (4096, 8, [8, 128, 8]),
         (4096, 4, [8, 64, 8]),
         (4096, 2, [8, 32, 8]),
         (4096, 1, [4, 16, 8]),

@@ -74,9 +74,12 @@ fn gemv_two_chunk_variant_binds_a_second_slab() {
         assert!(
             !one.source.contains("W1") && two.source.contains("W1[") && two.source.contains("S1[")
         );
-        // chunk 1 has its own decode function and hot loop (calls of unit_dot_1 besides its definition)
+        // chunk 1 has its own load functions and hot loop (calls of unit_scales_1 besides its
+        // definition: in its hot loop or its unit_dot_1)
         assert!(
-            two.source.contains("fn unit_dot_1(") && two.source.matches("unit_dot_1(").count() > 1
+            two.source.contains("fn unit_dot_1(")
+                && two.source.contains("fn unit_scales_1(")
+                && two.source.matches("unit_scales_1(").count() > 1
         );
         for src in [&one.source, &two.source] {
             assert!(src.lines().all(|l| !l.trim().starts_with("//!")));
