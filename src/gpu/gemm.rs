@@ -59,11 +59,10 @@ pub const MIN_PAIRS_PER_EXPERT: u32 = 4;
 /// larger slabs keep the GEMV.
 pub const EMAX: u32 = 1024;
 
-/// Every tile [`select`] picks: 128 rows × 8 pairs. Measured on an H200 (BENCHMARKS.md, `bench
-/// gemm`): 128 × 8 ran 18–24 TFLOP/s in every format; 128 × 16 ran 2 TFLOP/s and 256 × 8 did in
-/// int4, so the driver's compiler is taken to keep the accumulators of those instantiations out
-/// of registers. [`GemmChoice::Always`] builds any RM in 1, 2, 4 and BN in 8, 16.
-pub const TILES: [Tile; 1] = [Tile { rm: 2, nq: 2 }];
+/// Every tile [`select`] picks: 256 rows × 16 pairs, the fastest prefill of the full-depth
+/// probe on an H200 among those measured (BENCHMARKS.md, *Prefill at full depth*).
+/// [`GemmChoice::Always`] builds any [`Tile::buildable`] tile.
+pub const TILES: [Tile; 1] = [Tile { rm: 4, nq: 4 }];
 
 /// Whether `enc` has a GEMM kernel: f32, bf16, int4 and int4-grouped. int3-g64 keeps the GEMV:
 /// the GEMM's int3 decode reads the FORMATS.md bit order, not the GPU order of
@@ -147,6 +146,10 @@ pub fn wgsl_source(enc: Encoding, tile: Tile, sort: bool) -> String {
     out
 }
 
+/// Octets (8 columns of a lane) of a column step computed before the next step's weights are
+/// loaded.
+const PREFETCH_AFTER: u32 = 2;
+
 /// The GEMM body with its `// @GEN:` markers replaced by code unrolled for `tile`: every
 /// per-thread array index is a constant, so each accumulator, raw word and decoded weight is a
 /// named value the driver's compiler keeps in registers (loops over per-thread arrays were
@@ -181,10 +184,25 @@ fn unrolled(body: &str, tile: Tile) -> String {
             w(&mut decl, format!("    var a{r}_{q} = vec4<f32>(0.0);"));
         }
     }
+    // the raw words and scales of step k0 are loaded during step k0 - 128 (after its first
+    // PREFETCH_AFTER octets, whose words are dead by then), so their latency hides behind FMAs
+    let load = |s: &mut String, k: &str| {
+        for r in 0..rm {
+            s.push_str(&format!(
+                "    raw{r} = load_w(rowv{r}, rowv{r} + prm.row_v - 1u, {k}, lane);\n    \
+                 sc{r} = lane_scale(srow{r}, {k}, lane);\n"
+            ));
+        }
+    };
+    for r in 0..rm {
+        w(&mut decl, format!(
+            "    var raw{r}: array<vec4<u32>, WV>;\n    var sc{r} = 1.0;"
+        ));
+    }
+    load(&mut decl, "0u");
     for r in 0..rm {
         w(&mut step, format!(
-            "        let raw{r} = load_w(rowv{r}, rowv{r} + prm.row_v - 1u, k0, lane);\n        \
-             let sc{r} = lane_scale(srow{r}, k0, lane);"
+            "        let cur{r} = raw{r};\n        let csc{r} = sc{r};"
         ));
     }
     for j in 0..xi {
@@ -199,9 +217,12 @@ fn unrolled(body: &str, tile: Tile) -> String {
     }
     w(&mut step, "        }".into());
     for o in 0..4 {
+        if o == PREFETCH_AFTER {
+            load(&mut step, "k0 + 128u");
+        }
         for r in 0..rm {
             w(&mut step, format!(
-                "        let w{r}_{o} = w8(raw{r}, {o}u, k0 + 32u * lane + {}u, sc{r});",
+                "        let w{r}_{o} = w8(cur{r}, {o}u, k0 + 32u * lane + {}u, csc{r});",
                 8 * o
             ));
         }

@@ -15,7 +15,7 @@ const ALL_TILES: [Tile; 6] = [
     Tile { rm: 4, nq: 2 },
     Tile { rm: 1, nq: 4 },
     Tile { rm: 4, nq: 4 },
-    Tile { rm: 8, nq: 2 },
+    Tile { rm: 8, nq: 4 },
 ];
 use inkling_wgpu::gpu::gemv::{kernel_encodings, GemvArgs, GpuWeights, NO_GAMMA};
 use inkling_wgpu::gpu::Gpu;
