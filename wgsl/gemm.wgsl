@@ -324,13 +324,15 @@ fn main(
     // the start of this lane's 32 columns in XS (xs_index(32 lane))
     let xl = lane * (32u * NQ + 1u);
     // generated: rows rowv{r} / srow{r} (rows past r1 repeat the last row: read, never written),
-    // slot rows xb{j}, accumulators a{r}_{q} (rows r_first + r, pairs 4 q .. 4 q + 3), x items xr{j}
+    // slot rows xb{j}, accumulators a{r}_{q} (rows r_first + r, pairs 4 q .. 4 q + 3), x items
+    // xr{j}, and the raw words raw{r} / scales sc{r} of step 0 (load_w, lane_scale)
 // @GEN:decl
     for (var k0 = 0u; k0 < prm.cols; k0 += 128u) {
-        // generated: raw{r} = load_w(..), sc{r} = lane_scale(..), XS stores of xr{j} * xscale,
+        // generated: cur{r} / csc{r} = this step's raw{r} / sc{r}, XS stores of xr{j} * xscale,
         // barrier, the next step's x loads (in flight during the FMAs), then for each octet o
-        // of the lane's columns, row r and column j: w{r}_{o} = w8(raw{r}, o, ..) and NQ FMAs
-        // a{r}_{q} += w * XS[xl + (8 o + j) * NQ + q]
+        // of the lane's columns, row r and column j: w{r}_{o} = w8(cur{r}, o, ..) and NQ FMAs
+        // a{r}_{q} += w * XS[xl + (8 o + j) * NQ + q]; after the first octets the next step's
+        // raw{r} / sc{r} (clamped inside the row past the last step)
 // @GEN:step
         workgroupBarrier();
     }

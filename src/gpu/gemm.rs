@@ -166,18 +166,24 @@ fn unrolled(body: &str, tile: Tile) -> String {
         s.push('\n');
     };
     for r in 0..rm {
-        w(&mut decl, format!(
-            "    let lrow{r} = ebase + (min(r_first + {r}u, prm.r1 - 1u) - prm.r0);\n    \
+        w(
+            &mut decl,
+            format!(
+                "    let lrow{r} = ebase + (min(r_first + {r}u, prm.r1 - 1u) - prm.r0);\n    \
              let rowv{r} = lrow{r} * prm.row_v;\n    let srow{r} = lrow{r} * prm.spr;"
-        ));
+            ),
+        );
     }
     for j in 0..xi {
         let q = 2 * j;
-        w(&mut decl, format!(
+        w(
+            &mut decl,
+            format!(
             "    let xb{j} = vec4<u32>(slot_x[4u * (q0 + {q}u)], slot_x[4u * (q0 + {q}u) + 1u], \
              slot_x[4u * (q0 + {q}u) + 2u], slot_x[4u * (q0 + {q}u) + 3u]);\n    \
              var xr{j} = load_x(xb{j}, lc);"
-        ));
+        ),
+        );
     }
     for r in 0..rm {
         for q in 0..nq {
@@ -195,25 +201,36 @@ fn unrolled(body: &str, tile: Tile) -> String {
         }
     };
     for r in 0..rm {
-        w(&mut decl, format!(
-            "    var raw{r}: array<vec4<u32>, WV>;\n    var sc{r} = 1.0;"
-        ));
+        w(
+            &mut decl,
+            format!("    var raw{r}: array<vec4<u32>, WV>;\n    var sc{r} = 1.0;"),
+        );
     }
     load(&mut decl, "0u");
     for r in 0..rm {
-        w(&mut step, format!(
-            "        let cur{r} = raw{r};\n        let csc{r} = sc{r};"
-        ));
+        w(
+            &mut step,
+            format!("        let cur{r} = raw{r};\n        let csc{r} = sc{r};"),
+        );
     }
     for j in 0..xi {
-        w(&mut step, format!(
-            "        XS[xs_index(lc) + q0 + {}u] = xr{j} * xscale;",
-            2 * j
-        ));
+        w(
+            &mut step,
+            format!(
+                "        XS[xs_index(lc) + q0 + {}u] = xr{j} * xscale;",
+                2 * j
+            ),
+        );
     }
-    w(&mut step, "        workgroupBarrier();\n        if (k0 + 128u < prm.cols) {".into());
+    w(
+        &mut step,
+        "        workgroupBarrier();\n        if (k0 + 128u < prm.cols) {".into(),
+    );
     for j in 0..xi {
-        w(&mut step, format!("            xr{j} = load_x(xb{j}, k0 + 128u + lc);"));
+        w(
+            &mut step,
+            format!("            xr{j} = load_x(xb{j}, k0 + 128u + lc);"),
+        );
     }
     w(&mut step, "        }".into());
     for o in 0..4 {
@@ -221,14 +238,21 @@ fn unrolled(body: &str, tile: Tile) -> String {
             load(&mut step, "k0 + 128u");
         }
         for r in 0..rm {
-            w(&mut step, format!(
-                "        let w{r}_{o} = w8(cur{r}, {o}u, k0 + 32u * lane + {}u, csc{r});",
-                8 * o
-            ));
+            w(
+                &mut step,
+                format!(
+                    "        let w{r}_{o} = w8(cur{r}, {o}u, k0 + 32u * lane + {}u, csc{r});",
+                    8 * o
+                ),
+            );
         }
         for j in 0..8 {
             for q in 0..nq {
-                let _ = write!(step, "        {{ let xv = XS[xl + {}u];", (8 * o + j) * nq + q);
+                let _ = write!(
+                    step,
+                    "        {{ let xv = XS[xl + {}u];",
+                    (8 * o + j) * nq + q
+                );
                 for r in 0..rm {
                     let _ = write!(
                         step,
@@ -242,11 +266,17 @@ fn unrolled(body: &str, tile: Tile) -> String {
         }
     }
     for r in 0..rm {
-        w(&mut emit, format!(
-            "    var rs{r} = 1.0;\n    if (FMT == 2u) {{\n        rs{r} = S[srow{r}];\n    }}"
-        ));
+        w(
+            &mut emit,
+            format!(
+                "    var rs{r} = 1.0;\n    if (FMT == 2u) {{\n        rs{r} = S[srow{r}];\n    }}"
+            ),
+        );
         for q in 0..nq {
-            w(&mut emit, format!("    emit(a{r}_{q}, r_first + {r}u, {q}u, rs{r}, li);"));
+            w(
+                &mut emit,
+                format!("    emit(a{r}_{q}, r_first + {r}u, {q}u, rs{r}, li);"),
+            );
         }
     }
     let mut out = body.to_string();
