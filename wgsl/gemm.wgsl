@@ -23,13 +23,17 @@
 // Then every tile holds at most BN pairs of ONE expert. Pairs with expert >= E are in no tile.
 //
 // GEMM workgroup: 256 threads = 64 row sets x 4 lanes; a row set owns RM consecutive rows, so a
-// workgroup covers BM = 64 * RM rows of one tile. The columns run in steps of 128: the x of the
-// tile's BN pairs for the step is staged in workgroup memory (zeros past `cols` and for empty
-// slots, pre-scaled for int4 as in the GEMV), then lane l of a row set reads columns
-// 32 l .. 32 l + 31 of its RM rows from global memory, decodes each weight ONCE and multiplies
-// it into the BN pairs' accumulators (RM x BN f32 per thread, as vec4 over 4 pairs); each x vec4
-// read from workgroup memory feeds RM FMAs. The 4 lanes' partial sums are added through
-// workgroup memory at the end. Each output is one f32 sum over the row in a fixed order.
+// workgroup covers BM = 64 * RM rows of one tile. Thread li is lane (li / 32) % 4 of row set
+// li % 32 + 32 (li / 128): 32 consecutive threads share a lane, so their x reads are broadcasts.
+// The columns run in steps of 128: the x of the tile's BN pairs for the step is staged in
+// workgroup memory (zeros past `cols` and for empty slots, pre-scaled for int4 as in the GEMV),
+// then lane l of a row set reads columns 32 l .. 32 l + 31 of its RM rows from global memory,
+// decodes each weight ONCE and multiplies it into the BN pairs' accumulators (RM x BN f32 per
+// thread, as vec4 over 4 pairs); each x vec4 read from workgroup memory feeds RM FMAs. The 4
+// lanes' partial sums are added through workgroup memory at the end. Each output is one f32 sum
+// over the row in a fixed order (the same for every tile). The column loop's body and the final
+// writes are generated unrolled for the tile (`// @GEN:` markers, src/gpu/gemm.rs), so that no
+// per-thread array is indexed by a loop variable.
 
 struct Params {
     rows: u32,      // O, rows per expert
@@ -154,10 +158,10 @@ fn sort_pairs(@builtin(local_invocation_index) li: u32) {
 const NONE: u32 = 0xffffffffu;
 const BM: u32 = 64u * RM;
 // the x tile: 128 columns x NQ vec4 (4 pairs each), one pad vec4 per 32 columns so that the
-// 4 lanes of a row set (32 columns apart) read 4 different bank groups
+// 4 lanes of a row set (32 columns apart) read 4 different bank groups; after the column loop
+// it holds the 256 threads' partial sums (emit; 128 NQ + 4 >= 256 for NQ >= 2)
 const XS_LEN: u32 = 128u * NQ + 4u;
 var<workgroup> XS: array<vec4<f32>, XS_LEN>;
-var<workgroup> red: array<vec4<f32>, 256>;
 // the tile's slots: x row base (NONE = empty slot), pair index, gamma
 var<workgroup> slot_x: array<u32, BN>;
 var<workgroup> slot_p: array<u32, BN>;
@@ -270,9 +274,6 @@ fn lane_scale(srow: u32, k0: u32, lane: u32) -> f32 {
     return 1.0;
 }
 
-// x items a thread stages per step: (token quad, column) pairs, NQ * 128 / 256 of them
-const XI: u32 = NQ / 2u;
-
 @compute @workgroup_size(256)
 fn main(
     @builtin(local_invocation_index) li: u32,
@@ -310,93 +311,53 @@ fn main(
     if (e == NONE) {
         return;
     }
-    let lane = li & 3u;
-    let rset = li >> 2u;
+    // the 32 threads of a subgroup-sized run share a lane (the same x addresses: broadcast
+    // reads of XS) and own 32 row sets
+    let lane = (li >> 5u) & 3u;
+    let rset = (li & 31u) | ((li >> 7u) << 5u);
     let r_first = prm.r0 + blk * BM + rset * RM;
     let ebase = (e - prm.e0) * (prm.r1 - prm.r0);
-    var rowv: array<u32, RM>;
-    var srow: array<u32, RM>;
-    for (var rr = 0u; rr < RM; rr++) {
-        // rows past r1 repeat the last row (read, never written)
-        let local_row = ebase + (min(r_first + rr, prm.r1 - 1u) - prm.r0);
-        rowv[rr] = local_row * prm.row_v;
-        srow[rr] = local_row * prm.spr;
-    }
     // this thread's x items: column lc of token quads q0 + 2 j, read from the 4 slots' rows
     let lc = li & 127u;
     let q0 = li / 128u;
     let xscale = stage_scale(lc);
-    var xb: array<vec4<u32>, XI>;
-    for (var j = 0u; j < XI; j++) {
-        let q = q0 + 2u * j;
-        xb[j] = vec4<u32>(slot_x[4u * q], slot_x[4u * q + 1u], slot_x[4u * q + 2u], slot_x[4u * q + 3u]);
-    }
-    var acc: array<vec4<f32>, RM * NQ>;
-    for (var k = 0u; k < RM * NQ; k++) {
-        acc[k] = vec4<f32>(0.0);
-    }
-    var xr: array<vec4<f32>, XI>;
-    for (var j = 0u; j < XI; j++) {
-        xr[j] = load_x(xb[j], lc);
-    }
+    // the start of this lane's 32 columns in XS (xs_index(32 lane))
+    let xl = lane * (32u * NQ + 1u);
+    // generated: rows rowv{r} / srow{r} (rows past r1 repeat the last row: read, never written),
+    // slot rows xb{j}, accumulators a{r}_{q} (rows r_first + r, pairs 4 q .. 4 q + 3), x items
+    // xr{j}, and the raw words raw{r} / scales sc{r} of step 0 (load_w, lane_scale)
+// @GEN:decl
     for (var k0 = 0u; k0 < prm.cols; k0 += 128u) {
-        var raw: array<array<vec4<u32>, WV>, RM>;
-        var sc: array<f32, RM>;
-        for (var rr = 0u; rr < RM; rr++) {
-            raw[rr] = load_w(rowv[rr], rowv[rr] + prm.row_v - 1u, k0, lane);
-            sc[rr] = lane_scale(srow[rr], k0, lane);
-        }
-        for (var j = 0u; j < XI; j++) {
-            XS[xs_index(lc) + q0 + 2u * j] = xr[j] * xscale;
-        }
-        workgroupBarrier();
-        // the next step's x, in flight during this step's FMAs
-        if (k0 + 128u < prm.cols) {
-            for (var j = 0u; j < XI; j++) {
-                xr[j] = load_x(xb[j], k0 + 128u + lc);
-            }
-        }
-        for (var o = 0u; o < 4u; o++) {
-            let lc8 = 32u * lane + 8u * o;
-            var w: array<array<vec4<f32>, 2>, RM>;
-            for (var rr = 0u; rr < RM; rr++) {
-                w[rr] = w8(raw[rr], o, k0 + lc8, sc[rr]);
-            }
-            for (var j = 0u; j < 8u; j++) {
-                let xi = xs_index(lc8 + j);
-                for (var q = 0u; q < NQ; q++) {
-                    let xv = XS[xi + q];
-                    for (var rr = 0u; rr < RM; rr++) {
-                        acc[rr * NQ + q] = fma(vec4<f32>(w[rr][j / 4u][j & 3u]), xv, acc[rr * NQ + q]);
-                    }
-                }
-            }
-        }
+        // generated: cur{r} / csc{r} = this step's raw{r} / sc{r}, XS stores of xr{j} * xscale,
+        // barrier, the next step's x loads (in flight during the FMAs), then for each octet o
+        // of the lane's columns, row r and column j: w{r}_{o} = w8(cur{r}, o, ..) and NQ FMAs
+        // a{r}_{q} += w * XS[xl + (8 o + j) * NQ + q]; after the first octets the next step's
+        // raw{r} / sc{r} (clamped inside the row past the last step)
+// @GEN:step
         workgroupBarrier();
     }
-    // add the 4 lanes' partial sums; round (rr, q) is written by lane q % 4
-    for (var rr = 0u; rr < RM; rr++) {
-        let r = r_first + rr;
-        var rs = 1.0;
-        if (FMT == 2u) {
-            rs = S[srow[rr]];
-        }
-        for (var q = 0u; q < NQ; q++) {
-            red[li] = acc[rr * NQ + q];
-            workgroupBarrier();
-            if (lane == (q & 3u) && r < prm.r1) {
-                let b = rset * 4u;
-                let sum = ((red[b] + red[b + 1u]) + (red[b + 2u] + red[b + 3u])) * rs;
-                for (var n = 0u; n < 4u; n++) {
-                    let slot = 4u * q + n;
-                    if (slot_x[slot] != NONE) {
-                        Y[slot_p[slot] * prm.y_stride + prm.y_offset + r] = sum[n] * slot_g[slot];
-                    }
-                }
+    // generated: emit(a{r}_{q}, ..) for every (r, q)
+// @GEN:emit
+}
+
+// Add the 4 lanes' partial sums of accumulator (row r, quad q) through XS and write them:
+// lane q % 4 of each row set writes its row r (scaled by the int4 row scale `rs`) for the
+// quad's live slots. Called by every thread in uniform control flow.
+fn emit(acc: vec4<f32>, r: u32, q: u32, rs: f32, li: u32) {
+    XS[li] = acc;
+    workgroupBarrier();
+    let lane = (li >> 5u) & 3u;
+    if (lane == (q & 3u) && r < prm.r1) {
+        let b = li & ~96u;
+        let sum = ((XS[b] + XS[b + 32u]) + (XS[b + 64u] + XS[b + 96u])) * rs;
+        for (var n = 0u; n < 4u; n++) {
+            let slot = 4u * q + n;
+            if (slot_x[slot] != NONE) {
+                Y[slot_p[slot] * prm.y_stride + prm.y_offset + r] = sum[n] * slot_g[slot];
             }
-            workgroupBarrier();
         }
     }
+    workgroupBarrier();
 }
 
 // x at column c of the rows starting at `b` (4 slots; NONE = empty slot), zero past `cols`.

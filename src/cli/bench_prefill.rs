@@ -11,6 +11,7 @@
 //! on two models built the same way: GEMV only (the engine before the prefill GEMM) and with
 //! the GEMM ([`crate::gpu::gemm`]).
 use super::output::outln;
+use crate::gpu::gemm::Tile;
 use crate::gpu::Gpu;
 use crate::model::gpu::DEFAULT_MAX_CHUNK;
 use crate::model::{Checkpoint, GpuModel, GpuModelOptions, Weights};
@@ -36,6 +37,10 @@ pub struct PrefillArgs {
     /// Also time every length with the GEMV only (a second model), for a before/after table.
     #[arg(long)]
     pub compare: bool,
+    /// GEMM tiles RMxBN for the automatic choice, comma-separated, one model each (default: the
+    /// selection's own; RM in 1, 2, 4, 8 and BN in 8, 16).
+    #[arg(long, value_delimiter = ',')]
+    pub tiles: Vec<String>,
     /// Print one JSON object on stdout (the table goes to stderr).
     #[arg(long)]
     pub json: bool,
@@ -97,17 +102,33 @@ pub fn run(a: PrefillArgs) -> anyhow::Result<ExitCode> {
         "{:<6} {:>6} {:>6} {:>10} {:>12}",
         "kernel", "chunk", "prompt", "TTFT ms", "prefill tok/s"
     ))?;
-    let modes: &[bool] = if a.compare { &[false, true] } else { &[true] };
+    let tiles = a
+        .tiles
+        .iter()
+        .map(|s| super::bench_gemm::parse_tile(s).map(Some))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let tiles = if tiles.is_empty() { vec![None] } else { tiles };
+    // (GEMM on, tile override)
+    let mut modes: Vec<(bool, Option<Tile>)> = Vec::new();
+    if a.compare {
+        modes.push((false, None));
+    }
+    modes.extend(tiles.iter().map(|&t| (true, t)));
     let mut results = Vec::new();
-    for &gemm in modes {
+    for &(gemm, tile) in &modes {
         crate::gpu::gemm::set_auto_enabled(gemm);
+        crate::gpu::gemm::set_auto_tile(tile);
         let opts = GpuModelOptions {
             max_chunk,
             ..GpuModelOptions::new(max_n + 1)
         };
         let mut m = GpuModel::new(&gpu, &w, opts)
             .with_context(|| format!("building the GPU model on {}", gpu.describe()))?;
-        let kernel = if gemm { "gemm" } else { "gemv" };
+        let kernel = match (gemm, tile) {
+            (false, _) => "gemv".to_string(),
+            (true, None) => "gemm".to_string(),
+            (true, Some(t)) => format!("{}x{}", t.rm, t.pairs()),
+        };
         for &c in &chunks {
             for &n in &a.prompt {
                 let ids = prompt_ids(n, width);
@@ -130,6 +151,7 @@ pub fn run(a: PrefillArgs) -> anyhow::Result<ExitCode> {
         }
     }
     crate::gpu::gemm::set_auto_enabled(true);
+    crate::gpu::gemm::set_auto_tile(None);
     if a.json {
         let doc = serde_json::json!({
             "adapter": gpu.describe(), "model": dir.display().to_string(),

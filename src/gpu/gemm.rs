@@ -15,9 +15,12 @@
 //! pairs for the step are staged in workgroup memory (BN × 128 f32, padded against bank
 //! conflicts), then each lane decodes 32 columns of its RM rows straight from global memory, once
 //! per weight, and adds each weight times the BN staged x values into its RM × BN accumulators
-//! (vec4 over 4 pairs: every x vec4 read from workgroup memory feeds RM FMAs). The 4 lanes of a
-//! row set add their partial sums through workgroup memory at the end. Workgroup memory:
-//! 16·(128·NQ + 4) + 4096 bytes, at most 12.3 KiB (within WebGPU's default 16 KiB).
+//! (vec4 over 4 pairs: every x vec4 read from workgroup memory feeds RM FMAs; 32 consecutive
+//! threads share a lane, so those reads are broadcasts). The 4 lanes of a row set add their
+//! partial sums through the same workgroup memory at the end. The column loop's body is
+//! generated unrolled for the tile ([`wgsl_source`]), so the accumulators stay in registers.
+//! Workgroup memory: 16·(128·NQ + 4) + 12·BN + 4 bytes, at most 8.5 KiB (within WebGPU's
+//! default 16 KiB). RM is 1, 2, 4 or 8 and NQ 2 or 4.
 //!
 //! # Grouping by expert
 //! A one-expert slab (dense linears) tiles the pairs in order: tile s holds pairs s·BN .. s·BN +
@@ -56,11 +59,10 @@ pub const MIN_PAIRS_PER_EXPERT: u32 = 4;
 /// larger slabs keep the GEMV.
 pub const EMAX: u32 = 1024;
 
-/// Every tile [`select`] picks: 128 rows × 8 pairs. Measured on an H200 (BENCHMARKS.md, `bench
-/// gemm`): 128 × 8 ran 18–24 TFLOP/s in every format; 128 × 16 ran 2 TFLOP/s and 256 × 8 did in
-/// int4, so the driver's compiler is taken to keep the accumulators of those instantiations out
-/// of registers. [`GemmChoice::Always`] builds any RM in 1, 2, 4 and BN in 8, 16.
-pub const TILES: [Tile; 1] = [Tile { rm: 2, nq: 2 }];
+/// Every tile [`select`] picks: 256 rows × 16 pairs, the fastest prefill of the full-depth
+/// probe on an H200 among those measured (BENCHMARKS.md, *Prefill at full depth*).
+/// [`GemmChoice::Always`] builds any [`Tile::buildable`] tile.
+pub const TILES: [Tile; 1] = [Tile { rm: 4, nq: 4 }];
 
 /// Whether `enc` has a GEMM kernel: f32, bf16, int4 and int4-grouped. int3-g64 keeps the GEMV:
 /// the GEMM's int3 decode reads the FORMATS.md bit order, not the GPU order of
@@ -80,6 +82,15 @@ static AUTO_ENABLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBo
 /// from now on.
 pub fn set_auto_enabled(on: bool) {
     AUTO_ENABLED.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Benchmark-only override of the tile [`GemmChoice::Auto`] picks (`None`: [`TILES`]`[0]`).
+static AUTO_TILE: std::sync::Mutex<Option<Tile>> = std::sync::Mutex::new(None);
+
+/// Make [`GemmChoice::Auto`] pick `tile` (`None`: the selection's own) for calls built from now
+/// on (`bench prefill --tiles`).
+pub fn set_auto_tile(tile: Option<Tile>) {
+    *AUTO_TILE.lock().unwrap_or_else(|e| e.into_inner()) = tile;
 }
 
 /// The tile to run `args` over `weights` as a GEMM, or `None` to keep the GEMV (rules in the
@@ -112,7 +123,8 @@ pub fn select(weights: &GpuWeights, args: &GemvArgs<'_>) -> Option<Tile> {
     if per_expert < MIN_PAIRS_PER_EXPERT {
         return None;
     }
-    Some(TILES[0])
+    let forced = *AUTO_TILE.lock().unwrap_or_else(|e| e.into_inner());
+    Some(forced.unwrap_or(TILES[0]))
 }
 
 /// The WGSL of one instantiation: the generated prelude, then the GEMM (`sort` false, entry
@@ -131,7 +143,154 @@ pub fn wgsl_source(enc: Encoding, tile: Tile, sort: bool) -> String {
         tile.nq,
         tile.pairs(),
     );
-    out.push_str(&kernel::preprocess(GEMM_WGSL, &[("SORT", sort)]));
+    let body = kernel::preprocess(GEMM_WGSL, &[("SORT", sort)]);
+    if sort {
+        out.push_str(&body);
+    } else {
+        out.push_str(&unrolled(&body, tile));
+    }
+    out
+}
+
+/// Octets (8 columns of a lane) of a column step computed before the next step's weights are
+/// loaded.
+const PREFETCH_AFTER: u32 = 2;
+
+/// The GEMM body with its `// @GEN:` markers replaced by code unrolled for `tile`: every
+/// per-thread array index is a constant, so each accumulator, raw word and decoded weight is a
+/// named value the driver's compiler keeps in registers (loops over per-thread arrays were
+/// compiled to memory for some tiles).
+fn unrolled(body: &str, tile: Tile) -> String {
+    use std::fmt::Write as _;
+    let (rm, nq) = (tile.rm, tile.nq);
+    let xi = nq / 2;
+    let mut decl = String::new();
+    let mut step = String::new();
+    let mut emit = String::new();
+    let w = |s: &mut String, line: String| {
+        s.push_str(&line);
+        s.push('\n');
+    };
+    for r in 0..rm {
+        w(
+            &mut decl,
+            format!(
+                "    let lrow{r} = ebase + (min(r_first + {r}u, prm.r1 - 1u) - prm.r0);\n    \
+             let rowv{r} = lrow{r} * prm.row_v;\n    let srow{r} = lrow{r} * prm.spr;"
+            ),
+        );
+    }
+    for j in 0..xi {
+        let q = 2 * j;
+        w(
+            &mut decl,
+            format!(
+            "    let xb{j} = vec4<u32>(slot_x[4u * (q0 + {q}u)], slot_x[4u * (q0 + {q}u) + 1u], \
+             slot_x[4u * (q0 + {q}u) + 2u], slot_x[4u * (q0 + {q}u) + 3u]);\n    \
+             var xr{j} = load_x(xb{j}, lc);"
+        ),
+        );
+    }
+    for r in 0..rm {
+        for q in 0..nq {
+            w(&mut decl, format!("    var a{r}_{q} = vec4<f32>(0.0);"));
+        }
+    }
+    // the raw words and scales of step k0 are loaded during step k0 - 128 (after its first
+    // PREFETCH_AFTER octets, whose words are dead by then), so their latency hides behind FMAs
+    let load = |s: &mut String, k: &str| {
+        for r in 0..rm {
+            s.push_str(&format!(
+                "    raw{r} = load_w(rowv{r}, rowv{r} + prm.row_v - 1u, {k}, lane);\n    \
+                 sc{r} = lane_scale(srow{r}, {k}, lane);\n"
+            ));
+        }
+    };
+    for r in 0..rm {
+        w(
+            &mut decl,
+            format!("    var raw{r}: array<vec4<u32>, WV>;\n    var sc{r} = 1.0;"),
+        );
+    }
+    load(&mut decl, "0u");
+    for r in 0..rm {
+        w(
+            &mut step,
+            format!("        let cur{r} = raw{r};\n        let csc{r} = sc{r};"),
+        );
+    }
+    for j in 0..xi {
+        w(
+            &mut step,
+            format!(
+                "        XS[xs_index(lc) + q0 + {}u] = xr{j} * xscale;",
+                2 * j
+            ),
+        );
+    }
+    w(
+        &mut step,
+        "        workgroupBarrier();\n        if (k0 + 128u < prm.cols) {".into(),
+    );
+    for j in 0..xi {
+        w(
+            &mut step,
+            format!("            xr{j} = load_x(xb{j}, k0 + 128u + lc);"),
+        );
+    }
+    w(&mut step, "        }".into());
+    for o in 0..4 {
+        if o == PREFETCH_AFTER {
+            load(&mut step, "k0 + 128u");
+        }
+        for r in 0..rm {
+            w(
+                &mut step,
+                format!(
+                    "        let w{r}_{o} = w8(cur{r}, {o}u, k0 + 32u * lane + {}u, csc{r});",
+                    8 * o
+                ),
+            );
+        }
+        for j in 0..8 {
+            for q in 0..nq {
+                let _ = write!(
+                    step,
+                    "        {{ let xv = XS[xl + {}u];",
+                    (8 * o + j) * nq + q
+                );
+                for r in 0..rm {
+                    let _ = write!(
+                        step,
+                        " a{r}_{q} = fma(vec4<f32>(w{r}_{o}[{}][{}]), xv, a{r}_{q});",
+                        j / 4,
+                        j % 4
+                    );
+                }
+                step.push_str(" }\n");
+            }
+        }
+    }
+    for r in 0..rm {
+        w(
+            &mut emit,
+            format!(
+                "    var rs{r} = 1.0;\n    if (FMT == 2u) {{\n        rs{r} = S[srow{r}];\n    }}"
+            ),
+        );
+        for q in 0..nq {
+            w(
+                &mut emit,
+                format!("    emit(a{r}_{q}, r_first + {r}u, {q}u, rs{r}, li);"),
+            );
+        }
+    }
+    let mut out = body.to_string();
+    for (mark, code) in [("decl", decl), ("step", step), ("emit", emit)] {
+        let m = format!("// @GEN:{mark}\n");
+        assert!(out.contains(&m), "wgsl/gemm.wgsl lacks {m}");
+        out = out.replace(&m, &code);
+    }
     out
 }
 
@@ -242,7 +401,7 @@ pub fn kernels() -> Vec<KernelSpec> {
 
 /// Workgroup-memory bytes of the GEMM with `tile` (x tile, reduction buffer, slot table).
 pub fn workgroup_bytes(tile: Tile) -> u64 {
-    16 * (128 * tile.nq as u64 + 4) + 16 * 256 + 12 * tile.pairs() as u64 + 4
+    16 * (128 * tile.nq as u64 + 4) + 12 * tile.pairs() as u64 + 4
 }
 
 impl GpuWeights {
@@ -266,7 +425,8 @@ impl GpuWeights {
 /// scratch and the absent-gamma placeholder are owned by the call. The caller
 /// ([`GpuWeights::bind`]) has checked `args` ([`GpuWeights::check_args`]).
 /// [`DispatchError::Shape`] for 0 pairs, more than [`EMAX`] experts, a format without a GEMM
-/// kernel, an x prologue ([`crate::gpu::gemv::XPrologue`]) or more than 65535² workgroups.
+/// kernel, an x prologue ([`crate::gpu::gemv::XPrologue`]), a tile the kernel cannot build
+/// ([`Tile::buildable`]) or more than 65535² workgroups.
 pub fn bind(
     gpu: &Gpu,
     weights: &GpuWeights,
@@ -282,10 +442,10 @@ pub fn bind(
             "the GEMM stages no x prologue (the GEMV does)".into(),
         ));
     }
-    if np == 0 || experts > EMAX || !supported(enc) {
+    if np == 0 || experts > EMAX || !supported(enc) || !tile.buildable() {
         return Err(DispatchError::Shape(format!(
-            "GEMM over {np} pairs and {experts} experts of {} (needs ≥ 1 pair, ≤ {EMAX} experts, \
-             a GEMM format)",
+            "GEMM over {np} pairs and {experts} experts of {} with tile {tile:?} (needs ≥ 1 pair, \
+             ≤ {EMAX} experts, a GEMM format, RM in 1, 2, 4, 8 and NQ in 2, 4)",
             enc.spelling()
         )));
     }

@@ -20,6 +20,11 @@ impl Tile {
     pub fn pairs(self) -> u32 {
         4 * self.nq
     }
+    /// Whether the GEMM kernel can be instantiated with this tile: RM in 1, 2, 4, 8 and NQ in
+    /// 2, 4 (its x staging needs an even NQ; workgroup memory bounds NQ).
+    pub fn buildable(self) -> bool {
+        matches!(self.rm, 1 | 2 | 4 | 8) && matches!(self.nq, 2 | 4)
+    }
 }
 
 /// Whether a GEMV call (`GemvArgs::gemm`) may run as a GEMM.

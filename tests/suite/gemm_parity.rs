@@ -9,11 +9,13 @@ use inkling_wgpu::formats::{quantize, Encoding, QMatrix};
 use inkling_wgpu::gpu::gemm::{self, GemmChoice, Tile, TILES};
 
 /// The selectable tiles and the others `GemmChoice::Always` builds (benchmarks).
-const ALL_TILES: [Tile; 4] = [
+const ALL_TILES: [Tile; 6] = [
     Tile { rm: 2, nq: 2 },
     Tile { rm: 2, nq: 4 },
     Tile { rm: 4, nq: 2 },
     Tile { rm: 1, nq: 4 },
+    Tile { rm: 4, nq: 4 },
+    Tile { rm: 8, nq: 4 },
 ];
 use inkling_wgpu::gpu::gemv::{kernel_encodings, GemvArgs, GpuWeights, NO_GAMMA};
 use inkling_wgpu::gpu::Gpu;
@@ -347,7 +349,7 @@ fn more_workgroups_than_one_grid_dimension() {
         y_stride: o,
         y_offset: 0,
     };
-    let tile = TILES[0];
+    let tile = Tile { rm: 1, nq: 2 };
     assert!(t.div_ceil(tile.pairs() as usize) > 65_535);
     let (y, ran) = run(&gpu, &w, &pr, GemmChoice::Always(tile));
     assert!(ran);
