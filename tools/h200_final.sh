@@ -5,9 +5,10 @@
 #   kernels    bench copy, bench kernels --json, and llama.cpp's Vulkan peer (../shared/peers/llamacpp, carried in
 #              .dev/final/peer) on the same GPU: mm-cold mmid-cold
 #   small42    synth --preset inkling-small --layers 42 --experts int4-g64 --routed-experts 6, then bench decode
-#              --per-op --json, bench decode --separate-prologues, bench prefill --prompt 512,2048 (default chunk and 512), container removed
+#              --per-op --json, bench decode --gemv-prologues silu and norm,silu, bench prefill --prompt 512,2048 (default chunk 512), container removed
 #   inkling66  the same for synth --preset inkling --layers 66 (decode only)
-# Every output goes to $OUT; containers go to /dev/shm (the 64 GB disk takes writes at about 1.2 GB/s).
+# (BENCHMARKS.md's figures came from commit 5a9e6b8, whose default was the folded prologues and whose
+# --separate-prologues flag gave today's default.) Every output goes to $OUT; containers go to /dev/shm (the 64 GB disk takes writes at about 1.2 GB/s).
 set -uo pipefail
 for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig >/dev/null 2>&1
 export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json WGPU_BACKEND=vulkan NODEVICE_SELECT=1
@@ -44,10 +45,12 @@ for step in "$@"; do
       $BIN bench decode --model "$D" --tokens 64 --per-op --json --peak-gbs "$peak" \
         > "$OUT/decode-$step.json" 2> "$OUT/decode-$step.txt"; echo "decode rc=$?"
       cat "$OUT/decode-$step.txt"; summary "$OUT/decode-$step.json"
-      # the same probe with the norms and silu·up as kernels of their own
-      $BIN bench decode --model "$D" --tokens 64 --json --peak-gbs "$peak" --separate-prologues \
-        > "$OUT/decode-$step-separate.json" 2>/dev/null; echo "decode --separate-prologues rc=$?"
-      summary "$OUT/decode-$step-separate.json"
+      # the same probe with silu·up, then also the RMSNorms, folded into the GEMVs' x staging
+      for kinds in silu norm,silu; do
+        $BIN bench decode --model "$D" --tokens 64 --json --peak-gbs "$peak" --gemv-prologues $kinds \
+          > "$OUT/decode-$step-prologues-$kinds.json" 2>/dev/null; echo "decode --gemv-prologues $kinds rc=$?"
+        summary "$OUT/decode-$step-prologues-$kinds.json"
+      done
       if [ $step = small42 ]; then
         $BIN bench prefill --model "$D" --prompt 512,2048 --repeat 2 --json > "$OUT/prefill-$step.json" \
           2> "$OUT/prefill-$step.txt"; echo "prefill rc=$?"

@@ -507,7 +507,7 @@ fn fused_residual_chains_save_the_dispatches_they_replace() {
             .map(|fuse| {
                 let mut m = GpuModel::new(&gpu, &w, GpuModelOptions::new(MAX_SEQ)).unwrap();
                 m.set_fuse_residual(fuse);
-                m.set_gemv_prologues(false);
+                m.set_gemv_prologues(false, false);
                 assert_eq!(m.dispatches_per_step(), None);
                 m.forward_greedy(&[id]).unwrap();
                 m.dispatches_per_step().unwrap()

@@ -13,7 +13,8 @@
 //! dispatch for a one-token step, a prologue plus the attention for longer chunks.
 //!
 //! One-token steps fold two kinds of elementwise kernels into the x staging of the GEMVs that
-//! read their output ([`crate::gpu::gemv::XPrologue`]; off with `separate_prologues`): the input
+//! read their output with `norm_prologues` / `silu_prologues` ([`crate::gpu::gemv::XPrologue`]; off
+//! by default): the input
 //! and post-attention RMSNorms into the GEMVs that read the normed `h` (q/k/v/r; router, shared
 //! and routed gate_up or the dense gate_up), and silu·up into the down GEMVs, which then read
 //! `gu` itself. A norm a fused residual already wrote, and the post-attention norm of a layer
@@ -168,17 +169,18 @@ pub(super) fn at_layer(mut c: Call, layer: usize) -> Call {
     c
 }
 
-/// Which fused kernels a step uses (by default the fused attention and the GEMV x prologues, not
-/// the fused residual).
+/// Which fused kernels a step uses (by default the fused attention only).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Fusions {
     /// The residual chains of one-token steps as [`SconvRmsNorm`] dispatches.
     pub residual: bool,
     /// The attention after the projections as [`FusedAttention`] (every chunk size).
     pub attention: bool,
-    /// One-token steps run their RMSNorms and silu·up as kernels of their own instead of as
-    /// GEMV x prologues.
-    pub separate_prologues: bool,
+    /// One-token steps fold their RMSNorms into the GEMVs after them (x prologues) instead of
+    /// running them as kernels of their own.
+    pub norm_prologues: bool,
+    /// One-token steps fold silu·up into the down GEMVs (x prologues).
+    pub silu_prologues: bool,
 }
 
 impl Default for Fusions {
@@ -186,7 +188,8 @@ impl Default for Fusions {
         Fusions {
             residual: false,
             attention: true,
-            separate_prologues: false,
+            norm_prologues: false,
+            silu_prologues: false,
         }
     }
 }
@@ -210,7 +213,8 @@ pub(super) fn build_step(
         head: key.head,
         fuse: key.tokens == 1 && fusions.residual,
         fuse_attention: fusions.attention,
-        prologues: key.tokens == 1 && !fusions.separate_prologues,
+        norm_prologues: key.tokens == 1 && fusions.norm_prologues,
+        silu_prologues: key.tokens == 1 && fusions.silu_prologues,
     };
     let mut blocks = vec![r.embedding(key.chained)?];
     for li in 0..res.layers.len() {
@@ -317,8 +321,10 @@ struct Recipe<'a> {
     fuse: bool,
     /// Run the attention after the projections as [`FusedAttention`].
     fuse_attention: bool,
-    /// Fold the RMSNorms and silu·up into the GEMVs after them (one-token steps).
-    prologues: bool,
+    /// Fold the RMSNorms into the GEMVs after them (one-token steps with `norm_prologues`).
+    norm_prologues: bool,
+    /// Fold silu·up into the down GEMVs (one-token steps with `silu_prologues`).
+    silu_prologues: bool,
 }
 
 impl Recipe<'_> {
@@ -401,7 +407,7 @@ impl Recipe<'_> {
             gu: &a.gu,
             act: &a.act,
             y: &a.m,
-            silu_prologue: self.prologues,
+            silu_prologue: self.silu_prologues,
         };
         for c in ffn_calls(gpu, ffn, *inter, io, ["dense gate_up", "dense down"])? {
             b.push(c);
@@ -478,7 +484,7 @@ impl Recipe<'_> {
                 gu: &a.gu,
                 act: &a.act,
                 y: &a.y_shared,
-                silu_prologue: self.prologues,
+                silu_prologue: self.silu_prologues,
             };
             let ops = ["shared gate_up", "shared down"];
             for c in ffn_calls(gpu, sh, *inter, io, ops)? {
@@ -496,7 +502,7 @@ impl Recipe<'_> {
                     gu: &a.gu,
                     act: &a.act,
                     y: &a.y_routed,
-                    silu_prologue: self.prologues,
+                    silu_prologue: self.silu_prologues,
                 };
                 let ops = ["routed gate_up", "routed down"];
                 for c in ffn_calls(gpu, routed, *inter, io, ops)? {
@@ -639,7 +645,7 @@ impl Recipe<'_> {
     }
 
     /// The normed `h` (norm `weight`) that GEMVs read: `xn` when `written` already, `h` under the
-    /// norm prologue with prologues, else `xn` after the RMSNorm kernel pushed onto `b`.
+    /// norm prologue with `norm_prologues`, else `xn` after the RMSNorm kernel pushed onto `b`.
     fn normed<'b>(
         &'b self,
         b: &mut Block,
@@ -650,7 +656,7 @@ impl Recipe<'_> {
         if written {
             return Ok(NormedX::plain(&a.xn));
         }
-        if self.prologues {
+        if self.norm_prologues {
             return Ok(NormedX {
                 x: &a.h,
                 norm: Some((weight, self.eps)),
@@ -661,12 +667,12 @@ impl Recipe<'_> {
     }
 
     /// Whether layer `li`'s post-attention norm is left to the MLP's GEMVs: one-token steps
-    /// with prologues, unless a fused residual writes it anyway or the routed experts stream
+    /// with `norm_prologues`, unless a fused residual writes it anyway or the routed experts stream
     /// (their host-run calls and CPU fallback read `xn`).
     fn fold_post_norm(&self, li: usize) -> bool {
         let streamed =
             matches!(&self.res.layers[li].mlp, ResidentMlp::Moe(m) if m.routed.is_none());
-        self.prologues && !self.fuse && !streamed
+        self.norm_prologues && !self.fuse && !streamed
     }
 
     /// The input of layer `li`'s MLP: `xn`, or `h` under the post-attention norm prologue.
