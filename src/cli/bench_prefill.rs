@@ -79,6 +79,12 @@ pub fn run(a: PrefillArgs) -> anyhow::Result<ExitCode> {
         a.chunk.clone()
     };
     ensure!(chunks.iter().all(|&c| c >= 1), "--chunk must be at least 1");
+    let tiles = a
+        .tiles
+        .iter()
+        .map(|s| super::bench_gemm::parse_tile(s).map(Some))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let tiles = if tiles.is_empty() { vec![None] } else { tiles };
     let dir = match &a.model {
         Some(d) => d.clone(),
         None => crate::bundled::materialize()?,
@@ -102,12 +108,6 @@ pub fn run(a: PrefillArgs) -> anyhow::Result<ExitCode> {
         "{:<6} {:>6} {:>6} {:>10} {:>12}",
         "kernel", "chunk", "prompt", "TTFT ms", "prefill tok/s"
     ))?;
-    let tiles = a
-        .tiles
-        .iter()
-        .map(|s| super::bench_gemm::parse_tile(s).map(Some))
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let tiles = if tiles.is_empty() { vec![None] } else { tiles };
     // (GEMM on, tile override)
     let mut modes: Vec<(bool, Option<Tile>)> = Vec::new();
     if a.compare {
