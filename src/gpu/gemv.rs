@@ -226,15 +226,7 @@ pub fn candidates(f: Format) -> &'static [Tuning] {
     const fn t(tpr: u32, rpt: u32) -> Tuning {
         Tuning { tpr, rpt }
     }
-    const GENERIC: &[Tuning] = &[
-        t(16, 4),
-        t(32, 4),
-        t(32, 2),
-        t(32, 1),
-        t(64, 1),
-        t(128, 1),
-        t(256, 1),
-    ];
+    // the int4 family's list: 8x4 first, then the generic one
     const INT4: &[Tuning] = &[
         t(8, 4),
         t(16, 4),
@@ -245,6 +237,7 @@ pub fn candidates(f: Format) -> &'static [Tuning] {
         t(128, 1),
         t(256, 1),
     ];
+    const GENERIC: &[Tuning] = INT4.split_at(1).1;
     const INT3: &[Tuning] = &[t(32, 1), t(64, 1), t(128, 1), t(256, 1)];
     match f {
         Format::Int4 | Format::Int4Grouped => INT4,

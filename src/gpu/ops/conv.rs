@@ -70,6 +70,14 @@ impl Kernel for ConvKey {
     }
 }
 
+/// Panics unless the short-conv kernel size `k` is one conv.wgsl handles (1..=8, its MAX_K).
+pub(super) fn assert_kernel_size(k: u32) {
+    assert!(
+        (1..=8).contains(&k),
+        "short conv kernel size {k} not in 1..=8"
+    );
+}
+
 /// The three kernels of conv.wgsl (single, pair, combine).
 pub(crate) fn kernels() -> Vec<KernelSpec> {
     [(false, false), (true, false), (false, true)]
@@ -121,21 +129,29 @@ impl ShortConvKernel {
         self.bind_sets(gpu, &[a, b])
     }
 
+    /// The weights `[C, K]`, the state `[K−1, C]` and the output `[T, C]` of one convolution hold
+    /// this shape.
+    fn need_conv(
+        &self,
+        w: &wgpu::Buffer,
+        state: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+    ) -> Result<(), BufferTooSmall> {
+        let (t, c, k) = (self.tokens as u64, self.channels as u64, self.kernel as u64);
+        need(w, c * k, "short_conv w")?;
+        need(state, (k - 1) * c, "short_conv state")?;
+        need(y, t * c, "short_conv y")
+    }
+
     /// One convolution per `(x, w, state, y)` set (one or two) in one dispatch.
     fn bind_sets(&self, gpu: &Gpu, sets: &[[&wgpu::Buffer; 4]]) -> Result<Call, BufferTooSmall> {
-        assert!(
-            (1..=8).contains(&self.kernel),
-            "short conv kernel size {} not in 1..=8",
-            self.kernel
-        );
+        assert_kernel_size(self.kernel);
         let paired = sets.len() == 2;
         assert!(sets.len() == 1 || paired, "one or two convolutions");
         let (t, c) = (self.tokens as u64, self.channels as u64);
         for [x, w, state, y] in sets {
             need(x, t * c, "short_conv x")?;
-            need(w, c * self.kernel as u64, "short_conv w")?;
-            need(state, (self.kernel as u64 - 1) * c, "short_conv state")?;
-            need(y, t * c, "short_conv y")?;
+            self.need_conv(w, state, y)?;
         }
         let mut entries = Vec::new();
         for (k, set) in sets.iter().enumerate() {
@@ -180,11 +196,7 @@ impl ShortConvKernel {
         state: &wgpu::Buffer,
         y: &wgpu::Buffer,
     ) -> Result<Call, BufferTooSmall> {
-        assert!(
-            (1..=8).contains(&self.kernel),
-            "short conv kernel size {} not in 1..=8",
-            self.kernel
-        );
+        assert_kernel_size(self.kernel);
         let none = dummy(gpu);
         let (ys, sg, ns) = shared.unwrap_or((&none, &none, 0));
         let (t, c, kk, nsu) = (
@@ -197,9 +209,7 @@ impl ShortConvKernel {
         need(gammas, t * kk, "moe_combine+short_conv gammas")?;
         need(ys, t * nsu * c, "moe_combine+short_conv shared rows")?;
         need(sg, t * nsu, "moe_combine+short_conv shared gammas")?;
-        need(w, c * self.kernel as u64, "short_conv w")?;
-        need(state, (self.kernel as u64 - 1) * c, "short_conv state")?;
-        need(y, t * c, "short_conv y")?;
+        self.need_conv(w, state, y)?;
         let params = ConvParams {
             t: self.tokens,
             c: self.channels,

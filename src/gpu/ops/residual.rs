@@ -127,11 +127,7 @@ impl SconvRmsNorm {
         norm_w: &wgpu::Buffer,
         y: &wgpu::Buffer,
     ) -> Result<Call, BufferTooSmall> {
-        assert!(
-            (1..=8).contains(&self.kernel),
-            "short conv kernel size {} not in 1..=8",
-            self.kernel
-        );
+        super::conv::assert_kernel_size(self.kernel);
         assert!(self.channels > 0, "sconv+rms_norm: no channels");
         let c = self.channels as u64;
         let vec4 = self.channels.is_multiple_of(4);
