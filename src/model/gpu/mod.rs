@@ -560,10 +560,11 @@ impl<'w> GpuModel<'w> {
             .iter()
             .find(|&&id| id as usize >= self.cfg.vocab_size)
         {
-            bail!(
-                "token id {id} is outside the vocabulary (vocab_size {})",
-                self.cfg.vocab_size
-            );
+            return Err(super::ModelError::TokenOutOfRange {
+                id,
+                vocab: self.cfg.vocab_size,
+            }
+            .into());
         }
         ensure!(
             self.pos + tokens.len() <= self.max_seq,
