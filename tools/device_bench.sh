@@ -56,9 +56,12 @@ elif [ "${1:-}" = --dry-run ]; then DRY=1; MODE=run; shift
 else MODE=run; fi
 
 # the device machine's Vulkan loader (the .debs carried in .gl) and the NVIDIA ICD
+# (elsewhere, with no .gl and no ICD there, the system's Vulkan is used as it is)
 if [ "$MODE" = run ] && [ "$DRY" = 0 ]; then
-  for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
-  export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json WGPU_BACKEND=vulkan NODEVICE_SELECT=1
+  if ls .gl/*.deb >/dev/null 2>&1; then for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig; fi
+  ICD=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+  [ -f "$ICD" ] && export VK_DRIVER_FILES=$ICD
+  export WGPU_BACKEND=vulkan NODEVICE_SELECT=1
 fi
 
 # summary KIND FILE [LABEL]: one line from one output file of the binaries (or of the peers)

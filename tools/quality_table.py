@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The quantisation quality table (BENCHMARKS.md): perplexity, mean KL divergence to the full-precision
+"""The quantisation quality table (BENCHMARKS.md#quantisation-quality): perplexity, mean KL divergence to the full-precision
 model and top-1 agreement with it, per weight format and scale rule, on a held-out text.
 
 Only the standard library; it drives the release binary:

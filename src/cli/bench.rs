@@ -343,7 +343,7 @@ fn kernels(a: KernelArgs) -> anyhow::Result<ExitCode> {
 /// (`wgsl/copy.wgsl`, vec4<u32> loads and stores). Both count bytes read + written (2× the bytes
 /// copied), as PyTorch reports a copy. The ceiling other figures are compared with is the higher
 /// of the two: on NVIDIA's Vulkan driver `copy_buffer_to_buffer` runs far below the memory's speed
-/// (see BENCHMARKS.md, section *Copy bandwidth*).
+/// (BENCHMARKS.md#copy-ceiling).
 fn copy(a: CopyArgs) -> anyhow::Result<ExitCode> {
     let gpu = Gpu::new()?;
     let mib = a.mib.unwrap_or(if gpu.is_cpu() { 64 } else { 1024 });

@@ -233,9 +233,8 @@ pub fn run(a: DecodeArgs) -> anyhow::Result<ExitCode> {
     let has = |k| a.gemv_prologues.contains(&k);
     m.set_gemv_prologues(has(PrologueKind::Norm), has(PrologueKind::Silu));
 
-    // Warm-up (pipelines, recorded steps, and the GPU's clocks: see BENCHMARKS.md, section
-    // *Decode: `bench decode` on a synthetic Inkling-Small, 4 layers*), then the timed run, then
-    // the profiled run.
+    // Warm-up (pipelines, recorded steps, and the GPU's clocks: BENCHMARKS.md#decision-warm-up),
+    // then the timed run, then the profiled run.
     let warm = Instant::now();
     while warm.elapsed().as_secs_f64() < WARMUP_S {
         probe(&mut m, &prompt, a.tokens)?;

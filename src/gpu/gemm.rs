@@ -60,7 +60,7 @@ pub const MIN_PAIRS_PER_EXPERT: u32 = 4;
 pub const EMAX: u32 = 1024;
 
 /// Every tile [`select`] picks: 256 rows × 16 pairs, the fastest prefill of the full-depth
-/// probe on an H200 among those measured (BENCHMARKS.md, *Prefill at full depth*).
+/// probe on an H200 among those measured (BENCHMARKS.md#decision-gemm-tile).
 /// [`GemmChoice::Always`] builds any [`Tile::buildable`] tile.
 pub const TILES: [Tile; 1] = [Tile { rm: 4, nq: 4 }];
 

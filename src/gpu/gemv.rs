@@ -40,7 +40,7 @@
 //! # Per-call selection ([`plan`])
 //! The work split and the x variant are chosen on the host for each dispatch from the format,
 //! the pairs, the chunk's rows and x's alignment (rules measured on an H200 with
-//! `bench kernels --tune`, BENCHMARKS.md, *MoE GEMV kernels* and *Quantised GEMV decode*):
+//! `bench kernels --tune`, BENCHMARKS.md#decision-gemv-tunings and #decision-gemv-direct-x):
 //! * **direct x** (`XDIRECT` in the WGSL) for f32 and bf16 whenever [`direct_aligned`] holds (I a
 //!   whole number of units: 4 columns for f32, 8 for bf16, so no tail masking; `x_stride` and
 //!   `x_offset` multiples of 4, so every x row starts on a vec4): x is bound as
@@ -173,14 +173,14 @@ impl Tuning {
 }
 
 /// Fewest workgroups a staged-x call should launch before [`plan`] settles for fewer rows per
-/// workgroup (about 2 per SM of a 132-SM H200; BENCHMARKS.md, *MoE GEMV kernels*: more, smaller
+/// workgroup (about 2 per SM of a 132-SM H200; BENCHMARKS.md#decision-gemv-tunings: more, smaller
 /// workgroups each stage the whole x row again). WebGPU reports no SM count, so this is a
 /// constant sized for the largest GPUs measured; on smaller GPUs it only costs slightly smaller
 /// workgroups on small problems.
 pub const MIN_WORKGROUPS: u64 = 256;
 
 /// Fewest workgroups a direct-x call (f32, bf16) should launch before [`plan`] settles for fewer
-/// rows per workgroup (BENCHMARKS.md, *MoE GEMV kernels*).
+/// rows per workgroup (BENCHMARKS.md#decision-gemv-direct-x).
 pub const DIRECT_MIN_WORKGROUPS: u64 = 1024;
 
 /// Largest rows per workgroup of the direct-x variant (its candidates, and a forced tuning that
@@ -209,7 +209,7 @@ pub(crate) fn tuning_override() -> Option<Tuning> {
     })
 }
 
-/// The default (largest) tuning of `f`'s kernel (BENCHMARKS.md, *MoE GEMV kernels*), or the
+/// The default (largest) tuning of `f`'s kernel (BENCHMARKS.md#decision-gemv-tunings), or the
 /// override of [`set_tuning_override`].
 pub fn tuning(f: Format) -> Tuning {
     tuning_override().unwrap_or(candidates(f)[0])
@@ -258,7 +258,7 @@ pub fn direct_candidates() -> &'static [Tuning] {
 }
 
 /// Whether the direct-x variant's alignment assumptions hold: f32 or bf16 (int4-g64 with direct x
-/// measured 11–60% slower than staged on the H200, BENCHMARKS.md, *quantised GEMV hot loop*),
+/// measured 11–60% slower than staged on the H200, BENCHMARKS.md#decision-gemv-direct-x),
 /// `cols` a whole number of units (4 columns for f32, 8 for bf16: no tail masking) and
 /// `x_stride` (0 = `cols`) and `x_offset` multiples of 4 (every x row on a vec4).
 pub fn direct_aligned(enc: Encoding, cols: u32, x_stride: u32, x_offset: u32) -> bool {
@@ -364,8 +364,8 @@ const UNITS_PER_STEP: u32 = 2;
 
 /// Fewest steps of a thread per x tile for which the hot loop prefetches (PREFETCH in the WGSL:
 /// the next step's weights load while this step decodes); shorter loops lose more to the longer
-/// prologue and the registers of the second step than they win (BENCHMARKS.md, *quantised GEMV
-/// hot loop*, H200).
+/// prologue and the registers of the second step than they win on an H200
+/// (BENCHMARKS.md#decision-gemv-units-per-step).
 const PREFETCH_MIN_STEPS: u32 = 6;
 
 /// Whether the hot loop of an instantiation prefetches: the quantised formats (x staged) when a

@@ -418,8 +418,9 @@ impl<'w> GpuModel<'w> {
     /// one-token steps (k/v short convs, q/k RMSNorms, attention and the KV-cache write), and a
     /// prologue plus the attention for longer chunks; or (`!on`) through the separate kernels,
     /// five dispatches (conv pair, two norms, attention, KV append). Same results within float
-    /// rounding (tested); the fused path is faster on an H200 (BENCHMARKS.md, *fused attention
-    /// and the prefill GEMM*). The fused kernels keep the k/v conv history in their own ring, so
+    /// rounding (tested); the fused path is faster on an H200
+    /// (BENCHMARKS.md#decision-fused-attention). The fused kernels keep the k/v conv history in
+    /// their own ring, so
     /// the switch is refused in the middle of a sequence: call it at position 0 (after
     /// [`GpuModel::reset`]).
     pub fn set_fuse_attention(&mut self, on: bool) -> Result<()> {
