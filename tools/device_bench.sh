@@ -16,7 +16,8 @@
 #   copy       `bench copy` with every binary; the first binary's ceiling is the --peak-gbs of later steps
 #   smoke      `smoke` with every binary (every weight format against the CPU on the device)
 #   kernels    `bench kernels --json --peak-gbs C` with every binary (`bench compare` of each against the
-#              first), then llama.cpp's Vulkan peer (`run.sh mm-cold mmid-cold`) once, if PEER is carried
+#              first), then llama.cpp's Vulkan peer (`run.sh mm-cold mmid-cold`) once, if PEER is carried;
+#              TORCH=1 adds benches/native/torch_gemv.py and `bench compare` of the first binary against it
 #   decode     for each probe of PROBES: `synth` once into /dev/shm, then `bench decode --tokens 64 --json
 #              --peak-gbs C` with every binary, alternating binaries for ROUNDS rounds (noise shows as the
 #              spread within one binary), then one line with every binary's tok/s side by side; PEROP=1
@@ -32,7 +33,7 @@
 #   small42       synth --preset inkling-small --layers 42 --experts int4-g64 --routed-experts 6  (13.8 GiB)
 #   small42-int3  the same with --experts int3-g64
 #   inkling66     synth --preset inkling --layers 66 --experts int4-g64 --routed-experts 6        (46.3 GiB)
-# Environment (defaults): PROBES (small42), PREFILL_PROBE (small42), ROUNDS (2), TOKENS (64), PEROP (0),
+# Environment (defaults): PROBES (small42), PREFILL_PROBE (small42), ROUNDS (2), TOKENS (64), PEROP (0), TORCH (0),
 #   PEAK_GBS (measured by `bench copy`), SYNTH_BIN (the first binary's NAME: it writes every container),
 #   PROMPTS (512,2048), STREAM_FORMATS (int4-g64), STREAM_LAYERS (8), STREAM_COLD (0),
 #   PEER (.dev/peer, else shared/peers/llamacpp: a copy of ../shared/peers/llamacpp, which does not
@@ -259,6 +260,11 @@ for step in "$@"; do
           x "${BIN[$n]}" bench compare "$W/kernels-$n.json" "$W/kernels-${NAMES[0]}.json"
         fi
       done
+      if [ "${TORCH:-0}" = 1 ]; then
+        echo "--- PyTorch (cuBLAS bf16, torch._weight_int4pack_mm int4) on the same shapes"
+        x python3 benches/native/torch_gemv.py --peak-gbs "$peak" > "$W/torch.json" 2> "$W/torch.txt" || echo "torch_gemv.py failed: rc $?"
+        x "${BIN[${NAMES[0]}]}" bench compare "$W/kernels-${NAMES[0]}.json" "$W/torch.json"
+      fi
       if [ -f "$PEER/run.sh" ] || [ "$DRY" = 1 ]; then
         echo "--- llama.cpp Vulkan peer: $PEER/run.sh mm-cold mmid-cold"
         OUT=$W/peer x bash "$PEER/run.sh" mm-cold mmid-cold > "$W/peer.txt" 2>&1 || echo "peer failed: rc $?"
