@@ -205,7 +205,7 @@ if [ "$DRY" = 0 ]; then
     case $s in *.gz) gunzip -c "$s" > "${BIN[$n]}" ;; *) cp "$s" "${BIN[$n]}" ;; esac; chmod +x "${BIN[$n]}"
   done
   exec > >(tee -a "$W/log.txt") 2>&1
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  say "summary: machine: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -1), $(nproc) cores"
   df -h "$SHM" | tail -1
 fi
 for n in "${NAMES[@]}"; do echo "binary $n: ${SRC[$n]}"; done
@@ -233,7 +233,7 @@ ensure_probe() {
   [ "$DRY" = 0 ] && for d in "$SHM"/device_bench-*; do [ "$d" != "$DIR" ] && rm -rf "$d"; done
   echo "=== synth $p: $*"
   local t0=$SECONDS
-  x "${BIN[$SYNTH_BIN]}" synth "$@" --out "$DIR" --force > "$W/synth-$p.txt" 2>&1 || { echo "synth $p failed"; cat "$W/synth-$p.txt"; return 1; }
+  x "${BIN[$SYNTH_BIN]}" synth "$@" --out "$DIR" --force > "$W/synth-$p.txt" 2>&1 || { echo "synth $p failed"; cat "$W/synth-$p.txt"; rm -rf "$DIR"; return 1; }
   [ "$DRY" = 0 ] && { tail -2 "$W/synth-$p.txt"; say "summary: synth $p: $((SECONDS - t0)) s, $(du -sh "$DIR" | cut -f1)"; }
   return 0
 }
