@@ -108,8 +108,9 @@ elif kind == "kernels":
             rows.setdefault(r["format"], []).append(
                 "%s %.1f us %s" % (short[r["shape"]], r["us_per_dispatch"],
                                    fmt(r.get("frac_peak") and 100 * r["frac_peak"], ".1f", "-") + "%"))
-    print("summary: kernels %s: %s" % (label, " || ".join(
-        "%s %s" % (f, ", ".join(v)) for f, v in rows.items() if f in ("int4-g64", "int4-g32", "int3-g64", "bf16"))))
+    text = " || ".join("%s %s" % (f, ", ".join(v)) for f, v in rows.items()
+                       if f in ("int4-g64", "int4-g32", "int3-g64", "bf16"))
+    print("summary: kernels %s: %s" % (label, text or "none of the listed shapes"))
 elif kind == "peer":
     # run.sh's table: op type_a n_mats m k peer rot us_per_run GiB_per_s GB_per_s_1e9 kB_per_run
     want = {("MUL_MAT", "q4_0", "6144", "6144"), ("MUL_MAT", "q3_K", "6144", "6144"),
