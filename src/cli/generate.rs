@@ -202,6 +202,40 @@ fn usage_file(
     Ok((usage_path, usage_seed))
 }
 
+/// What a run of `args` on `ck` generates for a prompt of `prompt_len` tokens: the EOS ids and the
+/// sampling settings (the rules every command shares, [`eos_ids`] and [`sampling`]), the seed, and
+/// `--max-tokens` (default: generation_config.json's `max_new_tokens`, else 64) capped, with a
+/// warning, at what the model's context leaves after the prompt.
+fn generate_params(
+    args: &Args,
+    ck: &Checkpoint,
+    tok: Option<&Tokenizer>,
+    prompt_len: usize,
+) -> anyhow::Result<GenerateParams> {
+    let gen_cfg = ck.generation.clone().unwrap_or_default();
+    let eos = eos_ids(ck, tok);
+    let sampling = sampling(&gen_cfg, args.temperature, args.top_k, args.top_p)?;
+    if sampling.temperature == 0.0 {
+        warn_greedy_flags(args);
+    }
+    let requested = args.max_tokens.or(gen_cfg.max_new_tokens).unwrap_or(64);
+    let max_new_tokens = fit_new_tokens(requested, prompt_len, ck.config.max_position_embeddings)?;
+    if max_new_tokens < requested {
+        eprintln!(
+            "warning: generating at most {max_new_tokens} tokens, not {requested}: the prompt's {} \
+             tokens and the model's context of {} positions (max_position_embeddings) leave no more",
+            prompt_len,
+            ck.config.max_position_embeddings.unwrap_or(0)
+        );
+    }
+    Ok(GenerateParams {
+        max_new_tokens,
+        sampling,
+        seed: args.seed.unwrap_or(0),
+        eos_ids: eos,
+    })
+}
+
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let dir = match &args.model {
         Some(d) => d.clone(),
@@ -210,30 +244,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let ck = Checkpoint::open(&dir)?;
     let weights = Weights::load(&ck)?;
     let tok = load_tokenizer(&dir)?;
-    let gen_cfg = ck.generation.clone().unwrap_or_default();
     let prompt = prompt_ids(&args, tok.as_ref(), &dir)?;
-    let eos = eos_ids(&ck, tok.as_ref());
-    let sampling = sampling(&gen_cfg, args.temperature, args.top_k, args.top_p)?;
-    if sampling.temperature == 0.0 {
-        warn_greedy_flags(&args);
-    }
-    let requested = args.max_tokens.or(gen_cfg.max_new_tokens).unwrap_or(64);
-    let max_new_tokens =
-        fit_new_tokens(requested, prompt.len(), ck.config.max_position_embeddings)?;
-    if max_new_tokens < requested {
-        eprintln!(
-            "warning: generating at most {max_new_tokens} tokens, not {requested}: the prompt's {} \
-             tokens and the model's context of {} positions (max_position_embeddings) leave no more",
-            prompt.len(),
-            ck.config.max_position_embeddings.unwrap_or(0)
-        );
-    }
-    let params = GenerateParams {
-        max_new_tokens,
-        sampling,
-        seed: args.seed.unwrap_or(0),
-        eos_ids: eos,
-    };
+    let params = generate_params(&args, &ck, tok.as_ref(), prompt.len())?;
 
     if args.profile && args.device != Device::Gpu {
         bail!("--profile times the GPU forward; use it with --device gpu");
