@@ -187,38 +187,32 @@ pub fn sampling(
             format!("generation_config.json: {field}")
         }
     };
-    let t = match temperature {
-        Some(t) => t,
-        None if sample => generation.temperature.unwrap_or(t0),
-        None => 0.0,
-    };
+    let t = pick(temperature, generation.temperature, sample, t0, 0.0);
     if !t.is_finite() || t < 0.0 {
         bail!(
             "{} must be a finite number ≥ 0 (0 = greedy), got {t}",
             named(temperature.is_some(), "temperature")
         );
     }
-    let p = match top_p {
-        Some(p) => p,
-        None if sample => generation.top_p.unwrap_or(p0),
-        None => 1.0,
-    };
+    let p = pick(top_p, generation.top_p, sample, p0, 1.0);
     if !(p > 0.0 && p <= 1.0) {
         bail!(
             "{} must be in (0, 1] (1 = off), got {p}",
             named(top_p.is_some(), "top_p")
         );
     }
-    let k = match top_k {
-        Some(k) => k,
-        None if sample => generation.top_k.unwrap_or(k0),
-        None => 0,
-    };
+    let k = pick(top_k, generation.top_k, sample, k0, 0);
     Ok(SamplingParams {
         temperature: t,
         top_k: k,
         top_p: p,
     })
+}
+
+/// One sampling value: the flag's when given, else (when the file samples) the file's, or
+/// transformers' `default` when it leaves the value unset, else `off` (the greedy value).
+fn pick<T: Copy>(flag: Option<T>, file: Option<T>, sample: bool, default: T, off: T) -> T {
+    flag.unwrap_or(if sample { file.unwrap_or(default) } else { off })
 }
 
 #[cfg(test)]
