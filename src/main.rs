@@ -1,7 +1,18 @@
 use clap::Parser;
 
+/// Set `NODEVICE_SELECT=1` unless the user has set it: Mesa's device-select Vulkan layer otherwise
+/// prints `error: XDG_RUNTIME_DIR is invalid or not set` where that variable is missing (a
+/// harmless message that reads like a failure), and the layer's choice is not needed since the
+/// engine chooses the adapter itself. Called first in `main`, before any thread exists (it changes
+/// the process environment).
+fn quiet_mesa_device_select() {
+    if std::env::var_os("NODEVICE_SELECT").is_none() {
+        std::env::set_var("NODEVICE_SELECT", "1");
+    }
+}
+
 fn main() -> std::process::ExitCode {
-    inkling_wgpu::gpu::device::quiet_mesa_device_select();
+    quiet_mesa_device_select();
     let cli = inkling_wgpu::cli::Cli::parse();
     match inkling_wgpu::cli::run(cli) {
         Ok(code) => code,

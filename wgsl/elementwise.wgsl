@@ -3,11 +3,7 @@
 //
 // silu_mul:    out[r*I + i] = silu(g[g_off + r*g_rs + i*g_es]) * u[u_off + r*u_rs + i*u_es]
 //              (a fused [P, 2I] gate|up buffer: bind it as g and u, u_off = I, g_rs = u_rs = 2I)
-// add:         x[i] += y[i]
-// add_scaled:  x[i] += s[s_idx] * y[i]
 // scale:       x[i] = x[i] / c   (op 0)   or   x[i] = x[i] * c   (op 1)
-// moe_combine: out[t, c] (=|+=) sum_s wr(t,s) * y[(t*k + s), c] + sum_j gs[t*S + j] * ys[t*S + j, c]
-//              wr = gammas[t*k+s] when weight_routed != 0 else 1 (the MoE GEMV may weight already)
 // argmax_partial / argmax_final: two-pass argmax over V logits, ties -> lowest index, one u32 out.
 //              Partials of 1024 logits (one vec4 per invocation when V % 4 == 0: argmax_partial_vec4,
 //              else four independent scalar loads), then one workgroup over the partials.
@@ -16,13 +12,13 @@
 //              (it never clears it: the run-time status word of model::status).
 
 struct Params {
-    n: u32,      // elements (silu_mul: P*I; combine: T*C; argmax: V)
-    a: u32,      // silu_mul: I; combine: C; scale: op; add_scaled: s_idx; argmax: chunk
-    b: u32,      // silu_mul: g_off; combine: top_k; argmax: n_partials
-    c: u32,      // silu_mul: g_rs; combine: n_shared; argmax: out_idx
-    d: u32,      // silu_mul: g_es; combine: weight_routed; argmax: flag_idx1
-    e: u32,      // silu_mul: u_off; combine: weight_shared
-    f: u32,      // silu_mul: u_rs; combine: accumulate
+    n: u32,      // elements (silu_mul: P*I; scale: n; argmax: V)
+    a: u32,      // silu_mul: I; scale: op; argmax: chunk
+    b: u32,      // silu_mul: g_off; argmax: n_partials
+    c: u32,      // silu_mul: g_rs; argmax: out_idx
+    d: u32,      // silu_mul: g_es; argmax: flag_idx1
+    e: u32,      // silu_mul: u_off
+    f: u32,      // silu_mul: u_rs
     g: u32,      // silu_mul: u_es
     fc: f32,     // scale: the constant
     _p0: u32,
@@ -35,8 +31,6 @@ const WG: u32 = 256u;
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> in0: array<f32>;
 @group(0) @binding(2) var<storage, read> in1: array<f32>;
-@group(0) @binding(3) var<storage, read> in2: array<f32>;
-@group(0) @binding(4) var<storage, read> in3: array<f32>;
 @group(0) @binding(5) var<storage, read_write> io: array<f32>;
 @group(0) @binding(6) var<storage, read_write> part_v: array<f32>;
 @group(0) @binding(7) var<storage, read_write> part_i: array<u32>;
@@ -63,24 +57,6 @@ fn silu_mul(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
 }
 
 @compute @workgroup_size(256)
-fn add(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let idx = flat(gid, nwg);
-    if (idx >= p.n) {
-        return;
-    }
-    io[idx] = io[idx] + in0[idx];
-}
-
-@compute @workgroup_size(256)
-fn add_scaled(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let idx = flat(gid, nwg);
-    if (idx >= p.n) {
-        return;
-    }
-    io[idx] = io[idx] + in1[p.a] * in0[idx];
-}
-
-@compute @workgroup_size(256)
 fn scale(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let idx = flat(gid, nwg);
     if (idx >= p.n) {
@@ -90,40 +66,6 @@ fn scale(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups)
         io[idx] = io[idx] / p.fc;
     } else {
         io[idx] = io[idx] * p.fc;
-    }
-}
-
-// in0 = routed y [T*k, C], in1 = gammas [T*k], in2 = shared ys [T*S, C], in3 = shared gammas [T*S].
-@compute @workgroup_size(256)
-fn moe_combine(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let idx = flat(gid, nwg);
-    if (idx >= p.n) {
-        return;
-    }
-    let cdim = p.a;
-    let t = idx / cdim;
-    let c = idx % cdim;
-    var s = 0.0;
-    for (var k = 0u; k < p.b; k++) {
-        let row = t * p.b + k;
-        var v = in0[row * cdim + c];
-        if (p.d != 0u) {
-            v = v * in1[row];
-        }
-        s += v;
-    }
-    for (var j = 0u; j < p.c; j++) {
-        let row = t * p.c + j;
-        var v = in2[row * cdim + c];
-        if (p.e != 0u) {
-            v = v * in3[row];
-        }
-        s += v;
-    }
-    if (p.f != 0u) {
-        io[idx] = io[idx] + s;
-    } else {
-        io[idx] = s;
     }
 }
 

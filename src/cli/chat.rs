@@ -28,13 +28,16 @@ pub struct Args {
     /// Maximum tokens per answer (thinking included).
     #[arg(long, default_value_t = 1024)]
     pub max_tokens: usize,
-    /// Sampling temperature; 0 = greedy (default: generation_config.json when it sets do_sample, else 0).
+    /// Sampling temperature; 0 = greedy (default: generation_config.json's when it sets do_sample,
+    /// 1 when it sets do_sample without a temperature, else 0).
     #[arg(long, allow_negative_numbers = true)]
     pub temperature: Option<f32>,
-    /// Keep only the k most likely tokens (0 = off).
+    /// Keep only the k most likely tokens (0 = off; default: generation_config.json's when it sets
+    /// do_sample, 50 when it sets do_sample without a top_k, as transformers; else 0).
     #[arg(long)]
     pub top_k: Option<usize>,
-    /// Nucleus sampling mass in (0, 1] (1 = off).
+    /// Nucleus sampling mass in (0, 1] (1 = off; default: generation_config.json's when it sets
+    /// do_sample, else 1).
     #[arg(long, allow_negative_numbers = true)]
     pub top_p: Option<f32>,
     /// PRNG seed for sampling (each turn continues the same stream of seeds: turn n uses seed + n).

@@ -80,9 +80,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         scales: a.scales,
         force: a.force,
         max_shard_bytes: a.max_shard_mib << 20,
-        fail_after_bytes: std::env::var("INKLING_CONVERT_FAIL_AFTER")
-            .ok()
-            .and_then(|v| v.parse().ok()),
+        fail: Default::default(),
         progress: true,
     };
     let s = writing_into(&a.out, || convert(&a.model, &a.out, &opts))?;

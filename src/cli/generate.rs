@@ -1,20 +1,14 @@
 //! `inkling-wgpu generate`: load a checkpoint, run a forward backend, stream text.
+use super::load::{eos_ids, gpu_backend, sampling, Device};
 use super::output::{out, outln};
-use crate::model::config::reachable_eos;
 use crate::model::generate::{fit_new_tokens, generate, GenOutput, GenerateParams};
-use crate::model::sampling::SamplingParams;
-use crate::model::text::{load_tokenizer, tokenizer_eos_ids, TextStream};
+use crate::model::text::{load_tokenizer, TextStream};
 use crate::model::usage::{self, Usage};
 use crate::model::{Checkpoint, CpuModel, Forward, GpuModel, GpuModelOptions, Placement, Weights};
 use anyhow::{bail, Context};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Device {
-    Gpu,
-    Cpu,
-}
+use tokenizers::Tokenizer;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -35,13 +29,16 @@ pub struct Args {
     /// warning, at what the model's context (max_position_embeddings) leaves after the prompt.
     #[arg(long)]
     pub max_tokens: Option<usize>,
-    /// Sampling temperature; 0 = greedy (default: generation_config.json when it sets do_sample, else 0).
+    /// Sampling temperature; 0 = greedy (default: generation_config.json's when it sets do_sample,
+    /// 1 when it sets do_sample without a temperature, else 0).
     #[arg(long, allow_negative_numbers = true)]
     pub temperature: Option<f32>,
-    /// Keep only the k most likely tokens (0 = off).
+    /// Keep only the k most likely tokens (0 = off; default: generation_config.json's when it sets
+    /// do_sample, 50 when it sets do_sample without a top_k, as transformers; else 0).
     #[arg(long)]
     pub top_k: Option<usize>,
-    /// Nucleus sampling mass in (0, 1] (1 = off).
+    /// Nucleus sampling mass in (0, 1] (1 = off; default: generation_config.json's when it sets
+    /// do_sample, else 1).
     #[arg(long, allow_negative_numbers = true)]
     pub top_p: Option<f32>,
     /// PRNG seed for sampling (default 0).
@@ -106,29 +103,10 @@ fn parse_gpu_mem(s: &str) -> Result<GpuMem, String> {
     }
 }
 
-/// The GPU forward for sequences of up to `max_seq` tokens; a missing adapter is an error that
-/// points at `--device cpu`.
-pub(crate) fn gpu_backend<'w>(
-    w: &'w Weights<'w>,
-    opts: GpuModelOptions,
-) -> anyhow::Result<GpuModel<'w>> {
-    let gpu = crate::gpu::device::Gpu::new()
-        .map_err(|e| anyhow::anyhow!("{e}; or run with `--device cpu` to use the CPU forward"))?;
-    let model = GpuModel::new(&gpu, w, opts)
-        .with_context(|| format!("building the GPU model on {}", gpu.describe()))?;
-    Ok(model)
-}
-
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let dir = match &args.model {
-        Some(d) => d.clone(),
-        None => crate::bundled::materialize()?,
-    };
-    let ck = Checkpoint::open(&dir)?;
-    let weights = Weights::load(&ck)?;
-    let tok = load_tokenizer(&dir)?;
-    let gen_cfg = ck.generation.clone().unwrap_or_default();
-
+/// The prompt's ids: `--prompt-ids`, or the prompt text (`--prompt`, `--prompt-file`, standard
+/// input) encoded without special tokens. Errors: no prompt, no tokenizer for a text prompt, a
+/// prompt of no tokens.
+fn prompt_ids(args: &Args, tok: Option<&Tokenizer>, dir: &Path) -> anyhow::Result<Vec<u32>> {
     let text = match &args.prompt_ids {
         Some(_) => None,
         None => super::prompt::prompt_text(args.prompt.as_deref(), args.prompt_file.as_deref())?,
@@ -136,7 +114,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let prompt: Vec<u32> = match (&args.prompt_ids, &text) {
         (Some(ids), _) => ids.clone(),
         (None, Some(text)) => {
-            let tok = tok.as_ref().with_context(|| {
+            let tok = tok.with_context(|| {
                 format!("{}: no tokenizer.json; use --prompt-ids", dir.display())
             })?;
             tok.encode(text.as_str(), false)
@@ -152,103 +130,122 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if prompt.is_empty() {
         bail!("the prompt encodes to no tokens");
     }
+    Ok(prompt)
+}
 
-    let mut eos = if gen_cfg.eos_token_ids.is_empty() {
-        ck.config.eos_token_ids.clone()
-    } else {
-        gen_cfg.eos_token_ids.clone()
+/// One `warning:` line when sampling flags are given while decoding is greedy.
+fn warn_greedy_flags(args: &Args) {
+    let given: Vec<&str> = [
+        ("--top-k", args.top_k.is_some()),
+        ("--top-p", args.top_p.is_some()),
+        ("--seed", args.seed.is_some()),
+    ]
+    .iter()
+    .filter(|f| f.1)
+    .map(|f| f.0)
+    .collect();
+    if given.is_empty() {
+        return;
+    }
+    eprintln!(
+        "warning: {} {} no effect: the temperature is 0, so decoding is greedy{}; \
+         add --temperature T (e.g. 0.8) to sample",
+        match given.split_last() {
+            Some((last, [])) => last.to_string(),
+            Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
+            None => String::new(),
+        },
+        if given.len() == 1 { "has" } else { "have" },
+        if args.temperature.is_some() {
+            ""
+        } else {
+            " (generation_config.json does not set do_sample)"
+        }
+    );
+}
+
+/// The usage file of a run that streams (`streams`): its path (`--usage-file`, default
+/// `<model>/inkling-wgpu.usage.json`; none with `off`, or when the model cannot be fingerprinted,
+/// with a warning) and the table the run starts from (what the file holds, or zeros when it is
+/// missing, corrupt or another model's). `(None, None)` when the run does not stream.
+fn usage_file(
+    args: &Args,
+    ck: &Checkpoint,
+    streams: bool,
+) -> anyhow::Result<(Option<PathBuf>, Option<Usage>)> {
+    let dir = &ck.dir;
+    let cfg = &ck.config;
+    let usage_path = match args.usage_file.as_deref() {
+        _ if !streams => None,
+        Some("off") => None,
+        Some("") => bail!("--usage-file needs a path, or `off`"),
+        Some(p) => Some(PathBuf::from(p)),
+        None => Some(dir.join(usage::USAGE_FILE)),
     };
-    if let Some(t) = &tok {
-        for id in tokenizer_eos_ids(&dir, t) {
-            if !eos.contains(&id) {
-                eos.push(id);
-            }
+    let fingerprint = match usage_path.as_ref().map(|_| usage::fingerprint(dir)) {
+        Some(Ok(fp)) => Some(fp),
+        Some(Err(e)) => {
+            eprintln!("warning: no usage file this run: cannot fingerprint the model ({e})");
+            None
         }
-    }
-    let (eos, unreachable) = reachable_eos(&eos, ck.config.logits_width());
-    for id in unreachable {
-        eprintln!(
-            "warning: EOS id {id} is past the model's {} logits and can never be generated; \
-             ignored (as transformers does)",
-            ck.config.logits_width()
-        );
-    }
-    let temperature = args.temperature.unwrap_or(if gen_cfg.do_sample {
-        gen_cfg.temperature.unwrap_or(1.0)
-    } else {
-        0.0
-    });
-    if !temperature.is_finite() || temperature < 0.0 {
-        bail!("--temperature must be a finite number ≥ 0 (0 = greedy), got {temperature}");
-    }
-    if let Some(p) = args.top_p {
-        if !(p > 0.0 && p <= 1.0) {
-            bail!("--top-p must be in (0, 1] (1 = off), got {p}");
-        }
-    }
-    if temperature == 0.0 {
-        let given: Vec<&str> = [
-            ("--top-k", args.top_k.is_some()),
-            ("--top-p", args.top_p.is_some()),
-            ("--seed", args.seed.is_some()),
-        ]
-        .iter()
-        .filter(|f| f.1)
-        .map(|f| f.0)
-        .collect();
-        if !given.is_empty() {
-            eprintln!(
-                "warning: {} {} no effect: the temperature is 0, so decoding is greedy{}; \
-                 add --temperature T (e.g. 0.8) to sample",
-                match given.split_last() {
-                    Some((last, [])) => last.to_string(),
-                    Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
-                    None => String::new(),
-                },
-                if given.len() == 1 { "has" } else { "have" },
-                if args.temperature.is_some() {
-                    ""
-                } else {
-                    " (generation_config.json does not set do_sample)"
-                }
-            );
-        }
+        None => None,
+    };
+    let usage_path = usage_path.filter(|_| fingerprint.is_some());
+    let (n_layers, n_experts) = (cfg.num_hidden_layers, cfg.n_routed_experts);
+    let usage_seed = match (&usage_path, &fingerprint) {
+        (Some(p), Some(fp)) => Some(
+            usage::load_or_warn(p, fp, n_layers, n_experts)
+                .unwrap_or_else(|| Usage::new(fp, n_layers, n_experts)),
+        ),
+        _ => None,
+    };
+    Ok((usage_path, usage_seed))
+}
+
+/// What a run of `args` on `ck` generates for a prompt of `prompt_len` tokens: the EOS ids and the
+/// sampling settings (the rules every command shares, [`eos_ids`] and [`sampling`]), the seed, and
+/// `--max-tokens` (default: generation_config.json's `max_new_tokens`, else 64) capped, with a
+/// warning, at what the model's context leaves after the prompt.
+fn generate_params(
+    args: &Args,
+    ck: &Checkpoint,
+    tok: Option<&Tokenizer>,
+    prompt_len: usize,
+) -> anyhow::Result<GenerateParams> {
+    let gen_cfg = ck.generation.clone().unwrap_or_default();
+    let eos = eos_ids(ck, tok);
+    let sampling = sampling(&gen_cfg, args.temperature, args.top_k, args.top_p)?;
+    if sampling.temperature == 0.0 {
+        warn_greedy_flags(args);
     }
     let requested = args.max_tokens.or(gen_cfg.max_new_tokens).unwrap_or(64);
-    let max_new_tokens =
-        fit_new_tokens(requested, prompt.len(), ck.config.max_position_embeddings)?;
+    let max_new_tokens = fit_new_tokens(requested, prompt_len, ck.config.max_position_embeddings)?;
     if max_new_tokens < requested {
         eprintln!(
             "warning: generating at most {max_new_tokens} tokens, not {requested}: the prompt's {} \
              tokens and the model's context of {} positions (max_position_embeddings) leave no more",
-            prompt.len(),
+            prompt_len,
             ck.config.max_position_embeddings.unwrap_or(0)
         );
     }
-    let params = GenerateParams {
+    Ok(GenerateParams {
         max_new_tokens,
-        sampling: SamplingParams {
-            temperature,
-            top_k: args
-                .top_k
-                .or(if gen_cfg.do_sample {
-                    gen_cfg.top_k
-                } else {
-                    None
-                })
-                .unwrap_or(0),
-            top_p: args
-                .top_p
-                .or(if gen_cfg.do_sample {
-                    gen_cfg.top_p
-                } else {
-                    None
-                })
-                .unwrap_or(1.0),
-        },
+        sampling,
         seed: args.seed.unwrap_or(0),
         eos_ids: eos,
+    })
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let dir = match &args.model {
+        Some(d) => d.clone(),
+        None => crate::bundled::materialize()?,
     };
+    let ck = Checkpoint::open(&dir)?;
+    let weights = Weights::load(&ck)?;
+    let tok = load_tokenizer(&dir)?;
+    let prompt = prompt_ids(&args, tok.as_ref(), &dir)?;
+    let params = generate_params(&args, &ck, tok.as_ref(), prompt.len())?;
 
     if args.profile && args.device != Device::Gpu {
         bail!("--profile times the GPU forward; use it with --device gpu");
@@ -269,31 +266,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     // Only a run that really streams reads or writes the usage file.
     let streams = args.device == Device::Gpu && GpuModel::plan_slots(&weights, &opts)?.is_some();
-    let cfg = &ck.config;
-    let usage_path = match args.usage_file.as_deref() {
-        _ if !streams => None,
-        Some("off") => None,
-        Some("") => bail!("--usage-file needs a path, or `off`"),
-        Some(p) => Some(PathBuf::from(p)),
-        None => Some(dir.join(usage::USAGE_FILE)),
-    };
-    let fingerprint = match usage_path.as_ref().map(|_| usage::fingerprint(&dir)) {
-        Some(Ok(fp)) => Some(fp),
-        Some(Err(e)) => {
-            eprintln!("warning: no usage file this run: cannot fingerprint the model ({e})");
-            None
-        }
-        None => None,
-    };
-    let usage_path = usage_path.filter(|_| fingerprint.is_some());
-    let (n_layers, n_experts) = (cfg.num_hidden_layers, cfg.n_routed_experts);
-    let usage_seed = match (&usage_path, &fingerprint) {
-        (Some(p), Some(fp)) => Some(
-            usage::load_or_warn(p, fp, n_layers, n_experts)
-                .unwrap_or_else(|| Usage::new(fp, n_layers, n_experts)),
-        ),
-        _ => None,
-    };
+    let (usage_path, usage_seed) = usage_file(&args, &ck, streams)?;
     let inject = match args.inject_gpu_failure.as_deref() {
         None => None,
         Some(s) => {

@@ -1,14 +1,76 @@
-//! Opening a chat model for `chat` and `serve`: the tokenizer (with Inkling's chat specials, checked
-//! before the weights are read), the weights, and a CPU or GPU forward with a KV cache of
-//! `--ctx` tokens.
-use super::generate::{gpu_backend, Device};
+//! What every command that runs the model shares: the GPU forward ([`gpu_backend`]), the ids a run
+//! stops on ([`eos_ids`]) and its sampling settings ([`sampling`]), both read from the checkpoint
+//! as transformers 5.24.0 `generate` reads them; and opening a chat model for `chat` and `serve`:
+//! the tokenizer (with Inkling's chat specials, checked before the weights are read), the weights,
+//! and a CPU or GPU forward with a KV cache of `--ctx` tokens.
 use crate::chat::Renderer;
+use crate::model::config::reachable_eos;
 use crate::model::sampling::SamplingParams;
 use crate::model::text::{load_tokenizer, tokenizer_eos_ids};
-use crate::model::{Checkpoint, CpuModel, Forward, GenerationConfig, GpuModelOptions, Weights};
+use crate::model::{
+    Checkpoint, CpuModel, Forward, GenerationConfig, GpuModel, GpuModelOptions, Weights,
+};
 use anyhow::{bail, Context};
 use std::path::PathBuf;
 use tokenizers::Tokenizer;
+
+/// Where a command runs the model (`--device`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Device {
+    Gpu,
+    Cpu,
+}
+
+/// The GPU forward of `w` with `opts` (its KV cache holds `opts`' sequence length); a missing
+/// adapter is an error that points at `--device cpu`.
+pub fn gpu_backend<'w>(w: &'w Weights<'w>, opts: GpuModelOptions) -> anyhow::Result<GpuModel<'w>> {
+    let gpu = crate::gpu::device::Gpu::new()
+        .map_err(|e| anyhow::anyhow!("{e}; or run with `--device cpu` to use the CPU forward"))?;
+    let model = GpuModel::new(&gpu, w, opts)
+        .with_context(|| format!("building the GPU model on {}", gpu.describe()))?;
+    Ok(model)
+}
+
+/// The EOS ids of a checkpoint, as transformers 5.24.0 `generate` stops: `generation` is
+/// generation_config.json's `eos_token_id` list when the checkpoint has that file (`None` when it
+/// has none), `config` config.json's (the decoder's). transformers builds its generation config from
+/// generation_config.json alone when the file exists, so its list is the EOS list (empty when the
+/// file sets none) and config.json's is used only without the file. `tokenizer` (the id of
+/// tokenizer_config.json's `eos_token`) is appended when not listed yet; duplicates are dropped, the
+/// order kept. Returns `(reachable, unreachable)`: the ids below `logits_width`, which stop a run,
+/// and those at or past it, which can never be generated (transformers never matches them; the
+/// caller warns).
+pub fn eos_rule(
+    generation: Option<&[u32]>,
+    config: &[u32],
+    tokenizer: &[u32],
+    logits_width: usize,
+) -> (Vec<u32>, Vec<u32>) {
+    let mut ids: Vec<u32> = Vec::new();
+    for &id in generation.unwrap_or(config).iter().chain(tokenizer) {
+        if !ids.contains(&id) {
+            ids.push(id);
+        }
+    }
+    reachable_eos(&ids, logits_width)
+}
+
+/// [`eos_rule`] on checkpoint `ck` and its tokenizer `tok` (for tokenizer_config.json's
+/// `eos_token`; none without a tokenizer). Prints one `warning:` line per id that can never be
+/// generated and returns the ids a run stops on.
+pub fn eos_ids(ck: &Checkpoint, tok: Option<&Tokenizer>) -> Vec<u32> {
+    let tokenizer = tok.map_or(vec![], |t| tokenizer_eos_ids(&ck.dir, t));
+    let generation = ck.generation.as_ref().map(|g| g.eos_token_ids.as_slice());
+    let width = ck.config.logits_width();
+    let (eos, unreachable) = eos_rule(generation, &ck.config.eos_token_ids, &tokenizer, width);
+    for id in unreachable {
+        eprintln!(
+            "warning: EOS id {id} is past the model's {width} logits and can never be generated; \
+             ignored (as transformers does)"
+        );
+    }
+    eos
+}
 
 /// The model flags shared by `chat` and `serve`.
 #[derive(clap::Args, Debug, Clone)]
@@ -71,11 +133,7 @@ pub fn with_chat_model<R>(
     let weights = Weights::load(&ck)?;
     let generation = ck.generation.clone().unwrap_or_default();
     let mut stop_ids = vec![renderer.specials().model_end_sampling];
-    let eos = generation
-        .eos_token_ids
-        .iter()
-        .chain(&ck.config.eos_token_ids);
-    for id in eos.copied().chain(tokenizer_eos_ids(&dir, tok)) {
+    for id in eos_ids(&ck, Some(tok)) {
         if !stop_ids.contains(&id) {
             stop_ids.push(id);
         }
@@ -104,30 +162,163 @@ pub fn with_chat_model<R>(
     })
 }
 
-/// Sampling settings: the flags where given, else the model's generation_config.json when it
-/// samples, else greedy.
+/// transformers 5.24.0's defaults for what a sampling generation_config.json leaves unset
+/// (`GenerationConfig._get_default_generation_params`): temperature, top_k, top_p.
+pub const SAMPLING_DEFAULTS: (f32, usize, f32) = (1.0, 50, 1.0);
+
+/// Sampling settings: each flag where given (`None`: not given), else generation_config.json's
+/// value when it sets `do_sample` (transformers' [`SAMPLING_DEFAULTS`] for what it leaves unset),
+/// else greedy (temperature 0) with top-k off (0) and top-p off (1), as transformers decodes
+/// greedily without `do_sample`. A temperature of 0 is greedy decoding. Errors: a temperature that
+/// is not finite or below 0, a top-p outside (0, 1]; the message names the flag, or the file for
+/// its own values.
 pub fn sampling(
     generation: &GenerationConfig,
     temperature: Option<f32>,
     top_k: Option<usize>,
     top_p: Option<f32>,
 ) -> anyhow::Result<SamplingParams> {
-    let g = generation.do_sample;
-    let temperature = temperature.unwrap_or(if g {
-        generation.temperature.unwrap_or(1.0)
-    } else {
-        0.0
-    });
-    if !temperature.is_finite() || temperature < 0.0 {
-        bail!("temperature must be a finite number ≥ 0 (0 = greedy), got {temperature}");
+    let (t0, k0, p0) = SAMPLING_DEFAULTS;
+    let sample = generation.do_sample;
+    let named = |flag: bool, field: &str| {
+        if flag {
+            format!("--{}", field.replace('_', "-"))
+        } else {
+            format!("generation_config.json: {field}")
+        }
+    };
+    let t = pick(temperature, generation.temperature, sample, t0, 0.0);
+    if !t.is_finite() || t < 0.0 {
+        bail!(
+            "{} must be a finite number ≥ 0 (0 = greedy), got {t}",
+            named(temperature.is_some(), "temperature")
+        );
     }
-    let top_p = top_p.or(generation.top_p.filter(|_| g)).unwrap_or(1.0);
-    if !(top_p > 0.0 && top_p <= 1.0) {
-        bail!("top_p must be in (0, 1] (1 = off), got {top_p}");
+    let p = pick(top_p, generation.top_p, sample, p0, 1.0);
+    if !(p > 0.0 && p <= 1.0) {
+        bail!(
+            "{} must be in (0, 1] (1 = off), got {p}",
+            named(top_p.is_some(), "top_p")
+        );
     }
+    let k = pick(top_k, generation.top_k, sample, k0, 0);
     Ok(SamplingParams {
-        temperature,
-        top_k: top_k.or(generation.top_k.filter(|_| g)).unwrap_or(0),
-        top_p,
+        temperature: t,
+        top_k: k,
+        top_p: p,
     })
+}
+
+/// One sampling value: the flag's when given, else (when the file samples) the file's, or
+/// transformers' `default` when it leaves the value unset, else `off` (the greedy value).
+fn pick<T: Copy>(flag: Option<T>, file: Option<T>, sample: bool, default: T, off: T) -> T {
+    flag.unwrap_or(if sample { file.unwrap_or(default) } else { off })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gen(do_sample: bool, t: Option<f32>, k: Option<usize>, p: Option<f32>) -> GenerationConfig {
+        GenerationConfig {
+            do_sample,
+            temperature: t,
+            top_k: k,
+            top_p: p,
+            ..Default::default()
+        }
+    }
+
+    fn params(t: f32, k: usize, p: f32) -> SamplingParams {
+        SamplingParams {
+            temperature: t,
+            top_k: k,
+            top_p: p,
+        }
+    }
+
+    /// transformers 5.24.0: `GenerationConfig.from_pretrained(dir)` then
+    /// `generate`'s `_prepare_generation_config` (the file's values, then the global defaults).
+    #[test]
+    fn sampling_follows_generation_config() {
+        // {"do_sample": false, "temperature": 0.6, "top_k": 20}: greedy, the values unused
+        let g = gen(false, Some(0.6), Some(20), Some(0.9));
+        assert_eq!(sampling(&g, None, None, None).unwrap(), params(0.0, 0, 1.0));
+        // {"do_sample": true}: temperature 1.0, top_k 50, top_p 1.0
+        let g = gen(true, None, None, None);
+        assert_eq!(
+            sampling(&g, None, None, None).unwrap(),
+            params(1.0, 50, 1.0)
+        );
+        // {"do_sample": true, "temperature": 0.6, "top_k": 20, "top_p": 0.95}
+        let g = gen(true, Some(0.6), Some(20), Some(0.95));
+        assert_eq!(
+            sampling(&g, None, None, None).unwrap(),
+            params(0.6, 20, 0.95)
+        );
+        // flags win over the file, one by one
+        assert_eq!(
+            sampling(&g, Some(0.8), None, Some(0.5)).unwrap(),
+            params(0.8, 20, 0.5)
+        );
+        assert_eq!(
+            sampling(&g, Some(0.0), None, None).unwrap().temperature,
+            0.0
+        );
+        // sampling turned on by the flag alone: the file's values stay unused
+        let g = gen(false, Some(0.6), Some(20), Some(0.9));
+        assert_eq!(
+            sampling(&g, Some(0.7), None, None).unwrap(),
+            params(0.7, 0, 1.0)
+        );
+    }
+
+    #[test]
+    fn sampling_refuses_values_out_of_range_naming_their_source() {
+        let g = gen(true, Some(-1.0), None, Some(1.5));
+        let e = sampling(&g, None, None, Some(0.5)).unwrap_err().to_string();
+        assert!(
+            e.starts_with("generation_config.json: temperature must be"),
+            "{e}"
+        );
+        let e = sampling(&g, Some(0.5), None, None).unwrap_err().to_string();
+        assert!(
+            e.starts_with("generation_config.json: top_p must be in (0, 1]"),
+            "{e}"
+        );
+        let e = sampling(&g, Some(f32::NAN), None, None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("--temperature must be a finite number"),
+            "{e}"
+        );
+        let e = sampling(&g, Some(0.5), None, Some(0.0))
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("--top-p must be in (0, 1]"), "{e}");
+    }
+
+    /// transformers 5.24.0 `generate`: `generation_config.eos_token_id` (from generation_config.json
+    /// when the checkpoint has it, else from config.json through `GenerationConfig.from_model_config`)
+    /// becomes `EosTokenCriteria`'s list.
+    #[test]
+    fn eos_follows_generation_config_then_config() {
+        // tiny-causal-f32: generation_config [2, 221], config 2
+        assert_eq!(
+            eos_rule(Some(&[2, 221]), &[2], &[], 416),
+            (vec![2, 221], vec![])
+        );
+        // a generation_config.json list that differs from config.json's: its list alone
+        assert_eq!(eos_rule(Some(&[7]), &[2, 9], &[], 416), (vec![7], vec![]));
+        // a generation_config.json without eos_token_id: none from config.json
+        assert_eq!(eos_rule(Some(&[]), &[2], &[], 416), (vec![], vec![]));
+        // no generation_config.json: config.json's
+        assert_eq!(eos_rule(None, &[2, 9], &[], 416), (vec![2, 9], vec![]));
+        // the tokenizer's eos_token appended once; ids past the logits apart
+        assert_eq!(
+            eos_rule(Some(&[2, 221, 100_000]), &[2], &[221, 5], 400),
+            (vec![2, 221, 5], vec![100_000])
+        );
+    }
 }

@@ -1,7 +1,7 @@
 //! `inkling-wgpu perplexity`: perplexity and bits per byte of a model over a text file, and
 //! optionally the mean KL divergence and top-1 agreement to a base model (`--kl-base`), the
 //! counterpart of llama.cpp's `llama-perplexity` (method: [`crate::model::eval`]).
-use super::generate::{gpu_backend, Device};
+use super::load::{gpu_backend, Device};
 use crate::model::eval::{evaluate, windows, EvalStats};
 use crate::model::text::load_tokenizer;
 use crate::model::{Checkpoint, CpuModel, Forward, GpuModel, GpuModelOptions, Weights};

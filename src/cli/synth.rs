@@ -160,6 +160,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let opts = SynthOptions {
         force: a.force,
         max_shard_bytes,
+        fail: Default::default(),
         progress: true,
         threads: a.threads,
     };

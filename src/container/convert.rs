@@ -5,12 +5,13 @@
 
 use super::names::released_to_causal;
 use super::reader::{to_f32, Container, TensorEntry};
-use super::stamp::{SCALES_SUFFIX, SHAPE_KEY, STAMP_KEY};
-use super::writer::{tmp_path, PlannedTensor, ShardWriter, WriteBudget};
-use super::{
-    expert_name, shared_expert_name, Proj, PART_ALIGN, SLAB_ALIGN, TENSOR_ALIGN, VERSION,
-    VERSION_KEY,
+use super::stamp::{SCALES_SUFFIX, STAMP_KEY};
+use super::write::{
+    check_destination, write_container, ItemSource, OutGroup, OutItem, WriteOptions,
 };
+pub use super::write::{ConvertSummary, WeightError};
+use super::writer::{FailPlan, PlannedTensor};
+use super::{expert_name, shared_expert_name, Proj, PART_ALIGN, SLAB_ALIGN, TENSOR_ALIGN};
 use crate::formats::finite::{describe, first_non_finite, first_non_finite_bytes};
 use crate::formats::{quantize_with, Encoding, Format, ScaleRule};
 use anyhow::{bail, Context, Result};
@@ -31,8 +32,8 @@ pub struct ConvertOptions {
     pub force: bool,
     /// Start a new shard once one holds this many bytes (a slab is never split).
     pub max_shard_bytes: usize,
-    /// Test hook: fail after writing this many tensor bytes (env `INKLING_CONVERT_FAIL_AFTER`).
-    pub fail_after_bytes: Option<u64>,
+    /// Faults to inject into the write (tests of the clean-up paths; none by default).
+    pub fail: FailPlan,
     /// Draw a progress bar on stderr (only when stderr is a terminal).
     pub progress: bool,
 }
@@ -50,37 +51,9 @@ impl Default for ConvertOptions {
             scales: ScaleRule::default(),
             force: false,
             max_shard_bytes: 4 << 30,
-            fail_after_bytes: None,
+            fail: FailPlan::default(),
             progress: false,
         }
-    }
-}
-
-/// What a conversion wrote.
-#[derive(Clone, Debug)]
-pub struct ConvertSummary {
-    pub shards: Vec<PathBuf>,
-    pub tensors: usize,
-    pub bytes: u64,
-    /// Re-encoding error per class of matrix (empty for writers that re-encode nothing).
-    pub weight_error: Vec<WeightError>,
-}
-
-/// Squared re-encoding error of one class of matrices (routed experts, shared experts, dense,
-/// head): `Σ ‖W − deq(W)‖²` and `Σ ‖W‖²` over the class's matrices (f64).
-#[derive(Clone, Debug, PartialEq)]
-pub struct WeightError {
-    pub class: &'static str,
-    pub encoding: String,
-    pub matrices: usize,
-    pub err_sq: f64,
-    pub norm_sq: f64,
-}
-
-impl WeightError {
-    /// Relative Frobenius error `sqrt(Σ‖W − deq(W)‖² / Σ‖W‖²)` of the class.
-    pub fn relative(&self) -> f64 {
-        (self.err_sq / self.norm_sq.max(f64::MIN_POSITIVE)).sqrt()
     }
 }
 
@@ -500,189 +473,6 @@ fn read_rows(bytes: &[u8], t: &TensorEntry, sel: RowSel, cols: usize) -> Result<
     Ok(out)
 }
 
-/// Whether `name` is a weight file or the index of a container: `model*.safetensors` or
-/// `model.safetensors.index.json`.
-fn is_container_file(name: &str) -> bool {
-    name.starts_with("model")
-        && (name.ends_with(".safetensors") || name == "model.safetensors.index.json")
-}
-
-/// Whether a directory holds (part of) a conversion: any `model*.safetensors` or the index.
-fn previous_conversion(dst: &Path) -> Vec<PathBuf> {
-    let Ok(rd) = std::fs::read_dir(dst) else {
-        return vec![];
-    };
-    let mut v: Vec<PathBuf> = rd
-        .filter_map(|e| e.ok())
-        .map(|e| e.path())
-        .filter(|p| is_container_file(p.file_name().and_then(|n| n.to_str()).unwrap_or("")))
-        .collect();
-    v.sort();
-    v
-}
-
-/// One output unit of a container: its planned tensors (a weight and, for quantised encodings,
-/// its `.qs` companion; or one copied tensor) and the stamp of a converted matrix.
-#[derive(Clone, Debug)]
-pub struct OutItem {
-    pub tensors: Vec<PlannedTensor>,
-    /// `(encoding, [rows, cols])` of a matrix the writer stamps; `None` for copied tensors.
-    pub stamp: Option<(Encoding, [usize; 2])>,
-}
-
-/// Items never split across shards: one tensor, or one layer's routed experts (the slab).
-#[derive(Clone, Debug, Default)]
-pub struct OutGroup {
-    pub items: Vec<OutItem>,
-}
-
-/// Produces the bytes of each item, one at a time, in plan order.
-pub trait ItemSource {
-    /// The bytes of item `item` of group `group`, one buffer per planned tensor of the item.
-    fn produce(&mut self, group: usize, item: usize) -> Result<Vec<std::borrow::Cow<'_, [u8]>>>;
-}
-
-/// Settings of [`write_container`] shared by `convert` and `synth`.
-#[derive(Clone, Debug)]
-pub struct WriteOptions {
-    /// Replace a previous container in the destination.
-    pub force: bool,
-    /// Start a new shard once one holds this many bytes (a group is never split).
-    pub max_shard_bytes: usize,
-    /// Test hook: fail after writing this many tensor bytes.
-    pub fail_after_bytes: Option<u64>,
-    /// Draw a progress bar on stderr (only when stderr is a terminal).
-    pub progress: bool,
-}
-
-/// Split groups into shards: a new shard starts when the current one would pass `max_shard_bytes`.
-/// Returns the group indices of each shard.
-pub fn plan_shards(groups: &[OutGroup], max_shard_bytes: usize) -> Vec<Vec<usize>> {
-    let mut shards: Vec<Vec<usize>> = vec![vec![]];
-    let mut cur = 0usize;
-    for (gi, g) in groups.iter().enumerate() {
-        let bytes: usize = g
-            .items
-            .iter()
-            .flat_map(|it| &it.tensors)
-            .map(|t| t.nbytes() + t.align)
-            .sum();
-        if cur > 0 && cur + bytes > max_shard_bytes {
-            shards.push(vec![]);
-            cur = 0;
-        }
-        shards.last_mut().unwrap().push(gi);
-        cur += bytes;
-    }
-    shards
-}
-
-/// Shard file names for `n` shards.
-pub fn shard_names(n: usize) -> Vec<String> {
-    if n == 1 {
-        vec!["model.safetensors".into()]
-    } else {
-        (1..=n)
-            .map(|i| format!("model-{i:05}-of-{n:05}.safetensors"))
-            .collect()
-    }
-}
-
-/// Metadata of one shard: format, container version, stamps and logical shapes of its items.
-fn shard_metadata<'a>(items: impl Iterator<Item = &'a OutItem>) -> Vec<(String, String)> {
-    let mut stamps = Vec::new();
-    let mut shapes = Vec::new();
-    for it in items {
-        if let Some((enc, shape)) = it.stamp {
-            let name = it.tensors[0].name.clone();
-            stamps.push((name.clone(), enc.format.name().to_string()));
-            if !matches!(enc.format, Format::F32 | Format::Bf16) {
-                shapes.push((name, shape));
-            }
-        }
-    }
-    vec![
-        ("format".to_string(), "pt".to_string()),
-        (VERSION_KEY.to_string(), VERSION.to_string()),
-        (
-            STAMP_KEY.to_string(),
-            json_map(
-                stamps
-                    .iter()
-                    .map(|(k, v)| (k, serde_json::to_string(v).unwrap())),
-            ),
-        ),
-        (
-            SHAPE_KEY.to_string(),
-            json_map(
-                shapes
-                    .iter()
-                    .map(|(k, v)| (k, serde_json::to_string(v).unwrap())),
-            ),
-        ),
-    ]
-}
-
-/// Exact sizes in bytes of the shard files [`write_container`] would write (header included).
-pub fn shard_file_sizes(groups: &[OutGroup], max_shard_bytes: usize) -> Vec<u64> {
-    plan_shards(groups, max_shard_bytes)
-        .iter()
-        .map(|gs| {
-            let items: Vec<&OutItem> = gs.iter().flat_map(|&g| &groups[g].items).collect();
-            let tensors: Vec<PlannedTensor> =
-                items.iter().flat_map(|it| it.tensors.clone()).collect();
-            let (lay, len) = super::writer::layout(&tensors);
-            let hdr = super::writer::header(&lay, &shard_metadata(items.into_iter()));
-            (8 + hdr.len() + len) as u64
-        })
-        .collect()
-}
-
-/// Create `dst_dir` and check that writing a container there replaces nothing but a previous
-/// conversion: refuses a source checkpoint (unstamped `model*.safetensors`), a previous conversion
-/// unless `force`, and, when there is no previous conversion, any of `files` (the side files the
-/// writer adds, e.g. `config.json`) that already exists. Returns the previous conversion's files.
-pub fn check_destination(dst_dir: &Path, force: bool, files: &[&str]) -> Result<Vec<PathBuf>> {
-    std::fs::create_dir_all(dst_dir).with_context(|| format!("creating {}", dst_dir.display()))?;
-    // temporaries of an earlier run that was killed before it could remove them
-    crate::tempfiles::remove_stale(dst_dir, |f| is_container_file(f) || files.contains(&f));
-    let previous = previous_conversion(dst_dir);
-    let names = || {
-        previous
-            .iter()
-            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    // only a previous conversion is ever replaced (with --force), never a source checkpoint
-    // (unstamped weights) nor a file that is not part of a conversion
-    if !previous.is_empty() && super::Container::open(dst_dir).is_ok_and(|c| !c.is_converted()) {
-        bail!(
-            "{} holds a source checkpoint ({}), not a conversion; refusing to replace it, even \
-             with --force (choose another --out)",
-            dst_dir.display(),
-            names()
-        );
-    }
-    if !previous.is_empty() && !force {
-        bail!(
-            "{} already holds a conversion ({}); pass --force to replace it",
-            dst_dir.display(),
-            names()
-        );
-    }
-    if previous.is_empty() {
-        if let Some(f) = files.iter().find(|f| dst_dir.join(f).exists()) {
-            bail!(
-                "{} already exists and is not part of a conversion; refusing to replace it, even \
-                 with --force (choose another --out)",
-                dst_dir.join(f).display()
-            );
-        }
-    }
-    Ok(previous)
-}
-
 /// The files beside the weights that `convert` copies from the source when present.
 const SIDE_FILES: [&str; 4] = [
     "config.json",
@@ -690,139 +480,6 @@ const SIDE_FILES: [&str; 4] = [
     "generation_config.json",
     "tokenizer_config.json",
 ];
-
-/// Write a stamped container into `dst_dir`: the groups in order through [`ShardWriter`] (temp
-/// files renamed into place only when every shard is complete), the index when sharded, then
-/// `files` (name, bytes) each through its own temp file; finally reopen and verify it.
-/// Refuses a destination holding a previous container unless `opts.force`.
-pub fn write_container(
-    dst_dir: &Path,
-    groups: &[OutGroup],
-    source: &mut dyn ItemSource,
-    files: &[(&str, Vec<u8>)],
-    opts: &WriteOptions,
-) -> Result<ConvertSummary> {
-    let names: Vec<&str> = files.iter().map(|f| f.0).collect();
-    let previous = check_destination(dst_dir, opts.force, &names)?;
-    let shard_groups = plan_shards(groups, opts.max_shard_bytes);
-    let n = shard_groups.len();
-    let names = shard_names(n);
-
-    let total_bytes: u64 = groups
-        .iter()
-        .flat_map(|g| &g.items)
-        .flat_map(|it| &it.tensors)
-        .map(|t| t.nbytes() as u64)
-        .sum();
-    let total_tensors: usize = groups.iter().map(|g| g.items.len()).sum();
-    let pb = if opts.progress && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
-        let pb = indicatif::ProgressBar::with_draw_target(
-            Some(total_bytes),
-            indicatif::ProgressDrawTarget::stderr(),
-        );
-        pb.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{bar:40} {bytes}/{total_bytes} {msg} [{elapsed_precise}, eta {eta}]",
-            )
-            .unwrap(),
-        );
-        pb
-    } else {
-        indicatif::ProgressBar::hidden()
-    };
-
-    let mut budget = WriteBudget {
-        written: 0,
-        fail_after: opts.fail_after_bytes,
-    };
-    let mut tmps: Vec<PathBuf> = Vec::new();
-    let mut weight_map: Vec<(String, String)> = Vec::new();
-    let mut done_tensors = 0usize;
-    let result = (|| -> Result<()> {
-        for (si, gs) in shard_groups.iter().enumerate() {
-            let items: Vec<(usize, usize)> = gs
-                .iter()
-                .flat_map(|&g| (0..groups[g].items.len()).map(move |i| (g, i)))
-                .collect();
-            let tensors: Vec<PlannedTensor> = items
-                .iter()
-                .flat_map(|&(g, i)| groups[g].items[i].tensors.clone())
-                .collect();
-            let meta = shard_metadata(items.iter().map(|&(g, i)| &groups[g].items[i]));
-            let final_path = dst_dir.join(&names[si]);
-            tmps.push(tmp_path(&final_path));
-            let mut w = ShardWriter::create(&final_path, &tensors, &meta)?;
-            for t in &tensors {
-                weight_map.push((t.name.clone(), names[si].clone()));
-            }
-            for (g, i) in items {
-                let item = &groups[g].items[i];
-                let bufs = source.produce(g, i)?;
-                if bufs.len() != item.tensors.len() {
-                    bail!(
-                        "{}: {} buffers for {} planned tensors",
-                        item.tensors[0].name,
-                        bufs.len(),
-                        item.tensors.len()
-                    );
-                }
-                for (t, b) in item.tensors.iter().zip(&bufs) {
-                    w.write(&t.name, b, &mut budget)?;
-                    pb.inc(b.len() as u64);
-                }
-                done_tensors += 1;
-                pb.set_message(format!("{done_tensors}/{total_tensors} tensors"));
-            }
-            w.finish()?;
-        }
-        Ok(())
-    })();
-    if let Err(e) = result {
-        for t in &tmps {
-            crate::tempfiles::discard(t);
-        }
-        pb.abandon();
-        return Err(e);
-    }
-    pb.finish_and_clear();
-
-    // Every shard is complete: replace any previous conversion, then rename into place.
-    for p in &previous {
-        std::fs::remove_file(p).with_context(|| format!("removing {}", p.display()))?;
-    }
-    let mut finals = Vec::new();
-    for (t, name) in tmps.iter().zip(&names) {
-        let f = dst_dir.join(name);
-        crate::tempfiles::rename_into_place(t, &f)
-            .with_context(|| format!("renaming {} to {}", t.display(), f.display()))?;
-        finals.push(f);
-    }
-    if n > 1 {
-        let wm: serde_json::Map<String, serde_json::Value> = weight_map
-            .iter()
-            .filter(|(k, _)| !super::is_pad(k))
-            .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
-            .collect();
-        let idx = serde_json::json!({"metadata": {"total_size": total_bytes}, "weight_map": wm});
-        write_atomic(
-            &dst_dir.join("model.safetensors.index.json"),
-            serde_json::to_string_pretty(&idx)?.as_bytes(),
-        )?;
-    }
-    for (f, bytes) in files {
-        write_atomic(&dst_dir.join(f), bytes)?;
-    }
-    // Self-check: the new container opens and every stamp verifies.
-    Container::open(dst_dir)
-        .map_err(anyhow::Error::from)
-        .context("verifying the written container")?;
-    Ok(ConvertSummary {
-        shards: finals,
-        tensors: done_tensors,
-        bytes: budget.written,
-        weight_error: Vec::new(),
-    })
-}
 
 /// The conversion's [`ItemSource`]: copies or re-encodes source tensors.
 struct ConvertSource<'a> {
@@ -1023,7 +680,7 @@ pub fn convert(src_dir: &Path, dst_dir: &Path, opts: &ConvertOptions) -> Result<
     let wopts = WriteOptions {
         force: opts.force,
         max_shard_bytes: opts.max_shard_bytes,
-        fail_after_bytes: opts.fail_after_bytes,
+        fail: opts.fail,
         progress: opts.progress,
     };
     let mut summary =
@@ -1036,23 +693,4 @@ pub fn convert(src_dir: &Path, dst_dir: &Path, opts: &ConvertOptions) -> Result<
         })?;
     summary.weight_error = source.errors;
     Ok(summary)
-}
-
-fn json_map<'a>(pairs: impl Iterator<Item = (&'a String, String)>) -> String {
-    let mut s = String::from("{");
-    for (i, (k, v)) in pairs.enumerate() {
-        if i > 0 {
-            s.push(',');
-        }
-        s.push_str(&serde_json::to_string(k).unwrap());
-        s.push(':');
-        s.push_str(&v);
-    }
-    s.push('}');
-    s
-}
-
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    crate::tempfiles::write_atomic(path, bytes)
-        .with_context(|| format!("writing {}", path.display()))
 }

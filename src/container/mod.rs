@@ -9,7 +9,9 @@
 //! - [`reader`]: [`Container`]: memory-mapped shards, stamps verified at open, linears as
 //!   zero-copy [`crate::formats::QMatrix`], expert slabs as contiguous byte ranges.
 //! - [`convert`]: the conversion itself (source name mapping of both checkpoint layouts,
-//!   quantisation, slab planning, sharding).
+//!   quantisation, slab planning).
+//! - [`write`]: writing a whole container, shared by `convert` and `synth` (shard plan, the
+//!   destination check, the write through [`writer`] and the renames into place).
 //! - [`verify`]: the full NaN/Inf scan of every tensor (`info --verify`).
 //! - [`names`]: the one released ↔ transformers tensor-name mapping of checkpoints.
 //!
@@ -22,12 +24,15 @@ pub mod names;
 pub mod reader;
 pub mod stamp;
 pub mod synth;
+mod synth_values;
 pub mod verify;
+pub mod write;
 pub mod writer;
 
 pub use convert::{convert, ConvertOptions, ConvertSummary};
 pub use reader::{Container, ExpertSlab, Shard, SlabPart, TensorEntry};
 pub use stamp::{verify_tensor, ContainerError, TensorBytes, SCALES_SUFFIX, SHAPE_KEY, STAMP_KEY};
+pub use writer::FailPlan;
 
 /// Alignment (bytes, absolute file offset) of each slab and of each expert inside it.
 pub const SLAB_ALIGN: usize = 4096;

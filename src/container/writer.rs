@@ -30,12 +30,24 @@ impl PlannedTensor {
     }
 }
 
-/// Bytes of every tensor written so far, shared by all shards of one conversion; with a limit
-/// set, writing past it fails (the test hook for interrupted conversions).
+/// Faults injected into a container write, so tests can reach the clean-up paths; none by
+/// default. Counts are tensor bytes over all shards of one write.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FailPlan {
+    /// A write that would pass this many bytes writes up to it, then fails with
+    /// "injected write failure after N bytes".
+    pub fail_after_bytes: Option<u64>,
+    /// A write that would pass this many bytes flushes what came before, then waits forever (until
+    /// a signal ends the process), so a test can interrupt a write while its temporary files exist.
+    pub stall_after_bytes: Option<u64>,
+}
+
+/// Bytes of every tensor written so far, shared by all shards of one conversion, and the faults
+/// to inject.
 #[derive(Clone, Debug, Default)]
 pub struct WriteBudget {
     pub written: u64,
-    pub fail_after: Option<u64>,
+    pub fail: FailPlan,
 }
 
 fn dtype_name(d: Dtype) -> String {
@@ -120,25 +132,6 @@ pub fn tmp_path(final_path: &Path) -> PathBuf {
     crate::tempfiles::tmp_path(final_path)
 }
 
-/// Test hook for interrupted writes: with `INKLING_WRITE_STALL_AFTER=N` set, a write that would
-/// pass N tensor bytes flushes what came before and then waits forever (until a signal ends the
-/// process), so a test can interrupt a conversion while its temporary files exist.
-fn stall_for_test(total_after: u64, out: &mut BufWriter<File>) -> io::Result<()> {
-    static LIMIT: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
-    let limit = LIMIT.get_or_init(|| {
-        std::env::var("INKLING_WRITE_STALL_AFTER")
-            .ok()
-            .and_then(|v| v.parse().ok())
-    });
-    if limit.is_some_and(|l| total_after > l) {
-        out.flush()?;
-        loop {
-            std::thread::sleep(std::time::Duration::from_secs(1));
-        }
-    }
-    Ok(())
-}
-
 impl ShardWriter {
     /// Create `final_path.PID.tmp` (registered for removal on SIGINT / SIGTERM, see
     /// [`crate::tempfiles`]) and write the header.
@@ -191,8 +184,17 @@ impl ShardWriter {
     }
 
     fn emit(&mut self, bytes: &[u8], budget: &mut WriteBudget) -> io::Result<()> {
-        stall_for_test(budget.written + bytes.len() as u64, &mut self.out)?;
-        if let Some(limit) = budget.fail_after {
+        if budget
+            .fail
+            .stall_after_bytes
+            .is_some_and(|l| budget.written + bytes.len() as u64 > l)
+        {
+            self.out.flush()?;
+            loop {
+                std::thread::sleep(std::time::Duration::from_secs(1));
+            }
+        }
+        if let Some(limit) = budget.fail.fail_after_bytes {
             if budget.written + bytes.len() as u64 > limit {
                 let part = (limit - budget.written.min(limit)) as usize;
                 self.out.write_all(&bytes[..part])?;

@@ -10,17 +10,6 @@ use crate::gpu::limits::LimitProfile;
 use std::sync::Arc;
 use wgpu::util::DeviceExt;
 
-/// Set `NODEVICE_SELECT=1` unless the user has set it: Mesa's device-select Vulkan layer otherwise
-/// prints `error: XDG_RUNTIME_DIR is invalid or not set` where that variable is missing (a
-/// harmless message that reads like a failure), and the layer's choice is not needed since the
-/// adapter is chosen here. Call it at the very start of `main`, before any thread exists (it
-/// changes the process environment).
-pub fn quiet_mesa_device_select() {
-    if std::env::var_os("NODEVICE_SELECT").is_none() {
-        std::env::set_var("NODEVICE_SELECT", "1");
-    }
-}
-
 /// Errors opening the GPU.
 #[derive(Debug, thiserror::Error)]
 pub enum GpuError {

@@ -299,6 +299,17 @@ impl Usage {
     /// Returns the table written. A lock that cannot be taken (the lock path is not a file, or a
     /// file system without locks) is an error, as are [`save`](Usage::save)'s.
     pub fn save_merged(&self, path: &Path, base: &Usage) -> Result<Usage, UsageError> {
+        self.save_merged_holding(path, base, std::time::Duration::ZERO)
+    }
+
+    /// [`save_merged`](Usage::save_merged), holding the lock for `hold` between the read and the
+    /// write (tests use it to make two saves overlap).
+    pub fn save_merged_holding(
+        &self,
+        path: &Path,
+        base: &Usage,
+        hold: std::time::Duration,
+    ) -> Result<Usage, UsageError> {
         let mut lock_path = path.as_os_str().to_owned();
         lock_path.push(".lock");
         let lock_path = PathBuf::from(lock_path);
@@ -321,12 +332,8 @@ impl Usage {
                 *c = c.saturating_add(m.saturating_sub(b));
             }
         }
-        // test hook: hold the lock this long between the read and the write
-        if let Some(ms) = std::env::var("INKLING_USAGE_HOLD_MS")
-            .ok()
-            .and_then(|v| v.parse::<u64>().ok())
-        {
-            std::thread::sleep(std::time::Duration::from_millis(ms));
+        if !hold.is_zero() {
+            std::thread::sleep(hold);
         }
         let r = merged.save(path);
         drop(lock);

@@ -1,6 +1,6 @@
 //! `inkling-wgpu chat` driven through stdin (one message per line): two turns, compared with a
 //! one-shot generation of the whole conversation; `/clear` starts over; a model without the chat
-//! specials is refused.
+//! specials is refused; `generate` and `chat` stop on the same EOS ids.
 use crate::chat_common::{chat_model, stop_ids, tokenizer_and_renderer};
 use crate::model_common::greedy;
 use inkling_wgpu::chat::parse::split_turn;
@@ -174,4 +174,47 @@ fn interactive_chat_through_a_pseudo_terminal() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// `generate` and `chat` (and `serve`, which opens its model as `chat` does) stop on the same EOS
+/// ids, on a copy of the chat model whose generation_config.json and config.json list different
+/// ones: generation_config.json's list (transformers' rule), plus the tokenizer's `eos_token`; chat
+/// adds only `<|content_model_end_sampling|>`.
+#[test]
+fn generate_and_chat_stop_on_the_same_ids() {
+    use inkling_wgpu::cli::load::{eos_ids, open_tokenizer, with_chat_model, Device, ModelArgs};
+    let dir = crate::model_common::copy_fixture("tiny-chat-f32", "eos-lists-differ");
+    let edit = |name: &str, ids: serde_json::Value| {
+        let p = dir.join(name);
+        let mut v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+        v["eos_token_id"] = ids;
+        std::fs::write(&p, serde_json::to_string_pretty(&v).unwrap()).unwrap();
+    };
+    edit(
+        "generation_config.json",
+        serde_json::json!([408, 3, 100_000]),
+    );
+    edit("config.json", serde_json::json!([408, 9]));
+    let ck = Checkpoint::open(&dir).unwrap();
+    let (tok, renderer) = open_tokenizer(&dir).unwrap();
+    let end = renderer.specials().model_end_sampling;
+    let generate_ids = eos_ids(&ck, Some(&tok));
+    // 408 is also the tokenizer's eos_token, `<|content_model_end_sampling|>`; 9 (config.json only)
+    // and 100000 (past the logits) are not stopped on
+    assert_eq!(end, 408);
+    assert_eq!(generate_ids, [408, 3]);
+    let args = ModelArgs {
+        model: Some(dir.clone()),
+        device: Device::Cpu,
+        ctx: 64,
+    };
+    let chat_ids = with_chat_model(&args, &tok, &renderer, |cm| Ok(cm.stop_ids)).unwrap();
+    assert_eq!(chat_ids[0], end);
+    let mut a = chat_ids[1..].to_vec();
+    let mut b: Vec<u32> = generate_ids.into_iter().filter(|&id| id != end).collect();
+    a.sort_unstable();
+    b.sort_unstable();
+    assert_eq!(a, b, "chat {chat_ids:?}");
+    std::fs::remove_dir_all(&dir).ok();
 }

@@ -19,11 +19,12 @@ pub fn tokenizer_and_renderer() -> (Tokenizer, Renderer) {
     (tok, r)
 }
 
-/// The stop ids `chat` and `serve` use: `<|content_model_end_sampling|>` and the model's EOS ids.
+/// The stop ids `chat` and `serve` use: `<|content_model_end_sampling|>` and the model's EOS ids
+/// (the rule every command shares, `cli::load::eos_ids`).
 pub fn stop_ids(ck: &inkling_wgpu::model::Checkpoint, r: &Renderer) -> Vec<u32> {
+    let tok = load_tokenizer(&ck.dir).unwrap();
     let mut ids = vec![r.specials().model_end_sampling];
-    let gen_eos = ck.generation.iter().flat_map(|g| g.eos_token_ids.iter());
-    for &id in gen_eos.chain(&ck.config.eos_token_ids) {
+    for id in inkling_wgpu::cli::load::eos_ids(ck, tok.as_ref()) {
         if !ids.contains(&id) {
             ids.push(id);
         }

@@ -4,7 +4,8 @@
 //! nothing that existed before), SIGINT / SIGTERM remove the temporary files, and a later run
 //! removes the temporaries a killed run left.
 use crate::model_common::{fixture, scratch};
-use inkling_wgpu::container::{convert, ConvertOptions};
+use inkling_wgpu::cli::convert::writing_into;
+use inkling_wgpu::container::{convert, ConvertOptions, ConvertSummary, FailPlan};
 use inkling_wgpu::formats::Encoding;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -127,34 +128,31 @@ fn bad_sizes_and_spellings_name_their_flag() {
     std::fs::remove_dir_all(&root).ok();
 }
 
+/// [`convert`] through `writing_into` (what `inkling-wgpu convert` runs) with an injected write
+/// failure: the error, and the directories left.
+fn failed_convert(src: &Path, out: &Path) -> anyhow::Result<ConvertSummary> {
+    let opts = ConvertOptions {
+        fail: FailPlan {
+            fail_after_bytes: Some(1000),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    writing_into(out, || convert(src, out, &opts))
+}
+
 #[test]
 fn a_failed_convert_removes_only_the_directories_it_created() {
     let root = scratch("failed-out");
     let src = fixture("tiny-mm-bf16");
     // a new nested destination: every level this run created goes again
-    let o = bin()
-        .args(["convert", "--model", src.to_str().unwrap(), "--out"])
-        .arg(root.join("a/b/c"))
-        .env("INKLING_CONVERT_FAIL_AFTER", "1000")
-        .output()
-        .unwrap();
-    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("injected write failure"),
-        "{}",
-        stderr(&o)
-    );
+    let e = failed_convert(&src, &root.join("a/b/c")).unwrap_err();
+    assert!(format!("{e:#}").contains("injected write failure"), "{e:#}");
     assert!(names(&root).is_empty(), "{:?}", names(&root));
     // an existing (empty) destination stays
     let mine = root.join("mine");
     std::fs::create_dir(&mine).unwrap();
-    let o = bin()
-        .args(["convert", "--model", src.to_str().unwrap(), "--out"])
-        .arg(&mine)
-        .env("INKLING_CONVERT_FAIL_AFTER", "1000")
-        .output()
-        .unwrap();
-    assert_eq!(o.status.code(), Some(1));
+    assert!(failed_convert(&src, &mine).is_err());
     assert!(
         mine.is_dir() && names(&mine).is_empty(),
         "{:?}",
@@ -163,13 +161,59 @@ fn a_failed_convert_removes_only_the_directories_it_created() {
     std::fs::remove_dir_all(&root).ok();
 }
 
+/// Set in the environment of this test binary run as a child by [`interrupt_while_writing`]:
+/// `convert SRC OUT` or `synth OUT`, the write the child runs (stalling after 2000 bytes).
+const STALLED_WRITE: &str = "INKLING_TEST_STALLED_WRITE";
+
+/// The child of [`interrupt_while_writing`] (does nothing unless [`STALLED_WRITE`] is set): what
+/// `inkling-wgpu convert --model SRC --out OUT`, or `synth --preset tiny --layers 2 --experts
+/// int4-g64 --out OUT`, runs, with the write stalling after 2000 tensor bytes until a signal ends
+/// the process.
+#[test]
+#[ignore = "run as a child process by sigint_and_sigterm_remove_the_temporary_files"]
+fn stalled_write_child() {
+    use inkling_wgpu::container::synth::{synth, SynthOptions, SynthSpec};
+    let Ok(what) = std::env::var(STALLED_WRITE) else {
+        return;
+    };
+    let fail = FailPlan {
+        stall_after_bytes: Some(2000),
+        ..Default::default()
+    };
+    let words: Vec<&str> = what.split('\t').collect();
+    match words[..] {
+        ["convert", src, out] => {
+            let opts = ConvertOptions {
+                fail,
+                ..Default::default()
+            };
+            let (src, out) = (Path::new(src), Path::new(out));
+            writing_into(out, || convert(src, out, &opts)).unwrap();
+        }
+        ["synth", out] => {
+            let mut spec = SynthSpec::preset("tiny", 2).unwrap();
+            spec.experts = Encoding::parse("int4-g64").unwrap();
+            let opts = SynthOptions {
+                fail,
+                ..Default::default()
+            };
+            let out = Path::new(out);
+            writing_into(out, || synth(&spec, out, &opts)).unwrap();
+        }
+        _ => panic!("{STALLED_WRITE}={what:?}"),
+    }
+}
+
+/// Run [`stalled_write_child`] on `sub` (`["convert", SRC]` or `["synth"]`) and `out` in a child
+/// process, wait until its temporary file exists, send it `signal`; the child's output and the
+/// names seen in `out`.
 #[cfg(unix)]
 fn interrupt_while_writing(sub: &[&str], out: &Path, signal: i32) -> (Output, Vec<String>) {
-    let child = bin()
-        .args(sub)
-        .arg("--out")
-        .arg(out)
-        .env("INKLING_WRITE_STALL_AFTER", "2000")
+    let what = [sub, &[out.to_str().unwrap()]].concat().join("\t");
+    let child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "convert_inputs::stalled_write_child"])
+        .args(["--ignored", "--nocapture", "--test-threads", "1"])
+        .env(STALLED_WRITE, what)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -197,16 +241,8 @@ fn sigint_and_sigterm_remove_the_temporary_files() {
     let root = scratch("signals");
     let src = fixture("tiny-mm-bf16");
     let src = src.to_str().unwrap();
-    let convert_args = ["convert", "--model", src];
-    let synth_args = [
-        "synth",
-        "--preset",
-        "tiny",
-        "--layers",
-        "2",
-        "--experts",
-        "int4-g64",
-    ];
+    let convert_args = ["convert", src];
+    let synth_args = ["synth"];
     for (tag, args, sig, code) in [
         ("convert-int", &convert_args[..], libc::SIGINT, 130),
         ("synth-term", &synth_args[..], libc::SIGTERM, 143),

@@ -3,7 +3,8 @@
 //! BF16 source is byte-identical, the expert slabs are page-aligned and contiguous, interrupted
 //! conversions leave nothing under a final name, and the CLI (`convert`, `info`) works.
 use inkling_wgpu::container::{
-    convert, expert_name, shared_expert_name, Container, ConvertOptions, Proj, EXPERT_PROJS,
+    convert, expert_name, shared_expert_name, Container, ConvertOptions, FailPlan, Proj,
+    EXPERT_PROJS,
 };
 use inkling_wgpu::formats::{quantize_with, Encoding, ScaleRule};
 use std::path::{Path, PathBuf};
@@ -365,7 +366,10 @@ fn interrupted_convert_leaves_no_final_shard() {
     ] {
         let dst = tmpdir(&format!("interrupt-{fail}"));
         let opts = ConvertOptions {
-            fail_after_bytes: Some(fail),
+            fail: FailPlan {
+                fail_after_bytes: Some(fail),
+                ..Default::default()
+            },
             max_shard_bytes: shard_bytes,
             ..Default::default()
         };
@@ -525,18 +529,19 @@ fn cli_convert_and_info() {
         "{text}"
     );
     assert!(text.contains("total resident size: "), "{text}");
-    // Injected failure through the environment: non-zero exit, nothing under a final name.
+    // An injected failure in what the command runs: an error, nothing under a final name.
     let dst2 = tmpdir("cli-fail");
-    let st = std::process::Command::new(exe)
-        .env("INKLING_CONVERT_FAIL_AFTER", "10000")
-        .args(["convert", "--model"])
-        .arg(fixture("tiny-causal-f32"))
-        .arg("--out")
-        .arg(&dst2)
-        .output()
-        .unwrap();
-    assert!(!st.status.success());
-    assert!(String::from_utf8_lossy(&st.stderr).contains("injected write failure"));
+    let opts = ConvertOptions {
+        fail: FailPlan {
+            fail_after_bytes: Some(10000),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let src2 = fixture("tiny-causal-f32");
+    let e = inkling_wgpu::cli::convert::writing_into(&dst2, || convert(&src2, &dst2, &opts))
+        .unwrap_err();
+    assert!(format!("{e:#}").contains("injected write failure"), "{e:#}");
     assert!(final_files(&dst2).is_empty(), "{:?}", final_files(&dst2));
     let _ = std::fs::remove_dir_all(&dst);
     let _ = std::fs::remove_dir_all(&dst2);

@@ -179,9 +179,8 @@ impl ShortConvKernel {
         Ok(Call::new(Label::op(label), vec![d]))
     }
 
-    /// The convolution of the MoE combine (the `COMBINE` kernel; one dispatch for what
-    /// [`crate::gpu::ops::MoeCombine`] with both weightings then [`ShortConvKernel::bind`] do in
-    /// two): the input of token t is `Σ_s gammas[t·k+s]·yr[t·k+s, :] + Σ_j sg[t·S+j]·ys[t·S+j, :]`.
+    /// The convolution of the MoE combine (the `COMBINE` kernel; the weighted sum of the routed and
+    /// shared experts' outputs and [`ShortConvKernel::bind`] in one dispatch): the input of token t is `Σ_s gammas[t·k+s]·yr[t·k+s, :] + Σ_j sg[t·S+j]·ys[t·S+j, :]`.
     /// `yr` f32 [T·top_k, C], `gammas` f32 [T·top_k], `shared` = `(ys [T·S, C], sg [T·S], S)` or
     /// `None`; `w`, `state`, `y` as in [`ShortConvKernel::bind`]. Label `"moe_combine+short_conv"`.
     #[allow(clippy::too_many_arguments)]

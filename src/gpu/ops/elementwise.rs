@@ -1,7 +1,7 @@
-//! Elementwise kernels (`wgsl/elementwise.wgsl`): silu·up, residual adds, scaling, MoE combine, argmax.
+//! Elementwise kernels (`wgsl/elementwise.wgsl`): silu·up, scaling, argmax.
 
 use super::dispatch;
-use crate::gpu::call::{dummy, grid, need, BufferTooSmall, Call, Label};
+use crate::gpu::call::{grid, need, BufferTooSmall, Call, Label};
 use crate::gpu::kernel::{Bind, Kernel, KernelSpec};
 use crate::gpu::Gpu;
 use std::fmt;
@@ -19,31 +19,7 @@ const ENTRIES: &[(&str, &[(u32, Bind)])] = &[
             (5, Bind::Write),
         ],
     ),
-    (
-        "add",
-        &[(0, Bind::Uniform), (1, Bind::Read), (5, Bind::Write)],
-    ),
-    (
-        "add_scaled",
-        &[
-            (0, Bind::Uniform),
-            (1, Bind::Read),
-            (2, Bind::Read),
-            (5, Bind::Write),
-        ],
-    ),
     ("scale", &[(0, Bind::Uniform), (5, Bind::Write)]),
-    (
-        "moe_combine",
-        &[
-            (0, Bind::Uniform),
-            (1, Bind::Read),
-            (2, Bind::Read),
-            (3, Bind::Read),
-            (4, Bind::Read),
-            (5, Bind::Write),
-        ],
-    ),
     (
         "argmax_partial",
         &[
@@ -82,7 +58,7 @@ pub struct ElementwiseKey(pub &'static str);
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct ElementwiseParams {
-    /// Elements (silu_mul: P·I; combine: T·C; argmax: V).
+    /// Elements (silu_mul: P·I; scale: n; argmax: V).
     pub n: u32,
     pub a: u32,
     pub b: u32,
@@ -107,14 +83,6 @@ impl ElementwiseParams {
             e: l.u_off,
             f: l.u_row_stride,
             g: l.u_elem_stride,
-            ..Default::default()
-        }
-    }
-    /// `add` (no other field) and `add_scaled` (`a` = the index of the scale).
-    fn add(n: u32, s_idx: u32) -> Self {
-        ElementwiseParams {
-            n,
-            a: s_idx,
             ..Default::default()
         }
     }
@@ -277,62 +245,6 @@ impl SiluMul {
     }
 }
 
-/// `x[i] += y[i]` for `n` elements. Label `"add"`.
-#[derive(Clone, Copy, Debug)]
-pub struct Add {
-    pub n: u32,
-}
-
-impl Add {
-    /// `x`, `y` f32 [n].
-    pub fn bind(
-        &self,
-        gpu: &Gpu,
-        x: &wgpu::Buffer,
-        y: &wgpu::Buffer,
-    ) -> Result<Call, BufferTooSmall> {
-        let n = self.n;
-        need(x, n as u64, "add x")?;
-        need(y, n as u64, "add y")?;
-        Ok(one(
-            gpu,
-            "add",
-            ElementwiseParams::add(n, 0),
-            &[(1, y), (5, x)],
-        ))
-    }
-}
-
-/// `x[i] += s[s_idx] · y[i]` for `n` elements (`s` e.g. a `global_scale` tensor). Label
-/// `"add_scaled"`.
-#[derive(Clone, Copy, Debug)]
-pub struct AddScaled {
-    pub n: u32,
-    pub s_idx: u32,
-}
-
-impl AddScaled {
-    /// `x`, `y` f32 [n], `s` f32 [> s_idx].
-    pub fn bind(
-        &self,
-        gpu: &Gpu,
-        x: &wgpu::Buffer,
-        y: &wgpu::Buffer,
-        s: &wgpu::Buffer,
-    ) -> Result<Call, BufferTooSmall> {
-        let n = self.n;
-        need(x, n as u64, "add_scaled x")?;
-        need(y, n as u64, "add_scaled y")?;
-        need(s, self.s_idx as u64 + 1, "add_scaled s")?;
-        Ok(one(
-            gpu,
-            "add_scaled",
-            ElementwiseParams::add(n, self.s_idx),
-            &[(1, y), (2, s), (5, x)],
-        ))
-    }
-}
-
 /// `x[i] = x[i] / c` for `n` elements (the head's `logits_mup_width_multiplier`; a true
 /// division). Label `"scale"`.
 #[derive(Clone, Copy, Debug)]
@@ -374,63 +286,6 @@ fn scale(
     need(x, n as u64, what)?;
     let params = ElementwiseParams::scale(n, multiply, c);
     Ok(one(gpu, "scale", params, &[(5, x)]))
-}
-
-/// MoE combine over `tokens` × `hidden`:
-/// `out[t,:] (= or +=) Σ_s wr·y[t·top_k+s, :] + Σ_j ws·ys[t·S+j, :]` where `wr = gammas[t·top_k+s]`
-/// if `weight_routed` else 1 and `ws = shared_gammas[t·S+j]` if `weight_shared` else 1; `+=` when
-/// `accumulate`. Label `"moe_combine"`.
-#[derive(Clone, Copy, Debug)]
-pub struct MoeCombine {
-    pub tokens: u32,
-    pub hidden: u32,
-    pub top_k: u32,
-    pub weight_routed: bool,
-    pub weight_shared: bool,
-    pub accumulate: bool,
-}
-
-impl MoeCombine {
-    /// `y` f32 [T·top_k, hidden], `gammas` f32 [T·top_k], `shared` = `(ys [T·S, hidden],
-    /// shared_gammas [T·S], S)` or `None`, `out` f32 [T, hidden].
-    pub fn bind(
-        &self,
-        gpu: &Gpu,
-        y: &wgpu::Buffer,
-        gammas: &wgpu::Buffer,
-        shared: Option<(&wgpu::Buffer, &wgpu::Buffer, u32)>,
-        out: &wgpu::Buffer,
-    ) -> Result<Call, BufferTooSmall> {
-        let (hidden, top_k) = (self.hidden, self.top_k);
-        let n = self.tokens * hidden;
-        let none = dummy(gpu);
-        let (ys, sg, ns) = shared.unwrap_or((&none, &none, 0));
-        let (t, kk, nsu) = (self.tokens as u64, top_k as u64, ns as u64);
-        need(y, t * kk * hidden as u64, "moe_combine y")?;
-        let ng = if self.weight_routed { t * kk } else { 0 };
-        need(gammas, ng, "moe_combine gammas")?;
-        need(ys, t * nsu * hidden as u64, "moe_combine shared ys")?;
-        let nsg = if self.weight_shared { t * nsu } else { 0 };
-        need(sg, nsg, "moe_combine shared gammas")?;
-        need(out, n as u64, "moe_combine out")?;
-        let params = ElementwiseParams {
-            n,
-            a: hidden,
-            b: top_k,
-            c: ns,
-            d: self.weight_routed as u32,
-            e: self.weight_shared as u32,
-            f: self.accumulate as u32,
-            ..Default::default()
-        };
-        let call = one(
-            gpu,
-            "moe_combine",
-            params,
-            &[(1, y), (2, gammas), (3, ys), (4, sg), (5, out)],
-        );
-        Ok(call.owning([none]))
-    }
 }
 
 /// Greedy argmax over `vocab` f32 logits (ties → lowest index; NaNs never win), writing one u32 to

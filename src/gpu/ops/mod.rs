@@ -22,9 +22,7 @@ use crate::gpu::Gpu;
 pub use attention::AttentionShape;
 pub use attention_fused::{attention_consts, FusedAttention, FusedAttentionIo};
 pub use conv::ShortConvKernel;
-pub use elementwise::{
-    Add, AddScaled, Argmax, DivConst, MoeCombine, MulConst, SiluMul, SiluMulLayout,
-};
+pub use elementwise::{Argmax, DivConst, MulConst, SiluMul, SiluMulLayout};
 pub use norm::{EmbedNorm, EmbedShard, RmsNorm};
 pub use residual::{SconvInput, SconvRmsNorm};
 pub use router::{Pair, RouterShape};

@@ -87,7 +87,7 @@ pub enum SconvInput<'a> {
     /// `xin = x · scale`, f32 [C] (the dense MLP's `global_scale`, i.e. [`super::MulConst`]).
     Scaled(&'a wgpu::Buffer, f32),
     /// `xin[c] = Σ_s routed[s, c]·gammas[s] + Σ_j shared[j, c]·shared_gammas[j]` (in that order),
-    /// the formula of [`super::MoeCombine`] with both weightings on: `routed` f32 [top_k, C],
+    /// the MoE combine with both weightings on: `routed` f32 [top_k, C],
     /// `gammas` f32 [top_k], `shared` = (f32 [S, C], f32 [S], S) when there are shared experts.
     MoeCombine {
         routed: &'a wgpu::Buffer,
