@@ -56,7 +56,9 @@ if [ "${1:-}" = --summary ]; then MODE=summary; shift
 elif [ "${1:-}" = --dry-run ]; then DRY=1; MODE=run; shift
 else MODE=run; fi
 
-# the device machine's Vulkan loader (the .debs carried in .gl) and the NVIDIA ICD
+# the device machine's Vulkan loader and the GL vendor-neutral libraries the NVIDIA ICD (libGLX_nvidia)
+# needs, carried in .gl: `(mkdir -p .gl && cd .gl && apt-get download libvulkan1 libegl1 libglvnd0
+# libopengl0 libgl1 libglx0 libgles2)` (with libvulkan1 alone the loader finds no vkCreateInstance), and
 # (elsewhere, with no .gl and no ICD there, the system's Vulkan is used as it is)
 if [ "$MODE" = run ] && [ "$DRY" = 0 ]; then
   if ls .gl/*.deb >/dev/null 2>&1; then for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig; fi
