@@ -127,172 +127,45 @@ pub fn select(weights: &GpuWeights, args: &GemvArgs<'_>) -> Option<Tile> {
     Some(forced.unwrap_or(TILES[0]))
 }
 
-/// The WGSL of one instantiation: the generated prelude, then the GEMM (`sort` false, entry
-/// `main`) or the grouping pass (`sort` true, entry `sort_pairs`; only BN matters to it).
+/// The WGSL of one instantiation: the generated prelude (every registry ordinal as a named
+/// constant, then the instantiation's: see the header of `wgsl/gemm.wgsl`), then the GEMM (`sort`
+/// false, entry `main`) or the grouping pass (`sort` true, entry `sort_pairs`; only the pairs per
+/// tile matter to it), its column loop unrolled for `tile` by [`kernel::preprocess_with`].
 pub fn wgsl_source(enc: Encoding, tile: Tile, sort: bool) -> String {
     let mut out = format!(
-        "// gemm instantiation: {}{}, rm {} bn {}\nconst FMT: u32 = {}u;\nconst GS: u32 = {}u;\n\
-         const RM: u32 = {}u;\nconst NQ: u32 = {}u;\nconst BN: u32 = {}u;\nconst EMAX: u32 = {EMAX}u;\n",
+        "// gemm instantiation: {}{}, rm {} bn {}\n",
         enc.spelling(),
         if sort { " (sort pass)" } else { "" },
         tile.rm,
         tile.pairs(),
-        enc.format.ordinal(),
-        enc.group_size,
-        tile.rm,
-        tile.nq,
-        tile.pairs(),
     );
-    let body = kernel::preprocess(GEMM_WGSL, &[("SORT", sort)]);
-    if sort {
-        out.push_str(&body);
-    } else {
-        out.push_str(&unrolled(&body, tile));
+    out.push_str(&gemv::wgsl_format_consts());
+    let consts: [(&str, String); 6] = [
+        ("FMT", gemv::wgsl_format_const(enc.format)),
+        ("GROUP_SIZE", format!("{}u", enc.group_size)),
+        ("ROWS_PER_THREAD", format!("{}u", tile.rm)),
+        ("PAIR_QUADS", format!("{}u", tile.nq)),
+        ("PAIRS_PER_TILE", format!("{}u", tile.pairs())),
+        ("MAX_EXPERTS", format!("{EMAX}u")),
+    ];
+    for (name, value) in consts {
+        out.push_str(&format!("const {name}: u32 = {value};\n"));
     }
+    out.push_str(&kernel::preprocess_with(
+        GEMM_WGSL,
+        &[("SORT", sort)],
+        &[
+            ("ROWS_PER_THREAD", tile.rm as i64),
+            ("PAIR_QUADS", tile.nq as i64),
+            ("PREFETCH_AFTER", PREFETCH_AFTER),
+        ],
+    ));
     out
 }
 
 /// Octets (8 columns of a lane) of a column step computed before the next step's weights are
-/// loaded.
-const PREFETCH_AFTER: u32 = 2;
-
-/// The GEMM body with its `// @GEN:` markers replaced by code unrolled for `tile`: every
-/// per-thread array index is a constant, so each accumulator, raw word and decoded weight is a
-/// named value the driver's compiler keeps in registers (loops over per-thread arrays were
-/// compiled to memory for some tiles).
-fn unrolled(body: &str, tile: Tile) -> String {
-    use std::fmt::Write as _;
-    let (rm, nq) = (tile.rm, tile.nq);
-    let xi = nq / 2;
-    let mut decl = String::new();
-    let mut step = String::new();
-    let mut emit = String::new();
-    let w = |s: &mut String, line: String| {
-        s.push_str(&line);
-        s.push('\n');
-    };
-    for r in 0..rm {
-        w(
-            &mut decl,
-            format!(
-                "    let lrow{r} = ebase + (min(r_first + {r}u, prm.r1 - 1u) - prm.r0);\n    \
-             let rowv{r} = lrow{r} * prm.row_v;\n    let srow{r} = lrow{r} * prm.spr;"
-            ),
-        );
-    }
-    for j in 0..xi {
-        let q = 2 * j;
-        w(
-            &mut decl,
-            format!(
-            "    let xb{j} = vec4<u32>(slot_x[4u * (q0 + {q}u)], slot_x[4u * (q0 + {q}u) + 1u], \
-             slot_x[4u * (q0 + {q}u) + 2u], slot_x[4u * (q0 + {q}u) + 3u]);\n    \
-             var xr{j} = load_x(xb{j}, lc);"
-        ),
-        );
-    }
-    for r in 0..rm {
-        for q in 0..nq {
-            w(&mut decl, format!("    var a{r}_{q} = vec4<f32>(0.0);"));
-        }
-    }
-    // the raw words and scales of step k0 are loaded during step k0 - 128 (after its first
-    // PREFETCH_AFTER octets, whose words are dead by then), so their latency hides behind FMAs
-    let load = |s: &mut String, k: &str| {
-        for r in 0..rm {
-            s.push_str(&format!(
-                "    raw{r} = load_w(rowv{r}, rowv{r} + prm.row_v - 1u, {k}, lane);\n    \
-                 sc{r} = lane_scale(srow{r}, {k}, lane);\n"
-            ));
-        }
-    };
-    for r in 0..rm {
-        w(
-            &mut decl,
-            format!("    var raw{r}: array<vec4<u32>, WV>;\n    var sc{r} = 1.0;"),
-        );
-    }
-    load(&mut decl, "0u");
-    for r in 0..rm {
-        w(
-            &mut step,
-            format!("        let cur{r} = raw{r};\n        let csc{r} = sc{r};"),
-        );
-    }
-    for j in 0..xi {
-        w(
-            &mut step,
-            format!(
-                "        XS[xs_index(lc) + q0 + {}u] = xr{j} * xscale;",
-                2 * j
-            ),
-        );
-    }
-    w(
-        &mut step,
-        "        workgroupBarrier();\n        if (k0 + 128u < prm.cols) {".into(),
-    );
-    for j in 0..xi {
-        w(
-            &mut step,
-            format!("            xr{j} = load_x(xb{j}, k0 + 128u + lc);"),
-        );
-    }
-    w(&mut step, "        }".into());
-    for o in 0..4 {
-        if o == PREFETCH_AFTER {
-            load(&mut step, "k0 + 128u");
-        }
-        for r in 0..rm {
-            w(
-                &mut step,
-                format!(
-                    "        let w{r}_{o} = w8(cur{r}, {o}u, k0 + 32u * lane + {}u, csc{r});",
-                    8 * o
-                ),
-            );
-        }
-        for j in 0..8 {
-            for q in 0..nq {
-                let _ = write!(
-                    step,
-                    "        {{ let xv = XS[xl + {}u];",
-                    (8 * o + j) * nq + q
-                );
-                for r in 0..rm {
-                    let _ = write!(
-                        step,
-                        " a{r}_{q} = fma(vec4<f32>(w{r}_{o}[{}][{}]), xv, a{r}_{q});",
-                        j / 4,
-                        j % 4
-                    );
-                }
-                step.push_str(" }\n");
-            }
-        }
-    }
-    for r in 0..rm {
-        w(
-            &mut emit,
-            format!(
-                "    var rs{r} = 1.0;\n    if (FMT == 2u) {{\n        rs{r} = S[srow{r}];\n    }}"
-            ),
-        );
-        for q in 0..nq {
-            w(
-                &mut emit,
-                format!("    emit(a{r}_{q}, r_first + {r}u, {q}u, rs{r}, li);"),
-            );
-        }
-    }
-    let mut out = body.to_string();
-    for (mark, code) in [("decl", decl), ("step", step), ("emit", emit)] {
-        let m = format!("// @GEN:{mark}\n");
-        assert!(out.contains(&m), "wgsl/gemm.wgsl lacks {m}");
-        out = out.replace(&m, &code);
-    }
-    out
-}
+/// loaded (`PREFETCH_AFTER` in `wgsl/gemm.wgsl`).
+const PREFETCH_AFTER: i64 = 2;
 
 /// The uniform block of the GEMM and its grouping pass, the twin of `Params` in
 /// `wgsl/gemm.wgsl` (field meanings there).
@@ -302,7 +175,7 @@ pub struct GemmParams {
     rows: u32,
     cols: u32,
     n_pairs: u32,
-    row_v: u32,
+    row_stride_v4: u32,
     e0: u32,
     e1: u32,
     r0: u32,
@@ -311,8 +184,8 @@ pub struct GemmParams {
     x_offset: u32,
     y_stride: u32,
     y_offset: u32,
-    spr: u32,
-    rb: u32,
+    scales_per_row: u32,
+    row_blocks: u32,
     use_gamma: u32,
     pair_mode: u32,
     n_tiles: u32,
@@ -467,12 +340,12 @@ pub fn bind(
         rows: o,
         cols: i,
         n_pairs: np,
-        row_v: (gpu_row_stride(enc, weights.cols()) / 16) as u32,
+        row_stride_v4: (gpu_row_stride(enc, weights.cols()) / 16) as u32,
         x_stride,
         x_offset: args.x_offset,
         y_stride,
         y_offset: args.y_offset,
-        spr: enc.scales_per_row(weights.cols()) as u32,
+        scales_per_row: enc.scales_per_row(weights.cols()) as u32,
         use_gamma: args.gamma.is_some() as u32,
         pair_mode: (sorted as u32) | ((args.x_per_pair as u32) << 8),
         n_tiles,
@@ -490,16 +363,16 @@ pub fn bind(
         ));
     }
     for c in weights.chunks() {
-        let rb = (c.r1 - c.r0).div_ceil(tile.rows());
+        let row_blocks = (c.r1 - c.r0).div_ceil(tile.rows());
         let p = GemmParams {
             e0: c.e0,
             e1: c.e1,
             r0: c.r0,
             r1: c.r1,
-            rb,
+            row_blocks,
             ..base
         };
-        let total = n_tiles as u64 * rb as u64;
+        let total = n_tiles as u64 * row_blocks as u64;
         let groups = grid_u64(total).ok_or_else(|| {
             DispatchError::Shape(format!("{total} GEMM workgroups exceed 65535²"))
         })?;

@@ -393,18 +393,27 @@ pub fn wgsl_format_const(f: Format) -> String {
     format!("FMT_{}", f.name().to_uppercase().replace('-', "_"))
 }
 
+/// Every registry format's ordinal as a WGSL constant named by [`wgsl_format_const`], one line
+/// each (`const FMT_INT4: u32 = 2u;`): the head of every GEMV and GEMM prelude.
+pub fn wgsl_format_consts() -> String {
+    crate::formats::REGISTRY
+        .iter()
+        .map(|spec| {
+            format!(
+                "const {}: u32 = {}u;\n",
+                wgsl_format_const(spec.format),
+                spec.ordinal
+            )
+        })
+        .collect()
+}
+
 /// The generated prelude of one instantiation: every registry ordinal as a named constant, then
 /// the instantiation's constants (see the header of `wgsl/gemv.wgsl`).
 fn prelude(enc: Encoding, t: Tuning, xt: u32, chunks: u32, header: &str) -> String {
     let (cols_per_unit, words_per_unit) = unit_shape(enc.format);
     let mut out = format!("// gemv instantiation: {header}\n");
-    for spec in crate::formats::REGISTRY {
-        out.push_str(&format!(
-            "const {}: u32 = {}u;\n",
-            wgsl_format_const(spec.format),
-            spec.ordinal
-        ));
-    }
+    out.push_str(&wgsl_format_consts());
     let consts: [(&str, String); 11] = [
         ("FMT", wgsl_format_const(enc.format)),
         ("GROUP_SIZE", format!("{}u", enc.group_size)),
@@ -450,10 +459,10 @@ pub fn wgsl_source_chunks(
 /// The WGSL of one instantiation: the generated [`prelude`] plus the skeleton with the branches
 /// of its named flags selected (`//!IF FLAG` / `//!ELSE` / `//!END` lines): `SUBGROUP` (the
 /// reduction), `XDIRECT` (x read from global memory; `xt` is then unused and written as 0),
-/// `CHUNK1` (`chunks` = 2: a second weight chunk bound at bindings 7 and 8, its decode functions
-/// written from the `//!CHUNK_FN` block with `W0`/`S0`/`_0(` renamed) and `SEGMENTS` (output
-/// segments at bindings 6 and 9-11). Panics on a format without a kernel or `chunks` other than
-/// 1 and 2.
+/// `CHUNK1` (`chunks` = 2: a second weight chunk bound at bindings 7 and 8) and `SEGMENTS` (output
+/// segments at bindings 6 and 9-11), and with `WEIGHT_CHUNKS` = `chunks` (the decode functions
+/// and the hot loop written once per bound chunk; see [`kernel::preprocess_with`]). Panics on a
+/// format without a kernel or `chunks` other than 1 and 2.
 pub fn wgsl_source_key(key: &GemvKey) -> String {
     let GemvKey {
         enc,
@@ -482,7 +491,8 @@ pub fn wgsl_source_key(key: &GemvKey) -> String {
         t.tpr,
         t.rpt,
     );
-    let body = crate::gpu::kernel::preprocess(
+    let mut out = prelude(enc, t, xt, chunks, &header);
+    out.push_str(&kernel::preprocess_with(
         GEMV_WGSL,
         &[
             ("SUBGROUP", subgroups),
@@ -495,39 +505,8 @@ pub fn wgsl_source_key(key: &GemvKey) -> String {
             ),
             ("PREFETCH", prefetch(enc.format, t, xt)),
         ],
-    );
-    let (head, rest) = body
-        .split_once("//!CHUNK_FN\n")
-        .expect("gemv.wgsl has a //!CHUNK_FN block");
-    let (chunk_fn, rest) = rest
-        .split_once("//!END_CHUNK_FN\n")
-        .expect("gemv.wgsl closes its //!CHUNK_FN block");
-    let (between, rest) = rest
-        .split_once("//!TEMPLATE\n")
-        .expect("gemv.wgsl has a //!TEMPLATE hot loop");
-    let (hot_loop, tail) = rest
-        .split_once("//!END_TEMPLATE\n")
-        .expect("gemv.wgsl closes its //!TEMPLATE");
-    let for_chunk = |text: &str, k: u32| {
-        text.replace("W0[", &format!("W{k}["))
-            .replace("S0[", &format!("S{k}["))
-            .replace("_0(", &format!("_{k}("))
-    };
-    let mut out = prelude(enc, t, xt, chunks, &header);
-    out.push_str(head);
-    for k in 0..chunks {
-        out.push_str(&for_chunk(chunk_fn, k));
-    }
-    out.push_str(between);
-    for line in tail.lines() {
-        match line.trim().strip_prefix("//!HOT_LOOP ") {
-            Some(k) => out.push_str(&for_chunk(hot_loop, k.parse().expect("//!HOT_LOOP chunk"))),
-            None => {
-                out.push_str(line);
-                out.push('\n');
-            }
-        }
-    }
+        &[("WEIGHT_CHUNKS", chunks as i64)],
+    ));
     out
 }
 
