@@ -214,15 +214,21 @@ pub fn preprocess_with(src: &str, flags: &[(&str, bool)], values: &[(&str, i64)]
 
 /// One parsed piece of a skeleton.
 enum Node<'s> {
+    /// A WGSL line, written with its `$` substitutions.
     Line(&'s str),
+    /// Condition, its branch, the `//!ELSE` branch.
     If(&'s str, Vec<Node<'s>>, Vec<Node<'s>>),
+    /// Index name, first and end expressions, body.
     For(&'s str, &'s str, &'s str, Vec<Node<'s>>),
+    /// `(name, array)` pairs, body.
     Each(Vec<(&'s str, &'s str)>, Vec<Node<'s>>),
+    /// Block name, parameters, body.
     Define(&'s str, Vec<&'s str>, Vec<Node<'s>>),
+    /// Block name, arguments.
     Insert(&'s str, Vec<&'s str>),
 }
 
-/// A bound name's value: an integer, or a word of `//!EACH`.
+/// A bound name's value: an integer, or a word (of `//!EACH`, or a quoted `//!INSERT` argument).
 #[derive(Clone)]
 enum Value {
     Int(i64),
