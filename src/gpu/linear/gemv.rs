@@ -35,7 +35,7 @@ use crate::gpu::call::{dummy, entry, grid_u64, Call, Dispatch, Label};
 use crate::gpu::dispatch::DispatchError;
 use crate::gpu::kernel::{self, Bind, Kernel, KernelSpec};
 use crate::gpu::linear::args::{strides, GemvArgs, XPrologue, MAX_SEGMENTS};
-use crate::gpu::linear::format::{kernel_encodings, unit_shape, Tuning};
+use crate::gpu::linear::format::{kernel_encodings, row, unit_shape, Tuning};
 use crate::gpu::linear::route::{candidates, direct_candidates, tuning};
 use crate::gpu::linear::slab::{gpu_row_stride, GpuWeights, WeightChunk};
 use crate::gpu::Gpu;
@@ -111,7 +111,7 @@ const PREFETCH_MIN_STEPS: u32 = 6;
 /// thread takes at least [`PREFETCH_MIN_STEPS`] steps over a tile of `xt` columns.
 pub fn prefetch(f: Format, t: Tuning, xt: u32) -> bool {
     let steps = (xt / unit_shape(f).0) / (t.tpr * UNITS_PER_STEP);
-    !matches!(f, Format::F32 | Format::Bf16) && steps >= PREFETCH_MIN_STEPS
+    row(f).quantised && steps >= PREFETCH_MIN_STEPS
 }
 
 /// The WGSL of one instantiation with the default tuning, staged x, a 2048-column x tile (fits
@@ -549,7 +549,7 @@ pub fn kernels(smem_limit: u64, subgroups: bool) -> Vec<KernelSpec> {
                         v.push(KernelSpec::of(&key(t, xt, false)));
                     }
                 }
-                if matches!(enc.format, Format::F32 | Format::Bf16) {
+                if row(enc.format).direct_x {
                     for &t in direct_candidates() {
                         v.push(KernelSpec::of(&key(t, 0, true)));
                     }

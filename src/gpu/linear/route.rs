@@ -30,7 +30,7 @@
 
 use crate::formats::{Encoding, Format};
 use crate::gpu::linear::args::{strides, GemmChoice, GemvArgs, Reduction, Tile};
-use crate::gpu::linear::format::{supported, unit_shape, Tuning};
+use crate::gpu::linear::format::{row, supported, Tuning};
 use crate::gpu::linear::slab::{GpuWeights, WeightChunk};
 
 /// Fewest workgroups a staged-x call should launch before [`plan`] settles for fewer rows per
@@ -84,27 +84,7 @@ pub fn rows_per_workgroup(enc: Encoding) -> u32 {
 /// The staged-x tunings of `f`, most rows per workgroup first ([`plan`] takes the first that
 /// reaches [`MIN_WORKGROUPS`]); the first is the format's default.
 pub fn candidates(f: Format) -> &'static [Tuning] {
-    const fn t(tpr: u32, rpt: u32) -> Tuning {
-        Tuning { tpr, rpt }
-    }
-    // the int4 family's list: 8x4 first, then the generic one
-    const INT4: &[Tuning] = &[
-        t(8, 4),
-        t(16, 4),
-        t(32, 4),
-        t(32, 2),
-        t(32, 1),
-        t(64, 1),
-        t(128, 1),
-        t(256, 1),
-    ];
-    const GENERIC: &[Tuning] = INT4.split_at(1).1;
-    const INT3: &[Tuning] = &[t(32, 1), t(64, 1), t(128, 1), t(256, 1)];
-    match f {
-        Format::Int4 | Format::Int4Grouped => INT4,
-        Format::Int3G64 => INT3,
-        _ => GENERIC,
-    }
+    row(f).tunings
 }
 
 /// The direct-x tunings (f32, bf16 with aligned x), most rows per workgroup first ([`plan`] takes
@@ -124,8 +104,9 @@ pub fn direct_candidates() -> &'static [Tuning] {
 /// `x_stride` (0 = `cols`) and `x_offset` multiples of 4 (every x row on a vec4).
 pub fn direct_aligned(enc: Encoding, cols: u32, x_stride: u32, x_offset: u32) -> bool {
     let x_stride = if x_stride == 0 { cols } else { x_stride };
-    matches!(enc.format, Format::F32 | Format::Bf16)
-        && cols.is_multiple_of(unit_shape(enc.format).0)
+    let kf = row(enc.format);
+    kf.direct_x
+        && cols.is_multiple_of(kf.cols_per_unit)
         && x_stride.is_multiple_of(4)
         && x_offset.is_multiple_of(4)
 }
