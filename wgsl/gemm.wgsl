@@ -1,5 +1,5 @@
 // The MoE GEMM (prefill): the GEMV's problem for many pairs at once, each weight read once per
-// tile of pairs. Instantiated by src/gpu/gemm.rs (`gemm::wgsl_source`):
+// tile of pairs. Instantiated by src/gpu/linear/gemm.rs (`gemm::wgsl_source`):
 //   * a generated prelude defines the format ordinals FMT_* from the registry, FMT and
 //     GROUP_SIZE (0 = none) of this instantiation, ROWS_PER_THREAD, PAIR_QUADS (quads of pairs
 //     per tile: a tile holds PAIRS_PER_TILE = 4 * PAIR_QUADS pairs), PAIRS_PER_TILE and

@@ -1,4 +1,4 @@
-// The MoE GEMV skeleton for every kernel format; src/gpu/gemv.rs's module docs tell its story
+// The MoE GEMV skeleton for every kernel format; src/gpu/linear/ (mod.rs, gemv.rs) tells its story
 // (problem, GPU layout, work split, x staged or direct, weight chunks). The generated prelude
 // (`gemv::wgsl_source_tuned`) defines the format ordinals FMT_* from the registry, FMT and
 // GROUP_SIZE of this instantiation, COLS_PER_UNIT / WORDS_PER_UNIT (a unit: the columns decoded

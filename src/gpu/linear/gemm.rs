@@ -30,102 +30,21 @@
 //! GEMM then launches ceil(P / BN) + min(E, P) tiles per row block, a bound on Σ_e ceil(count_e /
 //! BN), and the tiles past the used ones exit at once. The pairs come from the GPU router, so
 //! the host never sees them. At most [`EMAX`] experts (workgroup memory of the pass).
-//!
-//! # Selection ([`select`])
-//! The GEMM replaces the GEMV when the call leaves the choice to the engine (automatic reduction,
-//! no forced tuning, no [`crate::gpu::gemv::set_tuning_override`], [`GemmChoice::Auto`]), the
-//! format has a GEMM kernel, E ≤ [`EMAX`], and the pairs per used expert,
-//! `P / min(E, P)`, reach [`MIN_PAIRS_PER_EXPERT`]: below that the GEMV, which reads each weight
-//! once per pair at the copy bandwidth, wastes less than the GEMM's partly empty tiles.
 
-use crate::formats::{Encoding, Format};
+use crate::formats::Encoding;
 use crate::gpu::call::{dummy, grid_u64, Call, Dispatch, Label};
 use crate::gpu::dispatch::DispatchError;
-use crate::gpu::gemv::{self, gpu_row_stride, GemvArgs, GpuWeights, Reduction};
 use crate::gpu::kernel::{self, Bind, Kernel, KernelSpec};
+use crate::gpu::linear::args::{GemvArgs, Tile};
+use crate::gpu::linear::format::{kernel_encodings, supported};
+use crate::gpu::linear::gemv::{wgsl_format_const, wgsl_format_consts};
+use crate::gpu::linear::route::{EMAX, TILES};
+use crate::gpu::linear::slab::{gpu_row_stride, GpuWeights};
 use crate::gpu::Gpu;
 use std::fmt;
 
-pub use crate::gpu::gemm_tile::{GemmChoice, Tile};
-
 /// Source of the GEMM skeleton and its grouping pass.
-pub const GEMM_WGSL: &str = include_str!("../../wgsl/gemm.wgsl");
-
-/// Fewest pairs per used expert (`P / min(E, P)`; the tokens of a dense linear) for which
-/// [`select`] picks the GEMM.
-pub const MIN_PAIRS_PER_EXPERT: u32 = 4;
-
-/// Most experts of a slab the grouping pass handles (two u32 per expert of workgroup memory);
-/// larger slabs keep the GEMV.
-pub const EMAX: u32 = 1024;
-
-/// Every tile [`select`] picks: 256 rows × 16 pairs, the fastest prefill of the full-depth
-/// probe on an H200 among those measured (BENCHMARKS.md, *Prefill at full depth*).
-/// [`GemmChoice::Always`] builds any [`Tile::buildable`] tile.
-pub const TILES: [Tile; 1] = [Tile { rm: 4, nq: 4 }];
-
-/// Whether `enc` has a GEMM kernel: f32, bf16, int4 and int4-grouped. int3-g64 keeps the GEMV:
-/// the GEMM's int3 decode reads the FORMATS.md bit order, not the GPU order of
-/// [`crate::gpu::slab_layout`] that int3-g64 slabs are uploaded in.
-pub fn supported(enc: Encoding) -> bool {
-    matches!(
-        enc.format,
-        Format::F32 | Format::Bf16 | Format::Int4 | Format::Int4Grouped
-    )
-}
-
-/// Benchmark-only switch: with `false`, [`GemmChoice::Auto`] keeps the GEMV (`bench prefill
-/// --compare` times the same model both ways). Calls built earlier keep their choice.
-static AUTO_ENABLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
-
-/// Let [`GemmChoice::Auto`] pick the GEMM (`true`, the default) or never (`false`) for calls built
-/// from now on.
-pub fn set_auto_enabled(on: bool) {
-    AUTO_ENABLED.store(on, std::sync::atomic::Ordering::Relaxed);
-}
-
-/// Benchmark-only override of the tile [`GemmChoice::Auto`] picks (`None`: [`TILES`]`[0]`).
-static AUTO_TILE: std::sync::Mutex<Option<Tile>> = std::sync::Mutex::new(None);
-
-/// Make [`GemmChoice::Auto`] pick `tile` (`None`: the selection's own) for calls built from now
-/// on (`bench prefill --tiles`).
-pub fn set_auto_tile(tile: Option<Tile>) {
-    *AUTO_TILE.lock().unwrap_or_else(|e| e.into_inner()) = tile;
-}
-
-/// The tile to run `args` over `weights` as a GEMM, or `None` to keep the GEMV (rules in the
-/// module docs).
-pub fn select(weights: &GpuWeights, args: &GemvArgs<'_>) -> Option<Tile> {
-    let e = weights.experts() as u32;
-    let p = args.n_pairs;
-    // output segments are a GEMV write (`GemvArgs::segments`); the GEMM stages no x prologue
-    if !supported(weights.encoding())
-        || e > EMAX
-        || p == 0
-        || !args.segments.is_empty()
-        || args.prologue.is_some()
-    {
-        return None;
-    }
-    match args.gemm {
-        GemmChoice::Never => return None,
-        GemmChoice::Always(t) => return Some(t),
-        GemmChoice::Auto => {}
-    }
-    if !AUTO_ENABLED.load(std::sync::atomic::Ordering::Relaxed)
-        || args.tuning.is_some()
-        || args.reduction != Reduction::Auto
-        || gemv::tuning_override().is_some()
-    {
-        return None;
-    }
-    let per_expert = p / e.min(p);
-    if per_expert < MIN_PAIRS_PER_EXPERT {
-        return None;
-    }
-    let forced = *AUTO_TILE.lock().unwrap_or_else(|e| e.into_inner());
-    Some(forced.unwrap_or(TILES[0]))
-}
+pub const GEMM_WGSL: &str = include_str!("../../../wgsl/gemm.wgsl");
 
 /// The WGSL of one instantiation: the generated prelude (every registry ordinal as a named
 /// constant, then the instantiation's: see the header of `wgsl/gemm.wgsl`), then the GEMM (`sort`
@@ -139,9 +58,9 @@ pub fn wgsl_source(enc: Encoding, tile: Tile, sort: bool) -> String {
         tile.rm,
         tile.pairs(),
     );
-    out.push_str(&gemv::wgsl_format_consts());
+    out.push_str(&wgsl_format_consts());
     let consts: [(&str, String); 6] = [
-        ("FMT", gemv::wgsl_format_const(enc.format)),
+        ("FMT", wgsl_format_const(enc.format)),
         ("GROUP_SIZE", format!("{}u", enc.group_size)),
         ("ROWS_PER_THREAD", format!("{}u", tile.rm)),
         ("PAIR_QUADS", format!("{}u", tile.nq)),
@@ -260,10 +179,7 @@ impl Kernel for SortKey {
 /// the grouping pass of each BN.
 pub fn kernels() -> Vec<KernelSpec> {
     let mut v = Vec::new();
-    for enc in gemv::kernel_encodings()
-        .into_iter()
-        .filter(|&e| supported(e))
-    {
+    for enc in kernel_encodings().into_iter().filter(|&e| supported(e)) {
         for t in TILES {
             v.push(KernelSpec::of(&GemmKey::new(enc, t)));
         }
@@ -275,22 +191,6 @@ pub fn kernels() -> Vec<KernelSpec> {
 /// Workgroup-memory bytes of the GEMM with `tile` (x tile, reduction buffer, slot table).
 pub fn workgroup_bytes(tile: Tile) -> u64 {
     16 * (128 * tile.nq as u64 + 4) + 12 * tile.pairs() as u64 + 4
-}
-
-impl GpuWeights {
-    /// Bind a call over these weights: the GEMM ([`bind`]) when [`select`] picks it, else the
-    /// GEMV ([`GpuWeights::bind_gemv`]); callers see one [`Call`] either way (label `"gemm"` or
-    /// `"gemv"`). Errors: those of [`GpuWeights::check_args`], checked first whichever kernel
-    /// runs the call, and of [`bind`] or [`GpuWeights::bind_gemv`].
-    pub fn bind(&self, gpu: &Gpu, ordinal: u32, args: GemvArgs) -> Result<Call, DispatchError> {
-        match select(self, &args) {
-            Some(tile) => {
-                self.check_args(gpu, ordinal, &args)?;
-                bind(gpu, self, &args, tile)
-            }
-            None => self.bind_gemv(gpu, ordinal, args),
-        }
-    }
 }
 
 /// The GEMM of `args` over `weights` with `tile`, as one [`Call`] labelled `"gemm"`: for a slab
