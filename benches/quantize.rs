@@ -5,7 +5,7 @@
 //! criterion as a dev-dependency turns on features of shared dependencies, which would make
 //! `cargo test` rebuild wgpu instead of reusing the build of `cargo run`.
 use inkling_wgpu::formats::{quantize_with, Encoding, ScaleRule};
-use inkling_wgpu::gpu::gemv::kernel_encodings;
+use inkling_wgpu::gpu::linear::kernel_encodings;
 use std::time::Instant;
 
 const RUNS: usize = 10;

@@ -1,4 +1,4 @@
-// The MoE GEMV skeleton for every kernel format; src/gpu/gemv.rs's module docs tell its story
+// The MoE GEMV skeleton for every kernel format; src/gpu/linear/ (mod.rs, gemv.rs) tells its story
 // (problem, GPU layout, work split, x staged or direct, weight chunks). The generated prelude
 // (`gemv::wgsl_source_tuned`) defines the format ordinals FMT_* from the registry, FMT and
 // GROUP_SIZE of this instantiation, COLS_PER_UNIT / WORDS_PER_UNIT (a unit: the columns decoded
@@ -9,9 +9,10 @@
 // (subgroup reduction), XDIRECT (x read from global memory instead of staged), CHUNK1 (a second
 // weight chunk bound), SEGMENTS (the rows written to up to four output matrices, bindings 6 and
 // 9-11; see `write_y`), UNIT_ARRAYS (the hot loop loads a step's units into arrays first) and
-// PREFETCH (it loads the next step while decoding this one). The functions
-// between `//!CHUNK_FN` and `//!END_CHUNK_FN` are written once per bound chunk, and the
-// `//!TEMPLATE` hot loop at each `//!HOT_LOOP k` line, with W0/S0/_0( renamed for chunk k.
+// PREFETCH (it loads the next step while decoding this one). The preprocessor
+// (`kernel::preprocess_with`) also writes the decode functions of each bound weight chunk k
+// (`//!FOR k`: `unit_scales_k` and `unit_dot_k` over the chunk's arrays Wk and Sk),
+// and the hot loop of chunk k (`//!DEFINE hot_loop(k)`) at each `//!INSERT hot_loop(k)`.
 // Staged x may carry an x prologue chosen at run time (`prm.prologue`, outside the hot loop): the
 // RMSNorm of the x row or silu(gate)·up of a gate‖up row, applied while the tile is staged.
 
@@ -170,28 +171,28 @@ fn write_y(p: u32, r: u32, v: f32) {
 //!END
 }
 
-//!CHUNK_FN
-// The group scales unit u of a row needs (`srow` = index in S0 of the row's first scale): x =
+//!FOR k IN 0..WEIGHT_CHUNKS
+// The group scales unit u of a row needs (`srow` = index in S$k of the row's first scale): x =
 // the unit's group scale (int4-gN, a 32-column unit lies inside one group: GROUP_SIZE is 32, 64
 // or 128), x and y = its two group scales (int3-g64; a lone last group has no scale B), zeros
 // for the other formats.
-fn unit_scales_0(srow: u32, u: u32) -> vec2<f32> {
+fn unit_scales_$k(srow: u32, u: u32) -> vec2<f32> {
     if (FMT == FMT_INT4_GROUPED) {
-        return vec2<f32>(S0[srow + (u * 32u) / max(GROUP_SIZE, 1u)], 0.0);
+        return vec2<f32>(S$k[srow + (u * 32u) / max(GROUP_SIZE, 1u)], 0.0);
     } else if (FMT == FMT_INT3_G64) {
-        return vec2<f32>(S0[srow + 2u * u], S0[srow + min(2u * u + 1u, prm.scales_per_row - 1u)]);
+        return vec2<f32>(S$k[srow + 2u * u], S$k[srow + min(2u * u + 1u, prm.scales_per_row - 1u)]);
     }
     return vec2<f32>(0.0);
 }
 
-// `unit_dot` of unit u of a row read in place (first word at vec4 index wv of W0).
-fn unit_dot_0(acc: vec4<f32>, wv: u32, srow: u32, u: u32, xi: u32) -> vec4<f32> {
-    let w1 = W0[wv + min(1u, WORDS_PER_UNIT - 1u)];
-    let w2 = W0[wv + min(2u, WORDS_PER_UNIT - 1u)];
-    return unit_dot(acc, W0[wv], w1, w2, unit_scales_0(srow, u), xi);
+// `unit_dot` of unit u of a row read in place (first word at vec4 index wv of W$k).
+fn unit_dot_$k(acc: vec4<f32>, wv: u32, srow: u32, u: u32, xi: u32) -> vec4<f32> {
+    let w1 = W$k[wv + min(1u, WORDS_PER_UNIT - 1u)];
+    let w2 = W$k[wv + min(2u, WORDS_PER_UNIT - 1u)];
+    return unit_dot(acc, W$k[wv], w1, w2, unit_scales_$k(srow, u), xi);
 }
 
-//!END_CHUNK_FN
+//!END FOR
 
 // THE per-format decode step: one unit of a row (weight words w0, and w1 and w2 for int3-g64;
 // group scales `s` of `unit_scales_0`) dotted with x from tile-local vec4 index xi, added to
@@ -230,15 +231,15 @@ fn unit_dot(acc: vec4<f32>, w0: vec4<u32>, w1: vec4<u32>, w2: vec4<u32>, s: vec2
 }
 
 // The hot loop of one thread over its units from `u_begin` to `u_end` (stride THREADS_PER_ROW)
-// of its rows in chunk 0, written into `main` once per bound chunk (`//!HOT_LOOP k`, W0/S0/_0(
-// renamed): straight-line code, UNITS_PER_STEP (2) units per step, their weight loads issued
+// of its rows in weight chunk k (Wk, Sk), written into `main` once per bound chunk
+// (`//!INSERT hot_loop(k)`): straight-line code, UNITS_PER_STEP (2) units per step, their weight loads issued
 // together, one x read per unit shared by the ROWS_PER_THREAD rows; `t0` = first column of the
 // x tile. UNIT_ARRAYS (the quantised formats) loads a step's words and group scales into arrays
 // before decoding them; without it (f32, bf16) the two units are read in place. With PREFETCH the
 // next step's words and scales load before this step decodes (a software pipeline: a thread's
 // weight loads stay in flight while it computes); a prefetch past the last unit re-reads the
 // last unit (clamped, never decoded).
-//!TEMPLATE
+//!DEFINE hot_loop(k)
 //!IF UNIT_ARRAYS
             // words and scales of one step: unit k of row rr at k * ROWS_PER_THREAD + rr
             var cw: array<vec4<u32>, ROWS_PER_THREAD * UNITS_PER_STEP * WORDS_PER_UNIT>;
@@ -250,9 +251,9 @@ fn unit_dot(acc: vec4<f32>, w0: vec4<u32>, w1: vec4<u32>, w2: vec4<u32>, s: vec2
                 for (var rr = 0u; rr < ROWS_PER_THREAD; rr++) {
                     let i = k * ROWS_PER_THREAD + rr;
                     for (var j = 0u; j < WORDS_PER_UNIT; j++) {
-                        cw[i * WORDS_PER_UNIT + j] = W0[rowv[rr] + uk * WORDS_PER_UNIT + j];
+                        cw[i * WORDS_PER_UNIT + j] = W$k[rowv[rr] + uk * WORDS_PER_UNIT + j];
                     }
-                    cs[i] = unit_scales_0(srow[rr], uk);
+                    cs[i] = unit_scales_$k(srow[rr], uk);
                 }
             }
 //!END
@@ -271,15 +272,15 @@ fn unit_dot(acc: vec4<f32>, w0: vec4<u32>, w1: vec4<u32>, w2: vec4<u32>, s: vec2
                         let i = k * ROWS_PER_THREAD + rr;
                         for (var j = 0u; j < WORDS_PER_UNIT; j++) {
 //!IF PREFETCH
-                            nw[i * WORDS_PER_UNIT + j] = W0[rowv[rr] + uk * WORDS_PER_UNIT + j];
+                            nw[i * WORDS_PER_UNIT + j] = W$k[rowv[rr] + uk * WORDS_PER_UNIT + j];
 //!ELSE
-                            cw[i * WORDS_PER_UNIT + j] = W0[rowv[rr] + uk * WORDS_PER_UNIT + j];
+                            cw[i * WORDS_PER_UNIT + j] = W$k[rowv[rr] + uk * WORDS_PER_UNIT + j];
 //!END
                         }
 //!IF PREFETCH
-                        ns[i] = unit_scales_0(srow[rr], uk);
+                        ns[i] = unit_scales_$k(srow[rr], uk);
 //!ELSE
-                        cs[i] = unit_scales_0(srow[rr], uk);
+                        cs[i] = unit_scales_$k(srow[rr], uk);
 //!END
                     }
                 }
@@ -306,18 +307,18 @@ fn unit_dot(acc: vec4<f32>, w0: vec4<u32>, w1: vec4<u32>, w2: vec4<u32>, s: vec2
                 let xi = (u * COLS_PER_UNIT - t0) / 4u;
                 let xj = xi + THREADS_PER_ROW * (COLS_PER_UNIT / 4u);
                 for (var rr = 0u; rr < ROWS_PER_THREAD; rr++) {
-                    let a = unit_dot_0(acc[rr], rowv[rr] + u * WORDS_PER_UNIT, srow[rr], u, xi);
-                    acc[rr] = unit_dot_0(a, rowv[rr] + (u + THREADS_PER_ROW) * WORDS_PER_UNIT, srow[rr], u + THREADS_PER_ROW, xj);
+                    let a = unit_dot_$k(acc[rr], rowv[rr] + u * WORDS_PER_UNIT, srow[rr], u, xi);
+                    acc[rr] = unit_dot_$k(a, rowv[rr] + (u + THREADS_PER_ROW) * WORDS_PER_UNIT, srow[rr], u + THREADS_PER_ROW, xj);
                 }
             }
             if (u < u_end) {
                 let xi = (u * COLS_PER_UNIT - t0) / 4u;
                 for (var rr = 0u; rr < ROWS_PER_THREAD; rr++) {
-                    acc[rr] = unit_dot_0(acc[rr], rowv[rr] + u * WORDS_PER_UNIT, srow[rr], u, xi);
+                    acc[rr] = unit_dot_$k(acc[rr], rowv[rr] + u * WORDS_PER_UNIT, srow[rr], u, xi);
                 }
             }
 //!END
-//!END_TEMPLATE
+//!END DEFINE
 
 @compute @workgroup_size(256)
 fn main(
@@ -416,12 +417,12 @@ fn main(
             let u_begin = t0 / COLS_PER_UNIT + lane;
 //!IF CHUNK1
             if (in1) {
-//!HOT_LOOP 1
+//!INSERT hot_loop(1)
             } else {
-//!HOT_LOOP 0
+//!INSERT hot_loop(0)
             }
 //!ELSE
-//!HOT_LOOP 0
+//!INSERT hot_loop(0)
 //!END
         }
     }

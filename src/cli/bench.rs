@@ -8,7 +8,9 @@
 use super::bench_calls::{slab_bytes, time_calls};
 use super::output::outln;
 use crate::formats::Encoding;
-use crate::gpu::gemv::{kernel_encodings, GemvArgs, GpuWeights, NO_GAMMA};
+use crate::gpu::linear::args::{GemvArgs, NO_GAMMA};
+use crate::gpu::linear::format::kernel_encodings;
+use crate::gpu::linear::slab::GpuWeights;
 use crate::gpu::timing::{measure_copy, CopyMeasure};
 use crate::gpu::Gpu;
 use anyhow::Context;
@@ -134,7 +136,7 @@ const SHAPES: &[Shape] = &[
         o: 4096,
         i: 2048,
     },
-    // the decode step's small single matrices: few rows, so `gemv::plan` picks small workgroups
+    // the decode step's small single matrices: few rows, so `route::plan` picks small workgroups
     Shape {
         label: "inkling-small k_proj",
         experts: 1,
@@ -223,7 +225,7 @@ fn kernels(a: KernelArgs) -> anyhow::Result<ExitCode> {
             .map(|s| Encoding::parse(s).with_context(|| format!("--formats {s}")))
             .collect::<anyhow::Result<_>>()?
     };
-    let tunes: Vec<Option<crate::gpu::gemv::Tuning>> = if a.tune.is_empty() {
+    let tunes: Vec<Option<crate::gpu::linear::format::Tuning>> = if a.tune.is_empty() {
         vec![None]
     } else {
         a.tune
@@ -241,7 +243,7 @@ fn kernels(a: KernelArgs) -> anyhow::Result<ExitCode> {
                     tpr.is_power_of_two() && tpr <= 256 && (1..=8).contains(&rpt),
                     bad()
                 );
-                Ok(Some(crate::gpu::gemv::Tuning { tpr, rpt }))
+                Ok(Some(crate::gpu::linear::format::Tuning { tpr, rpt }))
             })
             .collect::<anyhow::Result<_>>()?
     };
@@ -284,7 +286,7 @@ fn kernels(a: KernelArgs) -> anyhow::Result<ExitCode> {
             let pb = gpu.storage_init("pairs", bytemuck::cast_slice(&pairs));
             let y = gpu.storage("y", 4 * (s.experts * o) as u64);
             for tune in &tunes {
-                crate::gpu::gemv::set_tuning_override(*tune);
+                crate::gpu::linear::route::set_tuning_override(*tune);
                 let calls = weights
                     .iter()
                     .map(|w| {
@@ -295,11 +297,11 @@ fn kernels(a: KernelArgs) -> anyhow::Result<ExitCode> {
                         )
                     })
                     .collect::<Result<Vec<_>, _>>();
-                crate::gpu::gemv::set_tuning_override(None);
+                crate::gpu::linear::route::set_tuning_override(None);
                 let calls = calls?;
                 let (t, how) = time_calls(&gpu, &calls, iters)?;
                 method = how;
-                let tl = crate::gpu::gemv::tuning(enc.format);
+                let tl = crate::gpu::linear::route::tuning(enc.format);
                 let tl = tune.unwrap_or(tl);
                 let label = if a.tune.is_empty() {
                     enc.spelling()

@@ -6,8 +6,9 @@
 use super::bench_calls::{slab_bytes, time_calls};
 use super::output::outln;
 use crate::formats::Encoding;
-use crate::gpu::gemm::{self, GemmChoice, Tile, TILES};
-use crate::gpu::gemv::{GemvArgs, GpuWeights, NO_GAMMA};
+use crate::gpu::linear::format::supported;
+use crate::gpu::linear::route::{self, TILES};
+use crate::gpu::linear::{GemmChoice, GemvArgs, GpuWeights, Tile, NO_GAMMA};
 use crate::gpu::Gpu;
 use anyhow::Context;
 use std::process::ExitCode;
@@ -89,7 +90,7 @@ pub fn run(a: GemmArgs) -> anyhow::Result<ExitCode> {
             .map(|s| Encoding::parse(s).with_context(|| format!("--formats {s}")))
             .collect::<anyhow::Result<_>>()?
     };
-    if let Some(e) = encs.iter().find(|&&e| !gemm::supported(e)) {
+    if let Some(e) = encs.iter().find(|&&e| !supported(e)) {
         anyhow::bail!("--formats {}: no GEMM kernel for this format", e.spelling());
     }
     let tiles: Vec<Tile> = if a.tiles.is_empty() {
@@ -167,7 +168,7 @@ pub fn run(a: GemmArgs) -> anyhow::Result<ExitCode> {
                         .iter()
                         .map(|w| w.bind(&gpu, enc.format.ordinal(), args))
                         .collect::<Result<Vec<_>, _>>()?;
-                    let picked = match gemm::select(&weights[0], &args) {
+                    let picked = match route::select(&weights[0], &args) {
                         Some(t) => format!("gemm {}x{}", t.rm, t.pairs()),
                         None => "gemv".into(),
                     };

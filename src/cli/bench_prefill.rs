@@ -11,7 +11,7 @@
 //! on two models built the same way: GEMV only (the engine before the prefill GEMM) and with
 //! the GEMM ([`crate::gpu::gemm`]).
 use super::output::outln;
-use crate::gpu::gemm::Tile;
+use crate::gpu::linear::args::Tile;
 use crate::gpu::Gpu;
 use crate::model::gpu::DEFAULT_MAX_CHUNK;
 use crate::model::{Checkpoint, GpuModel, GpuModelOptions, Weights};
@@ -116,8 +116,8 @@ pub fn run(a: PrefillArgs) -> anyhow::Result<ExitCode> {
     modes.extend(tiles.iter().map(|&t| (true, t)));
     let mut results = Vec::new();
     for &(gemm, tile) in &modes {
-        crate::gpu::gemm::set_auto_enabled(gemm);
-        crate::gpu::gemm::set_auto_tile(tile);
+        crate::gpu::linear::route::set_auto_enabled(gemm);
+        crate::gpu::linear::route::set_auto_tile(tile);
         let opts = GpuModelOptions {
             max_chunk,
             ..GpuModelOptions::new(max_n + 1)
@@ -150,8 +150,8 @@ pub fn run(a: PrefillArgs) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    crate::gpu::gemm::set_auto_enabled(true);
-    crate::gpu::gemm::set_auto_tile(None);
+    crate::gpu::linear::route::set_auto_enabled(true);
+    crate::gpu::linear::route::set_auto_tile(None);
     if a.json {
         let doc = serde_json::json!({
             "adapter": gpu.describe(), "model": dir.display().to_string(),

@@ -3,8 +3,10 @@
 use super::output::outln;
 use crate::formats::{quantize, Encoding, QMatrix};
 use crate::gpu::dispatch::DispatchError;
-use crate::gpu::gemv::{kernel_encodings, GemvArgs, GpuWeights, Reduction, NO_GAMMA};
-use crate::gpu::gemv_pairs::gemv_pairs_with;
+use crate::gpu::linear::args::{GemvArgs, Reduction, NO_GAMMA};
+use crate::gpu::linear::format::kernel_encodings;
+use crate::gpu::linear::oneshot::gemv_pairs_with;
+use crate::gpu::linear::slab::GpuWeights;
 use crate::gpu::Gpu;
 use std::process::ExitCode;
 use std::time::Instant;

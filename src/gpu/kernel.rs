@@ -171,75 +171,404 @@ fn build(gpu: &Gpu, spec: &KernelSpec) -> wgpu::ComputePipeline {
         })
 }
 
-/// Keep the lines of the active branches of `//!IF FLAG` / `//!ELSE` / `//!END` blocks (blocks
-/// may nest); `flags` gives every flag's value. A `//!EACH name=array …` / `//!END EACH` block
-/// (no `//!IF` inside) is written once per `name=array` pair with `$NAME` and `$ARRAY` replaced:
-/// one WGSL function per storage array, written once. Panics on an unknown flag or unbalanced
-/// lines (a bug in the skeleton, caught by the WGSL validation tests).
+/// The WGSL preprocessor of every kernel family: [`preprocess_with`] with boolean flags only.
 pub fn preprocess(src: &str, flags: &[(&str, bool)]) -> String {
+    preprocess_with(src, flags, &[])
+}
+
+/// Expand the directives of a WGSL skeleton. `flags` and `values` name the integers the
+/// directives see (a flag is 1 or 0); the blocks a directive opens may nest:
+///
+/// * `//!IF cond` … [`//!ELSE` …] `//!END`: the lines of the branch `cond` selects. `cond` is an
+///   expression over integers and names: a bare flag name, `!`, `* / % + -`, comparisons
+///   (`== != < <= > >=`), `&&`, `||` and parentheses (C precedence; true is non-zero).
+/// * `//!FOR i IN a..b` … `//!END FOR`: the block once per `i` from `a` to `b - 1` (expressions),
+///   with `i` bound inside it.
+/// * `//!EACH name=array …` … `//!END EACH`: the block once per pair, with `NAME` and `ARRAY`
+///   bound to the two words (one WGSL function per storage array, written once).
+/// * `//!DEFINE name(p, …)` … `//!END DEFINE`: a named block, written nowhere; `//!INSERT
+///   name(e, …)` writes it there with each parameter bound to its argument's value: an
+///   expression, or a word written in double quotes (`"k0 + 128u"`; no comma inside).
+///
+/// In every written line `$name` (the longest identifier after the `$`) is replaced by the value
+/// of a bound name and `${expr}` by the value of an expression, so `a${r}_${q}` names one
+/// accumulator of a loop over `r` and `q` and `${8 * o + j}u` is a WGSL literal. Panics on an
+/// unknown name or directive, a malformed expression or unbalanced blocks (a bug in the
+/// skeleton, caught by the WGSL validation tests).
+pub fn preprocess_with(src: &str, flags: &[(&str, bool)], values: &[(&str, i64)]) -> String {
+    let mut lines = src.lines();
+    let (nodes, end) = parse_block(&mut lines);
+    assert!(end.is_none(), "WGSL: {} outside a block", end.unwrap_or(""));
+    let mut env = Env {
+        vars: flags
+            .iter()
+            .map(|&(n, b)| (n.to_string(), Value::Int(b as i64)))
+            .chain(values.iter().map(|&(n, v)| (n.to_string(), Value::Int(v))))
+            .collect(),
+        defines: HashMap::new(),
+    };
     let mut out = String::with_capacity(src.len());
-    // per open block: (the enclosing block is kept, this branch is kept)
-    let mut stack: Vec<(bool, bool)> = Vec::new();
-    let mut keep = true;
-    // an open `//!EACH` block: its (name, array) pairs and its lines so far
-    type Each<'s> = (Vec<(String, String)>, Vec<&'s str>);
-    let mut each: Option<Each> = None;
-    for line in src.lines() {
-        let l = line.trim();
-        if let Some((pairs, body)) = each.as_mut() {
-            if l == "//!END EACH" {
-                for (name, array) in pairs.iter() {
-                    for b in body.iter() {
-                        out.push_str(&b.replace("$NAME", name).replace("$ARRAY", array));
-                        out.push('\n');
-                    }
-                }
-                each = None;
-            } else {
-                assert!(!l.starts_with("//!"), "WGSL: {l} inside //!EACH");
-                body.push(line);
-            }
-            continue;
-        }
-        if let Some(list) = l.strip_prefix("//!EACH ") {
-            if keep {
-                let pairs = list
-                    .split_whitespace()
-                    .map(|p| {
-                        let (n, a) = p
-                            .split_once('=')
-                            .unwrap_or_else(|| panic!("WGSL: //!EACH item {p} is not name=array"));
-                        (n.to_string(), a.to_string())
-                    })
-                    .collect();
-                each = Some((pairs, Vec::new()));
-            } else {
-                each = Some((Vec::new(), Vec::new()));
-            }
-        } else if let Some(name) = l.strip_prefix("//!IF ") {
-            let v = flags
-                .iter()
-                .find(|f| f.0 == name.trim())
-                .unwrap_or_else(|| panic!("WGSL: unknown //!IF flag {name}"))
-                .1;
-            stack.push((keep, v));
-            keep = keep && v;
-        } else if l == "//!ELSE" {
-            let (outer, v) = stack
-                .last()
-                .copied()
-                .expect("WGSL: //!ELSE outside a block");
-            keep = outer && !v;
-        } else if l == "//!END" {
-            keep = stack.pop().expect("WGSL: //!END outside a block").0;
-        } else if keep {
-            out.push_str(line);
-            out.push('\n');
+    expand(&nodes, &mut env, &mut out);
+    out
+}
+
+/// One parsed piece of a skeleton.
+enum Node<'s> {
+    /// A WGSL line, written with its `$` substitutions.
+    Line(&'s str),
+    /// Condition, its branch, the `//!ELSE` branch.
+    If(&'s str, Vec<Node<'s>>, Vec<Node<'s>>),
+    /// Index name, first and end expressions, body.
+    For(&'s str, &'s str, &'s str, Vec<Node<'s>>),
+    /// `(name, array)` pairs, body.
+    Each(Vec<(&'s str, &'s str)>, Vec<Node<'s>>),
+    /// Block name, parameters, body.
+    Define(&'s str, Vec<&'s str>, Vec<Node<'s>>),
+    /// Block name, arguments.
+    Insert(&'s str, Vec<&'s str>),
+}
+
+/// A bound name's value: an integer, or a word (of `//!EACH`, or a quoted `//!INSERT` argument).
+#[derive(Clone)]
+enum Value {
+    Int(i64),
+    Word(String),
+}
+
+struct Env<'n, 's> {
+    /// Bound names, innermost last.
+    vars: Vec<(String, Value)>,
+    /// `//!DEFINE` blocks seen so far: parameters and body.
+    defines: HashMap<&'s str, (&'n [&'s str], &'n [Node<'s>])>,
+}
+
+impl Env<'_, '_> {
+    fn get(&self, name: &str) -> &Value {
+        self.vars
+            .iter()
+            .rev()
+            .find(|v| v.0 == name)
+            .map(|v| &v.1)
+            .unwrap_or_else(|| panic!("WGSL: unknown name {name}"))
+    }
+
+    fn int(&self, name: &str) -> i64 {
+        match self.get(name) {
+            Value::Int(v) => *v,
+            Value::Word(w) => panic!("WGSL: {name} = {w} is a word, not an integer"),
         }
     }
-    assert!(stack.is_empty(), "WGSL: unclosed //!IF block");
-    assert!(each.is_none(), "WGSL: unclosed //!EACH block");
+}
+
+/// `name(a, b)` as `("name", ["a", "b"])`.
+fn call_syntax(s: &str) -> (&str, Vec<&str>) {
+    let (name, rest) = s
+        .split_once('(')
+        .unwrap_or_else(|| panic!("WGSL: {s} is not name(…)"));
+    let args = rest
+        .trim_end()
+        .strip_suffix(')')
+        .unwrap_or_else(|| panic!("WGSL: {s} lacks its closing parenthesis"));
+    let args = args
+        .split(',')
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .collect();
+    (name.trim(), args)
+}
+
+/// Parse lines up to the `//!ELSE` / `//!END…` line that ends the current block (returned with
+/// the nodes; `None` at the end of the source).
+fn parse_block<'s>(lines: &mut std::str::Lines<'s>) -> (Vec<Node<'s>>, Option<&'s str>) {
+    let mut nodes = Vec::new();
+    while let Some(line) = lines.next() {
+        let l = line.trim();
+        let Some(d) = l.strip_prefix("//!") else {
+            nodes.push(Node::Line(line));
+            continue;
+        };
+        if let Some(cond) = d.strip_prefix("IF ") {
+            let (then, end) = parse_block(lines);
+            let els = match end {
+                Some("//!ELSE") => body(lines, l, "//!END"),
+                Some("//!END") => Vec::new(),
+                _ => panic!("WGSL: {l} closed by {end:?}"),
+            };
+            nodes.push(Node::If(cond.trim(), then, els));
+        } else if let Some(spec) = d.strip_prefix("FOR ") {
+            let (var, range) = spec
+                .split_once(" IN ")
+                .unwrap_or_else(|| panic!("WGSL: {l} is not //!FOR i IN a..b"));
+            let (a, b) = range
+                .split_once("..")
+                .unwrap_or_else(|| panic!("WGSL: {l} is not //!FOR i IN a..b"));
+            nodes.push(Node::For(
+                var.trim(),
+                a.trim(),
+                b.trim(),
+                body(lines, l, "//!END FOR"),
+            ));
+        } else if let Some(list) = d.strip_prefix("EACH ") {
+            let pairs = list
+                .split_whitespace()
+                .map(|p| {
+                    p.split_once('=')
+                        .unwrap_or_else(|| panic!("WGSL: //!EACH item {p} is not name=array"))
+                })
+                .collect();
+            nodes.push(Node::Each(pairs, body(lines, l, "//!END EACH")));
+        } else if let Some(sig) = d.strip_prefix("DEFINE ") {
+            let (name, params) = call_syntax(sig);
+            nodes.push(Node::Define(name, params, body(lines, l, "//!END DEFINE")));
+        } else if let Some(call) = d.strip_prefix("INSERT ") {
+            let (name, args) = call_syntax(call);
+            nodes.push(Node::Insert(name, args));
+        } else if d == "ELSE" || d.starts_with("END") {
+            return (nodes, Some(l));
+        } else {
+            panic!("WGSL: unknown directive {l}");
+        }
+    }
+    (nodes, None)
+}
+
+/// The block that `open` starts, closed by the line `close`.
+fn body<'s>(lines: &mut std::str::Lines<'s>, open: &str, close: &str) -> Vec<Node<'s>> {
+    let (b, end) = parse_block(lines);
+    assert_eq!(end, Some(close), "WGSL: {open} closed by {end:?}");
+    b
+}
+
+/// Write `nodes` under `env`.
+fn expand<'n, 's>(nodes: &'n [Node<'s>], env: &mut Env<'n, 's>, out: &mut String) {
+    for node in nodes {
+        match node {
+            Node::Line(line) => {
+                if line.contains('$') {
+                    out.push_str(&substitute(line, env));
+                } else {
+                    out.push_str(line);
+                }
+                out.push('\n');
+            }
+            Node::If(cond, then, els) => {
+                let branch = if eval(cond, env) != 0 { then } else { els };
+                expand(branch, env, out);
+            }
+            Node::For(var, a, b, body) => {
+                for i in eval(a, env)..eval(b, env) {
+                    env.vars.push((var.to_string(), Value::Int(i)));
+                    expand(body, env, out);
+                    env.vars.pop();
+                }
+            }
+            Node::Each(pairs, body) => {
+                for &(name, array) in pairs {
+                    env.vars.push(("NAME".into(), Value::Word(name.into())));
+                    env.vars.push(("ARRAY".into(), Value::Word(array.into())));
+                    expand(body, env, out);
+                    env.vars.truncate(env.vars.len() - 2);
+                }
+            }
+            Node::Define(name, params, body) => {
+                env.defines.insert(name, (&params[..], &body[..]));
+            }
+            Node::Insert(name, args) => {
+                let (params, body) = *env
+                    .defines
+                    .get(name)
+                    .unwrap_or_else(|| panic!("WGSL: //!INSERT of undefined {name}"));
+                assert_eq!(
+                    params.len(),
+                    args.len(),
+                    "WGSL: //!INSERT {name} takes {} arguments",
+                    params.len()
+                );
+                let values: Vec<Value> = args
+                    .iter()
+                    .map(
+                        |a| match a.strip_prefix('"').and_then(|a| a.strip_suffix('"')) {
+                            Some(word) => Value::Word(word.to_string()),
+                            None => Value::Int(eval(a, env)),
+                        },
+                    )
+                    .collect();
+                let n = env.vars.len();
+                for (p, v) in params.iter().zip(values) {
+                    env.vars.push((p.to_string(), v));
+                }
+                expand(body, env, out);
+                env.vars.truncate(n);
+            }
+        }
+    }
+}
+
+fn is_ident_start(c: char) -> bool {
+    c.is_ascii_alphabetic() || c == '_'
+}
+
+fn is_ident(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_'
+}
+
+/// `line` with every `$name` and `${expr}` replaced by its value.
+fn substitute(line: &str, env: &Env) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut rest = line;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 1..];
+        if let Some(inner) = after.strip_prefix('{') {
+            let close = inner
+                .find('}')
+                .unwrap_or_else(|| panic!("WGSL: unclosed ${{ in {line}"));
+            out.push_str(&eval(&inner[..close], env).to_string());
+            rest = &inner[close + 1..];
+        } else {
+            let len = after.find(|c: char| !is_ident(c)).unwrap_or(after.len());
+            let name = &after[..len];
+            assert!(
+                name.starts_with(is_ident_start),
+                "WGSL: $ without a name in {line}"
+            );
+            match env.get(name) {
+                Value::Int(v) => out.push_str(&v.to_string()),
+                Value::Word(w) => out.push_str(w),
+            }
+            rest = &after[len..];
+        }
+    }
+    out.push_str(rest);
     out
+}
+
+/// The value of the integer expression `s` (see [`preprocess_with`]).
+fn eval(s: &str, env: &Env) -> i64 {
+    let tokens = tokens(s);
+    let mut p = Parser {
+        tokens: &tokens,
+        at: 0,
+        env,
+        src: s,
+    };
+    let v = p.binary(0);
+    assert!(
+        p.at == tokens.len(),
+        "WGSL: trailing tokens in expression {s}"
+    );
+    v
+}
+
+#[derive(Debug, PartialEq)]
+enum Token<'s> {
+    Int(i64),
+    Name(&'s str),
+    Op(&'s str),
+}
+
+fn tokens(s: &str) -> Vec<Token<'_>> {
+    const OPS: [&str; 16] = [
+        "==", "!=", "<=", ">=", "&&", "||", "<", ">", "+", "-", "*", "/", "%", "!", "(", ")",
+    ];
+    let mut out = Vec::new();
+    let mut rest = s.trim_start();
+    while let Some(c) = rest.chars().next() {
+        let len = if c.is_ascii_digit() {
+            let len = rest.find(|c: char| !is_ident(c)).unwrap_or(rest.len());
+            let digits = rest[..len].trim_end_matches('u');
+            let v = digits
+                .parse()
+                .unwrap_or_else(|_| panic!("WGSL: bad integer {} in {s}", &rest[..len]));
+            out.push(Token::Int(v));
+            len
+        } else if is_ident_start(c) {
+            let len = rest.find(|c: char| !is_ident(c)).unwrap_or(rest.len());
+            out.push(Token::Name(&rest[..len]));
+            len
+        } else {
+            let op = OPS
+                .iter()
+                .find(|op| rest.starts_with(*op))
+                .unwrap_or_else(|| panic!("WGSL: unexpected {c} in expression {s}"));
+            out.push(Token::Op(op));
+            op.len()
+        };
+        rest = rest[len..].trim_start();
+    }
+    out
+}
+
+/// Precedence climbing over [`Token`]s.
+struct Parser<'t, 's, 'e> {
+    tokens: &'t [Token<'s>],
+    at: usize,
+    env: &'e Env<'e, 'e>,
+    src: &'t str,
+}
+
+impl Parser<'_, '_, '_> {
+    /// Binary operators of `level` and tighter (0: `||` … 5: `* / %`).
+    fn binary(&mut self, level: usize) -> i64 {
+        const LEVELS: [&[&str]; 6] = [
+            &["||"],
+            &["&&"],
+            &["==", "!="],
+            &["<", "<=", ">", ">="],
+            &["+", "-"],
+            &["*", "/", "%"],
+        ];
+        if level == LEVELS.len() {
+            return self.unary();
+        }
+        let mut v = self.binary(level + 1);
+        while let Some(Token::Op(op)) = self.tokens.get(self.at) {
+            if !LEVELS[level].contains(op) {
+                break;
+            }
+            self.at += 1;
+            let r = self.binary(level + 1);
+            v = match *op {
+                "||" => (v != 0 || r != 0) as i64,
+                "&&" => (v != 0 && r != 0) as i64,
+                "==" => (v == r) as i64,
+                "!=" => (v != r) as i64,
+                "<" => (v < r) as i64,
+                "<=" => (v <= r) as i64,
+                ">" => (v > r) as i64,
+                ">=" => (v >= r) as i64,
+                "+" => v + r,
+                "-" => v - r,
+                "*" => v * r,
+                "/" => v / r,
+                _ => v % r,
+            };
+        }
+        v
+    }
+
+    fn unary(&mut self) -> i64 {
+        let t = self.tokens.get(self.at);
+        self.at += 1;
+        match t {
+            Some(Token::Int(v)) => *v,
+            Some(Token::Name(n)) => self.env.int(n),
+            Some(Token::Op("!")) => (self.unary() == 0) as i64,
+            Some(Token::Op("-")) => -self.unary(),
+            Some(Token::Op("(")) => {
+                let v = self.binary(0);
+                assert_eq!(
+                    self.tokens.get(self.at),
+                    Some(&Token::Op(")")),
+                    "WGSL: unbalanced parentheses in {}",
+                    self.src
+                );
+                self.at += 1;
+                v
+            }
+            _ => panic!("WGSL: malformed expression {}", self.src),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -266,6 +595,60 @@ mod tests {
             "a\nfn ld_x() { x[0]; }\nfn ld_y() { y[0]; }\nb\n"
         );
         assert_eq!(preprocess(src, &[("A", false)]), "a\nb\n");
+    }
+
+    #[test]
+    fn preprocess_for_repeats_with_the_index_bound() {
+        let src = "//!FOR r IN 0..RM\n//!FOR q IN 1..3\nvar a${r}_$q = ${8 * r + q}u;\n//!END FOR\n//!END FOR\n";
+        assert_eq!(
+            preprocess_with(src, &[], &[("RM", 2)]),
+            "var a0_1 = 1u;\nvar a0_2 = 2u;\nvar a1_1 = 9u;\nvar a1_2 = 10u;\n"
+        );
+        assert_eq!(preprocess_with(src, &[], &[("RM", 0)]), "");
+    }
+
+    #[test]
+    fn preprocess_if_takes_expressions() {
+        let src =
+            "//!FOR o IN 0..4\n//!IF o == AFTER && !SKIP\nload $o\n//!END\nstep $o\n//!END FOR\n";
+        let run = |skip| preprocess_with(src, &[("SKIP", skip)], &[("AFTER", 2)]);
+        assert_eq!(run(false), "step 0\nstep 1\nload 2\nstep 2\nstep 3\n");
+        assert_eq!(run(true), "step 0\nstep 1\nstep 2\nstep 3\n");
+        let e = |s: &str| preprocess_with(&format!("${{{s}}}\n"), &[], &[("N", 7)]);
+        assert_eq!(e("(N + 1) * 2 - 3 % 2"), "15\n");
+        assert_eq!(e("N / 2 >= 3 || 0"), "1\n");
+        assert_eq!(e("-N + 10 < 3 == 0"), "1\n");
+    }
+
+    #[test]
+    fn preprocess_define_inserts_with_arguments() {
+        let src = "//!DEFINE body(k)\nW$k[i];\n//!IF k > 0 && TWO\nfar $k\n//!END\n//!END DEFINE\n\
+                   a\n//!INSERT body(1)\n//!INSERT body(0)\nb\n";
+        assert_eq!(
+            preprocess(src, &[("TWO", true)]),
+            "a\nW1[i];\nfar 1\nW0[i];\nb\n"
+        );
+        assert_eq!(preprocess(src, &[("TWO", false)]), "a\nW1[i];\nW0[i];\nb\n");
+        let src = "//!DEFINE load(k)\nload($k);\n//!END DEFINE\n//!INSERT load(\"k0 + 128u\")\n";
+        assert_eq!(preprocess(src, &[]), "load(k0 + 128u);\n");
+    }
+
+    #[test]
+    #[should_panic(expected = "unknown name")]
+    fn preprocess_refuses_an_unknown_name() {
+        preprocess("x$Q\n", &[]);
+    }
+
+    #[test]
+    #[should_panic(expected = "unknown directive")]
+    fn preprocess_refuses_an_unknown_directive() {
+        preprocess("//!TEMPLATE\n", &[]);
+    }
+
+    #[test]
+    #[should_panic(expected = "closed by")]
+    fn preprocess_refuses_a_mismatched_close() {
+        preprocess("//!FOR i IN 0..2\nx\n//!END\n", &[]);
     }
 
     /// Two threads asking for one key at the same time: one build, one shared value; another key

@@ -5,10 +5,11 @@
 //! them; the tests translate each to MSL, HLSL and SPIR-V. [`check_device`] refuses a device whose
 //! limits cannot hold them, naming the limit.
 
-use crate::gpu::gemm;
-use crate::gpu::gemv::{self, Tuning};
 use crate::gpu::kernel::KernelSpec;
 use crate::gpu::limits::LimitProfile;
+use crate::gpu::linear::format::{kernel_encodings, Tuning};
+use crate::gpu::linear::route::{candidates, tuning, TILES};
+use crate::gpu::linear::{gemm, gemv};
 use crate::gpu::{ops, timing, Gpu};
 
 /// `bench copy`'s kernel (its pipeline uses the layout wgpu derives from the WGSL).
@@ -74,14 +75,14 @@ pub fn check_limits(
             .map(|p| format!(", limit profile {p}"))
             .unwrap_or_default(),
     };
-    let encs = gemv::kernel_encodings();
+    let encs = kernel_encodings();
     let mut specs = ops::kernels();
-    let t = gemv::tuning(encs[0].format);
+    let t = tuning(encs[0].format);
     specs.push(KernelSpec::of(&gemv::GemvKey::new(
         encs[0], false, t, 512, false,
     )));
-    specs.push(KernelSpec::of(&gemm::GemmKey::new(encs[0], gemm::TILES[0])));
-    specs.push(KernelSpec::of(&gemm::SortKey(gemm::TILES[0])));
+    specs.push(KernelSpec::of(&gemm::GemmKey::new(encs[0], TILES[0])));
+    specs.push(KernelSpec::of(&gemm::SortKey(TILES[0])));
     for s in &specs {
         let (sb, ub) = (s.storage_buffers(), s.uniform_buffers());
         if sb > limits.max_storage_buffers_per_shader_stage {
@@ -105,7 +106,7 @@ pub fn check_limits(
     }
     let smem = limits.max_compute_workgroup_storage_size as u64;
     for enc in encs {
-        for &t in gemv::candidates(enc.format) {
+        for &t in candidates(enc.format) {
             let need = gemv::workgroup_bytes(enc.format, t, 512, false);
             if need > smem {
                 let Tuning { tpr, rpt } = t;

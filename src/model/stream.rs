@@ -15,7 +15,7 @@
 //! own submission, so the GPU computes them while the host copies the misses from the mapped
 //! bytes: each miss's gate‖up and down ranges (contiguous in a converted container's slab) are
 //! copied into `queue.write_buffer_with` staging views in pieces of at most 4 MiB, on up to 8
-//! threads ([`crate::gpu::gemv::run_staged`]). Each part's pairs are compacted, its outputs copied
+//! threads ([`crate::gpu::linear::slab::run_staged`]). Each part's pairs are compacted, its outputs copied
 //! back to the pairs' rows of `y_routed`, and the step goes on with the MoE combine exactly as
 //! when resident.
 //!

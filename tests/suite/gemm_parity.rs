@@ -6,7 +6,10 @@
 use crate::gemv_parity::rel_err;
 use crate::ops_util::{gpu, Rng};
 use inkling_wgpu::formats::{quantize, Encoding, QMatrix};
-use inkling_wgpu::gpu::gemm::{self, GemmChoice, Tile, TILES};
+use inkling_wgpu::gpu::linear::args::{GemmChoice, Tile};
+use inkling_wgpu::gpu::linear::format::supported;
+use inkling_wgpu::gpu::linear::route::TILES;
+use inkling_wgpu::gpu::linear::route::{self, MIN_PAIRS_PER_EXPERT};
 
 /// The selectable tiles and the others `GemmChoice::Always` builds (benchmarks).
 const ALL_TILES: [Tile; 6] = [
@@ -17,7 +20,9 @@ const ALL_TILES: [Tile; 6] = [
     Tile { rm: 4, nq: 4 },
     Tile { rm: 8, nq: 4 },
 ];
-use inkling_wgpu::gpu::gemv::{kernel_encodings, GemvArgs, GpuWeights, NO_GAMMA};
+use inkling_wgpu::gpu::linear::args::{GemvArgs, NO_GAMMA};
+use inkling_wgpu::gpu::linear::format::kernel_encodings;
+use inkling_wgpu::gpu::linear::slab::GpuWeights;
 use inkling_wgpu::gpu::Gpu;
 
 const TOL: f64 = 1e-5;
@@ -176,7 +181,7 @@ fn routed_grouped_by_expert_every_format() {
     let (mut worst, mut worst_vs_gemv) = (0f64, 0f64);
     for enc in gemm_encodings() {
         let m = mats(&mut rng, enc, experts, o, i);
-        let stride = inkling_wgpu::gpu::gemv::gpu_row_stride(enc, i) as u64;
+        let stride = inkling_wgpu::gpu::linear::slab::gpu_row_stride(enc, i) as u64;
         let slabs = [
             GpuWeights::upload(&gpu, &m).unwrap(),
             // two experts per chunk
@@ -280,7 +285,8 @@ fn routed_many_experts_and_pairs() {
 /// below, for forced tunings and explicit reductions, and over more than EMAX experts.
 #[test]
 fn selection_rule() {
-    use inkling_wgpu::gpu::gemv::{Reduction, Tuning};
+    use inkling_wgpu::gpu::linear::args::Reduction;
+    use inkling_wgpu::gpu::linear::format::Tuning;
     let gpu = gpu();
     let mut rng = Rng(3);
     let enc = Encoding::BF16;
@@ -289,24 +295,24 @@ fn selection_rule() {
     let x = gpu.storage_init("x", &[0u8; 4 * 16 * 64]);
     let pb = gpu.storage_init("p", &[0u8; 16 * 64]);
     let y = gpu.storage_init("y", &[0u8; 4 * 8 * 64]);
-    let min = gemm::MIN_PAIRS_PER_EXPERT;
-    let pick = |w: &GpuWeights, n: u32| gemm::select(w, &GemvArgs::new(&x, 64, &pb, n, &y));
+    let min = MIN_PAIRS_PER_EXPERT;
+    let pick = |w: &GpuWeights, n: u32| route::select(w, &GemvArgs::new(&x, 64, &pb, n, &y));
     assert_eq!(pick(&one, min - 1), None);
     assert_eq!(pick(&one, min), Some(TILES[0]));
     assert_eq!(pick(&one, 64), Some(TILES[0]));
     assert_eq!(pick(&eight, 8 * min - 1), None);
     assert_eq!(pick(&eight, 8 * min), Some(TILES[0]));
     let a = GemvArgs::new(&x, 64, &pb, 64, &y);
-    assert_eq!(gemm::select(&one, &a.reduction(Reduction::Shared)), None);
+    assert_eq!(route::select(&one, &a.reduction(Reduction::Shared)), None);
     assert_eq!(
-        gemm::select(&one, &a.tuning(Tuning { tpr: 32, rpt: 1 })),
+        route::select(&one, &a.tuning(Tuning { tpr: 32, rpt: 1 })),
         None
     );
-    assert_eq!(gemm::select(&one, &a.gemm(GemmChoice::Never)), None);
+    assert_eq!(route::select(&one, &a.gemm(GemmChoice::Never)), None);
     let t = Tile { rm: 2, nq: 4 };
     let forced = a.reduction(Reduction::Shared).gemm(GemmChoice::Always(t));
-    assert_eq!(gemm::select(&one, &forced), Some(t));
-    assert_eq!(gemm::select(&eight, &a), Some(TILES[0]));
+    assert_eq!(route::select(&one, &forced), Some(t));
+    assert_eq!(route::select(&eight, &a), Some(TILES[0]));
     let call = eight.bind(&gpu, enc.format.ordinal(), a).unwrap();
     assert_eq!(call.label.op, "gemm");
     // the grouping pass, then the GEMM
@@ -316,10 +322,10 @@ fn selection_rule() {
     let w3 = GpuWeights::upload(&gpu, &mats(&mut rng, i3, 1, 8, 128)).unwrap();
     let x3 = gpu.storage_init("x", &[0u8; 4 * 128 * 64]);
     let a3 = GemvArgs::new(&x3, 64, &pb, 64, &y);
-    assert!(!gemm::supported(i3));
-    assert_eq!(gemm::select(&w3, &a3), None);
+    assert!(!supported(i3));
+    assert_eq!(route::select(&w3, &a3), None);
     assert_eq!(
-        gemm::select(&w3, &a3.gemm(GemmChoice::Always(TILES[0]))),
+        route::select(&w3, &a3.gemm(GemmChoice::Always(TILES[0]))),
         None
     );
     let call = w3.bind(&gpu, i3.format.ordinal(), a3).unwrap();
@@ -361,10 +367,10 @@ fn more_workgroups_than_one_grid_dimension() {
     assert!(y.iter().all(|v| v.is_finite()), "a pair left unwritten");
 }
 
-/// The kernel encodings with a GEMM kernel ([`gemm::supported`]: int3-g64 keeps the GEMV).
+/// The kernel encodings with a GEMM kernel ([`supported`]: int3-g64 keeps the GEMV).
 fn gemm_encodings() -> Vec<Encoding> {
     kernel_encodings()
         .into_iter()
-        .filter(|&e| gemm::supported(e))
+        .filter(|&e| supported(e))
         .collect()
 }

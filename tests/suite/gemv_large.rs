@@ -4,8 +4,9 @@
 
 use crate::ops_util::{gpu, Rng};
 use inkling_wgpu::formats::{quantize, Encoding, QMatrix};
-use inkling_wgpu::gpu::gemv::{GpuWeights, NO_GAMMA};
 use inkling_wgpu::gpu::gemv_pairs;
+use inkling_wgpu::gpu::linear::args::NO_GAMMA;
+use inkling_wgpu::gpu::linear::slab::GpuWeights;
 use std::borrow::Cow;
 
 fn close(got: f32, want: f64, scale: f64) -> bool {
@@ -15,7 +16,7 @@ fn close(got: f32, want: f64, scale: f64) -> bool {
 #[test]
 fn slab_larger_than_binding_limit_last_rows() {
     let gpu = gpu();
-    let limit = inkling_wgpu::gpu::gemv::default_limit(&gpu);
+    let limit = inkling_wgpu::gpu::linear::slab::default_limit(&gpu);
     // bf16 rows of 32 KiB; two experts that together exceed the binding limit
     let i = 16384usize;
     let row = 2 * i as u64;
@@ -93,11 +94,12 @@ fn head_sized_rows_spread_over_dispatch_dimensions() {
     let q = quantize(Encoding::parse("int4-g64").unwrap(), &w, o, i).unwrap();
     let gw = GpuWeights::upload(&gpu, std::slice::from_ref(&q)).unwrap();
     // enough pairs that pairs × row blocks > 65,535 workgroups → spread over y
-    let rpw = inkling_wgpu::gpu::gemv::rows_per_workgroup(q.enc) as usize;
+    let rpw = inkling_wgpu::gpu::linear::route::rows_per_workgroup(q.enc) as usize;
     let n_pairs = 65_536 / o.div_ceil(rpw) + 2;
     assert!(n_pairs * o.div_ceil(rpw) > 65_535);
     // so many workgroups keep the default tuning
-    let plan = inkling_wgpu::gpu::gemv::plan(q.enc, n_pairs as u32, o as u32, i as u32, 0, 0);
+    let plan =
+        inkling_wgpu::gpu::linear::route::plan(q.enc, n_pairs as u32, o as u32, i as u32, 0, 0);
     assert_eq!(plan.tuning.rows_per_workgroup() as usize, rpw);
     let tokens = 3;
     let x: Vec<f32> = (0..tokens * i).map(|_| rng.f()).collect();

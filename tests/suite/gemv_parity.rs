@@ -4,8 +4,10 @@
 use crate::ops_util::{gpu, Rng};
 use inkling_wgpu::formats::{quantize, Encoding, QMatrix};
 use inkling_wgpu::gpu::dispatch::DispatchError;
-use inkling_wgpu::gpu::gemv::{kernel_encodings, GemvArgs, GpuWeights, Reduction, NO_GAMMA};
 use inkling_wgpu::gpu::gemv_pairs_with;
+use inkling_wgpu::gpu::linear::args::{GemvArgs, Reduction, NO_GAMMA};
+use inkling_wgpu::gpu::linear::format::kernel_encodings;
+use inkling_wgpu::gpu::linear::slab::GpuWeights;
 use inkling_wgpu::gpu::Gpu;
 use std::borrow::Cow;
 
@@ -446,7 +448,7 @@ fn auto_picks_subgroups_when_available_and_no_gamma_buffer_ignores_weight_idx() 
 /// pairs took 50.0 µs per inkling-small routed gate_up, against 45.1 µs by whole experts.)
 #[test]
 fn every_chunk_policy_is_exact() {
-    use inkling_wgpu::gpu::gemv::gpu_row_stride;
+    use inkling_wgpu::gpu::linear::slab::gpu_row_stride;
     let gpu = gpu();
     let mut rng = Rng(0xc4a7);
     for spelling in ["f32", "bf16", "int4", "int4-g64", "int3-g64"] {

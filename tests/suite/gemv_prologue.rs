@@ -8,9 +8,11 @@ use crate::gemv_parity::{reductions, rel_err};
 use crate::ops_util::{buf_f32, buf_u32, gpu, poisoned, read, Rng};
 use inkling_wgpu::formats::{quantize, Encoding, QMatrix};
 use inkling_wgpu::gpu::dispatch::DispatchError;
-use inkling_wgpu::gpu::gemm::TILES;
-use inkling_wgpu::gpu::gemm_tile::GemmChoice;
-use inkling_wgpu::gpu::gemv::{kernel_encodings, GemvArgs, GpuWeights, Reduction, NO_GAMMA};
+use inkling_wgpu::gpu::linear::args::GemmChoice;
+use inkling_wgpu::gpu::linear::args::{GemvArgs, Reduction, NO_GAMMA};
+use inkling_wgpu::gpu::linear::format::kernel_encodings;
+use inkling_wgpu::gpu::linear::route::TILES;
+use inkling_wgpu::gpu::linear::slab::GpuWeights;
 use inkling_wgpu::gpu::Gpu;
 
 /// What a problem stages as x.

@@ -6,10 +6,11 @@ use crate::gemv_parity::rel_err;
 use crate::ops_util::{gpu, Rng};
 use inkling_wgpu::formats::{quantize, Encoding, QMatrix};
 use inkling_wgpu::gpu::dispatch::DispatchError;
-use inkling_wgpu::gpu::gemv::{
-    candidates, kernel_encodings, GemvArgs, GpuWeights, Reduction, Tuning, NO_GAMMA,
-};
 use inkling_wgpu::gpu::limits::LimitProfile;
+use inkling_wgpu::gpu::linear::args::{GemvArgs, Reduction, NO_GAMMA};
+use inkling_wgpu::gpu::linear::format::{kernel_encodings, Tuning};
+use inkling_wgpu::gpu::linear::route::candidates;
+use inkling_wgpu::gpu::linear::slab::GpuWeights;
 use inkling_wgpu::gpu::ops::SplitColumns;
 use inkling_wgpu::gpu::{Call, Gpu};
 
@@ -293,8 +294,9 @@ fn split_columns_copies_each_block_exactly() {
 /// segment ends, so the hot loop is the plain one.
 #[test]
 fn the_segment_choice_is_only_in_the_final_write() {
-    use inkling_wgpu::gpu::gemv::{tuning, GemvKey};
     use inkling_wgpu::gpu::kernel::KernelSpec;
+    use inkling_wgpu::gpu::linear::gemv::GemvKey;
+    use inkling_wgpu::gpu::linear::route::tuning;
     for enc in kernel_encodings() {
         for sg in [false, true] {
             let key = GemvKey::new(enc, sg, tuning(enc.format), 2048, false);

@@ -7,8 +7,9 @@
 
 use crate::ops_util::{gpu, Rng};
 use inkling_wgpu::formats::{quantize, Encoding, QMatrix};
-use inkling_wgpu::gpu::gemv::{run_staged, GpuWeights, NO_GAMMA};
 use inkling_wgpu::gpu::gemv_pairs;
+use inkling_wgpu::gpu::linear::args::NO_GAMMA;
+use inkling_wgpu::gpu::linear::slab::{run_staged, GpuWeights};
 use inkling_wgpu::gpu::Gpu;
 use std::borrow::Cow;
 

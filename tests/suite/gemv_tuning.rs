@@ -1,13 +1,16 @@
-//! Per-call tuning selection (`gemv::plan`) and the direct-x variant: every tuning the host can
+//! Per-call tuning selection (`route::plan`) and the direct-x variant: every tuning the host can
 //! pick, and both x variants, against the f64 CPU reference on the same weight bytes.
 //! Fresh random inputs, NaN-poisoned outputs (and NaN in the x gaps), ‖y − ref‖/‖ref‖ ≤ 1e-5.
 
 use crate::ops_util::{gpu, rel_err, Rng};
 use inkling_wgpu::formats::{quantize, Encoding, QMatrix};
-use inkling_wgpu::gpu::gemv::{
-    candidates, direct_aligned, direct_candidates, plan, GemvArgs, GpuWeights, Plan, Reduction,
-    Tuning, DIRECT_MAX_RPW, DIRECT_MIN_WORKGROUPS, MIN_WORKGROUPS, NO_GAMMA,
+use inkling_wgpu::gpu::linear::args::{GemvArgs, Reduction, NO_GAMMA};
+use inkling_wgpu::gpu::linear::format::Tuning;
+use inkling_wgpu::gpu::linear::route::{
+    candidates, direct_aligned, direct_candidates, plan, Plan, DIRECT_MAX_RPW,
+    DIRECT_MIN_WORKGROUPS, MIN_WORKGROUPS,
 };
+use inkling_wgpu::gpu::linear::slab::GpuWeights;
 use inkling_wgpu::gpu::Gpu;
 
 const TOL: f64 = 1e-5;
@@ -303,7 +306,7 @@ fn plan_reaches_min_workgroups_or_the_smallest_tuning() {
         (4096, 4),
         (1, 1),
     ];
-    for enc in inkling_wgpu::gpu::gemv::kernel_encodings() {
+    for enc in inkling_wgpu::gpu::linear::format::kernel_encodings() {
         let direct = direct_aligned(enc, 4096, 0, 0);
         let (list, min) = if direct {
             (direct_candidates(), DIRECT_MIN_WORKGROUPS)

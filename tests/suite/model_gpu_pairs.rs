@@ -3,7 +3,9 @@
 //! with gammas, against the f64 CPU reference. A missing adapter FAILS (no skip).
 use crate::ops_util::gpu;
 use inkling_wgpu::formats::quantize;
-use inkling_wgpu::gpu::gemv::{kernel_encodings, GemvArgs, GpuWeights};
+use inkling_wgpu::gpu::linear::args::GemvArgs;
+use inkling_wgpu::gpu::linear::format::kernel_encodings;
+use inkling_wgpu::gpu::linear::slab::GpuWeights;
 use inkling_wgpu::gpu::ops::Pair;
 
 fn val(i: usize, salt: usize) -> f32 {

@@ -15,9 +15,11 @@
 //! The same modules are checked against the limit profiles (workgroup memory, invocations per
 //! workgroup, storage buffers per stage) with sizes naga computes.
 use inkling_wgpu::formats::{Format, REGISTRY};
-use inkling_wgpu::gpu::gemv::{self, candidates, direct_candidates, x_tiles};
 use inkling_wgpu::gpu::kernel::{Bind, KernelSpec};
 use inkling_wgpu::gpu::limits::LimitProfile;
+use inkling_wgpu::gpu::linear::gemv;
+use inkling_wgpu::gpu::linear::gemv::x_tiles;
+use inkling_wgpu::gpu::linear::route::{candidates, direct_candidates};
 use inkling_wgpu::gpu::variants;
 use naga::back::{hlsl, msl, spv};
 use naga::valid::{Capabilities, ValidationFlags, Validator};
@@ -224,11 +226,11 @@ fn expected_gemv(smem: u64, subgroups: bool) -> usize {
 /// The GEMM variant count: every GEMV kernel encoding but int3-g64 (GEMV only) × the GEMM
 /// tiles, plus the grouping pass of each tile.
 fn expected_gemm() -> usize {
-    let encs = gemv::kernel_encodings()
+    let encs = inkling_wgpu::gpu::linear::kernel_encodings()
         .into_iter()
         .filter(|e| e.spelling() != "int3-g64")
         .count();
-    (encs + 1) * inkling_wgpu::gpu::gemm::TILES.len()
+    (encs + 1) * inkling_wgpu::gpu::linear::route::TILES.len()
 }
 
 /// Op kernels per WGSL file: attention (2 entry points × f32/vec4), fused attention (the FUSED
@@ -412,7 +414,7 @@ fn every_kernel_of_a_profile_fits_its_limits_or_the_device_check_names_the_limit
                 let parts: Vec<&str> = rest.split(':').collect();
                 let enc = inkling_wgpu::formats::Encoding::parse(parts[0]).unwrap();
                 let (tpr, rpt) = parts[2].split_once('x').unwrap();
-                let t = gemv::Tuning {
+                let t = inkling_wgpu::gpu::linear::Tuning {
                     tpr: tpr.parse().unwrap(),
                     rpt: rpt.parse().unwrap(),
                 };

@@ -3,7 +3,8 @@
 
 #[test]
 fn gemv_variants_differ_only_by_prelude_and_reduction() {
-    use inkling_wgpu::gpu::gemv::{kernel_encodings, wgsl_format_const, wgsl_source};
+    use inkling_wgpu::gpu::linear::format::kernel_encodings;
+    use inkling_wgpu::gpu::linear::gemv::{wgsl_format_const, wgsl_source};
     for enc in kernel_encodings() {
         let a = wgsl_source(enc, false);
         let b = wgsl_source(enc, true);
@@ -23,7 +24,8 @@ fn gemv_variants_differ_only_by_prelude_and_reduction() {
 #[test]
 fn gemv_direct_x_variant_stages_nothing() {
     use inkling_wgpu::formats::Encoding;
-    use inkling_wgpu::gpu::gemv::{wgsl_source_tuned, Tuning};
+    use inkling_wgpu::gpu::linear::format::Tuning;
+    use inkling_wgpu::gpu::linear::gemv::wgsl_source_tuned;
     let t = Tuning { tpr: 64, rpt: 1 };
     for enc in [Encoding::F32, Encoding::BF16] {
         for sg in [false, true] {
@@ -44,7 +46,7 @@ fn gemv_direct_x_variant_stages_nothing() {
 #[test]
 fn gemv_skeleton_names_every_format_ordinal() {
     // FORMATS.md is the only place an ordinal is written: the skeleton compares FMT with names
-    let src = inkling_wgpu::gpu::gemv::GEMV_WGSL;
+    let src = inkling_wgpu::gpu::linear::gemv::GEMV_WGSL;
     for (k, _) in src.match_indices("FMT ==") {
         let next = src[k + 6..].trim_start();
         assert!(
@@ -55,7 +57,7 @@ fn gemv_skeleton_names_every_format_ordinal() {
     }
     assert!(src.contains("FMT == FMT_BF16"));
     for spec in inkling_wgpu::formats::REGISTRY {
-        let name = inkling_wgpu::gpu::gemv::wgsl_format_const(spec.format);
+        let name = inkling_wgpu::gpu::linear::gemv::wgsl_format_const(spec.format);
         assert!(name
             .chars()
             .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'));
@@ -64,8 +66,10 @@ fn gemv_skeleton_names_every_format_ordinal() {
 
 #[test]
 fn gemv_two_chunk_variant_binds_a_second_slab() {
-    use inkling_wgpu::gpu::gemv::{kernel_encodings, tuning, GemvKey};
     use inkling_wgpu::gpu::kernel::KernelSpec;
+    use inkling_wgpu::gpu::linear::format::kernel_encodings;
+    use inkling_wgpu::gpu::linear::gemv::GemvKey;
+    use inkling_wgpu::gpu::linear::route::tuning;
     for enc in kernel_encodings() {
         let one = KernelSpec::of(&GemvKey::new(enc, false, tuning(enc.format), 2048, false));
         let two = KernelSpec::of(

@@ -2,7 +2,7 @@
 //! size, how many slots a placement gives, and the bytes a one-token step reads.
 use super::resident::{Resident, ResidentMlp};
 use crate::formats::{Format, QMatrix};
-use crate::gpu::gemv::gpu_row_stride;
+use crate::gpu::linear::slab::gpu_row_stride;
 use crate::human_bytes;
 use crate::model::stream::Placement;
 use crate::model::weights::{Ffn, Mlp, Weights};

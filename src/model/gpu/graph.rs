@@ -13,7 +13,7 @@
 //! dispatch for a one-token step, a prologue plus the attention for longer chunks.
 //!
 //! One-token steps fold two kinds of elementwise kernels into the x staging of the GEMVs that
-//! read their output with `norm_prologues` / `silu_prologues` ([`crate::gpu::gemv::XPrologue`]; off
+//! read their output with `norm_prologues` / `silu_prologues` ([`crate::gpu::linear::args::XPrologue`]; off
 //! by default): the input
 //! and post-attention RMSNorms into the GEMVs that read the normed `h` (q/k/v/r; router, shared
 //! and routed gate_up or the dense gate_up), and silu·up into the down GEMVs, which then read
@@ -23,8 +23,8 @@ use super::resident::{
     DenseMlp, FfnSlab, MoeMlp, Projections, Resident, ResidentLayer, ResidentMlp, ATTN_SCONV,
     K_SCONV, MLP_SCONV, V_SCONV,
 };
-use crate::gpu::gemm;
-use crate::gpu::gemv::GemvArgs;
+use crate::gpu::linear::args::GemvArgs;
+use crate::gpu::linear::route;
 use crate::gpu::ops::{
     Argmax, DivConst, EmbedNorm, FusedAttention, FusedAttentionIo, MulConst, RmsNorm, RouterShape,
     SconvInput, SconvRmsNorm, ShortConvKernel, SiluMul, SiluMulLayout, SplitColumns,
@@ -606,7 +606,7 @@ impl Recipe<'_> {
 
     /// Layer `li`'s q, k, v and r projections of the normed `xn` into `q`, `k_raw`, `v_raw` and `r`. A joint
     /// slab runs one GEMV writing the four outputs as row segments where the GEMV is chosen and
-    /// segments fit ([`crate::gpu::gemv::GpuWeights::segments_fit`]; every one-token step on
+    /// segments fit ([`crate::gpu::linear::slab::GpuWeights::segments_fit`]; every one-token step on
     /// common devices), else one GEMV or GEMM into the `qkvr` scratch and a [`SplitColumns`];
     /// separate slabs run four GEMVs.
     fn projections(&self, li: usize, xn: NormedX<'_>) -> Result<Vec<Call>> {
@@ -622,7 +622,7 @@ impl Recipe<'_> {
             }
             Projections::Joint { w, rows } => {
                 let packed = self.dense_normed(xn, &a.qkvr);
-                if w.w.segments_fit(gpu) && gemm::select(&w.w, &packed).is_none() {
+                if w.w.segments_fit(gpu) && route::select(&w.w, &packed).is_none() {
                     let segs: Vec<(u32, &wgpu::Buffer)> = rows.iter().copied().zip(outs).collect();
                     let args = self.dense_normed(xn, &a.q).segments(&segs);
                     return Ok(vec![w.call(gpu, args, "qkvr_proj")?]);

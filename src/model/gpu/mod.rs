@@ -155,8 +155,8 @@ impl<'w> GpuModel<'w> {
             (1..=8).contains(&kk),
             "conv_kernel_size {kk} not supported by the GPU short conv (1..=8)"
         );
-        let limit =
-            crate::gpu::gemv::default_limit(gpu).min(opts.binding_limit.unwrap_or(u64::MAX));
+        let limit = crate::gpu::linear::slab::default_limit(gpu)
+            .min(opts.binding_limit.unwrap_or(u64::MAX));
         let res = Resident::upload(gpu, w, max_seq, max_chunk, limit, slots.is_some())?;
         let stream = match slots {
             None => None,
@@ -399,7 +399,7 @@ impl<'w> GpuModel<'w> {
     }
 
     /// Fold the RMSNorms (`norm`) and the silu·up (`silu`) of one-token steps into the x staging
-    /// of the GEMVs that read them ([`crate::gpu::gemv::XPrologue`]): per layer the input and
+    /// of the GEMVs that read them ([`crate::gpu::linear::args::XPrologue`]): per layer the input and
     /// post-attention norms, and the silu·up kernels, need no dispatch of their own. Both off by
     /// default: the kernels run separately (the prompt chunks always do them so); on an H200 the
     /// step with both folded has 4 dispatches fewer per MoE layer but is slower, since every

@@ -2,7 +2,8 @@
 //! [`GpuWeights`] slab, norms and conv weights as f32 buffers, the KV caches and conv states of each
 //! layer, the embedding table in binding-sized shards, and the activations of one chunk.
 use crate::formats::{Format, QMatrix};
-use crate::gpu::gemv::{GemvArgs, GpuWeights, NO_GAMMA};
+use crate::gpu::linear::args::{GemvArgs, NO_GAMMA};
+use crate::gpu::linear::slab::GpuWeights;
 use crate::gpu::ops::{attention_consts, AttentionShape, EmbedShard, FusedAttention, PosBuffer};
 use crate::gpu::{Call, Gpu};
 use crate::model::config::{AttnGeom, TextConfig};

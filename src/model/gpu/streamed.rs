@@ -4,7 +4,7 @@
 use super::graph::{at_layer, ffn_calls, FfnIo, NormedX};
 use super::resident::{zeroed, Activations, FfnSlab, Linear, Resident, ResidentMlp};
 use crate::formats::QMatrix;
-use crate::gpu::gemv::{run_staged, GpuWeights, StagedCopy};
+use crate::gpu::linear::slab::{run_staged, GpuWeights, StagedCopy};
 use crate::gpu::{Call, Gpu};
 use crate::model::expert_cache::{Assign, ExpertCache};
 use crate::model::stream::{self, StreamState, StreamStats};

@@ -14,14 +14,15 @@
 //! So `(lo & 0x33333333) | (hi & 0xCCCCCCCC)` (and the same with `lo >> 2`, `hi << 1`, `hi >> 1`,
 //! `hi << 2`) holds eight whole 3-bit values at bits 4n .. 4n + 2 (bit 4n + 3 is masked off).
 
-use crate::formats::{Encoding, Format};
+use crate::formats::Encoding;
+use crate::gpu::linear::format::lookup;
 
 /// Bytes of one int3-g64 group (FORMATS.md).
 const INT3_GROUP_BYTES: usize = 24;
 
 /// Whether GPU rows differ from the FORMATS.md rows beyond zero padding.
 pub fn reorders_bits(enc: Encoding) -> bool {
-    enc.format == Format::Int3G64
+    lookup(enc.format).is_some_and(|k| k.gpu_bit_order)
 }
 
 /// Copy whole rows of `row_bytes` FORMATS.md bytes from `src` into `dst` at `stride` bytes per

@@ -1,7 +1,8 @@
 //! One-shot GEMV through the dispatcher: host vectors in and out (tests, smoke, benches).
 
 use crate::gpu::dispatch::{self, DispatchError};
-use crate::gpu::gemv::{GemvArgs, GpuWeights, Reduction, NO_GAMMA};
+use crate::gpu::linear::args::{GemvArgs, Reduction, NO_GAMMA};
+use crate::gpu::linear::slab::GpuWeights;
 use crate::gpu::Gpu;
 
 /// One-shot GEMV through the dispatcher: `x` is T×I f32 (row-major), `pairs` are

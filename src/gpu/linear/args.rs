@@ -1,0 +1,374 @@
+//! What a caller states about one linear call over a slab ([`GemvArgs`]): buffers, strides,
+//! pairs, the reduction, an optional forced tuning, whether the call may run as a GEMM
+//! ([`GemmChoice`], [`Tile`]) and output segments; and the checks every kernel runs first
+//! ([`GpuWeights::check_args`]).
+//!
+//! # x prologues ([`XPrologue`])
+//! The staged variant can stage a function of x instead of x, so the elementwise kernel before a
+//! GEMV needs no dispatch of its own: the RMSNorm of the x row (`w ⊙ x · rsqrt(mean(x²) + eps)`,
+//! the formula of [`crate::gpu::ops::RmsNorm`]; every workgroup first reduces the row's sum of
+//! squares over all its columns, then scales each tile as it stages it), or `silu(gate) · up` of
+//! a gate‖up row (the layout of [`crate::gpu::ops::SiluMulLayout::fused`], the formula of
+//! [`crate::gpu::ops::SiluMul`]). The choice is a uniform read outside the hot loop, so it adds no
+//! pipeline. A call with a prologue always stages x ([`GpuWeights::plans`]) and never runs as a
+//! GEMM (`gemm::select`).
+
+use crate::formats::Encoding;
+use crate::gpu::dispatch::{self, DispatchError};
+use crate::gpu::linear::format::Tuning;
+use crate::gpu::linear::slab::GpuWeights;
+use crate::gpu::Gpu;
+
+/// `weight_idx` meaning "no per-pair weight".
+pub const NO_GAMMA: u32 = 0xFFFF_FFFF;
+
+/// Most output segments of one GEMV ([`GemvArgs::segments`]).
+pub const MAX_SEGMENTS: usize = 4;
+
+/// How a row's partial sums are reduced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Reduction {
+    /// Subgroup shuffles when the device has `SUBGROUP`, else shared memory.
+    Auto,
+    /// Subgroup shuffles (error when the device lacks `SUBGROUP`).
+    Subgroup,
+    /// Shared-memory tree (works everywhere).
+    Shared,
+}
+
+/// The output tile of one workgroup: RM rows per thread (BM = 64·RM rows) × NQ quads of pairs
+/// (BN = 4·NQ pairs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Tile {
+    pub rm: u32,
+    pub nq: u32,
+}
+
+impl Tile {
+    /// Rows per workgroup, BM.
+    pub fn rows(self) -> u32 {
+        64 * self.rm
+    }
+    /// Pairs per workgroup, BN.
+    pub fn pairs(self) -> u32 {
+        4 * self.nq
+    }
+    /// Whether the GEMM kernel can be instantiated with this tile: RM in 1, 2, 4, 8 and NQ in
+    /// 2, 4 (its x staging needs an even NQ; workgroup memory bounds NQ).
+    pub fn buildable(self) -> bool {
+        matches!(self.rm, 1 | 2 | 4 | 8) && matches!(self.nq, 2 | 4)
+    }
+}
+
+/// Whether a GEMV call (`GemvArgs::gemm`) may run as a GEMM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemmChoice {
+    /// Always the GEMV.
+    Never,
+    /// The GEMM when `gemm::select`'s rules pick it (the default).
+    Auto,
+    /// The GEMM with this tile whenever it can run (a GEMM format, experts ≤ `gemm::EMAX`, ≥ 1
+    /// pair); tests and benchmarks.
+    Always(Tile),
+}
+
+/// What the staged x holds (see the module docs, *x prologues*).
+#[derive(Clone, Copy, Debug, Default)]
+pub enum XPrologue<'a> {
+    /// x itself.
+    #[default]
+    None,
+    /// The RMSNorm of each x row: `x_c → weight_c · (x_c · rsqrt(Σ_c x_c² / I + eps))`, weight
+    /// f32 `[I]` (bound where the gamma buffer goes, so a call cannot have both).
+    RmsNorm { weight: &'a wgpu::Buffer, eps: f32 },
+    /// SiLU·mul of a gate‖up row of 2·I values: `x_c → silu(row_c) · row_{I + c}` with
+    /// `silu(g) = g / (1 + e^−g)`.
+    SiluMul,
+}
+
+impl XPrologue<'_> {
+    /// The WGSL `PROLOGUE_*` ordinal.
+    pub(crate) fn ordinal(self) -> u32 {
+        match self {
+            XPrologue::None => 0,
+            XPrologue::RmsNorm { .. } => 1,
+            XPrologue::SiluMul => 2,
+        }
+    }
+
+    /// Whether x is staged as something other than x.
+    pub fn is_some(self) -> bool {
+        !matches!(self, XPrologue::None)
+    }
+}
+
+/// Buffers and strides of one GEMV problem (see the module docs for the formula).
+///
+/// * `x`: f32; token t's input is `x[t·x_stride + x_offset ..][..I]`; `tokens` = T.
+/// * `pairs`: u32, 4 per pair (16 bytes, the GPU router's [`crate::gpu::ops::Pair`]):
+///   `(expert, token, weight_idx, pad)`; `n_pairs` = P (host-known). With `x_per_pair`, pair p
+///   reads x row p instead of row `token(p)` (needs `tokens ≥ P`).
+/// * `gamma`: optional f32 per-pair weights indexed by `weight_idx`; without it every pair is
+///   unweighted whatever its `weight_idx`.
+/// * `y`: f32; pair p's output is `y[p·y_stride + y_offset ..][..O]`, or with `segments`
+///   ([`GemvArgs::segments`]) rows `s_i .. s_i + rows_i` of it are `segments[i].1[p·rows_i ..]
+///   [..rows_i]` (s_i = rows of the segments before i).
+///
+/// Strides of 0 mean "packed": `x_stride = I` (2·I under [`XPrologue::SiluMul`]), `y_stride = O`.
+/// `prologue` stages a function of x instead of x ([`XPrologue`]).
+#[derive(Clone, Copy, Debug)]
+pub struct GemvArgs<'a> {
+    pub x: &'a wgpu::Buffer,
+    pub tokens: u32,
+    pub x_stride: u32,
+    pub x_offset: u32,
+    pub pairs: &'a wgpu::Buffer,
+    pub n_pairs: u32,
+    pub gamma: Option<&'a wgpu::Buffer>,
+    pub y: &'a wgpu::Buffer,
+    pub y_stride: u32,
+    pub y_offset: u32,
+    pub reduction: Reduction,
+    /// Pair p reads x row p (not row `token(p)`).
+    pub x_per_pair: bool,
+    /// Force this tuning instead of [`plan`]'s choice (tests, benchmarks); wins over
+    /// [`set_tuning_override`]. x is read directly or staged by [`plan`]'s rules for that tuning.
+    pub tuning: Option<Tuning>,
+    /// Whether [`GpuWeights::bind`] may run the call as a GEMM (`gemm::select`; default
+    /// [`GemmChoice::Auto`]; never with a prologue).
+    pub gemm: GemmChoice,
+    /// Output segments `(rows_i, buffer_i)` ([`GemvArgs::segments`]); empty: the whole row to `y`.
+    pub segments: &'a [(u32, &'a wgpu::Buffer)],
+    /// What x is staged as (default [`XPrologue::None`]).
+    pub prologue: XPrologue<'a>,
+}
+
+impl<'a> GemvArgs<'a> {
+    /// Packed x and y, no gamma, automatic reduction.
+    pub fn new(
+        x: &'a wgpu::Buffer,
+        tokens: u32,
+        pairs: &'a wgpu::Buffer,
+        n_pairs: u32,
+        y: &'a wgpu::Buffer,
+    ) -> Self {
+        GemvArgs {
+            x,
+            tokens,
+            x_stride: 0,
+            x_offset: 0,
+            pairs,
+            n_pairs,
+            gamma: None,
+            y,
+            y_stride: 0,
+            y_offset: 0,
+            reduction: Reduction::Auto,
+            x_per_pair: false,
+            tuning: None,
+            gemm: GemmChoice::Auto,
+            segments: &[],
+            prologue: XPrologue::None,
+        }
+    }
+    /// Write the O rows of each pair in up to [`MAX_SEGMENTS`] consecutive segments instead of
+    /// one `y` row: segment i (`rows_i` rows, in order, Σ rows_i = O) goes to its buffer as a
+    /// packed f32 matrix `[n_pairs, rows_i]`; `y` becomes the first segment's buffer. Always the
+    /// GEMV ([`GpuWeights::segments_fit`] says where it binds); y strides and offsets must be 0.
+    /// The buffers must not alias x or each other.
+    pub fn segments(mut self, segments: &'a [(u32, &'a wgpu::Buffer)]) -> Self {
+        if let Some(&(_, y)) = segments.first() {
+            self.y = y;
+        }
+        self.segments = segments;
+        self
+    }
+    /// Stage each x row as its RMSNorm with `weight` (f32 `[I]`) and `eps`
+    /// ([`XPrologue::RmsNorm`]).
+    pub fn rms_norm(mut self, weight: &'a wgpu::Buffer, eps: f32) -> Self {
+        self.prologue = XPrologue::RmsNorm { weight, eps };
+        self
+    }
+    /// Read x rows of 2·I values, gate then up, and stage `silu(gate) · up`
+    /// ([`XPrologue::SiluMul`]).
+    pub fn silu_mul(mut self) -> Self {
+        self.prologue = XPrologue::SiluMul;
+        self
+    }
+    /// Whether the call may run as a GEMM ([`GemvArgs::gemm`]).
+    pub fn gemm(mut self, choice: GemmChoice) -> Self {
+        self.gemm = choice;
+        self
+    }
+    /// With a forced tuning (see [`GemvArgs::tuning`]); panics unless `tpr` is a power of two
+    /// ≤ 256 and `rpt` is 1..=8.
+    pub fn tuning(mut self, t: Tuning) -> Self {
+        assert!(t.tpr.is_power_of_two() && t.tpr <= 256 && (1..=8).contains(&t.rpt));
+        self.tuning = Some(t);
+        self
+    }
+    /// Pair p reads x row p instead of x row `token(p)`.
+    pub fn x_per_pair(mut self, on: bool) -> Self {
+        self.x_per_pair = on;
+        self
+    }
+    /// With per-pair weights.
+    pub fn gamma(mut self, gamma: &'a wgpu::Buffer) -> Self {
+        self.gamma = Some(gamma);
+        self
+    }
+    /// With a reduction variant.
+    pub fn reduction(mut self, r: Reduction) -> Self {
+        self.reduction = r;
+        self
+    }
+}
+
+impl Reduction {
+    /// Whether this reduction runs with subgroup shuffles on `gpu` (`Auto`: when the device has
+    /// `SUBGROUP`); [`DispatchError::Shape`] for `Subgroup` on a device without them.
+    pub fn subgroups(self, gpu: &Gpu) -> Result<bool, DispatchError> {
+        match self {
+            Reduction::Auto => Ok(gpu.has_subgroups()),
+            Reduction::Shared => Ok(false),
+            Reduction::Subgroup if gpu.has_subgroups() => Ok(true),
+            Reduction::Subgroup => Err(DispatchError::Shape(
+                "subgroup reduction asked for, but the device lacks SUBGROUP".into(),
+            )),
+        }
+    }
+}
+
+impl GpuWeights {
+    /// Check a call over these weights (what [`GpuWeights::bind`] checks first, whichever kernel
+    /// runs it): `ordinal` must be in the registry ([`DispatchError::UnknownOrdinal`]), have a
+    /// kernel here ([`DispatchError::NoKernel`]) and be the ordinal of the weights' encoding
+    /// ([`DispatchError::EncodingMismatch`]); the reduction must be available; buffers too small
+    /// for `args` and output segments that are not 1 to [`MAX_SEGMENTS`] non-empty row counts
+    /// adding up to O (or come with y strides or offsets) are [`DispatchError::Shape`]. Returns
+    /// the encoding and whether the GEMV reduces with subgroups.
+    pub fn check_args(
+        &self,
+        gpu: &Gpu,
+        ordinal: u32,
+        args: &GemvArgs,
+    ) -> Result<(Encoding, bool), DispatchError> {
+        let enc = dispatch::check(ordinal, self.encoding())?;
+        let subgroups = args.reduction.subgroups(gpu)?;
+        let (o, i) = (self.rows() as u64, self.cols() as u64);
+        let (x_stride, y_stride) = strides(self, args);
+        if args.tokens == 0 {
+            return Err(DispatchError::Shape("tokens must be ≥ 1".into()));
+        }
+        let row = x_row_len(self, args);
+        let need_x = 4 * ((args.tokens as u64 - 1) * x_stride + args.x_offset as u64 + row);
+        if args.x.size() < need_x {
+            return Err(DispatchError::Shape(format!(
+                "x buffer has {} bytes, needs {need_x}",
+                args.x.size()
+            )));
+        }
+        if !args.segments.is_empty() {
+            check_segments(args, o)?;
+        } else if args.n_pairs > 0 {
+            let need_y = 4 * ((args.n_pairs as u64 - 1) * y_stride + args.y_offset as u64 + o);
+            if args.y.size() < need_y {
+                return Err(DispatchError::Shape(format!(
+                    "y buffer has {} bytes, needs {need_y}",
+                    args.y.size()
+                )));
+            }
+        }
+        if args.n_pairs > 0 {
+            if args.pairs.size() < 16 * args.n_pairs as u64 {
+                return Err(DispatchError::Shape(format!(
+                    "pairs buffer has {} bytes, {} pairs need {} (16 bytes per pair)",
+                    args.pairs.size(),
+                    args.n_pairs,
+                    16 * args.n_pairs as u64
+                )));
+            }
+            if args.x_per_pair && args.tokens < args.n_pairs {
+                return Err(DispatchError::Shape(format!(
+                    "x_per_pair needs an x row per pair: {} rows for {} pairs",
+                    args.tokens, args.n_pairs
+                )));
+            }
+        }
+        if let XPrologue::RmsNorm { weight, eps } = args.prologue {
+            if args.gamma.is_some() {
+                return Err(DispatchError::Shape(
+                    "the RMSNorm prologue's weight takes the gamma binding: no per-pair gamma with it"
+                        .into(),
+                ));
+            }
+            if weight.size() < 4 * i {
+                return Err(DispatchError::Shape(format!(
+                    "RMSNorm prologue weight has {} bytes, needs {} ({i} f32)",
+                    weight.size(),
+                    4 * i
+                )));
+            }
+            if !(eps.is_finite() && eps >= 0.0) {
+                return Err(DispatchError::Shape(format!(
+                    "RMSNorm prologue eps must be finite and ≥ 0, got {eps}"
+                )));
+            }
+        }
+        Ok((enc, subgroups))
+    }
+}
+
+/// Check the output segments of `args` over weights of `o` rows (see [`GpuWeights::check_args`]).
+fn check_segments(args: &GemvArgs, o: u64) -> Result<(), DispatchError> {
+    let segs = args.segments;
+    let bad = |m: String| Err(DispatchError::Shape(format!("output segments: {m}")));
+    if segs.len() > MAX_SEGMENTS {
+        return bad(format!("{} given, at most {MAX_SEGMENTS}", segs.len()));
+    }
+    if args.y_stride != 0 || args.y_offset != 0 {
+        return bad("y stride and offset must be 0 (each segment is packed)".into());
+    }
+    let total: u64 = segs.iter().map(|s| s.0 as u64).sum();
+    if segs.iter().any(|s| s.0 == 0) || total != o {
+        let rows: Vec<u32> = segs.iter().map(|s| s.0).collect();
+        return bad(format!(
+            "rows {rows:?} must be non-empty and add up to the {o} rows"
+        ));
+    }
+    for (i, &(rows, y)) in segs.iter().enumerate() {
+        let need = 4 * args.n_pairs as u64 * rows as u64;
+        if y.size() < need {
+            return bad(format!(
+                "buffer {i} has {} bytes, {} pairs × {rows} rows need {need}",
+                y.size(),
+                args.n_pairs
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `(x_stride, y_stride)` of `args` over `w`, packed strides (0) resolved.
+pub(crate) fn strides(w: &GpuWeights, args: &GemvArgs) -> (u64, u64) {
+    let x = if args.x_stride == 0 {
+        x_row_len(w, args)
+    } else {
+        args.x_stride as u64
+    };
+    let y = if args.y_stride == 0 {
+        w.rows() as u64
+    } else {
+        args.y_stride as u64
+    };
+    (x, y)
+}
+
+/// f32 values of one x row that a GEMV over `w` reads: I, or 2·I (gate‖up) under
+/// [`XPrologue::SiluMul`].
+fn x_row_len(w: &GpuWeights, args: &GemvArgs) -> u64 {
+    match args.prologue {
+        XPrologue::SiluMul => 2 * w.cols() as u64,
+        _ => w.cols() as u64,
+    }
+}

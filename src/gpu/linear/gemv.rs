@@ -1,0 +1,540 @@
+//! The MoE GEMV kernel (`wgsl/gemv.wgsl`) over a [`GpuWeights`] slab: its instantiations
+//! ([`GemvKey`]), their WGSL, and the recorded call ([`GpuWeights::bind_gemv`]).
+//!
+//! # Kernel shape (`wgsl/gemv.wgsl`)
+//! 256 threads per workgroup in groups of THREADS_PER_ROW threads per row set; each thread
+//! handles ROWS_PER_THREAD rows with one read of x, so one row block is ROWS_PER_WORKGROUP =
+//! (256 / THREADS_PER_ROW) · ROWS_PER_THREAD rows of one pair. By default x is staged: the whole
+//! x row (up to 16384 columns, as far as the adapter's workgroup memory allows) is copied once
+//! per workgroup into workgroup memory as vec4, zero past I, padded against bank conflicts.
+//! The hot loop has no barrier: two units per step (their loads issue together), one coalesced
+//! 16-byte weight load per row and unit, vec4 accumulators. A quantised kernel whose threads take
+//! at least [`PREFETCH_MIN_STEPS`] steps over the x tile software-pipelines the loop ([`prefetch`],
+//! `PREFETCH` in the WGSL): the next step's weight words and group scales load while the current
+//! step decodes, so a thread's loads stay in flight during its arithmetic. The quantised decode keeps x in f32 and costs one mask-or,
+//! one subtract and one FMA per weight: a 4-bit field masked in place inside the mantissa of
+//! 2²³ (the "magic number" conversion) gives (q − bias)·16ˡ in lane l after one subtract, so
+//! lane l of an accumulator carries 16ˡ, removed once per row (an exact power of two). int3-g64
+//! first joins its 2-bit lows and high bits into such fields with one bitwise select per eight
+//! values (the GPU bit order above). Scales are applied once per 32-column unit (grouped
+//! formats), per group (int3-g64) or per row (int4). Reductions: subgroup shuffles inside blocks
+//! of min(subgroup size, THREADS_PER_ROW) lanes then workgroup memory, or a workgroup-memory
+//! tree. Workgroups (pairs × row blocks) are spread over x and y (≤ 65,535 each).
+//!
+//! # Output segments
+//! With [`GemvArgs::segments`] the rows of each expert are cut into up to four consecutive
+//! segments, each written to its own buffer as a packed `[pairs, rows_i]` matrix (a layer's q, k,
+//! v and r projections as one GEMV over their concatenated rows). The kernel variant
+//! (`SEGMENTS` in the WGSL) binds the outputs at 6, 9, 10 and 11 and picks the segment of each
+//! row at the final write, after the reduction: the hot loop is the plain one, and a row block
+//! may straddle two segments. It exists for one-chunk slabs on devices with 9 storage buffers
+//! per stage ([`GpuWeights::segments_fit`]); callers fall back to a packed output otherwise.
+
+use crate::formats::{Encoding, Format};
+use crate::gpu::call::{dummy, entry, grid_u64, Call, Dispatch, Label};
+use crate::gpu::dispatch::DispatchError;
+use crate::gpu::kernel::{self, Bind, Kernel, KernelSpec};
+use crate::gpu::linear::args::{strides, GemvArgs, XPrologue, MAX_SEGMENTS};
+use crate::gpu::linear::format::{kernel_encodings, row, unit_shape, Tuning};
+use crate::gpu::linear::route::{candidates, direct_candidates, tuning};
+use crate::gpu::linear::slab::{gpu_row_stride, GpuWeights, WeightChunk};
+use crate::gpu::Gpu;
+
+/// Source of the one GEMV skeleton.
+pub const GEMV_WGSL: &str = include_str!("../../../wgsl/gemv.wgsl");
+
+/// Largest x tile (columns staged in workgroup memory at once); the real tile is the row length
+/// rounded up to 512 columns when it fits the adapter's workgroup memory, so normally the whole x
+/// is staged once per workgroup and the hot loop has no barrier.
+const XT_MAX: u32 = 16384;
+/// The uniform block, the twin of `Params` in `wgsl/gemv.wgsl` (field meanings there).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct GemvParams {
+    rows: u32,
+    cols: u32,
+    n_pairs: u32,
+    row_stride_v4: u32,
+    x_stride: u32,
+    x_offset: u32,
+    y_stride: u32,
+    y_offset: u32,
+    scales_per_row: u32,
+    use_gamma: u32,
+    x_row_is_pair: u32,
+    pad: u32,
+    chunk0: [u32; 4],
+    chunk1: [u32; 4],
+    row_blocks: [u32; 4],
+    seg_end: [u32; 4],
+    prologue: u32,
+    norm_eps: f32,
+    prologue_pad0: u32,
+    prologue_pad1: u32,
+}
+
+/// Size of the uniform block.
+const PARAMS_BYTES: u64 = std::mem::size_of::<GemvParams>() as u64;
+
+/// Pad period of the x tile in vec4: one pad vec4 per unit (at least every 8 vec4).
+fn pad_period(f: Format) -> u32 {
+    (unit_shape(f).0 / 4).max(8)
+}
+
+/// Workgroup-memory bytes of an instantiation with tile `xt` (0: x not staged).
+fn smem_bytes(f: Format, t: Tuning, xt: u32) -> u64 {
+    let v4 = xt / 4;
+    16 * (v4 + v4 / pad_period(f)) as u64 + 4 * 256 * t.rpt as u64
+}
+
+/// The x tile for `cols` columns: the row rounded up to 512 columns, shrunk by 512 until it fits
+/// `smem_limit` bytes of workgroup memory (never below 512).
+fn x_tile(f: Format, t: Tuning, cols: usize, smem_limit: u64) -> u32 {
+    let mut xt = (cols.next_multiple_of(512) as u64).min(XT_MAX as u64) as u32;
+    while xt > 512 && smem_bytes(f, t, xt) > smem_limit {
+        xt -= 512;
+    }
+    xt
+}
+
+/// Units each hot-loop step of a thread decodes (UNITS_PER_STEP in the WGSL); their weight
+/// loads issue together.
+const UNITS_PER_STEP: u32 = 2;
+
+/// Fewest steps of a thread per x tile for which the hot loop prefetches (PREFETCH in the WGSL:
+/// the next step's weights load while this step decodes); shorter loops lose more to the longer
+/// prologue and the registers of the second step than they win (BENCHMARKS.md, *quantised GEMV
+/// hot loop*, H200).
+const PREFETCH_MIN_STEPS: u32 = 6;
+
+/// Whether the hot loop of an instantiation prefetches: the quantised formats (x staged) when a
+/// thread takes at least [`PREFETCH_MIN_STEPS`] steps over a tile of `xt` columns.
+pub fn prefetch(f: Format, t: Tuning, xt: u32) -> bool {
+    let steps = (xt / unit_shape(f).0) / (t.tpr * UNITS_PER_STEP);
+    row(f).quantised && steps >= PREFETCH_MIN_STEPS
+}
+
+/// The WGSL of one instantiation with the default tuning, staged x, a 2048-column x tile (fits
+/// WebGPU's default 16 KiB of workgroup memory) and one weight chunk; see [`wgsl_source_tuned`].
+pub fn wgsl_source(enc: Encoding, subgroups: bool) -> String {
+    wgsl_source_tuned(enc, subgroups, tuning(enc.format), 2048, false)
+}
+
+/// The WGSL name of a registry format's ordinal constant: `FMT_` and the registry name in
+/// capitals with `-` as `_` (`FMT_BF16`, `FMT_INT4_GROUPED`, `FMT_INT3_G64`).
+pub fn wgsl_format_const(f: Format) -> String {
+    format!("FMT_{}", f.name().to_uppercase().replace('-', "_"))
+}
+
+/// Every registry format's ordinal as a WGSL constant named by [`wgsl_format_const`], one line
+/// each (`const FMT_INT4: u32 = 2u;`): the head of every GEMV and GEMM prelude.
+pub fn wgsl_format_consts() -> String {
+    crate::formats::REGISTRY
+        .iter()
+        .map(|spec| {
+            format!(
+                "const {}: u32 = {}u;\n",
+                wgsl_format_const(spec.format),
+                spec.ordinal
+            )
+        })
+        .collect()
+}
+
+/// The generated prelude of one instantiation: every registry ordinal as a named constant, then
+/// the instantiation's constants (see the header of `wgsl/gemv.wgsl`).
+fn prelude(enc: Encoding, t: Tuning, xt: u32, chunks: u32, header: &str) -> String {
+    let (cols_per_unit, words_per_unit) = unit_shape(enc.format);
+    let mut out = format!("// gemv instantiation: {header}\n");
+    out.push_str(&wgsl_format_consts());
+    let consts: [(&str, String); 11] = [
+        ("FMT", wgsl_format_const(enc.format)),
+        ("GROUP_SIZE", format!("{}u", enc.group_size)),
+        ("COLS_PER_UNIT", format!("{cols_per_unit}u")),
+        ("WORDS_PER_UNIT", format!("{words_per_unit}u")),
+        ("THREADS_PER_ROW", format!("{}u", t.tpr)),
+        ("ROWS_PER_THREAD", format!("{}u", t.rpt)),
+        ("ROWS_PER_WORKGROUP", format!("{}u", t.rows_per_workgroup())),
+        ("X_TILE", format!("{xt}u")),
+        ("X_PAD_PERIOD", format!("{}u", pad_period(enc.format))),
+        ("WEIGHT_CHUNKS", format!("{chunks}u")),
+        ("UNITS_PER_STEP", format!("{UNITS_PER_STEP}u")),
+    ];
+    for (name, value) in consts {
+        out.push_str(&format!("const {name}: u32 = {value};\n"));
+    }
+    out
+}
+
+/// The WGSL of one instantiation with one weight chunk bound ([`wgsl_source_chunks`]).
+pub fn wgsl_source_tuned(
+    enc: Encoding,
+    subgroups: bool,
+    t: Tuning,
+    xt: u32,
+    direct: bool,
+) -> String {
+    wgsl_source_chunks(enc, subgroups, t, xt, direct, 1)
+}
+
+/// The WGSL of one instantiation without output segments ([`wgsl_source_key`]).
+pub fn wgsl_source_chunks(
+    enc: Encoding,
+    subgroups: bool,
+    t: Tuning,
+    xt: u32,
+    direct: bool,
+    chunks: u32,
+) -> String {
+    wgsl_source_key(&GemvKey::new(enc, subgroups, t, xt, direct).with_chunks(chunks))
+}
+
+/// The WGSL of one instantiation: the generated [`prelude`] plus the skeleton with the branches
+/// of its named flags selected (`//!IF FLAG` / `//!ELSE` / `//!END` lines): `SUBGROUP` (the
+/// reduction), `XDIRECT` (x read from global memory; `xt` is then unused and written as 0),
+/// `CHUNK1` (`chunks` = 2: a second weight chunk bound at bindings 7 and 8) and `SEGMENTS` (output
+/// segments at bindings 6 and 9-11), and with `WEIGHT_CHUNKS` = `chunks` (the decode functions
+/// and the hot loop written once per bound chunk; see [`crate::gpu::kernel::preprocess_with`]).
+/// Panics on a format without a kernel or `chunks` other than 1 and 2.
+pub fn wgsl_source_key(key: &GemvKey) -> String {
+    let GemvKey {
+        enc,
+        subgroups,
+        tuning: t,
+        xt,
+        direct,
+        chunks,
+        segments,
+    } = *key;
+    assert!(
+        chunks == 1 || chunks == 2,
+        "1 or 2 weight chunks per dispatch"
+    );
+    let xt = if direct { 0 } else { xt };
+    let header = format!(
+        "{} ({}, {}, {chunks} weight chunk(s){}), threads per row {} rows per thread {} x tile {xt}",
+        enc.spelling(),
+        if subgroups {
+            "subgroup reduction"
+        } else {
+            "shared-memory reduction"
+        },
+        if direct { "direct x" } else { "staged x" },
+        if segments { ", output segments" } else { "" },
+        t.tpr,
+        t.rpt,
+    );
+    let mut out = prelude(enc, t, xt, chunks, &header);
+    out.push_str(&crate::gpu::kernel::preprocess_with(
+        GEMV_WGSL,
+        &[
+            ("SUBGROUP", subgroups),
+            ("XDIRECT", direct),
+            ("CHUNK1", chunks == 2),
+            ("SEGMENTS", segments),
+            (
+                "UNIT_ARRAYS",
+                !matches!(enc.format, Format::F32 | Format::Bf16),
+            ),
+            ("PREFETCH", prefetch(enc.format, t, xt)),
+        ],
+        &[("WEIGHT_CHUNKS", chunks as i64)],
+    ));
+    out
+}
+
+/// `gemv:{encoding}:{sg|smem}:{tpr}x{rpt}:{xdirect|xstaged}:{x tile}:c{chunks}`, with `:seg`
+/// appended for the output-segment variant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GemvKey {
+    pub enc: Encoding,
+    /// Subgroup reduction (else the workgroup-memory tree).
+    pub subgroups: bool,
+    pub tuning: Tuning,
+    /// Columns of x staged per tile; 0 when `direct`.
+    pub xt: u32,
+    /// x read straight from global memory (`XDIRECT`).
+    pub direct: bool,
+    /// Weight chunks bound per dispatch: 1, or 2 (the second at bindings 7 and 8).
+    pub chunks: u32,
+    /// Output segments (`SEGMENTS`: outputs 1-3 at bindings 9-11).
+    pub segments: bool,
+}
+
+impl GemvKey {
+    /// The key of one instantiation (`xt` ignored when `direct`).
+    pub fn new(enc: Encoding, subgroups: bool, tuning: Tuning, xt: u32, direct: bool) -> GemvKey {
+        GemvKey {
+            enc,
+            subgroups,
+            tuning,
+            xt: if direct { 0 } else { xt },
+            direct,
+            chunks: 1,
+            segments: false,
+        }
+    }
+
+    /// The same instantiation with `chunks` weight chunks bound (1 or 2).
+    pub fn with_chunks(self, chunks: u32) -> GemvKey {
+        GemvKey { chunks, ..self }
+    }
+
+    /// The same instantiation with or without output segments.
+    pub fn with_segments(self, segments: bool) -> GemvKey {
+        GemvKey { segments, ..self }
+    }
+
+    /// Storage buffers of its bind-group layout: 6, plus 2 for a second weight chunk, plus 3
+    /// for output segments.
+    pub fn storage_buffers(&self) -> u32 {
+        6 + if self.chunks == 2 { 2 } else { 0 } + if self.segments { 3 } else { 0 }
+    }
+}
+
+impl std::fmt::Display for GemvKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "gemv:{}:{}:{}x{}:{}:{}:c{}{}",
+            self.enc.spelling(),
+            if self.subgroups { "sg" } else { "smem" },
+            self.tuning.tpr,
+            self.tuning.rpt,
+            if self.direct { "xdirect" } else { "xstaged" },
+            self.xt,
+            self.chunks,
+            if self.segments { ":seg" } else { "" }
+        )
+    }
+}
+
+impl Kernel for GemvKey {
+    type Params = GemvParams;
+    fn entry(&self) -> &'static str {
+        "main"
+    }
+    /// Uniform params, then weights, scales, x, pairs and gamma read-only, y read-write, with
+    /// two chunks the second chunk's weights and scales read-only at 7 and 8, and with output
+    /// segments the outputs of segments 1-3 read-write at 9, 10 and 11.
+    fn bindings(&self) -> Vec<(u32, Bind)> {
+        let mut v = vec![(0, Bind::Uniform)];
+        v.extend((1..=5).map(|b| (b, Bind::Read)));
+        v.push((6, Bind::Write));
+        if self.chunks == 2 {
+            v.extend([(7, Bind::Read), (8, Bind::Read)]);
+        }
+        if self.segments {
+            v.extend((9..=11).map(|b| (b, Bind::Write)));
+        }
+        v
+    }
+    fn source(&self) -> String {
+        wgsl_source_key(self)
+    }
+    fn subgroups(&self) -> bool {
+        self.subgroups
+    }
+}
+
+impl GpuWeights {
+    /// Whether a GEMV over these weights can write output segments on `gpu`
+    /// ([`GemvArgs::segments`]): the slab is one weight chunk and the device allows the variant's
+    /// 9 storage buffers per shader stage.
+    pub fn segments_fit(&self, gpu: &Gpu) -> bool {
+        let key = GemvKey::new(
+            self.encoding(),
+            false,
+            tuning(self.encoding().format),
+            0,
+            false,
+        );
+        self.chunks().len() == 1
+            && key.with_segments(true).storage_buffers()
+                <= gpu.limits.max_storage_buffers_per_shader_stage
+    }
+
+    /// Bind the GEMV over these weights (never the GEMM, whatever [`GemvArgs::gemm`] says; errors
+    /// of [`GpuWeights::check_args`], and [`DispatchError::Shape`] for output segments where
+    /// they do not fit, [`GpuWeights::segments_fit`]). One dispatch per pair of weight chunks
+    /// with pairs (none when `n_pairs` is 0); label `"gemv"`.
+    pub fn bind_gemv(
+        &self,
+        gpu: &Gpu,
+        ordinal: u32,
+        args: GemvArgs,
+    ) -> Result<Call, DispatchError> {
+        let (enc, subgroups) = self.check_args(gpu, ordinal, &args)?;
+        let segmented = !args.segments.is_empty();
+        if segmented && !self.segments_fit(gpu) {
+            return Err(DispatchError::Shape(format!(
+                "output segments need a one-chunk slab (this one has {} chunks) and 9 storage \
+                 buffers per shader stage (the device allows {})",
+                self.chunks().len(),
+                gpu.limits.max_storage_buffers_per_shader_stage
+            )));
+        }
+        // segment i ends at row seg_end[i]; absent segments end at O (never reached)
+        let mut seg_end = [self.rows() as u32; MAX_SEGMENTS];
+        let mut end = 0;
+        for (k, &(rows, _)) in args.segments.iter().enumerate() {
+            end += rows;
+            seg_end[k] = end;
+        }
+        let absent: Vec<wgpu::Buffer> = (args.segments.len().max(1)..MAX_SEGMENTS)
+            .filter(|_| segmented)
+            .map(|_| dummy(gpu))
+            .collect();
+        let extra_outputs: Vec<&wgpu::Buffer> = args
+            .segments
+            .iter()
+            .skip(1)
+            .map(|s| s.1)
+            .chain(&absent)
+            .collect();
+        let (o, i) = (self.rows() as u64, self.cols() as u64);
+        let (x_stride, y_stride) = strides(self, &args);
+        let smem = gpu.limits.max_compute_workgroup_storage_size as u64;
+        // each dispatch's params at a multiple of the offset alignment (a power of two)
+        let align =
+            PARAMS_BYTES.next_multiple_of(gpu.limits.min_uniform_buffer_offset_alignment as u64);
+        // one dispatch per pair of weight chunks (the last one alone when their count is odd)
+        let groups: Vec<&[WeightChunk]> = self.chunks().chunks(2).collect();
+        let params = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("gemv params"),
+            size: align * groups.len() as u64,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        // binding 5: the per-pair gamma, or the RMSNorm prologue's weight
+        let (bound5, norm_eps) = match args.prologue {
+            XPrologue::RmsNorm { weight, eps } => (Some(weight), eps),
+            _ => (args.gamma, 0.0),
+        };
+        let no_gamma = bound5.is_none().then(|| dummy(gpu));
+        let gamma = bound5.or(no_gamma.as_ref()).expect("one of them");
+        let mut dispatches = Vec::new();
+        for (k, (group, plan)) in groups.iter().zip(self.plans(&args)).enumerate() {
+            let rows_of = |c: &WeightChunk| c.r1 - c.r0;
+            let xt = x_tile(enc.format, plan.tuning, self.cols(), smem);
+            let n_chunks = group.len() as u32;
+            let key = GemvKey::new(enc, subgroups, plan.tuning, xt, plan.direct)
+                .with_chunks(n_chunks)
+                .with_segments(segmented);
+            let pipeline = kernel::pipeline(gpu, &key);
+            let layout = pipeline.get_bind_group_layout(0);
+            let rpw = plan.tuning.rows_per_workgroup();
+            let range = |c: Option<&WeightChunk>| c.map_or([0; 4], |c| [c.e0, c.e1, c.r0, c.r1]);
+            let blocks = |c: Option<&WeightChunk>| c.map_or(0, |c| rows_of(c).div_ceil(rpw));
+            let (c0, c1) = (group.first(), group.get(1));
+            let n_blocks = blocks(c0) + blocks(c1);
+            let p = GemvParams {
+                rows: o as u32,
+                cols: i as u32,
+                n_pairs: args.n_pairs,
+                row_stride_v4: (gpu_row_stride(enc, self.cols()) / 16) as u32,
+                x_stride: x_stride as u32,
+                x_offset: args.x_offset,
+                y_stride: y_stride as u32,
+                y_offset: args.y_offset,
+                scales_per_row: enc.scales_per_row(self.cols()) as u32,
+                use_gamma: args.gamma.is_some() as u32,
+                x_row_is_pair: args.x_per_pair as u32,
+                pad: 0,
+                chunk0: range(c0),
+                chunk1: range(c1),
+                row_blocks: [blocks(c0), blocks(c1), 0, 0],
+                seg_end,
+                prologue: args.prologue.ordinal(),
+                norm_eps,
+                prologue_pad0: 0,
+                prologue_pad1: 0,
+            };
+            gpu.queue
+                .write_buffer(&params, k as u64 * align, bytemuck::bytes_of(&p));
+            let mut entries = vec![
+                wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer: &params,
+                        offset: k as u64 * align,
+                        size: wgpu::BufferSize::new(PARAMS_BYTES),
+                    }),
+                },
+                entry(1, &group[0].weights),
+                entry(2, &group[0].scales),
+                entry(3, args.x),
+                entry(4, args.pairs),
+                entry(5, gamma),
+                entry(6, args.y),
+            ];
+            if let Some(c) = c1 {
+                entries.extend([entry(7, &c.weights), entry(8, &c.scales)]);
+            }
+            for (b, y) in (9..).zip(&extra_outputs) {
+                entries.push(entry(b, y));
+            }
+            let bg = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some("gemv"),
+                layout: &layout,
+                entries: &entries,
+            });
+            let total = args.n_pairs as u64 * n_blocks as u64;
+            if total == 0 {
+                continue;
+            }
+            let groups = grid_u64(total)
+                .ok_or_else(|| DispatchError::Shape(format!("{total} workgroups exceed 65535²")))?;
+            dispatches.push(Dispatch::from_parts(pipeline, bg, groups));
+        }
+        let owned = [params].into_iter().chain(no_gamma).chain(absent);
+        Ok(Call::new(Label::op("gemv"), dispatches).owning(owned))
+    }
+}
+
+/// Every x tile [`GpuWeights::bind`] can pick for tuning `t` of `f` on a device with
+/// `smem_limit` bytes of workgroup memory: 512 columns (taken even when it does not fit), then
+/// every multiple of 512 up to 16384 that fits.
+pub fn x_tiles(f: Format, t: Tuning, smem_limit: u64) -> Vec<u32> {
+    (1..=XT_MAX / 512)
+        .map(|k| 512 * k)
+        .filter(|&xt| xt == 512 || smem_bytes(f, t, xt) <= smem_limit)
+        .collect()
+}
+
+/// Workgroup-memory bytes of the instantiation of [`GemvKey::new`] (`xt` ignored when `direct`).
+pub fn workgroup_bytes(f: Format, t: Tuning, xt: u32, direct: bool) -> u64 {
+    smem_bytes(f, t, if direct { 0 } else { xt })
+}
+
+/// Every GEMV kernel the engine builds without a forced tuning on a device with `smem_limit`
+/// bytes of workgroup memory (`u64::MAX`: any device), with the subgroup reduction too when
+/// `subgroups`: each kernel encoding × reduction × ([`candidates`] × [`x_tiles`] staged, and
+/// [`direct_candidates`] direct for f32 and bf16) × (one or two weight chunks, or one chunk with
+/// output segments). Forced tunings (`bench kernels --tune`, [`GemvArgs::tuning`]) may build
+/// others.
+pub fn kernels(smem_limit: u64, subgroups: bool) -> Vec<KernelSpec> {
+    let mut v = Vec::new();
+    for enc in kernel_encodings() {
+        for sg in [false, true].into_iter().filter(|&sg| !sg || subgroups) {
+            for (chunks, segs) in [(1, false), (2, false), (1, true)] {
+                let key = |t, xt, direct| {
+                    GemvKey::new(enc, sg, t, xt, direct)
+                        .with_chunks(chunks)
+                        .with_segments(segs)
+                };
+                for &t in candidates(enc.format) {
+                    for xt in x_tiles(enc.format, t, smem_limit) {
+                        v.push(KernelSpec::of(&key(t, xt, false)));
+                    }
+                }
+                if row(enc.format).direct_x {
+                    for &t in direct_candidates() {
+                        v.push(KernelSpec::of(&key(t, 0, true)));
+                    }
+                }
+            }
+        }
+    }
+    v
+}

@@ -1,0 +1,322 @@
+//! Which kernel runs a linear call and how: the GEMV's per-dispatch [`Plan`] and the GEMM's
+//! [`Tile`] when [`select`] hands the call to the GEMM.
+//!
+//! # Per-call selection ([`plan`])
+//! The work split and the x variant are chosen on the host for each dispatch from the format,
+//! the pairs, the chunk's rows and x's alignment (rules measured on an H200 with
+//! `bench kernels --tune`, BENCHMARKS.md, *MoE GEMV kernels* and *Quantised GEMV decode*):
+//! * **direct x** (`XDIRECT` in the WGSL) for f32 and bf16 whenever [`direct_aligned`] holds (I a
+//!   whole number of units: 4 columns for f32, 8 for bf16, so no tail masking; `x_stride` and
+//!   `x_offset` multiples of 4, so every x row starts on a vec4): x is bound as
+//!   `array<vec4<f32>>` and read in the hot loop straight from global memory (caches), with no
+//!   staging loop, no barrier and no x array in workgroup memory. [`direct_candidates`] go from 8
+//!   rows per workgroup (32 × 1) to 1 (256 × 1); the first reaching [`DIRECT_MIN_WORKGROUPS`]
+//!   workgroups `n_pairs · ceil(rows / ROWS_PER_WORKGROUP)` is taken, else the last.
+//! * **staged x** otherwise, always for int4/int3: [`candidates`] go from the format's default
+//!   down to 256 × 1; the first reaching [`MIN_WORKGROUPS`] is taken, else the last (staging
+//!   costs each workgroup a pass over x, so fewer, larger workgroups win here).
+//!
+//! Both variants compute the same sums in the same order. [`set_tuning_override`] (`bench kernels
+//! --tune`) wins over the selection (direct x then when aligned and ROWS_PER_WORKGROUP ≤
+//! [`DIRECT_MAX_RPW`]). Pipelines are cached per (encoding, reduction, tuning, x tile, x variant,
+//! weight chunks): everything that changes the WGSL.
+//!
+//! # GEMM selection ([`select`])
+//! The GEMM replaces the GEMV when the call leaves the choice to the engine (automatic reduction,
+//! no forced tuning, no [`set_tuning_override`], [`GemmChoice::Auto`]), the
+//! format has a GEMM kernel, E ≤ [`EMAX`], and the pairs per used expert,
+//! `P / min(E, P)`, reach [`MIN_PAIRS_PER_EXPERT`]: below that the GEMV, which reads each weight
+//! once per pair at the copy bandwidth, wastes less than the GEMM's partly empty tiles.
+
+use crate::formats::{Encoding, Format};
+use crate::gpu::linear::args::{strides, GemmChoice, GemvArgs, Reduction, Tile};
+use crate::gpu::linear::format::{row, supported, Tuning};
+use crate::gpu::linear::slab::{GpuWeights, WeightChunk};
+
+/// Fewest workgroups a staged-x call should launch before [`plan`] settles for fewer rows per
+/// workgroup (about 2 per SM of a 132-SM H200; BENCHMARKS.md, *MoE GEMV kernels*: more, smaller
+/// workgroups each stage the whole x row again). WebGPU reports no SM count, so this is a
+/// constant sized for the largest GPUs measured; on smaller GPUs it only costs slightly smaller
+/// workgroups on small problems.
+pub const MIN_WORKGROUPS: u64 = 256;
+
+/// Fewest workgroups a direct-x call (f32, bf16) should launch before [`plan`] settles for fewer
+/// rows per workgroup (BENCHMARKS.md, *MoE GEMV kernels*).
+pub const DIRECT_MIN_WORKGROUPS: u64 = 1024;
+
+/// Largest rows per workgroup of the direct-x variant (its candidates, and a forced tuning that
+/// may use it).
+pub const DIRECT_MAX_RPW: u32 = 8;
+
+/// Benchmark-only override of [`Tuning`] for every format (0 = none): `tpr << 16 | rpt`.
+static TUNING_OVERRIDE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Override the tuning of calls built from now on (`bench kernels --tune`), winning over the
+/// per-call choice of [`plan`]; `None` restores the automatic choice. Numbers only: every tuning
+/// computes the same sums.
+pub fn set_tuning_override(t: Option<Tuning>) {
+    let v = t.map_or(0, |t| {
+        assert!(t.tpr.is_power_of_two() && t.tpr <= 256 && (1..=8).contains(&t.rpt));
+        (t.tpr << 16) | t.rpt
+    });
+    TUNING_OVERRIDE.store(v, std::sync::atomic::Ordering::Relaxed);
+}
+
+pub(crate) fn tuning_override() -> Option<Tuning> {
+    let o = TUNING_OVERRIDE.load(std::sync::atomic::Ordering::Relaxed);
+    (o != 0).then_some(Tuning {
+        tpr: o >> 16,
+        rpt: o & 0xffff,
+    })
+}
+
+/// The default (largest) tuning of `f`'s kernel (BENCHMARKS.md, *MoE GEMV kernels*), or the
+/// override of [`set_tuning_override`].
+pub fn tuning(f: Format) -> Tuning {
+    tuning_override().unwrap_or(candidates(f)[0])
+}
+
+/// Rows per workgroup of `enc`'s default tuning ([`tuning`]); a call may use fewer ([`plan`]).
+pub fn rows_per_workgroup(enc: Encoding) -> u32 {
+    tuning(enc.format).rows_per_workgroup()
+}
+
+/// The staged-x tunings of `f`, most rows per workgroup first ([`plan`] takes the first that
+/// reaches [`MIN_WORKGROUPS`]); the first is the format's default.
+pub fn candidates(f: Format) -> &'static [Tuning] {
+    row(f).tunings
+}
+
+/// The direct-x tunings (f32, bf16 with aligned x), most rows per workgroup first ([`plan`] takes
+/// the first that reaches [`DIRECT_MIN_WORKGROUPS`]); all have ≤ [`DIRECT_MAX_RPW`] rows.
+pub fn direct_candidates() -> &'static [Tuning] {
+    &[
+        Tuning { tpr: 32, rpt: 1 },
+        Tuning { tpr: 64, rpt: 1 },
+        Tuning { tpr: 128, rpt: 1 },
+        Tuning { tpr: 256, rpt: 1 },
+    ]
+}
+
+/// Whether the direct-x variant's alignment assumptions hold: f32 or bf16 (int4-g64 with direct x
+/// measured 11–60% slower than staged on the H200, BENCHMARKS.md, *quantised GEMV hot loop*),
+/// `cols` a whole number of units (4 columns for f32, 8 for bf16: no tail masking) and
+/// `x_stride` (0 = `cols`) and `x_offset` multiples of 4 (every x row on a vec4).
+pub fn direct_aligned(enc: Encoding, cols: u32, x_stride: u32, x_offset: u32) -> bool {
+    let x_stride = if x_stride == 0 { cols } else { x_stride };
+    let kf = row(enc.format);
+    kf.direct_x
+        && cols.is_multiple_of(kf.cols_per_unit)
+        && x_stride.is_multiple_of(4)
+        && x_offset.is_multiple_of(4)
+}
+
+/// How one dispatch (one weight chunk) of a [`GpuWeights::bind`] runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Plan {
+    /// The work split.
+    pub tuning: Tuning,
+    /// x read straight from global memory in the hot loop (the `XDIRECT` variant) instead of
+    /// staged in workgroup memory.
+    pub direct: bool,
+}
+
+/// The plan of one dispatch over `rows` rows of `n_pairs` pairs of `enc`'s weights with `cols`
+/// columns, x at `x_stride` f32 between tokens (0 = packed, i.e. `cols`) from f32 element
+/// `x_offset`. Host-side rules, matching the kernel's assumptions:
+///
+/// * the [`set_tuning_override`] override if any, direct x when [`direct_aligned`] and rows per workgroup ≤
+///   [`DIRECT_MAX_RPW`];
+/// * else, when [`direct_aligned`]: direct x, the first of [`direct_candidates`] for which
+///   `n_pairs · ceil(rows / rows per workgroup)` ≥ [`DIRECT_MIN_WORKGROUPS`], else the last;
+/// * else staged x, the first of [`candidates`] reaching [`MIN_WORKGROUPS`], else the last.
+///
+/// Panics if `enc` has no GEMV kernel.
+pub fn plan(
+    enc: Encoding,
+    n_pairs: u32,
+    rows: u32,
+    cols: u32,
+    x_stride: u32,
+    x_offset: u32,
+) -> Plan {
+    plan_with(
+        enc,
+        tuning_override(),
+        false,
+        n_pairs,
+        rows,
+        cols,
+        x_stride,
+        x_offset,
+    )
+}
+
+/// [`plan`] with `forced` (if any) as the tuning, staged x whatever the alignment when `staged`.
+#[allow(clippy::too_many_arguments)]
+fn plan_with(
+    enc: Encoding,
+    forced: Option<Tuning>,
+    staged: bool,
+    n_pairs: u32,
+    rows: u32,
+    cols: u32,
+    x_stride: u32,
+    x_offset: u32,
+) -> Plan {
+    let aligned = !staged && direct_aligned(enc, cols, x_stride, x_offset);
+    let pick = |list: &[Tuning], min: u64| {
+        list.iter()
+            .copied()
+            .find(|t| n_pairs as u64 * rows.div_ceil(t.rows_per_workgroup()) as u64 >= min)
+            .unwrap_or(list[list.len() - 1])
+    };
+    let (tuning, direct) = match forced {
+        Some(t) => (t, aligned && t.rows_per_workgroup() <= DIRECT_MAX_RPW),
+        None if aligned => (pick(direct_candidates(), DIRECT_MIN_WORKGROUPS), true),
+        None => (pick(candidates(enc.format), MIN_WORKGROUPS), false),
+    };
+    Plan { tuning, direct }
+}
+
+impl GpuWeights {
+    /// The [`plan`] of each dispatch of a GEMV over these weights with `args` (what
+    /// [`GpuWeights::bind`] records, one per pair of weight chunks, dispatches without pairs
+    /// included): planned over the rows one pair can meet in it (both chunks' rows when they
+    /// split one expert's rows, else the larger chunk's); n_pairs of 0 launches nothing and is
+    /// planned as one pair. A call with an x prologue always stages x.
+    pub fn plans(&self, args: &GemvArgs) -> Vec<Plan> {
+        let enc = self.encoding();
+        let (x_stride, _) = strides(self, args);
+        let rows_of = |c: &WeightChunk| c.r1 - c.r0;
+        self.chunks()
+            .chunks(2)
+            .map(|group| {
+                let rows = match group {
+                    [a, b] if (a.e0, a.e1) == (b.e0, b.e1) => rows_of(a) + rows_of(b),
+                    _ => group.iter().map(rows_of).max().unwrap_or(0),
+                };
+                plan_with(
+                    enc,
+                    args.tuning.or_else(tuning_override),
+                    args.prologue.is_some(),
+                    args.n_pairs.max(1),
+                    rows,
+                    self.cols() as u32,
+                    x_stride as u32,
+                    args.x_offset,
+                )
+            })
+            .collect()
+    }
+}
+
+/// Fewest pairs per used expert (`P / min(E, P)`; the tokens of a dense linear) for which
+/// [`select`] picks the GEMM.
+pub const MIN_PAIRS_PER_EXPERT: u32 = 4;
+
+/// Most experts of a slab the grouping pass handles (two u32 per expert of workgroup memory);
+/// larger slabs keep the GEMV.
+pub const EMAX: u32 = 1024;
+
+/// Every tile [`select`] picks: 256 rows × 16 pairs, the fastest prefill of the full-depth
+/// probe on an H200 among those measured (BENCHMARKS.md, *Prefill at full depth*).
+/// [`GemmChoice::Always`] builds any [`Tile::buildable`] tile.
+pub const TILES: [Tile; 1] = [Tile { rm: 4, nq: 4 }];
+
+/// Benchmark-only switch: with `false`, [`GemmChoice::Auto`] keeps the GEMV (`bench prefill
+/// --compare` times the same model both ways). Calls built earlier keep their choice.
+static AUTO_ENABLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Let [`GemmChoice::Auto`] pick the GEMM (`true`, the default) or never (`false`) for calls built
+/// from now on.
+pub fn set_auto_enabled(on: bool) {
+    AUTO_ENABLED.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Benchmark-only override of the tile [`GemmChoice::Auto`] picks (`None`: [`TILES`]`[0]`).
+static AUTO_TILE: std::sync::Mutex<Option<Tile>> = std::sync::Mutex::new(None);
+
+/// Make [`GemmChoice::Auto`] pick `tile` (`None`: the selection's own) for calls built from now
+/// on (`bench prefill --tiles`).
+pub fn set_auto_tile(tile: Option<Tile>) {
+    *AUTO_TILE.lock().unwrap_or_else(|e| e.into_inner()) = tile;
+}
+
+/// The tile to run `args` over `weights` as a GEMM, or `None` to keep the GEMV (rules in the
+/// module docs).
+pub fn select(weights: &GpuWeights, args: &GemvArgs<'_>) -> Option<Tile> {
+    let e = weights.experts() as u32;
+    let p = args.n_pairs;
+    // output segments are a GEMV write (`GemvArgs::segments`); the GEMM stages no x prologue
+    if !supported(weights.encoding())
+        || e > EMAX
+        || p == 0
+        || !args.segments.is_empty()
+        || args.prologue.is_some()
+    {
+        return None;
+    }
+    match args.gemm {
+        GemmChoice::Never => return None,
+        GemmChoice::Always(t) => return Some(t),
+        GemmChoice::Auto => {}
+    }
+    if !AUTO_ENABLED.load(std::sync::atomic::Ordering::Relaxed)
+        || args.tuning.is_some()
+        || args.reduction != Reduction::Auto
+        || tuning_override().is_some()
+    {
+        return None;
+    }
+    let per_expert = p / e.min(p);
+    if per_expert < MIN_PAIRS_PER_EXPERT {
+        return None;
+    }
+    let forced = *AUTO_TILE.lock().unwrap_or_else(|e| e.into_inner());
+    Some(forced.unwrap_or(TILES[0]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The selection rule, then the override winning over it (one test: the override is global).
+    #[test]
+    fn plan_rule_and_override() {
+        let bf16 = Encoding::BF16;
+        // bf16 q_proj [4096 x 4096], one pair: 1024 workgroups of 4 rows, x direct
+        let p = plan(bf16, 1, 4096, 4096, 0, 0);
+        assert_eq!(p.tuning, Tuning { tpr: 64, rpt: 1 });
+        assert!(p.direct);
+        // an 8-expert layer: 8 rows per workgroup, direct
+        let p = plan(bf16, 8, 6144, 6144, 0, 0);
+        assert_eq!(p.tuning, Tuning { tpr: 32, rpt: 1 });
+        assert!(p.direct);
+        // unaligned x (I = 4095) stages it, from the default down
+        let p = plan(bf16, 8, 6144, 4095, 0, 0);
+        assert_eq!(p.tuning, Tuning { tpr: 16, rpt: 4 });
+        assert!(!p.direct);
+        // a router [256 x 4096] cannot reach MIN_WORKGROUPS: the fewest rows per workgroup
+        assert_eq!(
+            plan(bf16, 1, 256, 4096, 0, 0).tuning.rows_per_workgroup(),
+            1
+        );
+        // int3-g64 never goes above its own default
+        let i3 = Encoding::parse("int3-g64").unwrap();
+        assert_eq!(
+            plan(i3, 64, 6144, 6144, 0, 0).tuning,
+            Tuning { tpr: 32, rpt: 1 }
+        );
+        assert!(!plan(i3, 1, 256, 4096, 0, 0).direct);
+        set_tuning_override(Some(Tuning { tpr: 16, rpt: 4 }));
+        let p = plan(bf16, 1, 256, 4096, 0, 0);
+        set_tuning_override(None);
+        assert_eq!(p.tuning, Tuning { tpr: 16, rpt: 4 });
+        assert!(!p.direct, "64 rows per workgroup stage x");
+        assert_eq!(
+            plan(bf16, 1, 256, 4096, 0, 0).tuning.rows_per_workgroup(),
+            1
+        );
+    }
+}
