@@ -168,7 +168,7 @@ mod tests {
             max_storage_buffers_per_shader_stage: 7,
             ..Default::default()
         };
-        let e = check_limits(&limits, Some(LimitProfile::WebGpu), true).unwrap_err();
+        let e = check_limits(&limits, Some(LimitProfile::WebGpu), false).unwrap_err();
         assert_eq!(e.limit, "max_storage_buffers_per_shader_stage");
         assert_eq!((e.need, e.have), (8, 7));
         assert_eq!(e.op, "attention");
@@ -179,5 +179,7 @@ mod tests {
                 && msg.contains("limit profile webgpu"),
             "{msg}"
         );
+        let e = check_limits(&limits, None, true).unwrap_err();
+        assert_eq!(e.op, "attention prologue+attention", "{e}");
     }
 }

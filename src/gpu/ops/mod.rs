@@ -87,8 +87,14 @@ pub fn decoder_kernels(fused_attention: bool) -> Vec<(&'static str, KernelSpec)>
         if !fused_attention {
             push("rms_norm_inplace", norm(NormEntry::RmsNormInPlace));
         }
+        // the fused attention's prompt chunks run the prologue, then these two
+        let attention = if fused_attention {
+            "attention prologue+attention"
+        } else {
+            "attention"
+        };
         for append in [false, true] {
-            push("attention", KernelSpec::of(&AttentionKey { append, vec4 }));
+            push(attention, KernelSpec::of(&AttentionKey { append, vec4 }));
         }
         if fused_attention {
             let fused = FusedAttentionKey::Decode { vec4 };

@@ -222,7 +222,34 @@ pub(super) fn build_step(
         });
     }
     blocks.push(r.head()?);
-    Ok(Step::from_blocks(blocks))
+    let step = Step::from_blocks(blocks);
+    if cfg!(debug_assertions) {
+        assert_checked(&step, fusions);
+    }
+    Ok(step)
+}
+
+/// Debug builds (the tests): every op kernel of `step` is one that the device check counted for
+/// its op ([`crate::gpu::ops::decoder_kernels`]), so no op kernel escapes
+/// [`crate::gpu::variants::check_device`]. The linear layer's kernels (`gemv`, `gemm`) are checked
+/// by their layout.
+fn assert_checked(step: &Step, fusions: Fusions) {
+    let listed = crate::gpu::ops::decoder_kernels(fusions.attention);
+    for c in step.calls() {
+        for k in c
+            .kernels()
+            .filter(|k| !k.starts_with("gemv") && !k.starts_with("gemm"))
+        {
+            assert!(
+                listed.iter().any(|(op, s)| *op == c.label.op && s.key == k),
+                "{}: kernel {k} is not listed for op {:?} by gpu::ops::decoder_kernels({}); \
+                 list it there so that the device check counts it",
+                c.label,
+                c.label.op,
+                fusions.attention
+            );
+        }
+    }
 }
 
 /// Where an expert FFN reads and writes: x rows `[tokens, H]` (normed by the gate_up GEMV's
