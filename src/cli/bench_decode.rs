@@ -39,10 +39,6 @@ pub struct DecodeArgs {
     /// Print one JSON object on stdout (the text report goes to stderr).
     #[arg(long)]
     pub json: bool,
-    /// Record the timed steps as one compute pass per phase (as profile mode does) instead of one
-    /// pass per step.
-    #[arg(long)]
-    pub pass_per_phase: bool,
     /// Also time every kernel of the step as its own pass (one more run, after the others) and
     /// print GPU µs per kernel name per token.
     #[arg(long)]
@@ -51,15 +47,6 @@ pub struct DecodeArgs {
     /// (the last one is reported); an experiment knob.
     #[arg(long, default_value_t = 1, hide = true, value_parser = super::values::parse_iters)]
     pub repeat: usize,
-    /// Fuse each residual chain of a decode step into one dispatch (an experiment knob; see
-    /// `GpuModel::set_fuse_residual`).
-    #[arg(long, hide = true)]
-    pub fuse_residual: bool,
-    /// Run the attention block after the projections as the separate kernels (k/v convs, q/k
-    /// norms, attention with KV append: five dispatches per layer) instead of the default fused
-    /// one (see `GpuModel::set_fuse_attention`).
-    #[arg(long)]
-    pub split_attention: bool,
     /// Fold these elementwise kernels of a decode step into the x staging of the GEMVs after
     /// them instead of running them as kernels of their own, comma-separated: `norm` (the
     /// RMSNorms), `silu` (silu·up); see `GpuModel::set_gemv_prologues`.
@@ -227,9 +214,6 @@ pub fn run(a: DecodeArgs) -> anyhow::Result<ExitCode> {
     let prompt = probe_prompt(w.config.logits_width());
     let mut m = GpuModel::new(&gpu, &w, GpuModelOptions::new(PROBE_PROMPT + a.tokens + 1))
         .with_context(|| format!("building the GPU model on {}", gpu.describe()))?;
-    m.set_pass_per_phase(a.pass_per_phase);
-    m.set_fuse_residual(a.fuse_residual);
-    m.set_fuse_attention(!a.split_attention)?;
     let has = |k| a.gemv_prologues.contains(&k);
     m.set_gemv_prologues(has(PrologueKind::Norm), has(PrologueKind::Silu));
 
@@ -259,7 +243,7 @@ pub fn run(a: DecodeArgs) -> anyhow::Result<ExitCode> {
     let host = m.host_times();
     // the same run again with a timestamp at each step's beginning and end: GPU time per step
     // and GPU idle time between steps (a second run, so the timed run above carries no queries)
-    let spans = if m.has_timestamps() && !a.pass_per_phase {
+    let spans = if m.has_timestamps() {
         let (ids_sp, busy, idle, secs_sp) = spans_run(&mut m, &prompt, a.tokens)?;
         ensure!(
             ids == ids_sp,
@@ -267,9 +251,6 @@ pub fn run(a: DecodeArgs) -> anyhow::Result<ExitCode> {
         );
         Some((busy, idle, secs_sp))
     } else {
-        if a.pass_per_phase {
-            eprintln!("  (no per-step GPU busy/idle times with --pass-per-phase: they time the single pass)");
-        }
         None
     };
     m.reset();
@@ -316,7 +297,6 @@ pub fn run(a: DecodeArgs) -> anyhow::Result<ExitCode> {
         v["prompt_tokens"] = PROBE_PROMPT.into();
         v["tokens_match"] = tokens_match.into();
         v["timestamps"] = gpu.has_timestamps().into();
-        v["pass_per_phase"] = a.pass_per_phase.into();
         if let Some((busy, idle, secs_sp)) = &spans {
             v["steps_gpu"] = span_json(busy, idle, *secs_sp, a.tokens);
             eprintln!("{}", span_line(busy, idle, *secs_sp, a.tokens));

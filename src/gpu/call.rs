@@ -127,6 +127,8 @@ pub fn bind_group(
 
 /// One recorded dispatch: pipeline, bind group, workgroup grid, and the uniform it owns.
 pub struct Dispatch {
+    /// The pipeline key (`None` for a dispatch made from parts).
+    kernel: Option<String>,
     pipeline: Arc<wgpu::ComputePipeline>,
     bind_group: wgpu::BindGroup,
     groups: [u32; 3],
@@ -151,6 +153,7 @@ impl Dispatch {
         all.extend_from_slice(buffers);
         let bind_group = bind_group(gpu, label, &pipeline, &all);
         Dispatch {
+            kernel: Some(key.to_string()),
             pipeline,
             bind_group,
             groups,
@@ -166,6 +169,7 @@ impl Dispatch {
         groups: [u32; 3],
     ) -> Dispatch {
         Dispatch {
+            kernel: None,
             pipeline,
             bind_group,
             groups,
@@ -201,6 +205,11 @@ impl Call {
     /// Number of dispatches.
     pub fn dispatches(&self) -> usize {
         self.dispatches.len()
+    }
+
+    /// The pipeline keys of the dispatches made by [`Dispatch::new`], in order.
+    pub fn kernels(&self) -> impl Iterator<Item = &str> {
+        self.dispatches.iter().filter_map(|d| d.kernel.as_deref())
     }
 
     /// Record into an open compute pass.

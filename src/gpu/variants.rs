@@ -3,7 +3,7 @@
 //! registry) × reductions × tunings × x tiles × x variants ([`gemv::kernels`]), every op kernel
 //! variant ([`ops::kernels`]) and the copy kernel of `bench copy`. `inkling-wgpu shaders` writes
 //! them; the tests translate each to MSL, HLSL and SPIR-V. [`check_device`] refuses a device whose
-//! limits cannot hold them, naming the limit.
+//! limits cannot hold a kernel that a model's options reach, naming the op, the kernel and the limit.
 
 use crate::gpu::kernel::KernelSpec;
 use crate::gpu::limits::LimitProfile;
@@ -31,13 +31,15 @@ pub fn all(profile: Option<LimitProfile>) -> Vec<KernelSpec> {
     v
 }
 
-/// A device limit that a kernel of the engine exceeds.
+/// A device limit that a kernel an op builds exceeds.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "kernel {kernel} needs {need} {what}, but this device allows {have} \
-     (wgpu limit `{limit}`{profile}); the engine cannot run on it"
+    "op {op}: kernel {kernel} needs {need} {what}, but this device allows {have} \
+     (wgpu limit `{limit}`{profile}); the model cannot run on it"
 )]
 pub struct LimitError {
+    /// The operation (the label of its calls, e.g. `"attention fused"`, `"gemv"`).
+    pub op: String,
     /// The pipeline key.
     pub kernel: String,
     /// What is counted (e.g. "storage buffers in one bind group").
@@ -50,22 +52,26 @@ pub struct LimitError {
     pub profile: String,
 }
 
-/// Check the limits every kernel depends on against `gpu`'s: storage and uniform buffers per
-/// stage of every op kernel, of the GEMV layout (shared by all GEMV kernels) and of the GEMM and
-/// its grouping pass, and the workgroup memory of every GEMV tuning at its smallest x tile (512
-/// columns). The op kernels' workgroup memory (under 10 KiB each), the GEMM's (under 12.3 KiB)
-/// and their workgroup sizes (≤ 256) are within WebGPU's defaults, which the translation tests
-/// check with naga.
-pub fn check_device(gpu: &Gpu) -> Result<(), LimitError> {
-    check_limits(&gpu.limits, gpu.profile)
+/// Check the kernels a model with the fused attention (`fused_attention`) or its oracle builds
+/// against `gpu`'s limits, op by op (see [`check_limits`]).
+pub fn check_device(gpu: &Gpu, fused_attention: bool) -> Result<(), LimitError> {
+    check_limits(&gpu.limits, gpu.profile, fused_attention)
 }
 
-/// [`check_device`] for a device with `limits`.
+/// [`check_device`] for a device with `limits`: storage and uniform buffers per stage of every op
+/// kernel the decoder's steps reach ([`ops::decoder_kernels`]), of the GEMV layout (shared by all
+/// GEMV kernels) and of the GEMM and its grouping pass, and the workgroup memory of every GEMV
+/// tuning at its smallest x tile (512 columns). The op kernels' workgroup memory (under 10 KiB
+/// each), the GEMM's (under 12.3 KiB) and their workgroup sizes (≤ 256) are within WebGPU's
+/// defaults, which the translation tests check with naga. Errors: the first op whose kernel
+/// exceeds a limit, naming the op, the kernel and the limit.
 pub fn check_limits(
     limits: &wgpu::Limits,
     profile: Option<LimitProfile>,
+    fused_attention: bool,
 ) -> Result<(), LimitError> {
-    let err = |kernel: &str, what, need: u64, have: u64, limit| LimitError {
+    let err = |op: &str, kernel: &str, what, need: u64, have: u64, limit| LimitError {
+        op: op.to_string(),
         kernel: kernel.to_string(),
         what,
         need,
@@ -76,17 +82,18 @@ pub fn check_limits(
             .unwrap_or_default(),
     };
     let encs = kernel_encodings();
-    let mut specs = ops::kernels();
+    let mut specs = ops::decoder_kernels(fused_attention);
     let t = tuning(encs[0].format);
-    specs.push(KernelSpec::of(&gemv::GemvKey::new(
-        encs[0], false, t, 512, false,
-    )));
-    specs.push(KernelSpec::of(&gemm::GemmKey::new(encs[0], TILES[0])));
-    specs.push(KernelSpec::of(&gemm::SortKey(TILES[0])));
-    for s in &specs {
+    let gemv_layout = gemv::GemvKey::new(encs[0], false, t, 512, false);
+    specs.push(("gemv", KernelSpec::of(&gemv_layout)));
+    let gemm_key = gemm::GemmKey::new(encs[0], TILES[0]);
+    specs.push(("gemm", KernelSpec::of(&gemm_key)));
+    specs.push(("gemm", KernelSpec::of(&gemm::SortKey(TILES[0]))));
+    for (op, s) in &specs {
         let (sb, ub) = (s.storage_buffers(), s.uniform_buffers());
         if sb > limits.max_storage_buffers_per_shader_stage {
             return Err(err(
+                op,
                 &s.key,
                 "storage buffers in one bind group",
                 sb as u64,
@@ -96,6 +103,7 @@ pub fn check_limits(
         }
         if ub > limits.max_uniform_buffers_per_shader_stage {
             return Err(err(
+                op,
                 &s.key,
                 "uniform buffers in one bind group",
                 ub as u64,
@@ -111,6 +119,7 @@ pub fn check_limits(
             if need > smem {
                 let Tuning { tpr, rpt } = t;
                 return Err(err(
+                    "gemv",
                     &format!("gemv {} {tpr}x{rpt}", enc.spelling()),
                     "bytes of workgroup memory",
                     need,
@@ -141,13 +150,37 @@ mod tests {
     }
 
     #[test]
-    fn webgpu_defaults_cannot_bind_the_fused_residual_kernel() {
-        let e = check_limits(&wgpu::Limits::default(), Some(LimitProfile::WebGpu)).unwrap_err();
+    fn webgpu_defaults_hold_every_kernel_the_decoder_reaches() {
+        for fused_attention in [true, false] {
+            let webgpu = Some(LimitProfile::WebGpu);
+            check_limits(&wgpu::Limits::default(), webgpu, fused_attention).unwrap();
+            check_limits(
+                &crate::gpu::limits::apple_m1_limits(),
+                None,
+                fused_attention,
+            )
+            .unwrap();
+        }
+    }
+
+    #[test]
+    fn an_op_over_a_limit_is_named_with_its_kernel_and_the_limit() {
+        let limits = wgpu::Limits {
+            max_storage_buffers_per_shader_stage: 7,
+            ..Default::default()
+        };
+        let e = check_limits(&limits, Some(LimitProfile::WebGpu), false).unwrap_err();
         assert_eq!(e.limit, "max_storage_buffers_per_shader_stage");
-        assert_eq!((e.need, e.have), (9, 8));
-        assert!(e.kernel.starts_with("residual/sconv_rms_norm/"), "{e}");
+        assert_eq!((e.need, e.have), (8, 7));
+        assert_eq!(e.op, "attention");
+        assert!(e.kernel.starts_with("attention/attn/"), "{e}");
         let msg = e.to_string();
-        assert!(msg.contains("limit profile webgpu"), "{msg}");
-        check_limits(&crate::gpu::limits::apple_m1_limits(), None).unwrap();
+        assert!(
+            msg.contains("op attention: kernel attention/attn/")
+                && msg.contains("limit profile webgpu"),
+            "{msg}"
+        );
+        let e = check_limits(&limits, None, true).unwrap_err();
+        assert_eq!(e.op, "attention prologue+attention", "{e}");
     }
 }

@@ -55,7 +55,6 @@ mod ops_chain;
 mod ops_conv;
 mod ops_elementwise;
 mod ops_norm;
-mod ops_residual;
 mod ops_router;
 mod perplexity_cli;
 mod serve_openai;

@@ -1,11 +1,11 @@
-//! The GPU forward with the fused attention block (`GpuModel::set_fuse_attention`, the default: one
-//! dispatch per layer for the k/v convs, q/k norms, attention and KV write of a one-token step; a
-//! prologue plus the attention for prompt chunks) and with the separate kernels, alone and with
-//! `set_fuse_residual`: transformers' greedy tokens on every fixture, and teacher-forced logits of
-//! prompt + one-token steps within the bounds of `model_gpu_reference` (1e-4 to transformers, 1e-5
-//! to the CPU).
+//! The GPU forward with the fused attention block (`Fusions::attention`, the default: one dispatch
+//! per layer for the k/v convs, q/k norms, attention and KV write of a one-token step; a prologue
+//! plus the attention for prompt chunks) and with the separate kernels, its test oracle:
+//! transformers' greedy tokens on every fixture, and teacher-forced logits of prompt + one-token
+//! steps within the bounds of `model_gpu_reference` (1e-4 to transformers, 1e-5 to the CPU).
 use crate::model_common;
 use crate::ops_util::shared_gpu as gpu;
+use inkling_wgpu::model::gpu::Fusions;
 use inkling_wgpu::model::{Checkpoint, CpuModel, GpuModel, GpuModelOptions, Weights};
 use model_common::*;
 
@@ -26,13 +26,16 @@ fn assert_rows(a: &[Vec<f32>], b: &[Vec<f32>], tol: f64, what: &str) -> f64 {
     worst
 }
 
-/// A GPU model of `w` with the fused attention `attention` (and the fused residual chains when
-/// `residual`).
-fn model<'a>(w: &'a Weights<'a>, attention: bool, residual: bool) -> GpuModel<'a> {
-    let mut m = GpuModel::new(&gpu(), w, GpuModelOptions::new(MAX_SEQ)).unwrap();
-    m.set_fuse_attention(attention).unwrap();
-    m.set_fuse_residual(residual);
-    m
+/// A GPU model of `w` with the fused attention (`attention`) or its separate kernels.
+fn model<'a>(w: &'a Weights<'a>, attention: bool) -> GpuModel<'a> {
+    let opts = GpuModelOptions {
+        fusions: Fusions {
+            attention,
+            ..Fusions::default()
+        },
+        ..GpuModelOptions::new(MAX_SEQ)
+    };
+    GpuModel::new(&gpu(), w, opts).unwrap()
 }
 
 #[test]
@@ -42,9 +45,9 @@ fn fused_attention_keeps_the_reference_tokens_and_logits() {
         let w = Weights::load(&ck).unwrap();
         let r = reference(name);
         let eos = ck.generation.clone().unwrap().eos_token_ids;
-        for (attention, residual) in [(true, false), (true, true), (false, false)] {
-            let mut m = model(&w, attention, residual);
-            let tag = format!("{name} (fused attention {attention}, fused residual {residual})");
+        for attention in [true, false] {
+            let mut m = model(&w, attention);
+            let tag = format!("{name} (fused attention {attention})");
             for (ci, c) in r.cases.iter().enumerate() {
                 m.reset();
                 check_greedy_case(&mut m, &tag, ci, c, &eos);
@@ -98,7 +101,7 @@ fn fused_attention_chunks_and_window_edges_equal_the_cpu() {
             (true, vec![win - 1, 1]),
             (false, vec![win + 1, 1, 2]),
         ] {
-            let mut m = model(&w, attention, false);
+            let mut m = model(&w, attention);
             let mut got = Vec::new();
             let (mut i, mut k) = (0, 0);
             while i < seq.len() {
@@ -115,20 +118,15 @@ fn fused_attention_chunks_and_window_edges_equal_the_cpu() {
 }
 
 #[test]
-fn fused_attention_is_refused_in_the_middle_of_a_sequence() {
+fn fused_attention_saves_four_dispatches_per_layer() {
     let ck = Checkpoint::open(&fixture(FIXTURES[0])).unwrap();
     let w = Weights::load(&ck).unwrap();
-    let mut m = GpuModel::new(&gpu(), &w, GpuModelOptions::new(MAX_SEQ)).unwrap();
+    let mut m = model(&w, true);
     m.forward(&[1, 2]).unwrap();
-    let e = m.set_fuse_attention(false).unwrap_err();
-    assert!(e.to_string().contains("start of a sequence"), "{e}");
-    // switching to what is already on is no switch
-    m.set_fuse_attention(true).unwrap();
     // a one-token step records the decode step whose dispatches are counted
     m.forward(&[3]).unwrap();
     let (fused, fused_layers) = m.dispatches_per_step().unwrap();
-    m.reset();
-    m.set_fuse_attention(false).unwrap();
+    let mut m = model(&w, false);
     assert_eq!(m.forward(&[1, 2]).unwrap().len(), w.config.logits_width());
     m.forward(&[3]).unwrap();
     // conv pair, q norm, k norm, attention and KV append become one dispatch per layer
@@ -142,42 +140,33 @@ fn fused_attention_is_refused_in_the_middle_of_a_sequence() {
 }
 
 /// The exact dispatches of each layer of a one-token step with the fused attention: the input
-/// norm (written by the previous layer's fused residual chain in later layers), ONE GEMV for the
-/// q, k, v and r projections (row segments into four outputs), the fused attention, o_proj and
-/// the attention residual (conv and post-attention norm, or one fused chain); then a dense MLP
-/// (gate_up, silu·mul, down, × global_scale and conv, or one fused chain for the last two) or a
-/// MoE (router, top-k, 3 for the shared experts if any, 3 for the routed ones, and the conv of
-/// the combine or one fused chain).
+/// norm, ONE GEMV for the q, k, v and r projections (row segments into four outputs), the fused
+/// attention, o_proj and the attention residual (conv and post-attention norm); then a dense MLP
+/// (gate_up, silu·mul, down, × global_scale and conv) or a MoE (router, top-k, 3 for the shared
+/// experts if any, 3 for the routed ones, and the conv of the combine).
 #[test]
 fn decode_step_dispatches_per_layer_are_exact() {
     use inkling_wgpu::model::weights::Mlp;
     for name in FIXTURES {
         let ck = Checkpoint::open(&fixture(name)).unwrap();
         let w = Weights::load(&ck).unwrap();
-        for residual in [false, true] {
-            let mut m = model(&w, true, residual);
-            // the norms and silu·up as kernels of their own (`model_gpu_prologue` counts them folded)
-            m.set_gemv_prologues(false, false);
-            m.forward(&[1, 2]).unwrap();
-            m.forward(&[3]).unwrap();
-            let (_, per_layer) = m.dispatches_per_step().unwrap();
-            // the residual conv, then the next norm unless the fused chain writes it
-            let tail = if residual { 1 } else { 2 };
-            for (li, (l, &got)) in w.layers.iter().zip(&per_layer).enumerate() {
-                let norm = usize::from(!(residual && li > 0));
-                let attention = norm + 1 + 1 + 1 + tail;
-                let mlp = match &l.mlp {
-                    Mlp::Dense(_) => 3 + tail,
-                    // the combine is the conv's input (or the fused chain's)
-                    Mlp::Moe(moe) => 2 + if moe.shared.is_empty() { 0 } else { 3 } + 3 + 1,
-                };
-                eprintln!("{name} residual {residual} layer {li}: {got} dispatches");
-                assert_eq!(
-                    got,
-                    attention + mlp,
-                    "{name} residual {residual} layer {li}"
-                );
-            }
+        let mut m = model(&w, true);
+        // the norms and silu·up as kernels of their own (`model_gpu_prologue` counts them folded)
+        m.set_gemv_prologues(false, false);
+        m.forward(&[1, 2]).unwrap();
+        m.forward(&[3]).unwrap();
+        let (_, per_layer) = m.dispatches_per_step().unwrap();
+        // the residual conv, then the next norm
+        let tail = 2;
+        for (li, (l, &got)) in w.layers.iter().zip(&per_layer).enumerate() {
+            let attention = 1 + 1 + 1 + 1 + tail;
+            let mlp = match &l.mlp {
+                Mlp::Dense(_) => 3 + tail,
+                // the combine is the conv's input
+                Mlp::Moe(moe) => 2 + if moe.shared.is_empty() { 0 } else { 3 } + 3 + 1,
+            };
+            eprintln!("{name} layer {li}: {got} dispatches");
+            assert_eq!(got, attention + mlp, "{name} layer {li}");
         }
     }
 }

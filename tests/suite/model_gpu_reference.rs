@@ -6,7 +6,6 @@
 use crate::model_common;
 use crate::ops_util::shared_gpu as gpu;
 use inkling_wgpu::model::generate::{generate, FinishReason};
-use inkling_wgpu::model::weights::Mlp;
 use inkling_wgpu::model::{Checkpoint, CpuModel, GpuModel, GpuModelOptions, Weights};
 use model_common::*;
 
@@ -438,100 +437,4 @@ fn pipelined_greedy_respects_max_seq_and_profile_mode() {
         .is_err());
     assert_eq!(m.position(), 0);
     m.take_profile().unwrap();
-}
-
-/// `set_fuse_residual` (one dispatch per residual chain of a one-token step): the same greedy ids
-/// as transformers on every fixture, and the same decode logits as the separate kernels.
-#[test]
-fn fused_residual_chains_keep_the_reference_tokens_and_logits() {
-    let gpu = gpu();
-    for name in FIXTURES {
-        let ck = Checkpoint::open(&fixture(name)).unwrap();
-        let w = Weights::load(&ck).unwrap();
-        let r = reference(name);
-        let eos = ck.generation.clone().unwrap().eos_token_ids;
-        let mut fused = GpuModel::new(&gpu, &w, GpuModelOptions::new(MAX_SEQ)).unwrap();
-        fused.set_fuse_residual(true);
-        let mut plain = GpuModel::new(&gpu, &w, GpuModelOptions::new(MAX_SEQ)).unwrap();
-        for (ci, c) in r.cases.iter().enumerate() {
-            fused.reset();
-            let out = generate(
-                &mut fused,
-                &c.prompt_ids,
-                &greedy(eos.clone(), c.max_new_tokens),
-                &mut |_| Ok(()),
-            )
-            .unwrap();
-            assert_eq!(out.generated_ids, c.generated_ids, "{name} case {ci}");
-            // one-token steps after the prompt: fused vs separate kernels
-            fused.reset();
-            plain.reset();
-            let a = fused.forward(&c.prompt_ids).unwrap();
-            let b = plain.forward(&c.prompt_ids).unwrap();
-            assert_eq!(a, b, "{name} case {ci}: the prompt chunk is never fused");
-            for &t in c.generated_ids.iter().take(4) {
-                let a = fused.forward(&[t]).unwrap();
-                let b = plain.forward(&[t]).unwrap();
-                let num: f64 = a
-                    .iter()
-                    .zip(&b)
-                    .map(|(x, y)| (*x as f64 - *y as f64).powi(2))
-                    .sum();
-                let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-                let err = (num / den).sqrt();
-                assert!(
-                    err <= 1e-5,
-                    "{name} case {ci}: fused logits rel err {err:e}"
-                );
-            }
-        }
-    }
-}
-
-/// `dispatches_per_step` counts the recorded one-token step: none before one is recorded; fusing
-/// the residual chains saves the dispatches the fused kernel replaces: in the first layer the
-/// attention residual's conv + post-attention norm (one) and the MLP's scale + conv (one, dense
-/// layers; the MoE combine is already the conv's input: none), one more in every later layer (its
-/// input norm, written by the previous layer's chain) and two in the head (the final norm and ÷
-/// mup), counted against the separate norm and silu·up kernels (the GEMV prologues off;
-/// `model_gpu_prologue` counts the steps with them).
-#[test]
-fn fused_residual_chains_save_the_dispatches_they_replace() {
-    let gpu = gpu();
-    for name in FIXTURES {
-        let ck = Checkpoint::open(&fixture(name)).unwrap();
-        let w = Weights::load(&ck).unwrap();
-        let id = reference(name).cases[0].prompt_ids[0];
-        let counts: Vec<(usize, Vec<usize>)> = [false, true]
-            .into_iter()
-            .map(|fuse| {
-                let mut m = GpuModel::new(&gpu, &w, GpuModelOptions::new(MAX_SEQ)).unwrap();
-                m.set_fuse_residual(fuse);
-                m.set_gemv_prologues(false, false);
-                assert_eq!(m.dispatches_per_step(), None);
-                m.forward_greedy(&[id]).unwrap();
-                m.dispatches_per_step().unwrap()
-            })
-            .collect();
-        let [(plain, plain_layers), (fused, fused_layers)] = &counts[..] else {
-            unreachable!("two runs")
-        };
-        let n = w.config.num_hidden_layers;
-        assert_eq!(plain_layers.len(), n, "{name}");
-        // the embedding and the head are outside the layers
-        assert!(*plain > plain_layers.iter().sum::<usize>() + 2, "{name}");
-        let saved: Vec<usize> = w
-            .layers
-            .iter()
-            .enumerate()
-            .map(|(i, l)| {
-                let mlp = usize::from(matches!(l.mlp, Mlp::Dense(_)));
-                1 + mlp + usize::from(i > 0)
-            })
-            .collect();
-        assert_eq!(*fused, plain - saved.iter().sum::<usize>() - 2, "{name}");
-        for (i, (p, f)) in plain_layers.iter().zip(fused_layers).enumerate() {
-            assert_eq!(*f, p - saved[i], "{name} layer {i}");
-        }
-    }
 }

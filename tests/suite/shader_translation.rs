@@ -235,9 +235,8 @@ fn expected_gemm() -> usize {
 
 /// Op kernels per WGSL file: attention (2 entry points × f32/vec4), fused attention (the FUSED
 /// attention × f32/vec4, the prologue), conv (single, pair, combine), elementwise (8 entry points), norm
-/// (rms_norm out/in place and embed_norm × f32/vec4), residual (f32/vec4), router (1), split
-/// (1); then `bench copy`.
-const EXPECTED_OPS: usize = 4 + 3 + 3 + 8 + 6 + 2 + 1 + 1;
+/// (rms_norm out/in place and embed_norm × f32/vec4), router (1), split (1); then `bench copy`.
+const EXPECTED_OPS: usize = 4 + 3 + 3 + 8 + 6 + 1 + 1;
 
 fn spirv_val(dir: &Path, files: &[std::path::PathBuf]) -> Vec<String> {
     let probe = std::process::Command::new("spirv-val")
@@ -369,7 +368,7 @@ fn every_kernel_of_a_profile_fits_its_limits_or_the_device_check_names_the_limit
             expected_gemv(smem, p.subgroups()),
             "{p}"
         );
-        let device_check = variants::check_limits(&limits, Some(p));
+        let device_check = variants::check_limits(&limits, Some(p), true);
         let measured = par_map(&specs, |s| {
             let (module, info) = parse_validate(s).unwrap();
             let i = module

@@ -11,7 +11,6 @@ pub mod attention_fused;
 pub mod conv;
 pub mod elementwise;
 pub mod norm;
-pub mod residual;
 pub mod router;
 pub mod split;
 
@@ -24,7 +23,6 @@ pub use attention_fused::{attention_consts, FusedAttention, FusedAttentionIo};
 pub use conv::ShortConvKernel;
 pub use elementwise::{Argmax, DivConst, MulConst, SiluMul, SiluMulLayout};
 pub use norm::{EmbedNorm, EmbedShard, RmsNorm};
-pub use residual::{SconvInput, SconvRmsNorm};
 pub use router::{Pair, RouterShape};
 pub use split::SplitColumns;
 
@@ -60,9 +58,68 @@ pub fn kernels() -> Vec<KernelSpec> {
     v.extend(conv::kernels());
     v.extend(elementwise::kernels());
     v.extend(norm::kernels());
-    v.extend(residual::kernels());
     v.extend(router::kernels());
     v.extend(split::kernels());
+    v
+}
+
+/// The op kernels the Inkling decoder's steps can build, each with the operation that builds it:
+/// every variant its shapes can take (f32 or vec4 rows), and none that the recipe does not reach.
+/// The op names are the labels of the calls ([`crate::gpu::Label`]).
+/// `fused_attention`: the attention after the projections as [`FusedAttention`] (the engine);
+/// `false`: its separate kernels (conv pair, in-place q/k norms), the fused kernel's test oracle.
+/// Both run [`AttentionShape`]'s kernels (the fused one for prompt chunks). What
+/// [`crate::gpu::variants::check_device`] checks against a device's limits.
+pub fn decoder_kernels(fused_attention: bool) -> Vec<(&'static str, KernelSpec)> {
+    use attention::AttentionKey;
+    use attention_fused::FusedAttentionKey;
+    use conv::ConvKey;
+    use elementwise::ElementwiseKey;
+    use norm::{NormEntry, NormKey};
+    let mut v = Vec::new();
+    let mut push = |op, spec| v.push((op, spec));
+    for vec4 in [false, true] {
+        let norm = |entry| KernelSpec::of(&NormKey { entry, vec4 });
+        push("embed_norm", norm(NormEntry::EmbedNorm));
+        push("rms_norm", norm(NormEntry::RmsNorm));
+        if !fused_attention {
+            push("rms_norm_inplace", norm(NormEntry::RmsNormInPlace));
+        }
+        // the fused attention's prompt chunks run the prologue, then these two
+        let attention = if fused_attention {
+            "attention prologue+attention"
+        } else {
+            "attention"
+        };
+        for append in [false, true] {
+            push(attention, KernelSpec::of(&AttentionKey { append, vec4 }));
+        }
+        if fused_attention {
+            let fused = FusedAttentionKey::Decode { vec4 };
+            push("attention fused", KernelSpec::of(&fused));
+        }
+    }
+    if fused_attention {
+        let prologue = KernelSpec::of(&FusedAttentionKey::Prologue);
+        push("attention prologue+attention", prologue);
+    }
+    let conv = |paired, combine| KernelSpec::of(&ConvKey { paired, combine });
+    push("short_conv", conv(false, false));
+    push("moe_combine+short_conv", conv(false, true));
+    if !fused_attention {
+        push("short_conv x2", conv(true, false));
+    }
+    for (op, entry) in [
+        ("silu_mul", "silu_mul"),
+        ("scale", "scale"),
+        ("argmax", "argmax_partial"),
+        ("argmax", "argmax_partial_vec4"),
+        ("argmax", "argmax_final"),
+    ] {
+        push(op, KernelSpec::of(&ElementwiseKey(entry)));
+    }
+    push("router top-k", KernelSpec::of(&router::RouterKey));
+    push("split", KernelSpec::of(&split::SplitKey));
     v
 }
 

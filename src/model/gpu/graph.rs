@@ -6,19 +6,17 @@
 //! the router kernel writes the (expert, token) pairs the MoE GEMVs read. With expert streaming,
 //! a layer's routed experts are a [`Node::Routed`] cut that the host fills between submissions.
 //!
-//! With `fuse_residual`, a one-token step fuses each residual chain (conv input → short conv →
-//! `h +=` → the next RMSNorm) into one [`SconvRmsNorm`] dispatch; longer chunks, and every step
-//! by default, keep the separate kernels. With `fuse_attention` (the default), the attention block after the
-//! projections (k/v convs, q/k norms, attention, KV write) is one [`FusedAttention`] call: one
-//! dispatch for a one-token step, a prologue plus the attention for longer chunks.
+//! The attention block after the projections (k/v convs, q/k norms, attention, KV write) is one
+//! [`FusedAttention`] call: one dispatch for a one-token step, a prologue plus the attention for
+//! longer chunks. The separate kernels of that block ([`Fusions::attention`] off) are the fused
+//! kernel's test oracle.
 //!
 //! One-token steps fold two kinds of elementwise kernels into the x staging of the GEMVs that
 //! read their output with `norm_prologues` / `silu_prologues` ([`crate::gpu::linear::args::XPrologue`]; off
 //! by default): the input
 //! and post-attention RMSNorms into the GEMVs that read the normed `h` (q/k/v/r; router, shared
 //! and routed gate_up or the dense gate_up), and silu·up into the down GEMVs, which then read
-//! `gu` itself. A norm a fused residual already wrote, and the post-attention norm of a layer
-//! whose routed experts stream (the host's expert calls and its CPU fallback read `xn`), stay.
+//! `gu` itself. The post-attention norm of a layer whose routed experts stream (the host's expert calls and its CPU fallback read `xn`), stay.
 use super::resident::{
     DenseMlp, FfnSlab, MoeMlp, Projections, Resident, ResidentLayer, ResidentMlp, ATTN_SCONV,
     K_SCONV, MLP_SCONV, V_SCONV,
@@ -27,7 +25,7 @@ use crate::gpu::linear::args::GemvArgs;
 use crate::gpu::linear::route;
 use crate::gpu::ops::{
     Argmax, DivConst, EmbedNorm, FusedAttention, FusedAttentionIo, MulConst, RmsNorm, RouterShape,
-    SconvInput, SconvRmsNorm, ShortConvKernel, SiluMul, SiluMulLayout, SplitColumns,
+    ShortConvKernel, SiluMul, SiluMulLayout, SplitColumns,
 };
 use crate::gpu::{Call, Gpu};
 use crate::model::config::TextConfig;
@@ -169,12 +167,13 @@ pub(super) fn at_layer(mut c: Call, layer: usize) -> Call {
     c
 }
 
-/// Which fused kernels a step uses (by default the fused attention only).
+/// Which fused kernels the steps of a [`super::GpuModel`] run, a construction option
+/// ([`super::GpuModelOptions::fusions`]). The default is the engine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Fusions {
-    /// The residual chains of one-token steps as [`SconvRmsNorm`] dispatches.
-    pub residual: bool,
-    /// The attention after the projections as [`FusedAttention`] (every chunk size).
+pub struct Fusions {
+    /// The attention after the projections as [`FusedAttention`] (every chunk size; the
+    /// default). Off: the separate kernels (conv pair, q and k norms, attention with KV append),
+    /// kept only as the fused kernel's test oracle.
     pub attention: bool,
     /// One-token steps fold their RMSNorms into the GEMVs after them (x prologues) instead of
     /// running them as kernels of their own.
@@ -186,7 +185,6 @@ pub(super) struct Fusions {
 impl Default for Fusions {
     fn default() -> Self {
         Fusions {
-            residual: false,
             attention: true,
             norm_prologues: false,
             silu_prologues: false,
@@ -211,7 +209,6 @@ pub(super) fn build_step(
         eps: cfg.rms_norm_eps as f32,
         kernel: cfg.conv_kernel_size as u32,
         head: key.head,
-        fuse: key.tokens == 1 && fusions.residual,
         fuse_attention: fusions.attention,
         norm_prologues: key.tokens == 1 && fusions.norm_prologues,
         silu_prologues: key.tokens == 1 && fusions.silu_prologues,
@@ -225,7 +222,34 @@ pub(super) fn build_step(
         });
     }
     blocks.push(r.head()?);
-    Ok(Step::from_blocks(blocks))
+    let step = Step::from_blocks(blocks);
+    if cfg!(debug_assertions) {
+        assert_checked(&step, fusions);
+    }
+    Ok(step)
+}
+
+/// Debug builds (the tests): every op kernel of `step` is one that the device check counted for
+/// its op ([`crate::gpu::ops::decoder_kernels`]), so no op kernel escapes
+/// [`crate::gpu::variants::check_device`]. The linear layer's kernels (`gemv`, `gemm`) are checked
+/// by their layout.
+fn assert_checked(step: &Step, fusions: Fusions) {
+    let listed = crate::gpu::ops::decoder_kernels(fusions.attention);
+    for c in step.calls() {
+        for k in c
+            .kernels()
+            .filter(|k| !k.starts_with("gemv") && !k.starts_with("gemm"))
+        {
+            assert!(
+                listed.iter().any(|(op, s)| *op == c.label.op && s.key == k),
+                "{}: kernel {k} is not listed for op {:?} by gpu::ops::decoder_kernels({}); \
+                 list it there so that the device check counts it",
+                c.label,
+                c.label.op,
+                fusions.attention
+            );
+        }
+    }
 }
 
 /// Where an expert FFN reads and writes: x rows `[tokens, H]` (normed by the gate_up GEMV's
@@ -281,7 +305,7 @@ pub(super) fn ffn_calls(
     ])
 }
 
-/// The x of the GEMVs that read a normed `h`: `xn` (the norm ran, or a fused residual wrote it),
+/// The x of the GEMVs that read a normed `h`: `xn` (the norm ran),
 /// or `h` with the norm as the GEMVs' x prologue.
 #[derive(Clone, Copy)]
 pub(super) struct NormedX<'b> {
@@ -317,8 +341,6 @@ struct Recipe<'a> {
     /// Short-conv kernel size.
     kernel: u32,
     head: Head,
-    /// Fuse the residual chains (one-token steps with `fuse_residual`).
-    fuse: bool,
     /// Run the attention after the projections as [`FusedAttention`].
     fuse_attention: bool,
     /// Fold the RMSNorms into the GEMVs after them (one-token steps with `norm_prologues`).
@@ -360,9 +382,7 @@ impl Recipe<'_> {
         let (gpu, a, t, hid, eps) = (self.gpu, &self.res.acts, self.t, self.hid, self.eps);
         let l: &ResidentLayer = &self.res.layers[li];
         let mut b = Block::new(Phase::Attention, Some(li));
-        // fused: the previous layer's MLP residual already wrote this norm
-        let written = self.fuse && li > 0;
-        let xn = self.normed(&mut b, &l.input_norm, written)?;
+        let xn = self.normed(&mut b, &l.input_norm)?;
         for c in self.projections(li, xn)? {
             b.push(c);
         }
@@ -374,16 +394,10 @@ impl Recipe<'_> {
             }
         }
         b.push(l.o.call(gpu, self.dense(&a.attn, &a.o), "o_proj")?);
-        if self.fuse {
-            b.phase(Phase::Other);
-            let input = SconvInput::Plain(&a.o);
-            b.push(self.fused(li, input, ATTN_SCONV, &l.post_norm, &a.xn, None)?);
-        } else {
-            b.push(self.conv(li, ATTN_SCONV, hid, true, &a.o, &a.h)?);
-            b.phase(Phase::Other);
-            if !self.fold_post_norm(li) {
-                b.push(RmsNorm::rows(t, hid, eps).bind(gpu, &a.h, &l.post_norm, &a.xn)?);
-            }
+        b.push(self.conv(li, ATTN_SCONV, hid, true, &a.o, &a.h)?);
+        b.phase(Phase::Other);
+        if !self.fold_post_norm(li) {
+            b.push(RmsNorm::rows(t, hid, eps).bind(gpu, &a.h, &l.post_norm, &a.xn)?);
         }
         Ok(b)
     }
@@ -412,24 +426,15 @@ impl Recipe<'_> {
         for c in ffn_calls(gpu, ffn, *inter, io, ["dense gate_up", "dense down"])? {
             b.push(c);
         }
-        match self.mlp_tail(li) {
-            Some((nw, y, div)) => {
-                b.phase(Phase::Other);
-                let input = SconvInput::Scaled(&a.m, *global_scale);
-                b.push(self.fused(li, input, MLP_SCONV, nw, y, div)?);
+        b.push(
+            MulConst {
+                n: t * hid,
+                c: *global_scale,
             }
-            None => {
-                b.push(
-                    MulConst {
-                        n: t * hid,
-                        c: *global_scale,
-                    }
-                    .bind(gpu, &a.m)?,
-                );
-                b.phase(Phase::Other);
-                b.push(self.conv(li, MLP_SCONV, hid, true, &a.m, &a.h)?);
-            }
-        }
+            .bind(gpu, &a.m)?,
+        );
+        b.phase(Phase::Other);
+        b.push(self.conv(li, MLP_SCONV, hid, true, &a.m, &a.h)?);
         Ok(b)
     }
 
@@ -513,39 +518,26 @@ impl Recipe<'_> {
         }
         b.phase(Phase::Other);
         let sh = shared.as_ref().map(|_| (&a.y_shared, &a.shared_gammas, ns));
-        match self.mlp_tail(li) {
-            Some((nw, y, div)) => {
-                let input = SconvInput::MoeCombine {
-                    routed: &a.y_routed,
-                    gammas: &a.gammas,
-                    top_k: *top_k,
-                    shared: sh,
-                };
-                b.push(self.fused(li, input, MLP_SCONV, nw, y, div)?);
+        // the combine is the conv's input: one dispatch
+        let l = &self.res.layers[li];
+        b.push(
+            ShortConvKernel {
+                tokens: t,
+                channels: hid,
+                kernel: self.kernel,
+                accumulate: true,
             }
-            None => {
-                // the combine is the conv's input: one dispatch
-                let l = &self.res.layers[li];
-                b.push(
-                    ShortConvKernel {
-                        tokens: t,
-                        channels: hid,
-                        kernel: self.kernel,
-                        accumulate: true,
-                    }
-                    .bind_combine(
-                        gpu,
-                        &a.y_routed,
-                        &a.gammas,
-                        *top_k,
-                        sh,
-                        &l.conv_w[MLP_SCONV],
-                        &l.conv_state[MLP_SCONV],
-                        &a.h,
-                    )?,
-                );
-            }
-        }
+            .bind_combine(
+                gpu,
+                &a.y_routed,
+                &a.gammas,
+                *top_k,
+                sh,
+                &l.conv_w[MLP_SCONV],
+                &l.conv_state[MLP_SCONV],
+                &a.h,
+            )?,
+        );
         Ok(b)
     }
 
@@ -556,19 +548,14 @@ impl Recipe<'_> {
     fn head(&self) -> Result<Block> {
         let (gpu, a, t, hid, eps) = (self.gpu, &self.res.acts, self.t, self.hid, self.eps);
         let mup = self.cfg.logits_mup_width_multiplier as f32;
-        let n_layers = self.res.layers.len();
-        // the last layer's fused MLP residual already wrote the normed (and divided) rows
-        let normed = self.fuse && n_layers > 0 && self.next_norm(n_layers - 1).is_some();
         let mut b = Block::new(Phase::Head, None);
         match self.head {
             Head::None => {}
             Head::Last => {
-                if !normed {
-                    let mut n = RmsNorm::rows(1, hid, eps);
-                    n.x_off = (t - 1) * hid;
-                    b.push(n.bind(gpu, &a.h, &self.res.norm, &a.hn)?);
-                    b.push(DivConst { n: hid, c: mup }.bind(gpu, &a.hn)?);
-                }
+                let mut n = RmsNorm::rows(1, hid, eps);
+                n.x_off = (t - 1) * hid;
+                b.push(n.bind(gpu, &a.h, &self.res.norm, &a.hn)?);
+                b.push(DivConst { n: hid, c: mup }.bind(gpu, &a.hn)?);
                 let args = GemvArgs::new(&a.hn, 1, &a.dense_pairs, 1, &a.logits);
                 b.push(self.res.lm_head.call(gpu, args, "lm_head")?);
                 b.push(
@@ -585,10 +572,8 @@ impl Recipe<'_> {
                 );
             }
             Head::All => {
-                if !normed {
-                    b.push(RmsNorm::rows(t, hid, eps).bind(gpu, &a.h, &self.res.norm, &a.hn)?);
-                    b.push(DivConst { n: t * hid, c: mup }.bind(gpu, &a.hn)?);
-                }
+                b.push(RmsNorm::rows(t, hid, eps).bind(gpu, &a.h, &self.res.norm, &a.hn)?);
+                b.push(DivConst { n: t * hid, c: mup }.bind(gpu, &a.hn)?);
                 let args = self.dense(&a.hn, &a.logits);
                 b.push(self.res.lm_head.call(gpu, args, "lm_head")?);
             }
@@ -644,18 +629,10 @@ impl Recipe<'_> {
         x.args(self.dense(x.x, y))
     }
 
-    /// The normed `h` (norm `weight`) that GEMVs read: `xn` when `written` already, `h` under the
-    /// norm prologue with `norm_prologues`, else `xn` after the RMSNorm kernel pushed onto `b`.
-    fn normed<'b>(
-        &'b self,
-        b: &mut Block,
-        weight: &'b wgpu::Buffer,
-        written: bool,
-    ) -> Result<NormedX<'b>> {
+    /// The normed `h` (norm `weight`) that GEMVs read: `h` under the norm prologue with
+    /// `norm_prologues`, else `xn` after the RMSNorm kernel pushed onto `b`.
+    fn normed<'b>(&'b self, b: &mut Block, weight: &'b wgpu::Buffer) -> Result<NormedX<'b>> {
         let a = &self.res.acts;
-        if written {
-            return Ok(NormedX::plain(&a.xn));
-        }
         if self.norm_prologues {
             return Ok(NormedX {
                 x: &a.h,
@@ -667,12 +644,12 @@ impl Recipe<'_> {
     }
 
     /// Whether layer `li`'s post-attention norm is left to the MLP's GEMVs: one-token steps
-    /// with `norm_prologues`, unless a fused residual writes it anyway or the routed experts stream
-    /// (their host-run calls and CPU fallback read `xn`).
+    /// with `norm_prologues`, unless the routed experts stream (their host-run calls and CPU
+    /// fallback read `xn`).
     fn fold_post_norm(&self, li: usize) -> bool {
         let streamed =
             matches!(&self.res.layers[li].mlp, ResidentMlp::Moe(m) if m.routed.is_none());
-        self.norm_prologues && !self.fuse && !streamed
+        self.norm_prologues && !streamed
     }
 
     /// The input of layer `li`'s MLP: `xn`, or `h` under the post-attention norm prologue.
@@ -772,60 +749,5 @@ impl Recipe<'_> {
             accumulate,
         }
         .bind(self.gpu, x, &l.conv_w[wi], &l.conv_state[wi], y)?)
-    }
-
-    /// The fused residual chain of layer `li`: `h += sconv_wi(input)`, then `y = nw ⊙
-    /// rmsnorm(h)` (÷ `div`).
-    fn fused(
-        &self,
-        li: usize,
-        input: SconvInput<'_>,
-        wi: usize,
-        nw: &wgpu::Buffer,
-        y: &wgpu::Buffer,
-        div: Option<f32>,
-    ) -> Result<Call> {
-        let l = &self.res.layers[li];
-        Ok(SconvRmsNorm {
-            channels: self.hid,
-            kernel: self.kernel,
-            eps: self.eps,
-            div,
-        }
-        .bind(
-            self.gpu,
-            input,
-            &l.conv_w[wi],
-            &l.conv_state[wi],
-            &self.res.acts.h,
-            nw,
-            y,
-        )?)
-    }
-
-    /// The norm that follows layer `li`'s MLP residual when fused: (weight, output, divisor),
-    /// or `None` where nothing follows (an inner prefill chunk has no head after the last layer).
-    fn next_norm(&self, li: usize) -> Option<(&wgpu::Buffer, &wgpu::Buffer, Option<f32>)> {
-        let a = &self.res.acts;
-        match self.res.layers.get(li + 1) {
-            Some(nl) => Some((&nl.input_norm, &a.xn, None)),
-            None => match self.head {
-                Head::None => None,
-                Head::Last | Head::All => Some((
-                    &self.res.norm,
-                    &a.hn,
-                    Some(self.cfg.logits_mup_width_multiplier as f32),
-                )),
-            },
-        }
-    }
-
-    /// The MLP residual of layer `li` ends in the fused norm of what follows it.
-    fn mlp_tail(&self, li: usize) -> Option<(&wgpu::Buffer, &wgpu::Buffer, Option<f32>)> {
-        if self.fuse {
-            self.next_norm(li)
-        } else {
-            None
-        }
     }
 }

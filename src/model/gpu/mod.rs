@@ -16,6 +16,7 @@ mod resident;
 mod streamed;
 mod timing;
 
+pub use graph::Fusions;
 pub use record::HostTimes;
 
 use super::config::TextConfig;
@@ -27,7 +28,7 @@ use super::weights::Weights;
 use crate::gpu::Gpu;
 use anyhow::{bail, ensure, Context, Result};
 use budget::DecodeBytes;
-use graph::{Fusions, Head, PassLayout, Step, StepKey};
+use graph::{Head, PassLayout, Step, StepKey};
 use record::{words, Readback, Recorder, RING, STATUS_BYTES};
 use resident::Resident;
 use std::collections::HashMap;
@@ -59,11 +60,13 @@ pub struct GpuModelOptions {
     /// ranks the pinned hot set (up to half the slots when there are at least twice `top_k` of
     /// them). Ignored when the experts are resident.
     pub usage: Option<Usage>,
+    /// Which fused kernels the steps run ([`Fusions::default`]: the engine's).
+    pub fusions: Fusions,
 }
 
 impl GpuModelOptions {
     /// Sequences of up to `max_seq` tokens, chunks of [`DEFAULT_MAX_CHUNK`], the adapter's binding
-    /// limit, every expert resident.
+    /// limit, every expert resident, the engine's fused kernels.
     pub fn new(max_seq: usize) -> GpuModelOptions {
         GpuModelOptions {
             max_seq,
@@ -71,6 +74,7 @@ impl GpuModelOptions {
             binding_limit: None,
             placement: Placement::Resident,
             usage: None,
+            fusions: Fusions::default(),
         }
     }
 }
@@ -94,8 +98,6 @@ pub struct GpuModel<'w> {
     profile: Option<PhaseTimer>,
     op_profile: Option<OpTimer>,
     spans: Option<SpanTimer>,
-    /// Record a step as one compute pass per phase run (as profile mode does) instead of one.
-    pass_per_phase: bool,
     fusions: Fusions,
 }
 
@@ -139,7 +141,7 @@ impl<'w> GpuModel<'w> {
         slots: Option<usize>,
     ) -> Result<GpuModel<'w>> {
         let cfg = w.config.clone();
-        crate::gpu::variants::check_device(gpu)?;
+        crate::gpu::variants::check_device(gpu, opts.fusions.attention)?;
         let max_seq = opts.max_seq;
         ensure!(max_seq >= 1, "max_seq must be at least 1");
         ensure!(
@@ -177,8 +179,7 @@ impl<'w> GpuModel<'w> {
             profile: None,
             op_profile: None,
             spans: None,
-            pass_per_phase: false,
-            fusions: Fusions::default(),
+            fusions: opts.fusions,
         })
     }
 
@@ -377,27 +378,6 @@ impl<'w> GpuModel<'w> {
         self.rec.host = HostTimes::default();
     }
 
-    /// Record each step as one compute pass per phase run (the passes profile mode times) instead
-    /// of one pass (the default). Same kernels, same order, same tokens; an experiment knob for
-    /// `bench decode --pass-per-phase` (measured slower on an H200: BENCHMARKS.md, *Decode: `bench
-    /// decode` on a synthetic Inkling-Small, 4 layers*).
-    pub fn set_pass_per_phase(&mut self, on: bool) {
-        self.pass_per_phase = on;
-    }
-
-    /// Fuse each residual chain of one-token steps into one single-workgroup dispatch
-    /// ([`crate::gpu::ops::SconvRmsNorm`]: conv input → short conv → `h +=` → the next RMSNorm)
-    /// instead of two or three dispatches. Same results (tested); off by default, an experiment
-    /// knob (`bench decode --fuse-residual`) for GPUs where dispatches cost more than latency (the
-    /// single workgroup measured slower on an H200: BENCHMARKS.md, *Decode: `bench decode` on a
-    /// synthetic Inkling-Small, 4 layers*).
-    pub fn set_fuse_residual(&mut self, on: bool) {
-        if on != self.fusions.residual {
-            self.fusions.residual = on;
-            self.steps.clear();
-        }
-    }
-
     /// Fold the RMSNorms (`norm`) and the silu·up (`silu`) of one-token steps into the x staging
     /// of the GEMVs that read them ([`crate::gpu::linear::args::XPrologue`]): per layer the input and
     /// post-attention norms, and the silu·up kernels, need no dispatch of their own. Both off by
@@ -411,30 +391,6 @@ impl<'w> GpuModel<'w> {
             (f.norm_prologues, f.silu_prologues) = (norm, silu);
             self.steps.clear();
         }
-    }
-
-    /// Run the attention block after the projections through
-    /// [`crate::gpu::ops::FusedAttention`] (`on`, the default): one dispatch per layer for
-    /// one-token steps (k/v short convs, q/k RMSNorms, attention and the KV-cache write), and a
-    /// prologue plus the attention for longer chunks; or (`!on`) through the separate kernels,
-    /// five dispatches (conv pair, two norms, attention, KV append). Same results within float
-    /// rounding (tested); the fused path is faster on an H200
-    /// (BENCHMARKS.md#decision-fused-attention). The fused kernels keep the k/v conv history in
-    /// their own ring, so
-    /// the switch is refused in the middle of a sequence: call it at position 0 (after
-    /// [`GpuModel::reset`]).
-    pub fn set_fuse_attention(&mut self, on: bool) -> Result<()> {
-        if on != self.fusions.attention {
-            ensure!(
-                self.pos == 0,
-                "the fused attention can only be switched at the start of a sequence (position \
-                 {}); reset first",
-                self.pos
-            );
-            self.fusions.attention = on;
-            self.steps.clear();
-        }
-        Ok(())
     }
 
     /// Forget the sequence: position 0, conv states and the fused attention's conv rings cleared
@@ -654,7 +610,6 @@ impl<'w> GpuModel<'w> {
             profile,
             op_profile,
             spans,
-            pass_per_phase,
             pos,
             dirty,
             ..
@@ -692,8 +647,6 @@ impl<'w> GpuModel<'w> {
             Some(p)
         } else if let Some(o) = op_profile.as_mut() {
             Some(o)
-        } else if *pass_per_phase {
-            None
         } else {
             spans
                 .as_mut()
@@ -702,7 +655,6 @@ impl<'w> GpuModel<'w> {
         };
         let layout = match &timer {
             Some(t) => t.layout(),
-            None if *pass_per_phase && stream.is_none() => PassLayout::PerPhase,
             None => PassLayout::Single,
         };
         if let Some(t) = timer.as_deref_mut() {
