@@ -57,7 +57,7 @@ fn generate_json(model: &str, prompt: &[u32]) -> serde_json::Value {
 
 #[test]
 fn serve_with_the_openai_client() {
-    let py = crate::test_python::python();
+    let py = crate::serve::test_python::python();
     let probe = Command::new(&py)
         .args(["-c", "import openai; print(openai.__version__)"])
         .output();

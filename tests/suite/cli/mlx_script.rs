@@ -10,7 +10,7 @@ const DIV: usize = 16;
 #[test]
 fn mlx_script_prints_the_bench_kernels_schema_and_checks_its_numbers() {
     let root = env!("CARGO_MANIFEST_DIR");
-    let out = Command::new(crate::test_python::python())
+    let out = Command::new(crate::serve::test_python::python())
         .arg(format!("{root}/benches/native/mlx_gemv.py"))
         .args([
             "--div",

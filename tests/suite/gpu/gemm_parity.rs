@@ -3,7 +3,7 @@
 //! or not, strided x and y, x per pair, chunked slabs. Outputs are poisoned with NaN first.
 //! Runs on lavapipe in CI: a missing adapter FAILS (no skip).
 
-use crate::gemv_parity::rel_err;
+use crate::gpu::gemv_parity::rel_err;
 use crate::ops_util::{gpu, Rng};
 use inkling_wgpu::formats::{quantize, Encoding, QMatrix};
 use inkling_wgpu::gpu::linear::args::{GemmChoice, Tile};

@@ -2,7 +2,7 @@
 //! matrices, the joint q/k/v/r projection) against the f64 CPU reference on the same bytes, every
 //! output poisoned, and the column split of prompt chunks. Runs on lavapipe in CI.
 
-use crate::gemv_parity::rel_err;
+use crate::gpu::gemv_parity::rel_err;
 use crate::ops_util::{gpu, Rng};
 use inkling_wgpu::formats::{quantize, Encoding, QMatrix};
 use inkling_wgpu::gpu::dispatch::DispatchError;

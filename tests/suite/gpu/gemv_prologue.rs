@@ -4,7 +4,7 @@
 //! device has, fresh random inputs for every problem, outputs poisoned with NaN. Also: a prologue
 //! always stages x and never runs as a GEMM, works over chunked slabs, and bad arguments are
 //! refused before anything is recorded.
-use crate::gemv_parity::{reductions, rel_err};
+use crate::gpu::gemv_parity::{reductions, rel_err};
 use crate::ops_util::{buf_f32, buf_u32, gpu, poisoned, read, Rng};
 use inkling_wgpu::formats::{quantize, Encoding, QMatrix};
 use inkling_wgpu::gpu::dispatch::DispatchError;

@@ -3,7 +3,7 @@
 //! subgroups. Every profile holds every kernel the model's steps reach (the WebGPU defaults
 //! included: 8 storage buffers per stage, 16 KiB of workgroup memory), so the model runs and
 //! matches the reference under each.
-use crate::gemv_parity::parity_every_format;
+use crate::gpu::gemv_parity::parity_every_format;
 use crate::model_common::*;
 use inkling_wgpu::gpu::limits::LimitProfile;
 use inkling_wgpu::gpu::Gpu;

@@ -1,7 +1,7 @@
 //! The fused attention block (k/v short convs, q/k RMSNorms, attention, KV write; one dispatch per
 //! one-token step, a prologue + attention for longer chunks) against the f64 chain and against the
 //! unfused kernels (conv pair, two in-place norms, attention) on the same raw inputs.
-use crate::ops_attention::{reference, shape, Cfg, Seq};
+use crate::gpu::ops_attention::{reference, shape, Cfg, Seq};
 use crate::ops_util;
 use inkling_wgpu::gpu::ops::{
     attention_consts, FusedAttention, FusedAttentionIo, PosBuffer, RmsNorm, ShortConvKernel,
