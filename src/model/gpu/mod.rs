@@ -105,9 +105,11 @@ impl<'w> GpuModel<'w> {
     /// Upload `w` and build a model as `opts` says: routed experts resident, or streamed from
     /// `w`'s mapped bytes through a pool of expert slots (see [`super::stream`]).
     ///
-    /// Errors: `max_seq` or `max_chunk` zero, `max_seq` past `u32`, a conv kernel size the GPU
-    /// short conv lacks, a KV cache larger than a binding, a GPU memory budget below the resident
-    /// part plus one expert slot, and the GPU running out of memory during the upload.
+    /// Errors: a kernel that `opts` reach over one of the device's limits
+    /// ([`crate::gpu::variants::LimitError`], naming the op, its kernel and the limit), `max_seq`
+    /// or `max_chunk` zero, `max_seq` past `u32`, a conv kernel size the GPU short conv lacks, a
+    /// KV cache larger than a binding, a GPU memory budget below the resident part plus one
+    /// expert slot, and the GPU running out of memory during the upload.
     pub fn new(gpu: &Gpu, w: &'w Weights<'w>, opts: GpuModelOptions) -> Result<GpuModel<'w>> {
         let slots = Self::plan_slots(w, &opts)?;
         // out of memory while uploading is an error that says what to do, not a panic
