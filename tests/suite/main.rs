@@ -1,5 +1,5 @@
 //! The integration test suite: one binary (one link of wgpu) for every test module, grouped as the
-//! source tree is (`gpu`, `model`, `cli`, `chat`, `serve`, `container`). The fast tier is the
+//! source tree is (`gpu`, `model`, `cli`, `chat`, `serve`, `container`, `shaders`). The fast tier is the
 //! library's unit tests and `gpu` (README.md, *Tests*): `cargo test --lib && cargo test --test suite gpu::`.
 
 #[allow(dead_code)]
@@ -15,3 +15,4 @@ mod container;
 mod gpu;
 mod model;
 mod serve;
+mod shaders;

@@ -1,4 +1,4 @@
-//! GPU kernels against f64 CPU references on the same bytes: the GEMV and GEMM of every format, the op kernels, WGSL validation and translation.
+//! GPU kernels against f64 CPU references on the same bytes: the GEMV and GEMM of every format, the op kernels.
 
 pub mod gemm_parity;
 pub mod gemv_large;
@@ -14,5 +14,3 @@ pub mod ops_conv;
 pub mod ops_elementwise;
 pub mod ops_norm;
 pub mod ops_router;
-pub mod shader_translation;
-pub mod wgsl_validate;
