@@ -100,7 +100,7 @@ fn check(
         Prologue::Norm => args.rms_norm(&wb, EPS),
         Prologue::Silu => args.silu_mul(),
     };
-    assert!(w.plans(&args).iter().all(|pl| !pl.direct), "x is staged");
+    assert!(w.plans(&args, &Default::default()).iter().all(|pl| !pl.direct), "x is staged");
     let enc = w.encoding();
     w.bind(gpu, enc.format.ordinal(), args).unwrap().run(gpu);
     let y = read(gpu, &yb, pairs.len() * o);

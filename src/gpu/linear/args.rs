@@ -131,8 +131,9 @@ pub struct GemvArgs<'a> {
     pub reduction: Reduction,
     /// Pair p reads x row p (not row `token(p)`).
     pub x_per_pair: bool,
-    /// Force this tuning instead of [`plan`]'s choice (tests, benchmarks); wins over
-    /// [`set_tuning_override`]. x is read directly or staged by [`plan`]'s rules for that tuning.
+    /// Force this tuning instead of the per-call choice (tests, benchmarks); wins over
+    /// `LinearOptions::tuning`. x is read directly or staged by `route::plan`'s rules for that
+    /// tuning.
     pub tuning: Option<Tuning>,
     /// Whether [`GpuWeights::bind`] may run the call as a GEMM (`gemm::select`; default
     /// [`GemmChoice::Auto`]; never with a prologue).

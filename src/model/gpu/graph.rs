@@ -24,7 +24,7 @@ use super::resident::{
     K_SCONV, MLP_SCONV, V_SCONV,
 };
 use crate::gpu::linear::args::GemvArgs;
-use crate::gpu::linear::route;
+use crate::gpu::linear::route::{self, LinearOptions};
 use crate::gpu::ops::{
     Argmax, DivConst, EmbedNorm, FusedAttention, FusedAttentionIo, MulConst, RmsNorm, RouterShape,
     SconvInput, SconvRmsNorm, ShortConvKernel, SiluMul, SiluMulLayout, SplitColumns,
@@ -241,6 +241,8 @@ pub(super) struct FfnIo<'b> {
     pub y: &'b wgpu::Buffer,
     /// silu·up as the down GEMV's x prologue (it reads `gu`; `act` is not written).
     pub silu_prologue: bool,
+    /// How the two GEMVs are built.
+    pub linear: &'b LinearOptions,
 }
 
 /// `y[p] = down_e(silu(gate_e x_t) · up_e x_t)` for every pair p = (e, t): the gate_up GEMV into
@@ -258,12 +260,12 @@ pub(super) fn ffn_calls(
     let np = io.n_pairs;
     let args =
         io.x.args(GemvArgs::new(io.x.x, io.tokens, io.pairs, np, io.gu));
-    let gate_up = slab.gate_up.call(gpu, args, ops[0])?;
+    let gate_up = slab.gate_up.call(gpu, args, io.linear, ops[0])?;
     if io.silu_prologue {
         let down = GemvArgs::new(io.gu, np, io.pairs, np, io.y)
             .x_per_pair(true)
             .silu_mul();
-        return Ok(vec![gate_up, slab.down.call(gpu, down, ops[1])?]);
+        return Ok(vec![gate_up, slab.down.call(gpu, down, io.linear, ops[1])?]);
     }
     Ok(vec![
         gate_up,
@@ -276,6 +278,7 @@ pub(super) fn ffn_calls(
         slab.down.call(
             gpu,
             GemvArgs::new(io.act, np, io.pairs, np, io.y).x_per_pair(true),
+            io.linear,
             ops[1],
         )?,
     ])
@@ -373,7 +376,7 @@ impl Recipe<'_> {
                 b.push(c);
             }
         }
-        b.push(l.o.call(gpu, self.dense(&a.attn, &a.o), "o_proj")?);
+        b.push(l.o.call(gpu, self.dense(&a.attn, &a.o), &self.res.linear, "o_proj")?);
         if self.fuse {
             b.phase(Phase::Other);
             let input = SconvInput::Plain(&a.o);
@@ -408,6 +411,7 @@ impl Recipe<'_> {
             act: &a.act,
             y: &a.m,
             silu_prologue: self.silu_prologues,
+            linear: &self.res.linear,
         };
         for c in ffn_calls(gpu, ffn, *inter, io, ["dense gate_up", "dense down"])? {
             b.push(c);
@@ -454,7 +458,7 @@ impl Recipe<'_> {
         let xn = self.mlp_input(li);
         let mut b = Block::new(Phase::Router, Some(li));
         let router_args = self.dense_normed(xn, &a.router_logits);
-        b.push(router.call(gpu, router_args, "router")?);
+        b.push(router.call(gpu, router_args, &self.res.linear, "router")?);
         b.push(
             RouterShape {
                 tokens: t,
@@ -485,6 +489,7 @@ impl Recipe<'_> {
                 act: &a.act,
                 y: &a.y_shared,
                 silu_prologue: self.silu_prologues,
+                linear: &self.res.linear,
             };
             let ops = ["shared gate_up", "shared down"];
             for c in ffn_calls(gpu, sh, *inter, io, ops)? {
@@ -503,6 +508,7 @@ impl Recipe<'_> {
                     act: &a.act,
                     y: &a.y_routed,
                     silu_prologue: self.silu_prologues,
+                    linear: &self.res.linear,
                 };
                 let ops = ["routed gate_up", "routed down"];
                 for c in ffn_calls(gpu, routed, *inter, io, ops)? {
@@ -570,7 +576,11 @@ impl Recipe<'_> {
                     b.push(DivConst { n: hid, c: mup }.bind(gpu, &a.hn)?);
                 }
                 let args = GemvArgs::new(&a.hn, 1, &a.dense_pairs, 1, &a.logits);
-                b.push(self.res.lm_head.call(gpu, args, "lm_head")?);
+                b.push(
+                    self.res
+                        .lm_head
+                        .call(gpu, args, &self.res.linear, "lm_head")?,
+                );
                 b.push(
                     Argmax {
                         vocab: self.cfg.logits_width() as u32,
@@ -590,7 +600,11 @@ impl Recipe<'_> {
                     b.push(DivConst { n: t * hid, c: mup }.bind(gpu, &a.hn)?);
                 }
                 let args = self.dense(&a.hn, &a.logits);
-                b.push(self.res.lm_head.call(gpu, args, "lm_head")?);
+                b.push(
+                    self.res
+                        .lm_head
+                        .call(gpu, args, &self.res.linear, "lm_head")?,
+                );
             }
         }
         Ok(b)
@@ -617,22 +631,26 @@ impl Recipe<'_> {
                 let ops = ["q_proj", "k_proj", "v_proj", "r_proj"];
                 let calls = lin.iter().zip(outs).zip(ops);
                 calls
-                    .map(|((w, y), op)| w.call(gpu, self.dense_normed(xn, y), op))
+                    .map(|((w, y), op)| w.call(gpu, self.dense_normed(xn, y), &self.res.linear, op))
                     .collect()
             }
             Projections::Joint { w, rows } => {
                 let packed = self.dense_normed(xn, &a.qkvr);
-                if w.w.segments_fit(gpu) && route::select(&w.w, &packed).is_none() {
+                if w.w.segments_fit(gpu)
+                    && route::route(&w.w, &packed, &self.res.linear)
+                        .gemm_tile()
+                        .is_none()
+                {
                     let segs: Vec<(u32, &wgpu::Buffer)> = rows.iter().copied().zip(outs).collect();
                     let args = self.dense_normed(xn, &a.q).segments(&segs);
-                    return Ok(vec![w.call(gpu, args, "qkvr_proj")?]);
+                    return Ok(vec![w.call(gpu, args, &self.res.linear, "qkvr_proj")?]);
                 }
                 let split = SplitColumns {
                     tokens: self.t,
                     widths: *rows,
                 };
                 Ok(vec![
-                    w.call(gpu, packed, "qkvr_proj")?,
+                    w.call(gpu, packed, &self.res.linear, "qkvr_proj")?,
                     split.bind(gpu, &a.qkvr, outs)?,
                 ])
             }

@@ -24,6 +24,7 @@ use super::status;
 use super::stream::{Placement, StreamStats};
 use super::usage::Usage;
 use super::weights::Weights;
+use crate::gpu::linear::route::LinearOptions;
 use crate::gpu::Gpu;
 use anyhow::{bail, ensure, Context, Result};
 use budget::DecodeBytes;
@@ -59,6 +60,8 @@ pub struct GpuModelOptions {
     /// ranks the pinned hot set (up to half the slots when there are at least twice `top_k` of
     /// them). Ignored when the experts are resident.
     pub usage: Option<Usage>,
+    /// How the linears' calls are built (GEMV tuning, GEMM tile); default: the engine's choice.
+    pub linear: LinearOptions,
 }
 
 impl GpuModelOptions {
@@ -71,6 +74,7 @@ impl GpuModelOptions {
             binding_limit: None,
             placement: Placement::Resident,
             usage: None,
+            linear: LinearOptions::default(),
         }
     }
 }
@@ -157,10 +161,19 @@ impl<'w> GpuModel<'w> {
         );
         let limit = crate::gpu::linear::slab::default_limit(gpu)
             .min(opts.binding_limit.unwrap_or(u64::MAX));
-        let res = Resident::upload(gpu, w, max_seq, max_chunk, limit, slots.is_some())?;
+        let mut res = Resident::upload(gpu, w, max_seq, max_chunk, limit, slots.is_some())?;
+        res.linear = opts.linear;
         let stream = match slots {
             None => None,
-            Some(n) => Some(Streamer::new(gpu, w, n, limit, max_chunk, res.max_topk)?),
+            Some(n) => Some(Streamer::new(
+                gpu,
+                w,
+                n,
+                limit,
+                max_chunk,
+                res.max_topk,
+                opts.linear,
+            )?),
         };
         Ok(GpuModel {
             rec: Recorder::new(gpu, max_chunk * cfg.logits_width()),
