@@ -60,23 +60,9 @@ pub struct DecodeArgs {
     /// one (see `GpuModel::set_fuse_attention`).
     #[arg(long)]
     pub split_attention: bool,
-    /// Fold these elementwise kernels of a decode step into the x staging of the GEMVs after
-    /// them instead of running them as kernels of their own, comma-separated: `norm` (the
-    /// RMSNorms), `silu` (silu·up); see `GpuModel::set_gemv_prologues`.
-    #[arg(long, value_delimiter = ',', value_name = "KIND,…")]
-    pub gemv_prologues: Vec<PrologueKind>,
     /// Run the step-timestamp probe before the timed probe (an experiment knob).
     #[arg(long, hide = true)]
     pub spans_first: bool,
-}
-
-/// An elementwise kernel `bench decode --gemv-prologues` folds into a GEMV.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum PrologueKind {
-    /// The RMSNorms before the GEMVs.
-    Norm,
-    /// silu·up before the down GEMVs.
-    Silu,
 }
 
 /// The probe's prompt: 16 fixed ids below `width`.
@@ -230,8 +216,6 @@ pub fn run(a: DecodeArgs) -> anyhow::Result<ExitCode> {
     m.set_pass_per_phase(a.pass_per_phase);
     m.set_fuse_residual(a.fuse_residual);
     m.set_fuse_attention(!a.split_attention)?;
-    let has = |k| a.gemv_prologues.contains(&k);
-    m.set_gemv_prologues(has(PrologueKind::Norm), has(PrologueKind::Silu));
 
     // Warm-up (pipelines, recorded steps, and the GPU's clocks: see BENCHMARKS.md, section
     // *Decode: `bench decode` on a synthetic Inkling-Small, 4 layers*), then the timed run, then

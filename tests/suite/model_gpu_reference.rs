@@ -493,8 +493,7 @@ fn fused_residual_chains_keep_the_reference_tokens_and_logits() {
 /// attention residual's conv + post-attention norm (one) and the MLP's scale + conv (one, dense
 /// layers; the MoE combine is already the conv's input: none), one more in every later layer (its
 /// input norm, written by the previous layer's chain) and two in the head (the final norm and ÷
-/// mup), counted against the separate norm and silu·up kernels (the GEMV prologues off;
-/// `model_gpu_prologue` counts the steps with them).
+/// mup).
 #[test]
 fn fused_residual_chains_save_the_dispatches_they_replace() {
     let gpu = gpu();
@@ -507,7 +506,6 @@ fn fused_residual_chains_save_the_dispatches_they_replace() {
             .map(|fuse| {
                 let mut m = GpuModel::new(&gpu, &w, GpuModelOptions::new(MAX_SEQ)).unwrap();
                 m.set_fuse_residual(fuse);
-                m.set_gemv_prologues(false, false);
                 assert_eq!(m.dispatches_per_step(), None);
                 m.forward_greedy(&[id]).unwrap();
                 m.dispatches_per_step().unwrap()

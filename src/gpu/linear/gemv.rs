@@ -34,7 +34,7 @@ use crate::formats::{Encoding, Format};
 use crate::gpu::call::{dummy, entry, grid_u64, Call, Dispatch, Label};
 use crate::gpu::dispatch::DispatchError;
 use crate::gpu::kernel::{self, Bind, Kernel, KernelSpec};
-use crate::gpu::linear::args::{strides, GemvArgs, XPrologue, MAX_SEGMENTS};
+use crate::gpu::linear::args::{strides, GemvArgs, MAX_SEGMENTS};
 use crate::gpu::linear::format::{kernel_encodings, row, unit_shape, Tuning};
 use crate::gpu::linear::route::{candidates, direct_candidates, tuning, LinearOptions, Plan};
 use crate::gpu::linear::slab::{gpu_row_stride, GpuWeights, WeightChunk};
@@ -67,10 +67,6 @@ pub struct GemvParams {
     chunk1: [u32; 4],
     row_blocks: [u32; 4],
     seg_end: [u32; 4],
-    prologue: u32,
-    norm_eps: f32,
-    prologue_pad0: u32,
-    prologue_pad1: u32,
 }
 
 /// Size of the uniform block.
@@ -420,13 +416,8 @@ pub fn bind(
         usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
         mapped_at_creation: false,
     });
-    // binding 5: the per-pair gamma, or the RMSNorm prologue's weight
-    let (bound5, norm_eps) = match args.prologue {
-        XPrologue::RmsNorm { weight, eps } => (Some(weight), eps),
-        _ => (args.gamma, 0.0),
-    };
-    let no_gamma = bound5.is_none().then(|| dummy(gpu));
-    let gamma = bound5.or(no_gamma.as_ref()).expect("one of them");
+    let no_gamma = args.gamma.is_none().then(|| dummy(gpu));
+    let gamma = args.gamma.or(no_gamma.as_ref()).expect("one of them");
     let mut dispatches = Vec::new();
     for (k, (group, plan)) in groups.iter().zip(plans).enumerate() {
         let rows_of = |c: &WeightChunk| c.r1 - c.r0;
@@ -459,10 +450,6 @@ pub fn bind(
             chunk1: range(c1),
             row_blocks: [blocks(c0), blocks(c1), 0, 0],
             seg_end,
-            prologue: args.prologue.ordinal(),
-            norm_eps,
-            prologue_pad0: 0,
-            prologue_pad1: 0,
         };
         gpu.queue
             .write_buffer(&params, k as u64 * align, bytemuck::bytes_of(&p));

@@ -116,23 +116,21 @@ pub fn plan(
     x_stride: u32,
     x_offset: u32,
 ) -> Plan {
-    plan_with(enc, None, false, n_pairs, rows, cols, x_stride, x_offset)
+    plan_with(enc, None, n_pairs, rows, cols, x_stride, x_offset)
 }
 
 /// [`plan`] with `forced` (if any) as the tuning (direct x then when [`direct_aligned`] and its
-/// rows per workgroup ≤ [`DIRECT_MAX_RPW`]), staged x whatever the alignment when `staged`.
-#[allow(clippy::too_many_arguments)]
+/// rows per workgroup ≤ [`DIRECT_MAX_RPW`]).
 fn plan_with(
     enc: Encoding,
     forced: Option<Tuning>,
-    staged: bool,
     n_pairs: u32,
     rows: u32,
     cols: u32,
     x_stride: u32,
     x_offset: u32,
 ) -> Plan {
-    let aligned = !staged && direct_aligned(enc, cols, x_stride, x_offset);
+    let aligned = direct_aligned(enc, cols, x_stride, x_offset);
     let pick = |list: &[Tuning], min: u64| {
         list.iter()
             .copied()
@@ -152,7 +150,7 @@ impl GpuWeights {
     /// [`GpuWeights::bind`] records, one per pair of weight chunks, dispatches without pairs
     /// included): planned over the rows one pair can meet in it (both chunks' rows when they
     /// split one expert's rows, else the larger chunk's); n_pairs of 0 launches nothing and is
-    /// planned as one pair. A call with an x prologue always stages x. The call's forced tuning
+    /// planned as one pair. The call's forced tuning
     /// ([`GemvArgs::tuning`]) wins over `opts.tuning`, which wins over the per-call choice.
     pub fn plans(&self, args: &GemvArgs, opts: &LinearOptions) -> Vec<Plan> {
         let enc = self.encoding();
@@ -168,7 +166,6 @@ impl GpuWeights {
                 plan_with(
                     enc,
                     args.tuning.or(opts.tuning),
-                    args.prologue.is_some(),
                     args.n_pairs.max(1),
                     rows,
                     self.cols() as u32,
@@ -249,13 +246,8 @@ pub fn route(weights: &GpuWeights, args: &GemvArgs<'_>, opts: &LinearOptions) ->
 fn select(weights: &GpuWeights, args: &GemvArgs<'_>, opts: &LinearOptions) -> Option<Tile> {
     let e = weights.experts() as u32;
     let p = args.n_pairs;
-    // output segments are a GEMV write (`GemvArgs::segments`); the GEMM stages no x prologue
-    if !supported(weights.encoding())
-        || e > EMAX
-        || p == 0
-        || !args.segments.is_empty()
-        || args.prologue.is_some()
-    {
+    // output segments are a GEMV write (`GemvArgs::segments`)
+    if !supported(weights.encoding()) || e > EMAX || p == 0 || !args.segments.is_empty() {
         return None;
     }
     match args.gemm {
@@ -306,7 +298,7 @@ mod tests {
         );
         assert!(!plan(i3, 1, 256, 4096, 0, 0).direct);
         let forced = Some(Tuning { tpr: 16, rpt: 4 });
-        let p = plan_with(bf16, forced, false, 1, 256, 4096, 0, 0);
+        let p = plan_with(bf16, forced, 1, 256, 4096, 0, 0);
         assert_eq!(p.tuning, Tuning { tpr: 16, rpt: 4 });
         assert!(!p.direct, "64 rows per workgroup stage x");
         assert_eq!(

@@ -411,21 +411,6 @@ impl<'w> GpuModel<'w> {
         }
     }
 
-    /// Fold the RMSNorms (`norm`) and the silu·up (`silu`) of one-token steps into the x staging
-    /// of the GEMVs that read them ([`crate::gpu::linear::args::XPrologue`]): per layer the input and
-    /// post-attention norms, and the silu·up kernels, need no dispatch of their own. Both off by
-    /// default: the kernels run separately (the prompt chunks always do them so); on an H200 the
-    /// step with both folded has 4 dispatches fewer per MoE layer but is slower, since every
-    /// workgroup of a norm-folded GEMV reduces the whole row first and stages x (BENCHMARKS.md,
-    /// *issue 16's closing figures*). Same results within float rounding (tested).
-    pub fn set_gemv_prologues(&mut self, norm: bool, silu: bool) {
-        let f = &mut self.fusions;
-        if (norm, silu) != (f.norm_prologues, f.silu_prologues) {
-            (f.norm_prologues, f.silu_prologues) = (norm, silu);
-            self.steps.clear();
-        }
-    }
-
     /// Run the attention block after the projections through
     /// [`crate::gpu::ops::FusedAttention`] (`on`, the default): one dispatch per layer for
     /// one-token steps (k/v short convs, q/k RMSNorms, attention and the KV-cache write), and a

@@ -1,7 +1,7 @@
 //! Expert streaming on the GPU (see [`crate::model::stream`]): the slot pool, the routed experts
 //! of one layer placed and run between submissions at the step's [`super::graph::Node::Routed`]
 //! cut, and the CPU fallback when that fails.
-use super::graph::{at_layer, ffn_calls, FfnIo, NormedX};
+use super::graph::{at_layer, ffn_calls, FfnIo};
 use super::resident::{zeroed, Activations, FfnSlab, Linear, Resident, ResidentMlp};
 use crate::formats::QMatrix;
 use crate::gpu::linear::route::LinearOptions;
@@ -349,14 +349,13 @@ impl<'w> Streamer<'w> {
                     .write_buffer(&self.part_pairs, 0, bytemuck::cast_slice(&compact));
                 if !self.part_calls.contains_key(&(t, n)) {
                     let io = FfnIo {
-                        x: NormedX::plain(&a.xn),
+                        x: &a.xn,
                         tokens: t,
                         pairs: &self.part_pairs,
                         n_pairs: n,
                         gu: &a.gu,
                         act: &a.act,
                         y: &self.y_part,
-                        silu_prologue: false,
                         linear: &self.linear,
                     };
                     let ops = ["streamed routed gate_up", "streamed routed down"];
