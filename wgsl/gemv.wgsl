@@ -13,8 +13,6 @@
 // (`kernel::preprocess_with`) also writes the decode functions of each bound weight chunk k
 // (`//!FOR k`: `unit_scales_k` and `unit_dot_k` over the chunk's arrays Wk and Sk),
 // and the hot loop of chunk k (`//!DEFINE hot_loop(k)`) at each `//!INSERT hot_loop(k)`.
-// Staged x may carry an x prologue chosen at run time (`prm.prologue`, outside the hot loop): the
-// RMSNorm of the x row or silu(gate)·up of a gate‖up row, applied while the tile is staged.
 
 struct Params {
     rows: u32,                // O, rows per expert
@@ -33,10 +31,6 @@ struct Params {
     chunk1: vec4<u32>,        // the same for chunk 1 (empty ranges when one chunk is bound)
     row_blocks: vec4<u32>,    // x: row blocks of chunk 0, y: of chunk 1 (ceil(rows / ROWS_PER_WORKGROUP))
     seg_end: vec4<u32>,       // SEGMENTS: end row of output segments 0-3 (unused ones end at `rows`)
-    prologue: u32,            // what staged x holds: PROLOGUE_NONE, _RMS_NORM or _SILU_MUL
-    norm_eps: f32,            // eps of the RMSNorm prologue
-    prologue_pad0: u32,
-    prologue_pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> prm: Params;
@@ -48,7 +42,6 @@ struct Params {
 @group(0) @binding(3) var<storage, read> X: array<f32>;
 //!END
 @group(0) @binding(4) var<storage, read> PAIRS: array<u32>;
-// per-pair gamma; under the RMSNorm prologue the norm weight [cols] (the two are exclusive)
 @group(0) @binding(5) var<storage, read> GAMMA: array<f32>;
 @group(0) @binding(6) var<storage, read_write> Y: array<f32>;
 //!IF CHUNK1
@@ -62,14 +55,6 @@ struct Params {
 //!END
 
 const NONE: u32 = 0xffffffffu;
-
-// x prologues of the staged variant (`prm.prologue`): x staged as is; as the RMSNorm of its row,
-// w ⊙ x · rsqrt(mean(x²) + eps) with w at binding 5 (wgsl/norm.wgsl's formula); or as
-// silu(gate) · up of a gate ‖ up row, gate in columns [0, cols), up in [cols, 2·cols)
-// (wgsl/elementwise.wgsl's silu_mul formula).
-const PROLOGUE_NONE: u32 = 0u;
-const PROLOGUE_RMS_NORM: u32 = 1u;
-const PROLOGUE_SILU_MUL: u32 = 2u;
 
 // Small integers to f32 without an int-to-float conversion: the f32 with bits 0x4B000000 | m
 // (m < 2^23) is exactly 2^23 + m. A 4-bit field at bits 4l (l < 4) is masked IN PLACE, so lane l
@@ -105,21 +90,10 @@ fn xs(i: u32) -> vec4<f32> {
     return XS[i + i / X_PAD_PERIOD];
 }
 
-// rsqrt(mean(x²) + eps) of the pair's x row under the RMSNorm prologue (set in `main` before the
-// first tile is staged).
-var<private> inv_rms: f32;
-
 // Column c of the x row that starts at f32 index xb, as staged: 0 from `cols` on (indices clamped,
-// so nothing past the row is read), else x, or its prologue's value.
+// so nothing past the row is read), else x.
 fn x_in(xb: u32, c: u32) -> f32 {
-    let cc = min(c, prm.cols - 1u);
-    var v = X[xb + cc];
-    if (prm.prologue == PROLOGUE_RMS_NORM) {
-        v = GAMMA[cc] * (v * inv_rms);
-    } else if (prm.prologue == PROLOGUE_SILU_MUL) {
-        v = v / (1.0 + exp(-v)) * X[xb + prm.cols + cc];
-    }
-    return select(0.0, v, c < prm.cols);
+    return select(0.0, X[xb + min(c, prm.cols - 1u)], c < prm.cols);
 }
 //!END
 
@@ -379,24 +353,6 @@ fn main(
         let t0 = 0u;
         let u_end = n_units;
 //!ELSE
-    if (prm.prologue == PROLOGUE_RMS_NORM) {
-        // the row's sum of squares over the whole workgroup, before the first tile; `red` is
-        // next written after the staging barrier below, once every thread has read red[0]
-        var ss = 0.0;
-        for (var c = li; c < prm.cols; c += 256u) {
-            let xv = X[xb + c];
-            ss = fma(xv, xv, ss);
-        }
-        red[li] = ss;
-        workgroupBarrier();
-        for (var s = 128u; s > 0u; s >>= 1u) {
-            if (li < s) {
-                red[li] += red[li + s];
-            }
-            workgroupBarrier();
-        }
-        inv_rms = inverseSqrt(red[0] / f32(prm.cols) + prm.norm_eps);
-    }
     for (var t0 = 0u; t0 < prm.cols; t0 += X_TILE) {
         if (t0 > 0u) {
             workgroupBarrier(); // the previous tile is no longer read

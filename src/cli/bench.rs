@@ -286,19 +286,21 @@ fn kernels(a: KernelArgs) -> anyhow::Result<ExitCode> {
             let pb = gpu.storage_init("pairs", bytemuck::cast_slice(&pairs));
             let y = gpu.storage("y", 4 * (s.experts * o) as u64);
             for tune in &tunes {
-                crate::gpu::linear::route::set_tuning_override(*tune);
+                let opts = crate::gpu::linear::LinearOptions {
+                    tuning: *tune,
+                    ..Default::default()
+                };
                 let calls = weights
                     .iter()
                     .map(|w| {
-                        w.bind(
+                        w.bind_with(
                             &gpu,
                             enc.format.ordinal(),
                             GemvArgs::new(&x, 1, &pb, s.experts as u32, &y),
+                            &opts,
                         )
                     })
-                    .collect::<Result<Vec<_>, _>>();
-                crate::gpu::linear::route::set_tuning_override(None);
-                let calls = calls?;
+                    .collect::<Result<Vec<_>, _>>()?;
                 let (t, how) = time_calls(&gpu, &calls, iters)?;
                 method = how;
                 let tl = crate::gpu::linear::route::tuning(enc.format);

@@ -47,23 +47,9 @@ pub struct DecodeArgs {
     /// (the last one is reported); an experiment knob.
     #[arg(long, default_value_t = 1, hide = true, value_parser = super::values::parse_iters)]
     pub repeat: usize,
-    /// Fold these elementwise kernels of a decode step into the x staging of the GEMVs after
-    /// them instead of running them as kernels of their own, comma-separated: `norm` (the
-    /// RMSNorms), `silu` (silu·up); see `GpuModel::set_gemv_prologues`.
-    #[arg(long, value_delimiter = ',', value_name = "KIND,…")]
-    pub gemv_prologues: Vec<PrologueKind>,
     /// Run the step-timestamp probe before the timed probe (an experiment knob).
     #[arg(long, hide = true)]
     pub spans_first: bool,
-}
-
-/// An elementwise kernel `bench decode --gemv-prologues` folds into a GEMV.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum PrologueKind {
-    /// The RMSNorms before the GEMVs.
-    Norm,
-    /// silu·up before the down GEMVs.
-    Silu,
 }
 
 /// The probe's prompt: 16 fixed ids below `width`.
@@ -214,8 +200,6 @@ pub fn run(a: DecodeArgs) -> anyhow::Result<ExitCode> {
     let prompt = probe_prompt(w.config.logits_width());
     let mut m = GpuModel::new(&gpu, &w, GpuModelOptions::new(PROBE_PROMPT + a.tokens + 1))
         .with_context(|| format!("building the GPU model on {}", gpu.describe()))?;
-    let has = |k| a.gemv_prologues.contains(&k);
-    m.set_gemv_prologues(has(PrologueKind::Norm), has(PrologueKind::Silu));
 
     // Warm-up (pipelines, recorded steps, and the GPU's clocks: BENCHMARKS.md#decision-warm-up),
     // then the timed run, then the profiled run.

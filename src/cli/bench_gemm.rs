@@ -7,7 +7,7 @@ use super::bench_calls::{slab_bytes, time_calls};
 use super::output::outln;
 use crate::formats::Encoding;
 use crate::gpu::linear::format::supported;
-use crate::gpu::linear::route::{self, TILES};
+use crate::gpu::linear::route::{self, LinearOptions, TILES};
 use crate::gpu::linear::{GemmChoice, GemvArgs, GpuWeights, Tile, NO_GAMMA};
 use crate::gpu::Gpu;
 use anyhow::Context;
@@ -168,7 +168,9 @@ pub fn run(a: GemmArgs) -> anyhow::Result<ExitCode> {
                         .iter()
                         .map(|w| w.bind(&gpu, enc.format.ordinal(), args))
                         .collect::<Result<Vec<_>, _>>()?;
-                    let picked = match route::select(&weights[0], &args) {
+                    let picked = match route::route(&weights[0], &args, &LinearOptions::default())
+                        .gemm_tile()
+                    {
                         Some(t) => format!("gemm {}x{}", t.rm, t.pairs()),
                         None => "gemv".into(),
                     };

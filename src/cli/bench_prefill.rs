@@ -12,6 +12,7 @@
 //! the GEMM ([`crate::gpu::gemm`]).
 use super::output::outln;
 use crate::gpu::linear::args::Tile;
+use crate::gpu::linear::route::{LinearOptions, TILES};
 use crate::gpu::Gpu;
 use crate::model::gpu::DEFAULT_MAX_CHUNK;
 use crate::model::{Checkpoint, GpuModel, GpuModelOptions, Weights};
@@ -116,10 +117,17 @@ pub fn run(a: PrefillArgs) -> anyhow::Result<ExitCode> {
     modes.extend(tiles.iter().map(|&t| (true, t)));
     let mut results = Vec::new();
     for &(gemm, tile) in &modes {
-        crate::gpu::linear::route::set_auto_enabled(gemm);
-        crate::gpu::linear::route::set_auto_tile(tile);
+        let linear = LinearOptions {
+            gemm: if gemm {
+                tile.or(TILES.first().copied())
+            } else {
+                None
+            },
+            ..LinearOptions::default()
+        };
         let opts = GpuModelOptions {
             max_chunk,
+            linear,
             ..GpuModelOptions::new(max_n + 1)
         };
         let mut m = GpuModel::new(&gpu, &w, opts)
@@ -150,8 +158,6 @@ pub fn run(a: PrefillArgs) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    crate::gpu::linear::route::set_auto_enabled(true);
-    crate::gpu::linear::route::set_auto_tile(None);
     if a.json {
         let doc = serde_json::json!({
             "adapter": gpu.describe(), "model": dir.display().to_string(),

@@ -2,16 +2,6 @@
 //! pairs, the reduction, an optional forced tuning, whether the call may run as a GEMM
 //! ([`GemmChoice`], [`Tile`]) and output segments; and the checks every kernel runs first
 //! ([`GpuWeights::check_args`]).
-//!
-//! # x prologues ([`XPrologue`])
-//! The staged variant can stage a function of x instead of x, so the elementwise kernel before a
-//! GEMV needs no dispatch of its own: the RMSNorm of the x row (`w ⊙ x · rsqrt(mean(x²) + eps)`,
-//! the formula of [`crate::gpu::ops::RmsNorm`]; every workgroup first reduces the row's sum of
-//! squares over all its columns, then scales each tile as it stages it), or `silu(gate) · up` of
-//! a gate‖up row (the layout of [`crate::gpu::ops::SiluMulLayout::fused`], the formula of
-//! [`crate::gpu::ops::SiluMul`]). The choice is a uniform read outside the hot loop, so it adds no
-//! pipeline. A call with a prologue always stages x ([`GpuWeights::plans`]) and never runs as a
-//! GEMM (`gemm::select`).
 
 use crate::formats::Encoding;
 use crate::gpu::dispatch::{self, DispatchError};
@@ -72,36 +62,6 @@ pub enum GemmChoice {
     Always(Tile),
 }
 
-/// What the staged x holds (see the module docs, *x prologues*).
-#[derive(Clone, Copy, Debug, Default)]
-pub enum XPrologue<'a> {
-    /// x itself.
-    #[default]
-    None,
-    /// The RMSNorm of each x row: `x_c → weight_c · (x_c · rsqrt(Σ_c x_c² / I + eps))`, weight
-    /// f32 `[I]` (bound where the gamma buffer goes, so a call cannot have both).
-    RmsNorm { weight: &'a wgpu::Buffer, eps: f32 },
-    /// SiLU·mul of a gate‖up row of 2·I values: `x_c → silu(row_c) · row_{I + c}` with
-    /// `silu(g) = g / (1 + e^−g)`.
-    SiluMul,
-}
-
-impl XPrologue<'_> {
-    /// The WGSL `PROLOGUE_*` ordinal.
-    pub(crate) fn ordinal(self) -> u32 {
-        match self {
-            XPrologue::None => 0,
-            XPrologue::RmsNorm { .. } => 1,
-            XPrologue::SiluMul => 2,
-        }
-    }
-
-    /// Whether x is staged as something other than x.
-    pub fn is_some(self) -> bool {
-        !matches!(self, XPrologue::None)
-    }
-}
-
 /// Buffers and strides of one GEMV problem (see the module docs for the formula).
 ///
 /// * `x`: f32; token t's input is `x[t·x_stride + x_offset ..][..I]`; `tokens` = T.
@@ -114,8 +74,7 @@ impl XPrologue<'_> {
 ///   ([`GemvArgs::segments`]) rows `s_i .. s_i + rows_i` of it are `segments[i].1[p·rows_i ..]
 ///   [..rows_i]` (s_i = rows of the segments before i).
 ///
-/// Strides of 0 mean "packed": `x_stride = I` (2·I under [`XPrologue::SiluMul`]), `y_stride = O`.
-/// `prologue` stages a function of x instead of x ([`XPrologue`]).
+/// Strides of 0 mean "packed": `x_stride = I`, `y_stride = O`.
 #[derive(Clone, Copy, Debug)]
 pub struct GemvArgs<'a> {
     pub x: &'a wgpu::Buffer,
@@ -131,16 +90,15 @@ pub struct GemvArgs<'a> {
     pub reduction: Reduction,
     /// Pair p reads x row p (not row `token(p)`).
     pub x_per_pair: bool,
-    /// Force this tuning instead of [`plan`]'s choice (tests, benchmarks); wins over
-    /// [`set_tuning_override`]. x is read directly or staged by [`plan`]'s rules for that tuning.
+    /// Force this tuning instead of the per-call choice (tests, benchmarks); wins over
+    /// `LinearOptions::tuning`. x is read directly or staged by `route::plan`'s rules for that
+    /// tuning.
     pub tuning: Option<Tuning>,
     /// Whether [`GpuWeights::bind`] may run the call as a GEMM (`gemm::select`; default
-    /// [`GemmChoice::Auto`]; never with a prologue).
+    /// [`GemmChoice::Auto`]).
     pub gemm: GemmChoice,
     /// Output segments `(rows_i, buffer_i)` ([`GemvArgs::segments`]); empty: the whole row to `y`.
     pub segments: &'a [(u32, &'a wgpu::Buffer)],
-    /// What x is staged as (default [`XPrologue::None`]).
-    pub prologue: XPrologue<'a>,
 }
 
 impl<'a> GemvArgs<'a> {
@@ -168,7 +126,6 @@ impl<'a> GemvArgs<'a> {
             tuning: None,
             gemm: GemmChoice::Auto,
             segments: &[],
-            prologue: XPrologue::None,
         }
     }
     /// Write the O rows of each pair in up to [`MAX_SEGMENTS`] consecutive segments instead of
@@ -181,18 +138,6 @@ impl<'a> GemvArgs<'a> {
             self.y = y;
         }
         self.segments = segments;
-        self
-    }
-    /// Stage each x row as its RMSNorm with `weight` (f32 `[I]`) and `eps`
-    /// ([`XPrologue::RmsNorm`]).
-    pub fn rms_norm(mut self, weight: &'a wgpu::Buffer, eps: f32) -> Self {
-        self.prologue = XPrologue::RmsNorm { weight, eps };
-        self
-    }
-    /// Read x rows of 2·I values, gate then up, and stage `silu(gate) · up`
-    /// ([`XPrologue::SiluMul`]).
-    pub fn silu_mul(mut self) -> Self {
-        self.prologue = XPrologue::SiluMul;
         self
     }
     /// Whether the call may run as a GEMM ([`GemvArgs::gemm`]).
@@ -260,7 +205,7 @@ impl GpuWeights {
         if args.tokens == 0 {
             return Err(DispatchError::Shape("tokens must be ≥ 1".into()));
         }
-        let row = x_row_len(self, args);
+        let row = i;
         let need_x = 4 * ((args.tokens as u64 - 1) * x_stride + args.x_offset as u64 + row);
         if args.x.size() < need_x {
             return Err(DispatchError::Shape(format!(
@@ -292,26 +237,6 @@ impl GpuWeights {
                 return Err(DispatchError::Shape(format!(
                     "x_per_pair needs an x row per pair: {} rows for {} pairs",
                     args.tokens, args.n_pairs
-                )));
-            }
-        }
-        if let XPrologue::RmsNorm { weight, eps } = args.prologue {
-            if args.gamma.is_some() {
-                return Err(DispatchError::Shape(
-                    "the RMSNorm prologue's weight takes the gamma binding: no per-pair gamma with it"
-                        .into(),
-                ));
-            }
-            if weight.size() < 4 * i {
-                return Err(DispatchError::Shape(format!(
-                    "RMSNorm prologue weight has {} bytes, needs {} ({i} f32)",
-                    weight.size(),
-                    4 * i
-                )));
-            }
-            if !(eps.is_finite() && eps >= 0.0) {
-                return Err(DispatchError::Shape(format!(
-                    "RMSNorm prologue eps must be finite and ≥ 0, got {eps}"
                 )));
             }
         }
@@ -352,7 +277,7 @@ fn check_segments(args: &GemvArgs, o: u64) -> Result<(), DispatchError> {
 /// `(x_stride, y_stride)` of `args` over `w`, packed strides (0) resolved.
 pub(crate) fn strides(w: &GpuWeights, args: &GemvArgs) -> (u64, u64) {
     let x = if args.x_stride == 0 {
-        x_row_len(w, args)
+        w.cols() as u64
     } else {
         args.x_stride as u64
     };
@@ -362,13 +287,4 @@ pub(crate) fn strides(w: &GpuWeights, args: &GemvArgs) -> (u64, u64) {
         args.y_stride as u64
     };
     (x, y)
-}
-
-/// f32 values of one x row that a GEMV over `w` reads: I, or 2·I (gate‖up) under
-/// [`XPrologue::SiluMul`].
-fn x_row_len(w: &GpuWeights, args: &GemvArgs) -> u64 {
-    match args.prologue {
-        XPrologue::SiluMul => 2 * w.cols() as u64,
-        _ => w.cols() as u64,
-    }
 }

@@ -198,7 +198,7 @@ pub fn workgroup_bytes(tile: Tile) -> u64 {
 /// scratch and the absent-gamma placeholder are owned by the call. The caller
 /// ([`GpuWeights::bind`]) has checked `args` ([`GpuWeights::check_args`]).
 /// [`DispatchError::Shape`] for 0 pairs, more than [`EMAX`] experts, a format without a GEMM
-/// kernel, an x prologue ([`crate::gpu::gemv::XPrologue`]), a tile the kernel cannot build
+/// kernel, a tile the kernel cannot build
 /// ([`Tile::buildable`]) or more than 65535² workgroups.
 pub fn bind(
     gpu: &Gpu,
@@ -210,11 +210,6 @@ pub fn bind(
     let (o, i) = (weights.rows() as u32, weights.cols() as u32);
     let experts = weights.experts() as u32;
     let np = args.n_pairs;
-    if args.prologue.is_some() {
-        return Err(DispatchError::Shape(
-            "the GEMM stages no x prologue (the GEMV does)".into(),
-        ));
-    }
     if np == 0 || experts > EMAX || !supported(enc) || !tile.buildable() {
         return Err(DispatchError::Shape(format!(
             "GEMM over {np} pairs and {experts} experts of {} with tile {tile:?} (needs ≥ 1 pair, \

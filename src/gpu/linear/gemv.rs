@@ -34,9 +34,9 @@ use crate::formats::{Encoding, Format};
 use crate::gpu::call::{dummy, entry, grid_u64, Call, Dispatch, Label};
 use crate::gpu::dispatch::DispatchError;
 use crate::gpu::kernel::{self, Bind, Kernel, KernelSpec};
-use crate::gpu::linear::args::{strides, GemvArgs, XPrologue, MAX_SEGMENTS};
+use crate::gpu::linear::args::{strides, GemvArgs, MAX_SEGMENTS};
 use crate::gpu::linear::format::{kernel_encodings, row, unit_shape, Tuning};
-use crate::gpu::linear::route::{candidates, direct_candidates, tuning};
+use crate::gpu::linear::route::{candidates, direct_candidates, tuning, LinearOptions, Plan};
 use crate::gpu::linear::slab::{gpu_row_stride, GpuWeights, WeightChunk};
 use crate::gpu::Gpu;
 
@@ -67,10 +67,6 @@ pub struct GemvParams {
     chunk1: [u32; 4],
     row_blocks: [u32; 4],
     seg_end: [u32; 4],
-    prologue: u32,
-    norm_eps: f32,
-    prologue_pad0: u32,
-    prologue_pad1: u32,
 }
 
 /// Size of the uniform block.
@@ -364,132 +360,136 @@ impl GpuWeights {
         ordinal: u32,
         args: GemvArgs,
     ) -> Result<Call, DispatchError> {
-        let (enc, subgroups) = self.check_args(gpu, ordinal, &args)?;
-        let segmented = !args.segments.is_empty();
-        if segmented && !self.segments_fit(gpu) {
-            return Err(DispatchError::Shape(format!(
-                "output segments need a one-chunk slab (this one has {} chunks) and 9 storage \
-                 buffers per shader stage (the device allows {})",
-                self.chunks().len(),
-                gpu.limits.max_storage_buffers_per_shader_stage
-            )));
-        }
-        // segment i ends at row seg_end[i]; absent segments end at O (never reached)
-        let mut seg_end = [self.rows() as u32; MAX_SEGMENTS];
-        let mut end = 0;
-        for (k, &(rows, _)) in args.segments.iter().enumerate() {
-            end += rows;
-            seg_end[k] = end;
-        }
-        let absent: Vec<wgpu::Buffer> = (args.segments.len().max(1)..MAX_SEGMENTS)
-            .filter(|_| segmented)
-            .map(|_| dummy(gpu))
-            .collect();
-        let extra_outputs: Vec<&wgpu::Buffer> = args
-            .segments
-            .iter()
-            .skip(1)
-            .map(|s| s.1)
-            .chain(&absent)
-            .collect();
-        let (o, i) = (self.rows() as u64, self.cols() as u64);
-        let (x_stride, y_stride) = strides(self, &args);
-        let smem = gpu.limits.max_compute_workgroup_storage_size as u64;
-        // each dispatch's params at a multiple of the offset alignment (a power of two)
-        let align =
-            PARAMS_BYTES.next_multiple_of(gpu.limits.min_uniform_buffer_offset_alignment as u64);
-        // one dispatch per pair of weight chunks (the last one alone when their count is odd)
-        let groups: Vec<&[WeightChunk]> = self.chunks().chunks(2).collect();
-        let params = gpu.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("gemv params"),
-            size: align * groups.len() as u64,
-            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        // binding 5: the per-pair gamma, or the RMSNorm prologue's weight
-        let (bound5, norm_eps) = match args.prologue {
-            XPrologue::RmsNorm { weight, eps } => (Some(weight), eps),
-            _ => (args.gamma, 0.0),
-        };
-        let no_gamma = bound5.is_none().then(|| dummy(gpu));
-        let gamma = bound5.or(no_gamma.as_ref()).expect("one of them");
-        let mut dispatches = Vec::new();
-        for (k, (group, plan)) in groups.iter().zip(self.plans(&args)).enumerate() {
-            let rows_of = |c: &WeightChunk| c.r1 - c.r0;
-            let xt = x_tile(enc.format, plan.tuning, self.cols(), smem);
-            let n_chunks = group.len() as u32;
-            let key = GemvKey::new(enc, subgroups, plan.tuning, xt, plan.direct)
-                .with_chunks(n_chunks)
-                .with_segments(segmented);
-            let pipeline = kernel::pipeline(gpu, &key);
-            let layout = pipeline.get_bind_group_layout(0);
-            let rpw = plan.tuning.rows_per_workgroup();
-            let range = |c: Option<&WeightChunk>| c.map_or([0; 4], |c| [c.e0, c.e1, c.r0, c.r1]);
-            let blocks = |c: Option<&WeightChunk>| c.map_or(0, |c| rows_of(c).div_ceil(rpw));
-            let (c0, c1) = (group.first(), group.get(1));
-            let n_blocks = blocks(c0) + blocks(c1);
-            let p = GemvParams {
-                rows: o as u32,
-                cols: i as u32,
-                n_pairs: args.n_pairs,
-                row_stride_v4: (gpu_row_stride(enc, self.cols()) / 16) as u32,
-                x_stride: x_stride as u32,
-                x_offset: args.x_offset,
-                y_stride: y_stride as u32,
-                y_offset: args.y_offset,
-                scales_per_row: enc.scales_per_row(self.cols()) as u32,
-                use_gamma: args.gamma.is_some() as u32,
-                x_row_is_pair: args.x_per_pair as u32,
-                pad: 0,
-                chunk0: range(c0),
-                chunk1: range(c1),
-                row_blocks: [blocks(c0), blocks(c1), 0, 0],
-                seg_end,
-                prologue: args.prologue.ordinal(),
-                norm_eps,
-                prologue_pad0: 0,
-                prologue_pad1: 0,
-            };
-            gpu.queue
-                .write_buffer(&params, k as u64 * align, bytemuck::bytes_of(&p));
-            let mut entries = vec![
-                wgpu::BindGroupEntry {
-                    binding: 0,
-                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                        buffer: &params,
-                        offset: k as u64 * align,
-                        size: wgpu::BufferSize::new(PARAMS_BYTES),
-                    }),
-                },
-                entry(1, &group[0].weights),
-                entry(2, &group[0].scales),
-                entry(3, args.x),
-                entry(4, args.pairs),
-                entry(5, gamma),
-                entry(6, args.y),
-            ];
-            if let Some(c) = c1 {
-                entries.extend([entry(7, &c.weights), entry(8, &c.scales)]);
-            }
-            for (b, y) in (9..).zip(&extra_outputs) {
-                entries.push(entry(b, y));
-            }
-            let bg = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                label: Some("gemv"),
-                layout: &layout,
-                entries: &entries,
-            });
-            let total = args.n_pairs as u64 * n_blocks as u64;
-            if total == 0 {
-                continue;
-            }
-            let groups = grid_u64(total)
-                .ok_or_else(|| DispatchError::Shape(format!("{total} workgroups exceed 65535²")))?;
-            dispatches.push(Dispatch::from_parts(pipeline, bg, groups));
-        }
-        let owned = [params].into_iter().chain(no_gamma).chain(absent);
-        Ok(Call::new(Label::op("gemv"), dispatches).owning(owned))
+        let plans = self.plans(&args, &LinearOptions::default());
+        bind(gpu, self, ordinal, args, &plans)
     }
+}
+
+/// The GEMV of `args` over `w` with one [`Plan`] per dispatch (`plans`, from
+/// [`GpuWeights::plans`]); what [`GpuWeights::bind_gemv`] documents.
+pub fn bind(
+    gpu: &Gpu,
+    w: &GpuWeights,
+    ordinal: u32,
+    args: GemvArgs,
+    plans: &[Plan],
+) -> Result<Call, DispatchError> {
+    let (enc, subgroups) = w.check_args(gpu, ordinal, &args)?;
+    let segmented = !args.segments.is_empty();
+    if segmented && !w.segments_fit(gpu) {
+        return Err(DispatchError::Shape(format!(
+            "output segments need a one-chunk slab (this one has {} chunks) and 9 storage \
+             buffers per shader stage (the device allows {})",
+            w.chunks().len(),
+            gpu.limits.max_storage_buffers_per_shader_stage
+        )));
+    }
+    // segment i ends at row seg_end[i]; absent segments end at O (never reached)
+    let mut seg_end = [w.rows() as u32; MAX_SEGMENTS];
+    let mut end = 0;
+    for (k, &(rows, _)) in args.segments.iter().enumerate() {
+        end += rows;
+        seg_end[k] = end;
+    }
+    let absent: Vec<wgpu::Buffer> = (args.segments.len().max(1)..MAX_SEGMENTS)
+        .filter(|_| segmented)
+        .map(|_| dummy(gpu))
+        .collect();
+    let extra_outputs: Vec<&wgpu::Buffer> = args
+        .segments
+        .iter()
+        .skip(1)
+        .map(|s| s.1)
+        .chain(&absent)
+        .collect();
+    let (o, i) = (w.rows() as u64, w.cols() as u64);
+    let (x_stride, y_stride) = strides(w, &args);
+    let smem = gpu.limits.max_compute_workgroup_storage_size as u64;
+    // each dispatch's params at a multiple of the offset alignment (a power of two)
+    let align =
+        PARAMS_BYTES.next_multiple_of(gpu.limits.min_uniform_buffer_offset_alignment as u64);
+    // one dispatch per pair of weight chunks (the last one alone when their count is odd)
+    let groups: Vec<&[WeightChunk]> = w.chunks().chunks(2).collect();
+    let params = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("gemv params"),
+        size: align * groups.len() as u64,
+        usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let no_gamma = args.gamma.is_none().then(|| dummy(gpu));
+    let gamma = args.gamma.or(no_gamma.as_ref()).expect("one of them");
+    let mut dispatches = Vec::new();
+    for (k, (group, plan)) in groups.iter().zip(plans).enumerate() {
+        let rows_of = |c: &WeightChunk| c.r1 - c.r0;
+        let xt = x_tile(enc.format, plan.tuning, w.cols(), smem);
+        let n_chunks = group.len() as u32;
+        let key = GemvKey::new(enc, subgroups, plan.tuning, xt, plan.direct)
+            .with_chunks(n_chunks)
+            .with_segments(segmented);
+        let pipeline = kernel::pipeline(gpu, &key);
+        let layout = pipeline.get_bind_group_layout(0);
+        let rpw = plan.tuning.rows_per_workgroup();
+        let range = |c: Option<&WeightChunk>| c.map_or([0; 4], |c| [c.e0, c.e1, c.r0, c.r1]);
+        let blocks = |c: Option<&WeightChunk>| c.map_or(0, |c| rows_of(c).div_ceil(rpw));
+        let (c0, c1) = (group.first(), group.get(1));
+        let n_blocks = blocks(c0) + blocks(c1);
+        let p = GemvParams {
+            rows: o as u32,
+            cols: i as u32,
+            n_pairs: args.n_pairs,
+            row_stride_v4: (gpu_row_stride(enc, w.cols()) / 16) as u32,
+            x_stride: x_stride as u32,
+            x_offset: args.x_offset,
+            y_stride: y_stride as u32,
+            y_offset: args.y_offset,
+            scales_per_row: enc.scales_per_row(w.cols()) as u32,
+            use_gamma: args.gamma.is_some() as u32,
+            x_row_is_pair: args.x_per_pair as u32,
+            pad: 0,
+            chunk0: range(c0),
+            chunk1: range(c1),
+            row_blocks: [blocks(c0), blocks(c1), 0, 0],
+            seg_end,
+        };
+        gpu.queue
+            .write_buffer(&params, k as u64 * align, bytemuck::bytes_of(&p));
+        let mut entries = vec![
+            wgpu::BindGroupEntry {
+                binding: 0,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: &params,
+                    offset: k as u64 * align,
+                    size: wgpu::BufferSize::new(PARAMS_BYTES),
+                }),
+            },
+            entry(1, &group[0].weights),
+            entry(2, &group[0].scales),
+            entry(3, args.x),
+            entry(4, args.pairs),
+            entry(5, gamma),
+            entry(6, args.y),
+        ];
+        if let Some(c) = c1 {
+            entries.extend([entry(7, &c.weights), entry(8, &c.scales)]);
+        }
+        for (b, y) in (9..).zip(&extra_outputs) {
+            entries.push(entry(b, y));
+        }
+        let bg = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some("gemv"),
+            layout: &layout,
+            entries: &entries,
+        });
+        let total = args.n_pairs as u64 * n_blocks as u64;
+        if total == 0 {
+            continue;
+        }
+        let groups = grid_u64(total)
+            .ok_or_else(|| DispatchError::Shape(format!("{total} workgroups exceed 65535²")))?;
+        dispatches.push(Dispatch::from_parts(pipeline, bg, groups));
+    }
+    let owned = [params].into_iter().chain(no_gamma).chain(absent);
+    Ok(Call::new(Label::op("gemv"), dispatches).owning(owned))
 }
 
 /// Every x tile [`GpuWeights::bind`] can pick for tuning `t` of `f` on a device with

@@ -30,24 +30,35 @@ use crate::gpu::call::Call;
 use crate::gpu::dispatch::DispatchError;
 use crate::gpu::Gpu;
 
-pub use args::{GemmChoice, GemvArgs, Reduction, Tile, XPrologue, MAX_SEGMENTS, NO_GAMMA};
+pub use args::{GemmChoice, GemvArgs, Reduction, Tile, MAX_SEGMENTS, NO_GAMMA};
 pub use format::{kernel_encodings, Tuning};
 pub use oneshot::{gemv_pairs, gemv_pairs_with};
-pub use route::{select, Plan};
+pub use route::{route, LinearOptions, Plan, Route};
 pub use slab::{default_limit, gpu_row_stride, run_staged, GpuWeights, StagedCopy, WeightChunk};
 
 impl GpuWeights {
-    /// Bind a call over these weights: the GEMM ([`gemm::bind`]) when [`route::select`] picks it, else the
-    /// GEMV ([`GpuWeights::bind_gemv`]); callers see one [`Call`] either way (label `"gemm"` or
-    /// `"gemv"`). Errors: those of [`GpuWeights::check_args`], checked first whichever kernel
-    /// runs the call, and of [`gemm::bind`] or [`GpuWeights::bind_gemv`].
+    /// [`GpuWeights::bind_with`] with the default [`LinearOptions`] (the engine's own choice).
     pub fn bind(&self, gpu: &Gpu, ordinal: u32, args: GemvArgs) -> Result<Call, DispatchError> {
-        match route::select(self, &args) {
-            Some(tile) => {
+        self.bind_with(gpu, ordinal, args, &LinearOptions::default())
+    }
+
+    /// Bind a call over these weights under `opts`: the GEMM ([`gemm::bind`]) or the GEMV
+    /// ([`gemv`]), as [`route::route`] says; callers see one [`Call`] either way (label `"gemm"`
+    /// or `"gemv"`). Errors: those of [`GpuWeights::check_args`], checked first whichever kernel
+    /// runs the call, and of [`gemm::bind`] or [`GpuWeights::bind_gemv`].
+    pub fn bind_with(
+        &self,
+        gpu: &Gpu,
+        ordinal: u32,
+        args: GemvArgs,
+        opts: &LinearOptions,
+    ) -> Result<Call, DispatchError> {
+        match route::route(self, &args, opts) {
+            Route::Gemm(tile) => {
                 self.check_args(gpu, ordinal, &args)?;
                 gemm::bind(gpu, self, &args, tile)
             }
-            None => self.bind_gemv(gpu, ordinal, args),
+            Route::Gemv(plans) => gemv::bind(gpu, self, ordinal, args, &plans),
         }
     }
 }

@@ -1,5 +1,5 @@
 //! Which kernel runs a linear call and how: the GEMV's per-dispatch [`Plan`] and the GEMM's
-//! [`Tile`] when [`select`] hands the call to the GEMM.
+//! [`Tile`], chosen by [`route`] under the engine-wide [`LinearOptions`].
 //!
 //! # Per-call selection ([`plan`])
 //! The work split and the x variant are chosen on the host for each dispatch from the format,
@@ -16,14 +16,15 @@
 //!   down to 256 × 1; the first reaching [`MIN_WORKGROUPS`] is taken, else the last (staging
 //!   costs each workgroup a pass over x, so fewer, larger workgroups win here).
 //!
-//! Both variants compute the same sums in the same order. [`set_tuning_override`] (`bench kernels
-//! --tune`) wins over the selection (direct x then when aligned and ROWS_PER_WORKGROUP ≤
+//! Both variants compute the same sums in the same order. A forced tuning ([`LinearOptions::tuning`],
+//! `bench kernels --tune`, or [`GemvArgs::tuning`]) wins over the selection (direct x then when aligned and ROWS_PER_WORKGROUP ≤
 //! [`DIRECT_MAX_RPW`]). Pipelines are cached per (encoding, reduction, tuning, x tile, x variant,
 //! weight chunks): everything that changes the WGSL.
 //!
 //! # GEMM selection ([`select`])
 //! The GEMM replaces the GEMV when the call leaves the choice to the engine (automatic reduction,
-//! no forced tuning, no [`set_tuning_override`], [`GemmChoice::Auto`]), the
+//! no forced tuning in the call or in [`LinearOptions::tuning`], [`GemmChoice::Auto`], a tile in
+//! [`LinearOptions::gemm`]), the
 //! format has a GEMM kernel, E ≤ [`EMAX`], and the pairs per used expert,
 //! `P / min(E, P)`, reach [`MIN_PAIRS_PER_EXPERT`]: below that the GEMV, which reads each weight
 //! once per pair at the copy bandwidth, wastes less than the GEMM's partly empty tiles.
@@ -48,32 +49,9 @@ pub const DIRECT_MIN_WORKGROUPS: u64 = 1024;
 /// may use it).
 pub const DIRECT_MAX_RPW: u32 = 8;
 
-/// Benchmark-only override of [`Tuning`] for every format (0 = none): `tpr << 16 | rpt`.
-static TUNING_OVERRIDE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-
-/// Override the tuning of calls built from now on (`bench kernels --tune`), winning over the
-/// per-call choice of [`plan`]; `None` restores the automatic choice. Numbers only: every tuning
-/// computes the same sums.
-pub fn set_tuning_override(t: Option<Tuning>) {
-    let v = t.map_or(0, |t| {
-        assert!(t.tpr.is_power_of_two() && t.tpr <= 256 && (1..=8).contains(&t.rpt));
-        (t.tpr << 16) | t.rpt
-    });
-    TUNING_OVERRIDE.store(v, std::sync::atomic::Ordering::Relaxed);
-}
-
-pub(crate) fn tuning_override() -> Option<Tuning> {
-    let o = TUNING_OVERRIDE.load(std::sync::atomic::Ordering::Relaxed);
-    (o != 0).then_some(Tuning {
-        tpr: o >> 16,
-        rpt: o & 0xffff,
-    })
-}
-
-/// The default (largest) tuning of `f`'s kernel (BENCHMARKS.md, *MoE GEMV kernels*), or the
-/// override of [`set_tuning_override`].
+/// The default (largest) tuning of `f`'s kernel (BENCHMARKS.md, *MoE GEMV kernels*).
 pub fn tuning(f: Format) -> Tuning {
-    tuning_override().unwrap_or(candidates(f)[0])
+    candidates(f)[0]
 }
 
 /// Rows per workgroup of `enc`'s default tuning ([`tuning`]); a call may use fewer ([`plan`]).
@@ -125,9 +103,7 @@ pub struct Plan {
 /// columns, x at `x_stride` f32 between tokens (0 = packed, i.e. `cols`) from f32 element
 /// `x_offset`. Host-side rules, matching the kernel's assumptions:
 ///
-/// * the [`set_tuning_override`] override if any, direct x when [`direct_aligned`] and rows per workgroup ≤
-///   [`DIRECT_MAX_RPW`];
-/// * else, when [`direct_aligned`]: direct x, the first of [`direct_candidates`] for which
+/// * when [`direct_aligned`]: [`direct_aligned`]: direct x, the first of [`direct_candidates`] for which
 ///   `n_pairs · ceil(rows / rows per workgroup)` ≥ [`DIRECT_MIN_WORKGROUPS`], else the last;
 /// * else staged x, the first of [`candidates`] reaching [`MIN_WORKGROUPS`], else the last.
 ///
@@ -140,31 +116,21 @@ pub fn plan(
     x_stride: u32,
     x_offset: u32,
 ) -> Plan {
-    plan_with(
-        enc,
-        tuning_override(),
-        false,
-        n_pairs,
-        rows,
-        cols,
-        x_stride,
-        x_offset,
-    )
+    plan_with(enc, None, n_pairs, rows, cols, x_stride, x_offset)
 }
 
-/// [`plan`] with `forced` (if any) as the tuning, staged x whatever the alignment when `staged`.
-#[allow(clippy::too_many_arguments)]
+/// [`plan`] with `forced` (if any) as the tuning (direct x then when [`direct_aligned`] and its
+/// rows per workgroup ≤ [`DIRECT_MAX_RPW`]).
 fn plan_with(
     enc: Encoding,
     forced: Option<Tuning>,
-    staged: bool,
     n_pairs: u32,
     rows: u32,
     cols: u32,
     x_stride: u32,
     x_offset: u32,
 ) -> Plan {
-    let aligned = !staged && direct_aligned(enc, cols, x_stride, x_offset);
+    let aligned = direct_aligned(enc, cols, x_stride, x_offset);
     let pick = |list: &[Tuning], min: u64| {
         list.iter()
             .copied()
@@ -184,8 +150,9 @@ impl GpuWeights {
     /// [`GpuWeights::bind`] records, one per pair of weight chunks, dispatches without pairs
     /// included): planned over the rows one pair can meet in it (both chunks' rows when they
     /// split one expert's rows, else the larger chunk's); n_pairs of 0 launches nothing and is
-    /// planned as one pair. A call with an x prologue always stages x.
-    pub fn plans(&self, args: &GemvArgs) -> Vec<Plan> {
+    /// planned as one pair. The call's forced tuning
+    /// ([`GemvArgs::tuning`]) wins over `opts.tuning`, which wins over the per-call choice.
+    pub fn plans(&self, args: &GemvArgs, opts: &LinearOptions) -> Vec<Plan> {
         let enc = self.encoding();
         let (x_stride, _) = strides(self, args);
         let rows_of = |c: &WeightChunk| c.r1 - c.r0;
@@ -198,8 +165,7 @@ impl GpuWeights {
                 };
                 plan_with(
                     enc,
-                    args.tuning.or_else(tuning_override),
-                    args.prologue.is_some(),
+                    args.tuning.or(opts.tuning),
                     args.n_pairs.max(1),
                     rows,
                     self.cols() as u32,
@@ -224,37 +190,64 @@ pub const EMAX: u32 = 1024;
 /// [`GemmChoice::Always`] builds any [`Tile::buildable`] tile.
 pub const TILES: [Tile; 1] = [Tile { rm: 4, nq: 4 }];
 
-/// Benchmark-only switch: with `false`, [`GemmChoice::Auto`] keeps the GEMV (`bench prefill
-/// --compare` times the same model both ways). Calls built earlier keep their choice.
-static AUTO_ENABLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
-
-/// Let [`GemmChoice::Auto`] pick the GEMM (`true`, the default) or never (`false`) for calls built
-/// from now on.
-pub fn set_auto_enabled(on: bool) {
-    AUTO_ENABLED.store(on, std::sync::atomic::Ordering::Relaxed);
+/// Engine-wide choices of the linear layer, given when a model (or a benchmark) builds its calls:
+/// every call built with them follows them. The default is the engine's own choice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LinearOptions {
+    /// Run every GEMV with this tuning (`bench kernels --tune`) unless the call forces its own
+    /// ([`GemvArgs::tuning`]); such calls never run as a GEMM. Numbers only: every tuning computes
+    /// the same sums. `None`: the per-call choice of [`plan`].
+    pub tuning: Option<Tuning>,
+    /// The tile of the GEMM for calls that leave the choice to the engine
+    /// ([`GemmChoice::Auto`]) when the rules pick the GEMM (`bench prefill --tiles`); `None`:
+    /// those calls keep the GEMV (`bench prefill --compare`). Default [`TILES`]`[0]`.
+    pub gemm: Option<Tile>,
 }
 
-/// Benchmark-only override of the tile [`GemmChoice::Auto`] picks (`None`: [`TILES`]`[0]`).
-static AUTO_TILE: std::sync::Mutex<Option<Tile>> = std::sync::Mutex::new(None);
-
-/// Make [`GemmChoice::Auto`] pick `tile` (`None`: the selection's own) for calls built from now
-/// on (`bench prefill --tiles`).
-pub fn set_auto_tile(tile: Option<Tile>) {
-    *AUTO_TILE.lock().unwrap_or_else(|e| e.into_inner()) = tile;
+impl Default for LinearOptions {
+    fn default() -> Self {
+        LinearOptions {
+            tuning: None,
+            gemm: Some(TILES[0]),
+        }
+    }
 }
 
-/// The tile to run `args` over `weights` as a GEMM, or `None` to keep the GEMV (rules in the
-/// module docs).
-pub fn select(weights: &GpuWeights, args: &GemvArgs<'_>) -> Option<Tile> {
+/// Which kernel runs a call ([`route`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// The GEMV, with the plan of each of its dispatches ([`GpuWeights::plans`]).
+    Gemv(Vec<Plan>),
+    /// The GEMM with this tile.
+    Gemm(Tile),
+}
+
+impl Route {
+    /// The GEMM's tile, or `None` for the GEMV.
+    pub fn gemm_tile(&self) -> Option<Tile> {
+        match self {
+            Route::Gemm(t) => Some(*t),
+            Route::Gemv(_) => None,
+        }
+    }
+}
+
+/// The one choice of kernel for `args` over `weights` under `opts`: the GEMM when [`select`]
+/// picks a tile, else the GEMV with its plans.
+pub fn route(weights: &GpuWeights, args: &GemvArgs<'_>, opts: &LinearOptions) -> Route {
+    match select(weights, args, opts) {
+        Some(t) => Route::Gemm(t),
+        None => Route::Gemv(weights.plans(args, opts)),
+    }
+}
+
+/// The tile to run `args` over `weights` as a GEMM under `opts`, or `None` to keep the GEMV
+/// (rules in the module docs).
+fn select(weights: &GpuWeights, args: &GemvArgs<'_>, opts: &LinearOptions) -> Option<Tile> {
     let e = weights.experts() as u32;
     let p = args.n_pairs;
-    // output segments are a GEMV write (`GemvArgs::segments`); the GEMM stages no x prologue
-    if !supported(weights.encoding())
-        || e > EMAX
-        || p == 0
-        || !args.segments.is_empty()
-        || args.prologue.is_some()
-    {
+    // output segments are a GEMV write (`GemvArgs::segments`)
+    if !supported(weights.encoding()) || e > EMAX || p == 0 || !args.segments.is_empty() {
         return None;
     }
     match args.gemm {
@@ -262,28 +255,23 @@ pub fn select(weights: &GpuWeights, args: &GemvArgs<'_>) -> Option<Tile> {
         GemmChoice::Always(t) => return Some(t),
         GemmChoice::Auto => {}
     }
-    if !AUTO_ENABLED.load(std::sync::atomic::Ordering::Relaxed)
-        || args.tuning.is_some()
-        || args.reduction != Reduction::Auto
-        || tuning_override().is_some()
-    {
+    if args.tuning.is_some() || args.reduction != Reduction::Auto || opts.tuning.is_some() {
         return None;
     }
     let per_expert = p / e.min(p);
     if per_expert < MIN_PAIRS_PER_EXPERT {
         return None;
     }
-    let forced = *AUTO_TILE.lock().unwrap_or_else(|e| e.into_inner());
-    Some(forced.unwrap_or(TILES[0]))
+    opts.gemm
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// The selection rule, then the override winning over it (one test: the override is global).
+    /// The selection rule, then a forced tuning winning over it.
     #[test]
-    fn plan_rule_and_override() {
+    fn plan_rule_and_forced_tuning() {
         let bf16 = Encoding::BF16;
         // bf16 q_proj [4096 x 4096], one pair: 1024 workgroups of 4 rows, x direct
         let p = plan(bf16, 1, 4096, 4096, 0, 0);
@@ -309,9 +297,8 @@ mod tests {
             Tuning { tpr: 32, rpt: 1 }
         );
         assert!(!plan(i3, 1, 256, 4096, 0, 0).direct);
-        set_tuning_override(Some(Tuning { tpr: 16, rpt: 4 }));
-        let p = plan(bf16, 1, 256, 4096, 0, 0);
-        set_tuning_override(None);
+        let forced = Some(Tuning { tpr: 16, rpt: 4 });
+        let p = plan_with(bf16, forced, 1, 256, 4096, 0, 0);
         assert_eq!(p.tuning, Tuning { tpr: 16, rpt: 4 });
         assert!(!p.direct, "64 rows per workgroup stage x");
         assert_eq!(

@@ -10,19 +10,12 @@
 //! [`FusedAttention`] call: one dispatch for a one-token step, a prologue plus the attention for
 //! longer chunks. The separate kernels of that block ([`Fusions::attention`] off) are the fused
 //! kernel's test oracle.
-//!
-//! One-token steps fold two kinds of elementwise kernels into the x staging of the GEMVs that
-//! read their output with `norm_prologues` / `silu_prologues` ([`crate::gpu::linear::args::XPrologue`]; off
-//! by default): the input
-//! and post-attention RMSNorms into the GEMVs that read the normed `h` (q/k/v/r; router, shared
-//! and routed gate_up or the dense gate_up), and silu·up into the down GEMVs, which then read
-//! `gu` itself. The post-attention norm of a layer whose routed experts stream (the host's expert calls and its CPU fallback read `xn`), stay.
 use super::resident::{
     DenseMlp, FfnSlab, MoeMlp, Projections, Resident, ResidentLayer, ResidentMlp, ATTN_SCONV,
     K_SCONV, MLP_SCONV, V_SCONV,
 };
 use crate::gpu::linear::args::GemvArgs;
-use crate::gpu::linear::route;
+use crate::gpu::linear::route::{self, LinearOptions};
 use crate::gpu::ops::{
     Argmax, DivConst, EmbedNorm, FusedAttention, FusedAttentionIo, MulConst, RmsNorm, RouterShape,
     ShortConvKernel, SiluMul, SiluMulLayout, SplitColumns,
@@ -175,19 +168,12 @@ pub struct Fusions {
     /// default). Off: the separate kernels (conv pair, q and k norms, attention with KV append),
     /// kept only as the fused kernel's test oracle.
     pub attention: bool,
-    /// One-token steps fold their RMSNorms into the GEMVs after them (x prologues) instead of
-    /// running them as kernels of their own.
-    pub norm_prologues: bool,
-    /// One-token steps fold silu·up into the down GEMVs (x prologues).
-    pub silu_prologues: bool,
 }
 
 impl Default for Fusions {
     fn default() -> Self {
         Fusions {
             attention: true,
-            norm_prologues: false,
-            silu_prologues: false,
         }
     }
 }
@@ -210,8 +196,6 @@ pub(super) fn build_step(
         kernel: cfg.conv_kernel_size as u32,
         head: key.head,
         fuse_attention: fusions.attention,
-        norm_prologues: key.tokens == 1 && fusions.norm_prologues,
-        silu_prologues: key.tokens == 1 && fusions.silu_prologues,
     };
     let mut blocks = vec![r.embedding(key.chained)?];
     for li in 0..res.layers.len() {
@@ -252,25 +236,23 @@ fn assert_checked(step: &Step, fusions: Fusions) {
     }
 }
 
-/// Where an expert FFN reads and writes: x rows `[tokens, H]` (normed by the gate_up GEMV's
-/// prologue when `x` is its input), `n_pairs` (expert, token) pairs in a 16-byte `Pair` buffer,
+/// Where an expert FFN reads and writes: x rows `[tokens, H]`, `n_pairs` (expert, token) pairs in a 16-byte `Pair` buffer,
 /// the gate‖up and activation scratch, and the outputs `[n_pairs, H]`.
 pub(super) struct FfnIo<'b> {
-    pub x: NormedX<'b>,
+    pub x: &'b wgpu::Buffer,
     pub tokens: u32,
     pub pairs: &'b wgpu::Buffer,
     pub n_pairs: u32,
     pub gu: &'b wgpu::Buffer,
     pub act: &'b wgpu::Buffer,
     pub y: &'b wgpu::Buffer,
-    /// silu·up as the down GEMV's x prologue (it reads `gu`; `act` is not written).
-    pub silu_prologue: bool,
+    /// How the two GEMVs are built.
+    pub linear: &'b LinearOptions,
 }
 
 /// `y[p] = down_e(silu(gate_e x_t) · up_e x_t)` for every pair p = (e, t): the gate_up GEMV into
 /// `gu` `[P, 2I]`, silu·up into `act` `[P, I]`, then the down GEMV in which pair p reads
-/// activation row p (`x_per_pair`); with `silu_prologue` the down GEMV stages silu·up of `gu`
-/// row p itself (two calls). Dense, shared, routed and streamed experts all run this; `ops`
+/// activation row p (`x_per_pair`). Dense, shared, routed and streamed experts all run this; `ops`
 /// names the two GEMVs.
 pub(super) fn ffn_calls(
     gpu: &Gpu,
@@ -280,15 +262,8 @@ pub(super) fn ffn_calls(
     ops: [&'static str; 2],
 ) -> Result<Vec<Call>> {
     let np = io.n_pairs;
-    let args =
-        io.x.args(GemvArgs::new(io.x.x, io.tokens, io.pairs, np, io.gu));
-    let gate_up = slab.gate_up.call(gpu, args, ops[0])?;
-    if io.silu_prologue {
-        let down = GemvArgs::new(io.gu, np, io.pairs, np, io.y)
-            .x_per_pair(true)
-            .silu_mul();
-        return Ok(vec![gate_up, slab.down.call(gpu, down, ops[1])?]);
-    }
+    let args = GemvArgs::new(io.x, io.tokens, io.pairs, np, io.gu);
+    let gate_up = slab.gate_up.call(gpu, args, io.linear, ops[0])?;
     Ok(vec![
         gate_up,
         SiluMul {
@@ -300,33 +275,10 @@ pub(super) fn ffn_calls(
         slab.down.call(
             gpu,
             GemvArgs::new(io.act, np, io.pairs, np, io.y).x_per_pair(true),
+            io.linear,
             ops[1],
         )?,
     ])
-}
-
-/// The x of the GEMVs that read a normed `h`: `xn` (the norm ran),
-/// or `h` with the norm as the GEMVs' x prologue.
-#[derive(Clone, Copy)]
-pub(super) struct NormedX<'b> {
-    pub x: &'b wgpu::Buffer,
-    /// The RMSNorm (weight, eps) each GEMV applies to `x` as it stages it.
-    pub norm: Option<(&'b wgpu::Buffer, f32)>,
-}
-
-impl<'b> NormedX<'b> {
-    /// `x` as it is.
-    pub fn plain(x: &'b wgpu::Buffer) -> NormedX<'b> {
-        NormedX { x, norm: None }
-    }
-
-    /// `args` (over `self.x`) with the norm prologue when there is one.
-    fn args(self, args: GemvArgs<'b>) -> GemvArgs<'b> {
-        match self.norm {
-            Some((w, eps)) => args.rms_norm(w, eps),
-            None => args,
-        }
-    }
 }
 
 /// The shared inputs of every block function.
@@ -343,10 +295,6 @@ struct Recipe<'a> {
     head: Head,
     /// Run the attention after the projections as [`FusedAttention`].
     fuse_attention: bool,
-    /// Fold the RMSNorms into the GEMVs after them (one-token steps with `norm_prologues`).
-    norm_prologues: bool,
-    /// Fold silu·up into the down GEMVs (one-token steps with `silu_prologues`).
-    silu_prologues: bool,
 }
 
 impl Recipe<'_> {
@@ -373,11 +321,9 @@ impl Recipe<'_> {
         Ok(b)
     }
 
-    /// Layer `li`'s attention block and its residual: input norm (or the projections' norm
-    /// prologue); q/k/v/r projections ([`Recipe::projections`]); the attention after the
+    /// Layer `li`'s attention block and its residual: input norm; q/k/v/r projections ([`Recipe::projections`]); the attention after the
     /// projections ([`Recipe::attention`] or [`Recipe::fused_attention`]); o_proj;
-    /// `h += attn_sconv(o)`; the post-attention norm into `xn` (unless the MLP's GEMVs fold it,
-    /// [`Recipe::fold_post_norm`]).
+    /// `h += attn_sconv(o)`; the post-attention norm into `xn`.
     fn attention_block(&self, li: usize) -> Result<Block> {
         let (gpu, a, t, hid, eps) = (self.gpu, &self.res.acts, self.t, self.hid, self.eps);
         let l: &ResidentLayer = &self.res.layers[li];
@@ -393,12 +339,10 @@ impl Recipe<'_> {
                 b.push(c);
             }
         }
-        b.push(l.o.call(gpu, self.dense(&a.attn, &a.o), "o_proj")?);
+        b.push(l.o.call(gpu, self.dense(&a.attn, &a.o), &self.res.linear, "o_proj")?);
         b.push(self.conv(li, ATTN_SCONV, hid, true, &a.o, &a.h)?);
         b.phase(Phase::Other);
-        if !self.fold_post_norm(li) {
-            b.push(RmsNorm::rows(t, hid, eps).bind(gpu, &a.h, &l.post_norm, &a.xn)?);
-        }
+        b.push(RmsNorm::rows(t, hid, eps).bind(gpu, &a.h, &l.post_norm, &a.xn)?);
         Ok(b)
     }
 
@@ -412,16 +356,15 @@ impl Recipe<'_> {
             global_scale,
         } = mlp;
         let mut b = Block::new(Phase::Dense, Some(li));
-        let xn = self.mlp_input(li);
         let io = FfnIo {
-            x: xn,
+            x: &a.xn,
             tokens: t,
             pairs: &a.dense_pairs,
             n_pairs: t,
             gu: &a.gu,
             act: &a.act,
             y: &a.m,
-            silu_prologue: self.silu_prologues,
+            linear: &self.res.linear,
         };
         for c in ffn_calls(gpu, ffn, *inter, io, ["dense gate_up", "dense down"])? {
             b.push(c);
@@ -456,10 +399,10 @@ impl Recipe<'_> {
             ..
         } = moe;
         let ns = shared.as_ref().map_or(0, |s| s.n as u32);
-        let xn = self.mlp_input(li);
+        let xn = &a.xn;
         let mut b = Block::new(Phase::Router, Some(li));
-        let router_args = self.dense_normed(xn, &a.router_logits);
-        b.push(router.call(gpu, router_args, "router")?);
+        let router_args = self.dense(xn, &a.router_logits);
+        b.push(router.call(gpu, router_args, &self.res.linear, "router")?);
         b.push(
             RouterShape {
                 tokens: t,
@@ -489,7 +432,7 @@ impl Recipe<'_> {
                 gu: &a.gu,
                 act: &a.act,
                 y: &a.y_shared,
-                silu_prologue: self.silu_prologues,
+                linear: &self.res.linear,
             };
             let ops = ["shared gate_up", "shared down"];
             for c in ffn_calls(gpu, sh, *inter, io, ops)? {
@@ -507,7 +450,7 @@ impl Recipe<'_> {
                     gu: &a.gu,
                     act: &a.act,
                     y: &a.y_routed,
-                    silu_prologue: self.silu_prologues,
+                    linear: &self.res.linear,
                 };
                 let ops = ["routed gate_up", "routed down"];
                 for c in ffn_calls(gpu, routed, *inter, io, ops)? {
@@ -557,7 +500,11 @@ impl Recipe<'_> {
                 b.push(n.bind(gpu, &a.h, &self.res.norm, &a.hn)?);
                 b.push(DivConst { n: hid, c: mup }.bind(gpu, &a.hn)?);
                 let args = GemvArgs::new(&a.hn, 1, &a.dense_pairs, 1, &a.logits);
-                b.push(self.res.lm_head.call(gpu, args, "lm_head")?);
+                b.push(
+                    self.res
+                        .lm_head
+                        .call(gpu, args, &self.res.linear, "lm_head")?,
+                );
                 b.push(
                     Argmax {
                         vocab: self.cfg.logits_width() as u32,
@@ -575,7 +522,11 @@ impl Recipe<'_> {
                 b.push(RmsNorm::rows(t, hid, eps).bind(gpu, &a.h, &self.res.norm, &a.hn)?);
                 b.push(DivConst { n: t * hid, c: mup }.bind(gpu, &a.hn)?);
                 let args = self.dense(&a.hn, &a.logits);
-                b.push(self.res.lm_head.call(gpu, args, "lm_head")?);
+                b.push(
+                    self.res
+                        .lm_head
+                        .call(gpu, args, &self.res.linear, "lm_head")?,
+                );
             }
         }
         Ok(b)
@@ -594,7 +545,7 @@ impl Recipe<'_> {
     /// segments fit ([`crate::gpu::linear::slab::GpuWeights::segments_fit`]; every one-token step on
     /// common devices), else one GEMV or GEMM into the `qkvr` scratch and a [`SplitColumns`];
     /// separate slabs run four GEMVs.
-    fn projections(&self, li: usize, xn: NormedX<'_>) -> Result<Vec<Call>> {
+    fn projections(&self, li: usize, xn: &wgpu::Buffer) -> Result<Vec<Call>> {
         let (gpu, a) = (self.gpu, &self.res.acts);
         let outs = [&a.q, &a.k_raw, &a.v_raw, &a.r];
         match &self.res.layers[li].proj {
@@ -602,67 +553,38 @@ impl Recipe<'_> {
                 let ops = ["q_proj", "k_proj", "v_proj", "r_proj"];
                 let calls = lin.iter().zip(outs).zip(ops);
                 calls
-                    .map(|((w, y), op)| w.call(gpu, self.dense_normed(xn, y), op))
+                    .map(|((w, y), op)| w.call(gpu, self.dense(xn, y), &self.res.linear, op))
                     .collect()
             }
             Projections::Joint { w, rows } => {
-                let packed = self.dense_normed(xn, &a.qkvr);
-                if w.w.segments_fit(gpu) && route::select(&w.w, &packed).is_none() {
+                let packed = self.dense(xn, &a.qkvr);
+                if w.w.segments_fit(gpu)
+                    && route::route(&w.w, &packed, &self.res.linear)
+                        .gemm_tile()
+                        .is_none()
+                {
                     let segs: Vec<(u32, &wgpu::Buffer)> = rows.iter().copied().zip(outs).collect();
-                    let args = self.dense_normed(xn, &a.q).segments(&segs);
-                    return Ok(vec![w.call(gpu, args, "qkvr_proj")?]);
+                    let args = self.dense(xn, &a.q).segments(&segs);
+                    return Ok(vec![w.call(gpu, args, &self.res.linear, "qkvr_proj")?]);
                 }
                 let split = SplitColumns {
                     tokens: self.t,
                     widths: *rows,
                 };
                 Ok(vec![
-                    w.call(gpu, packed, "qkvr_proj")?,
+                    w.call(gpu, packed, &self.res.linear, "qkvr_proj")?,
                     split.bind(gpu, &a.qkvr, outs)?,
                 ])
             }
         }
     }
 
-    /// [`Recipe::dense`] over a normed input.
-    fn dense_normed<'b>(&'b self, x: NormedX<'b>, y: &'b wgpu::Buffer) -> GemvArgs<'b> {
-        x.args(self.dense(x.x, y))
-    }
-
-    /// The normed `h` (norm `weight`) that GEMVs read: `h` under the norm prologue with
-    /// `norm_prologues`, else `xn` after the RMSNorm kernel pushed onto `b`.
-    fn normed<'b>(&'b self, b: &mut Block, weight: &'b wgpu::Buffer) -> Result<NormedX<'b>> {
+    /// The normed `h` (norm `weight`) that GEMVs read: `xn`, after the RMSNorm kernel pushed onto
+    /// `b`.
+    fn normed<'b>(&'b self, b: &mut Block, weight: &'b wgpu::Buffer) -> Result<&'b wgpu::Buffer> {
         let a = &self.res.acts;
-        if self.norm_prologues {
-            return Ok(NormedX {
-                x: &a.h,
-                norm: Some((weight, self.eps)),
-            });
-        }
         b.push(RmsNorm::rows(self.t, self.hid, self.eps).bind(self.gpu, &a.h, weight, &a.xn)?);
-        Ok(NormedX::plain(&a.xn))
-    }
-
-    /// Whether layer `li`'s post-attention norm is left to the MLP's GEMVs: one-token steps
-    /// with `norm_prologues`, unless the routed experts stream (their host-run calls and CPU
-    /// fallback read `xn`).
-    fn fold_post_norm(&self, li: usize) -> bool {
-        let streamed =
-            matches!(&self.res.layers[li].mlp, ResidentMlp::Moe(m) if m.routed.is_none());
-        self.norm_prologues && !streamed
-    }
-
-    /// The input of layer `li`'s MLP: `xn`, or `h` under the post-attention norm prologue.
-    fn mlp_input(&self, li: usize) -> NormedX<'_> {
-        let a = &self.res.acts;
-        if self.fold_post_norm(li) {
-            NormedX {
-                x: &a.h,
-                norm: Some((&self.res.layers[li].post_norm, self.eps)),
-            }
-        } else {
-            NormedX::plain(&a.xn)
-        }
+        Ok(&a.xn)
     }
 
     /// Layer `li`'s attention after the projections as separate kernels: the k and v short convs

@@ -25,6 +25,7 @@ use super::status;
 use super::stream::{Placement, StreamStats};
 use super::usage::Usage;
 use super::weights::Weights;
+use crate::gpu::linear::route::LinearOptions;
 use crate::gpu::Gpu;
 use anyhow::{bail, ensure, Context, Result};
 use budget::DecodeBytes;
@@ -62,6 +63,8 @@ pub struct GpuModelOptions {
     pub usage: Option<Usage>,
     /// Which fused kernels the steps run ([`Fusions::default`]: the engine's).
     pub fusions: Fusions,
+    /// How the linears' calls are built (GEMV tuning, GEMM tile); default: the engine's choice.
+    pub linear: LinearOptions,
 }
 
 impl GpuModelOptions {
@@ -75,6 +78,7 @@ impl GpuModelOptions {
             placement: Placement::Resident,
             usage: None,
             fusions: Fusions::default(),
+            linear: LinearOptions::default(),
         }
     }
 }
@@ -161,10 +165,19 @@ impl<'w> GpuModel<'w> {
         );
         let limit = crate::gpu::linear::slab::default_limit(gpu)
             .min(opts.binding_limit.unwrap_or(u64::MAX));
-        let res = Resident::upload(gpu, w, max_seq, max_chunk, limit, slots.is_some())?;
+        let mut res = Resident::upload(gpu, w, max_seq, max_chunk, limit, slots.is_some())?;
+        res.linear = opts.linear;
         let stream = match slots {
             None => None,
-            Some(n) => Some(Streamer::new(gpu, w, n, limit, max_chunk, res.max_topk)?),
+            Some(n) => Some(Streamer::new(
+                gpu,
+                w,
+                n,
+                limit,
+                max_chunk,
+                res.max_topk,
+                opts.linear,
+            )?),
         };
         Ok(GpuModel {
             rec: Recorder::new(gpu, max_chunk * cfg.logits_width()),
@@ -378,21 +391,6 @@ impl<'w> GpuModel<'w> {
     /// Start counting [`GpuModel::host_times`] afresh.
     pub fn reset_host_times(&mut self) {
         self.rec.host = HostTimes::default();
-    }
-
-    /// Fold the RMSNorms (`norm`) and the silu·up (`silu`) of one-token steps into the x staging
-    /// of the GEMVs that read them ([`crate::gpu::linear::args::XPrologue`]): per layer the input and
-    /// post-attention norms, and the silu·up kernels, need no dispatch of their own. Both off by
-    /// default: the kernels run separately (the prompt chunks always do them so); on an H200 the
-    /// step with both folded has 4 dispatches fewer per MoE layer but is slower, since every
-    /// workgroup of a norm-folded GEMV reduces the whole row first and stages x (BENCHMARKS.md,
-    /// *issue 16's closing figures*). Same results within float rounding (tested).
-    pub fn set_gemv_prologues(&mut self, norm: bool, silu: bool) {
-        let f = &mut self.fusions;
-        if (norm, silu) != (f.norm_prologues, f.silu_prologues) {
-            (f.norm_prologues, f.silu_prologues) = (norm, silu);
-            self.steps.clear();
-        }
     }
 
     /// Forget the sequence: position 0, conv states and the fused attention's conv rings cleared

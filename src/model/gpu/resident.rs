@@ -3,6 +3,7 @@
 //! layer, the embedding table in binding-sized shards, and the activations of one chunk.
 use crate::formats::{Format, QMatrix};
 use crate::gpu::linear::args::{GemvArgs, NO_GAMMA};
+use crate::gpu::linear::route::LinearOptions;
 use crate::gpu::linear::slab::GpuWeights;
 use crate::gpu::ops::{attention_consts, AttentionShape, EmbedShard, FusedAttention, PosBuffer};
 use crate::gpu::{Call, Gpu};
@@ -31,11 +32,17 @@ impl Linear {
         Linear { w, ordinal }
     }
 
-    /// The GEMV `args` over these weights, labelled `op`.
-    pub fn call(&self, gpu: &Gpu, args: GemvArgs<'_>, op: &'static str) -> Result<Call> {
+    /// The GEMV (or GEMM) `args` over these weights under `opts`, labelled `op`.
+    pub fn call(
+        &self,
+        gpu: &Gpu,
+        args: GemvArgs<'_>,
+        opts: &LinearOptions,
+        op: &'static str,
+    ) -> Result<Call> {
         let mut c = self
             .w
-            .bind(gpu, self.ordinal, args)
+            .bind_with(gpu, self.ordinal, args, opts)
             .with_context(|| format!("binding the {op} GEMV"))?;
         c.label.op = op;
         Ok(c)
@@ -313,6 +320,8 @@ pub(super) struct Resident {
     pub pos: PosBuffer,
     /// Largest `top_k` of any sparse layer (1 without one).
     pub max_topk: usize,
+    /// How every linear's calls are built ([`super::GpuModelOptions::linear`]).
+    pub linear: LinearOptions,
     /// Hidden size (floats per row of `h`).
     pub hidden: u32,
 }
@@ -396,6 +405,7 @@ impl Resident {
             pos: PosBuffer::new(gpu, 0),
             max_topk: widest.topk,
             hidden: hid as u32,
+            linear: LinearOptions::default(),
         })
     }
 

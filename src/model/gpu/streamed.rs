@@ -1,9 +1,10 @@
 //! Expert streaming on the GPU (see [`crate::model::stream`]): the slot pool, the routed experts
 //! of one layer placed and run between submissions at the step's [`super::graph::Node::Routed`]
 //! cut, and the CPU fallback when that fails.
-use super::graph::{at_layer, ffn_calls, FfnIo, NormedX};
+use super::graph::{at_layer, ffn_calls, FfnIo};
 use super::resident::{zeroed, Activations, FfnSlab, Linear, Resident, ResidentMlp};
 use crate::formats::QMatrix;
+use crate::gpu::linear::route::LinearOptions;
 use crate::gpu::linear::slab::{run_staged, GpuWeights, StagedCopy};
 use crate::gpu::{Call, Gpu};
 use crate::model::expert_cache::{Assign, ExpertCache};
@@ -38,6 +39,8 @@ pub(super) struct Streamer<'w> {
     pairs_rb: wgpu::Buffer,
     /// Threads copying misses ([`upload_threads`]).
     threads: usize,
+    /// How the part FFNs' GEMVs are built.
+    linear: LinearOptions,
     host: StreamState<'w>,
 }
 
@@ -53,7 +56,8 @@ struct LayerJob<'p> {
 
 impl<'w> Streamer<'w> {
     /// A pool of `slots` expert slots (weight buffers of at most `limit` bytes) for `w`'s routed
-    /// experts, with parts of up to `max_chunk · max_topk` pairs. Errors: no sparse layer, or
+    /// experts, with parts of up to `max_chunk · max_topk` pairs, whose calls are built under
+    /// `linear`. Errors: no sparse layer, or
     /// routed experts of different shapes or encodings.
     pub fn new(
         gpu: &Gpu,
@@ -62,6 +66,7 @@ impl<'w> Streamer<'w> {
         limit: u64,
         max_chunk: usize,
         max_topk: usize,
+        linear: LinearOptions,
     ) -> Result<Streamer<'w>> {
         let cfg = &w.config;
         let hid = cfg.hidden_size;
@@ -118,6 +123,7 @@ impl<'w> Streamer<'w> {
                 mapped_at_creation: false,
             }),
             threads: upload_threads(),
+            linear,
             host: StreamState {
                 experts: w
                     .layers
@@ -343,14 +349,14 @@ impl<'w> Streamer<'w> {
                     .write_buffer(&self.part_pairs, 0, bytemuck::cast_slice(&compact));
                 if !self.part_calls.contains_key(&(t, n)) {
                     let io = FfnIo {
-                        x: NormedX::plain(&a.xn),
+                        x: &a.xn,
                         tokens: t,
                         pairs: &self.part_pairs,
                         n_pairs: n,
                         gu: &a.gu,
                         act: &a.act,
                         y: &self.y_part,
-                        silu_prologue: false,
+                        linear: &self.linear,
                     };
                     let ops = ["streamed routed gate_up", "streamed routed down"];
                     let calls = ffn_calls(gpu, &self.pool, self.inter, io, ops)?

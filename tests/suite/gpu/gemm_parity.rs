@@ -9,7 +9,7 @@ use inkling_wgpu::formats::{quantize, Encoding, QMatrix};
 use inkling_wgpu::gpu::linear::args::{GemmChoice, Tile};
 use inkling_wgpu::gpu::linear::format::supported;
 use inkling_wgpu::gpu::linear::route::TILES;
-use inkling_wgpu::gpu::linear::route::{self, MIN_PAIRS_PER_EXPERT};
+use inkling_wgpu::gpu::linear::route::{route, LinearOptions, MIN_PAIRS_PER_EXPERT};
 
 /// The selectable tiles and the others `GemmChoice::Always` builds (benchmarks).
 const ALL_TILES: [Tile; 6] = [
@@ -296,23 +296,30 @@ fn selection_rule() {
     let pb = gpu.storage_init("p", &[0u8; 16 * 64]);
     let y = gpu.storage_init("y", &[0u8; 4 * 8 * 64]);
     let min = MIN_PAIRS_PER_EXPERT;
-    let pick = |w: &GpuWeights, n: u32| route::select(w, &GemvArgs::new(&x, 64, &pb, n, &y));
+    let pick = |w: &GpuWeights, n: u32| select(w, &GemvArgs::new(&x, 64, &pb, n, &y));
     assert_eq!(pick(&one, min - 1), None);
     assert_eq!(pick(&one, min), Some(TILES[0]));
     assert_eq!(pick(&one, 64), Some(TILES[0]));
     assert_eq!(pick(&eight, 8 * min - 1), None);
     assert_eq!(pick(&eight, 8 * min), Some(TILES[0]));
     let a = GemvArgs::new(&x, 64, &pb, 64, &y);
-    assert_eq!(route::select(&one, &a.reduction(Reduction::Shared)), None);
-    assert_eq!(
-        route::select(&one, &a.tuning(Tuning { tpr: 32, rpt: 1 })),
-        None
-    );
-    assert_eq!(route::select(&one, &a.gemm(GemmChoice::Never)), None);
+    assert_eq!(select(&one, &a.reduction(Reduction::Shared)), None);
+    assert_eq!(select(&one, &a.tuning(Tuning { tpr: 32, rpt: 1 })), None);
+    assert_eq!(select(&one, &a.gemm(GemmChoice::Never)), None);
     let t = Tile { rm: 2, nq: 4 };
     let forced = a.reduction(Reduction::Shared).gemm(GemmChoice::Always(t));
-    assert_eq!(route::select(&one, &forced), Some(t));
-    assert_eq!(route::select(&eight, &a), Some(TILES[0]));
+    assert_eq!(select(&one, &forced), Some(t));
+    assert_eq!(select(&eight, &a), Some(TILES[0]));
+    // engine-wide options: no GEMM tile keeps the GEMV, a forced tuning too, another tile wins
+    let opts = |tuning, gemm| LinearOptions { tuning, gemm };
+    let t2 = Tile { rm: 2, nq: 2 };
+    assert_eq!(route(&one, &a, &opts(None, None)).gemm_tile(), None);
+    let forced_tuning = Some(Tuning { tpr: 32, rpt: 1 });
+    assert_eq!(
+        route(&one, &a, &opts(forced_tuning, Some(t2))).gemm_tile(),
+        None
+    );
+    assert_eq!(route(&one, &a, &opts(None, Some(t2))).gemm_tile(), Some(t2));
     let call = eight.bind(&gpu, enc.format.ordinal(), a).unwrap();
     assert_eq!(call.label.op, "gemm");
     // the grouping pass, then the GEMM
@@ -323,11 +330,8 @@ fn selection_rule() {
     let x3 = gpu.storage_init("x", &[0u8; 4 * 128 * 64]);
     let a3 = GemvArgs::new(&x3, 64, &pb, 64, &y);
     assert!(!supported(i3));
-    assert_eq!(route::select(&w3, &a3), None);
-    assert_eq!(
-        route::select(&w3, &a3.gemm(GemmChoice::Always(TILES[0]))),
-        None
-    );
+    assert_eq!(select(&w3, &a3), None);
+    assert_eq!(select(&w3, &a3.gemm(GemmChoice::Always(TILES[0]))), None);
     let call = w3.bind(&gpu, i3.format.ordinal(), a3).unwrap();
     assert_eq!(call.label.op, "gemv");
 }
@@ -365,6 +369,11 @@ fn more_workgroups_than_one_grid_dimension() {
         assert!(err <= TOL, "pair {p}: rel err {err:e}");
     }
     assert!(y.iter().all(|v| v.is_finite()), "a pair left unwritten");
+}
+
+/// The GEMM tile [`route`] picks for `args` over `w` under the default options (`None`: the GEMV).
+fn select(w: &GpuWeights, args: &GemvArgs<'_>) -> Option<Tile> {
+    route(w, args, &LinearOptions::default()).gemm_tile()
 }
 
 /// The kernel encodings with a GEMM kernel ([`supported`]: int3-g64 keeps the GEMV).

@@ -84,7 +84,7 @@ fn run_and_check(
     gpu.queue.submit([e.finish()]);
     let y = gpu.read_f32(&yb, pairs.len() * o).unwrap();
     let refs: Vec<Vec<f64>> = rows.iter().map(|r| m.gemv_ref_f64(r)).collect();
-    let plans = w.plans(&args);
+    let plans = w.plans(&args, &Default::default());
     for (p, &(t, g)) in pairs.iter().enumerate() {
         let f = if g { gamma[0] as f64 } else { 1.0 };
         let r: Vec<f64> = refs[t as usize].iter().map(|v| v * f).collect();

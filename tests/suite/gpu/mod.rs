@@ -3,7 +3,6 @@
 pub mod gemm_parity;
 pub mod gemv_large;
 pub mod gemv_parity;
-pub mod gemv_prologue;
 pub mod gemv_segments;
 pub mod gemv_slots;
 pub mod gemv_tuning;

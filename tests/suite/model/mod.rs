@@ -12,7 +12,6 @@ pub mod model_formats_on_disk;
 pub mod model_gpu_cli;
 pub mod model_gpu_fused;
 pub mod model_gpu_pairs;
-pub mod model_gpu_prologue;
 pub mod model_gpu_reference;
 pub mod model_non_finite;
 pub mod model_sampling;

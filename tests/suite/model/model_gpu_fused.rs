@@ -151,8 +151,6 @@ fn decode_step_dispatches_per_layer_are_exact() {
         let ck = Checkpoint::open(&fixture(name)).unwrap();
         let w = Weights::load(&ck).unwrap();
         let mut m = model(&w, true);
-        // the norms and silu·up as kernels of their own (`model_gpu_prologue` counts them folded)
-        m.set_gemv_prologues(false, false);
         m.forward(&[1, 2]).unwrap();
         m.forward(&[3]).unwrap();
         let (_, per_layer) = m.dispatches_per_step().unwrap();
