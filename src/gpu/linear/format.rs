@@ -34,7 +34,7 @@ pub struct KernelFormat {
     /// always staged and long hot loops prefetch.
     pub quantised: bool,
     /// The staged-x tunings, most rows per workgroup first; the first is the format's default
-    /// (BENCHMARKS.md, *MoE GEMV kernels*).
+    /// (BENCHMARKS.md#decision-gemv-tunings).
     pub tunings: &'static [Tuning],
     /// The GEMV may read x straight from global memory (`XDIRECT`) when x is aligned.
     pub direct_x: bool,

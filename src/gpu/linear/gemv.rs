@@ -99,8 +99,8 @@ const UNITS_PER_STEP: u32 = 2;
 
 /// Fewest steps of a thread per x tile for which the hot loop prefetches (PREFETCH in the WGSL:
 /// the next step's weights load while this step decodes); shorter loops lose more to the longer
-/// prologue and the registers of the second step than they win (BENCHMARKS.md, *quantised GEMV
-/// hot loop*, H200).
+/// prologue and the registers of the second step than they win on an H200
+/// (BENCHMARKS.md#decision-gemv-units-per-step).
 const PREFETCH_MIN_STEPS: u32 = 6;
 
 /// Whether the hot loop of an instantiation prefetches: the quantised formats (x staged) when a
@@ -228,10 +228,7 @@ pub fn wgsl_source_key(key: &GemvKey) -> String {
             ("XDIRECT", direct),
             ("CHUNK1", chunks == 2),
             ("SEGMENTS", segments),
-            (
-                "UNIT_ARRAYS",
-                !matches!(enc.format, Format::F32 | Format::Bf16),
-            ),
+            ("UNIT_ARRAYS", row(enc.format).quantised),
             ("PREFETCH", prefetch(enc.format, t, xt)),
         ],
         &[("WEIGHT_CHUNKS", chunks as i64)],

@@ -4,7 +4,7 @@
 //! # Per-call selection ([`plan`])
 //! The work split and the x variant are chosen on the host for each dispatch from the format,
 //! the pairs, the chunk's rows and x's alignment (rules measured on an H200 with
-//! `bench kernels --tune`, BENCHMARKS.md, *MoE GEMV kernels* and *Quantised GEMV decode*):
+//! `bench kernels --tune`, BENCHMARKS.md#decision-gemv-tunings and #decision-gemv-direct-x):
 //! * **direct x** (`XDIRECT` in the WGSL) for f32 and bf16 whenever [`direct_aligned`] holds (I a
 //!   whole number of units: 4 columns for f32, 8 for bf16, so no tail masking; `x_stride` and
 //!   `x_offset` multiples of 4, so every x row starts on a vec4): x is bound as
@@ -35,21 +35,21 @@ use crate::gpu::linear::format::{row, supported, Tuning};
 use crate::gpu::linear::slab::{GpuWeights, WeightChunk};
 
 /// Fewest workgroups a staged-x call should launch before [`plan`] settles for fewer rows per
-/// workgroup (about 2 per SM of a 132-SM H200; BENCHMARKS.md, *MoE GEMV kernels*: more, smaller
+/// workgroup (about 2 per SM of a 132-SM H200; BENCHMARKS.md#decision-gemv-tunings: more, smaller
 /// workgroups each stage the whole x row again). WebGPU reports no SM count, so this is a
 /// constant sized for the largest GPUs measured; on smaller GPUs it only costs slightly smaller
 /// workgroups on small problems.
 pub const MIN_WORKGROUPS: u64 = 256;
 
 /// Fewest workgroups a direct-x call (f32, bf16) should launch before [`plan`] settles for fewer
-/// rows per workgroup (BENCHMARKS.md, *MoE GEMV kernels*).
+/// rows per workgroup (BENCHMARKS.md#decision-gemv-direct-x).
 pub const DIRECT_MIN_WORKGROUPS: u64 = 1024;
 
 /// Largest rows per workgroup of the direct-x variant (its candidates, and a forced tuning that
 /// may use it).
 pub const DIRECT_MAX_RPW: u32 = 8;
 
-/// The default (largest) tuning of `f`'s kernel (BENCHMARKS.md, *MoE GEMV kernels*).
+/// The default (largest) tuning of `f`'s kernel (BENCHMARKS.md#decision-gemv-tunings).
 pub fn tuning(f: Format) -> Tuning {
     candidates(f)[0]
 }
@@ -77,7 +77,7 @@ pub fn direct_candidates() -> &'static [Tuning] {
 }
 
 /// Whether the direct-x variant's alignment assumptions hold: f32 or bf16 (int4-g64 with direct x
-/// measured 11–60% slower than staged on the H200, BENCHMARKS.md, *quantised GEMV hot loop*),
+/// measured 11–60% slower than staged on the H200, BENCHMARKS.md#decision-gemv-direct-x),
 /// `cols` a whole number of units (4 columns for f32, 8 for bf16: no tail masking) and
 /// `x_stride` (0 = `cols`) and `x_offset` multiples of 4 (every x row on a vec4).
 pub fn direct_aligned(enc: Encoding, cols: u32, x_stride: u32, x_offset: u32) -> bool {
@@ -186,7 +186,7 @@ pub const MIN_PAIRS_PER_EXPERT: u32 = 4;
 pub const EMAX: u32 = 1024;
 
 /// Every tile [`select`] picks: 256 rows × 16 pairs, the fastest prefill of the full-depth
-/// probe on an H200 among those measured (BENCHMARKS.md, *Prefill at full depth*).
+/// probe on an H200 among those measured (BENCHMARKS.md#decision-gemm-tile).
 /// [`GemmChoice::Always`] builds any [`Tile::buildable`] tile.
 pub const TILES: [Tile; 1] = [Tile { rm: 4, nq: 4 }];
 

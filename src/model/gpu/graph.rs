@@ -172,9 +172,7 @@ pub struct Fusions {
 
 impl Default for Fusions {
     fn default() -> Self {
-        Fusions {
-            attention: true,
-        }
+        Fusions { attention: true }
     }
 }
 

@@ -29,10 +29,7 @@ fn assert_rows(a: &[Vec<f32>], b: &[Vec<f32>], tol: f64, what: &str) -> f64 {
 /// A GPU model of `w` with the fused attention (`attention`) or its separate kernels.
 fn model<'a>(w: &'a Weights<'a>, attention: bool) -> GpuModel<'a> {
     let opts = GpuModelOptions {
-        fusions: Fusions {
-            attention,
-            ..Fusions::default()
-        },
+        fusions: Fusions { attention },
         ..GpuModelOptions::new(MAX_SEQ)
     };
     GpuModel::new(&gpu(), w, opts).unwrap()
