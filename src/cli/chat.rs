@@ -10,6 +10,7 @@ use crate::model::generate::GenerateParams;
 use std::io::{BufRead, IsTerminal, Write};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -48,24 +49,34 @@ pub struct Args {
 const HELP: &str = "commands: /clear (start a new conversation), /exit (or Ctrl-D), /help; \
                     Ctrl-C stops the current answer";
 
-/// Set by SIGINT while an answer is being generated.
-static CANCEL: AtomicBool = AtomicBool::new(false);
-/// Whether an answer is being generated (SIGINT then cancels it instead of ending the program).
-static GENERATING: AtomicBool = AtomicBool::new(false);
+/// What SIGINT does in `chat`: while an answer is being generated it sets `cancel` (the answer
+/// stops, the conversation goes on); otherwise it ends the program with status 130.
+#[derive(Clone, Default)]
+struct Interrupt {
+    /// Set by SIGINT while an answer is being generated.
+    cancel: Arc<AtomicBool>,
+    /// Whether an answer is being generated.
+    generating: Arc<AtomicBool>,
+}
 
-fn install_sigint() -> anyhow::Result<()> {
-    // SAFETY: the handler only touches atomics and calls `low_level::exit` (`_exit`), both
-    // async-signal-safe.
-    unsafe {
-        signal_hook::low_level::register(signal_hook::consts::SIGINT, || {
-            if GENERATING.load(Ordering::SeqCst) {
-                CANCEL.store(true, Ordering::SeqCst);
-            } else {
-                signal_hook::low_level::exit(130);
-            }
-        })?;
+impl Interrupt {
+    /// Install the SIGINT handler over a fresh pair of flags.
+    fn install() -> anyhow::Result<Interrupt> {
+        let i = Interrupt::default();
+        let (cancel, generating) = (i.cancel.clone(), i.generating.clone());
+        // SAFETY: the handler only touches atomics and calls `low_level::exit` (`_exit`), both
+        // async-signal-safe.
+        unsafe {
+            signal_hook::low_level::register(signal_hook::consts::SIGINT, move || {
+                if generating.load(Ordering::SeqCst) {
+                    cancel.store(true, Ordering::SeqCst);
+                } else {
+                    signal_hook::low_level::exit(130);
+                }
+            })?;
+        }
+        Ok(i)
     }
-    Ok(())
 }
 
 /// Where the user's lines come from.
@@ -129,7 +140,7 @@ fn chat(args: &Args, cm: ChatModel<'_>) -> anyhow::Result<ExitCode> {
     let prefix = r.render(&system, effort)?;
     let gen_prompt = r.generation_prompt(effort);
     let in_text = gen_prompt.last() == Some(&sp.content_text);
-    install_sigint()?;
+    let interrupt = Interrupt::install()?;
     let mut input = if interactive {
         eprintln!(
             "chat with {} ({}, {} tokens of context); {HELP}",
@@ -193,10 +204,10 @@ fn chat(args: &Args, cm: ChatModel<'_>) -> anyhow::Result<ExitCode> {
         turn_no += 1;
         let mut parser = OutputParser::new(cm.tok, &sp, in_text);
         let mut shown = Shown::new(args.show_thinking, color);
-        CANCEL.store(false, Ordering::SeqCst);
-        GENERATING.store(true, Ordering::SeqCst);
+        interrupt.cancel.store(false, Ordering::SeqCst);
+        interrupt.generating.store(true, Ordering::SeqCst);
         let turn = session.generate(&prompt, &p, &mut |id| {
-            if CANCEL.load(Ordering::SeqCst) {
+            if interrupt.cancel.load(Ordering::SeqCst) {
                 return Err(Halt::Cancelled.into());
             }
             if let Some(piece) = parser.push(id)? {
@@ -204,7 +215,7 @@ fn chat(args: &Args, cm: ChatModel<'_>) -> anyhow::Result<ExitCode> {
             }
             Ok(())
         });
-        GENERATING.store(false, Ordering::SeqCst);
+        interrupt.generating.store(false, Ordering::SeqCst);
         let turn = turn?;
         if let Some(piece) = parser.finish()? {
             shown.print(&mut stdout.lock(), piece.block, &piece.text)?;
