@@ -19,6 +19,11 @@ pub struct Args {
     /// subgroups). Default: every kernel on any device.
     #[arg(long, value_parser = LimitProfile::parse)]
     pub limits: Option<LimitProfile>,
+    /// Only the kernels a model over this checkpoint or container can build (its matrices'
+    /// encodings and column counts; `gpu::variants::for_model`). The weights are read, no device
+    /// is opened.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
 }
 
 /// Name of the index file.
@@ -57,6 +62,15 @@ pub fn write(
     dir: &Path,
     profile: Option<LimitProfile>,
 ) -> anyhow::Result<Vec<(KernelSpec, PathBuf)>> {
+    write_specs(dir, profile, crate::gpu::variants::all(profile))
+}
+
+/// [`write`] of the kernels `specs` (built for `profile`, which the index records).
+pub fn write_specs(
+    dir: &Path,
+    profile: Option<LimitProfile>,
+    specs: Vec<KernelSpec>,
+) -> anyhow::Result<Vec<(KernelSpec, PathBuf)>> {
     if dir.exists() {
         if !dir.is_dir() {
             bail!("--out {}: exists and is not a directory", dir.display());
@@ -72,7 +86,6 @@ pub fn write(
         }
     }
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let specs = crate::gpu::variants::all(profile);
     let mut seen = std::collections::HashSet::new();
     let mut index = Vec::with_capacity(specs.len());
     let mut out = Vec::with_capacity(specs.len());
@@ -113,7 +126,17 @@ pub fn write(
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    let written = write(&a.out, a.limits)?;
+    let written = match &a.model {
+        None => write(&a.out, a.limits)?,
+        Some(dir) => {
+            let ck = crate::model::Checkpoint::open(dir)
+                .with_context(|| format!("--model {}", dir.display()))?;
+            let w = crate::model::Weights::load(&ck)
+                .with_context(|| format!("--model {}", dir.display()))?;
+            let specs = crate::gpu::variants::for_model(&w.linear_shapes(), a.limits);
+            write_specs(&a.out, a.limits, specs)?
+        }
+    };
     let gemv = written
         .iter()
         .filter(|w| w.0.key.starts_with("gemv:"))

@@ -116,6 +116,20 @@ impl<V: Send + Sync + 'static> OnceCache<V> {
     }
 }
 
+impl<V: 'static> OnceCache<V> {
+    /// The keys of type `K` asked for so far (built or being built), in no particular order.
+    pub fn keys<K>(&self) -> Vec<K>
+    where
+        K: Clone + Eq + Hash + Send + Sync + 'static,
+    {
+        let families = self.families.lock().unwrap_or_else(|e| e.into_inner());
+        families
+            .get(&TypeId::of::<K>())
+            .and_then(|f| f.downcast_ref::<Cells<K, V>>())
+            .map_or(vec![], |cells| cells.keys().cloned().collect())
+    }
+}
+
 /// Compiled compute pipelines, keyed by each family's typed key (on [`Gpu::cache`]).
 pub type PipelineCache = OnceCache<wgpu::ComputePipeline>;
 

@@ -5,6 +5,7 @@
 //! them; the tests translate each to MSL, HLSL and SPIR-V. [`check_device`] refuses a device whose
 //! limits cannot hold a kernel that a model's options reach, naming the op, the kernel and the limit.
 
+use crate::formats::Encoding;
 use crate::gpu::kernel::KernelSpec;
 use crate::gpu::limits::LimitProfile;
 use crate::gpu::linear::format::{kernel_encodings, Tuning};
@@ -26,6 +27,28 @@ pub fn all(profile: Option<LimitProfile>) -> Vec<KernelSpec> {
     let subgroups = profile.is_none_or(|p| p.subgroups());
     let mut v = gemv::kernels(smem, subgroups);
     v.extend(gemm::kernels());
+    v.extend(ops::kernels());
+    v.push(bench_copy());
+    v
+}
+
+/// The kernels of [`all`] that a model whose matrices have these (encoding, columns) `shapes`
+/// (`crate::model::Weights::linear_shapes`) can build on a device of `profile`: the GEMV variants
+/// of [`gemv::kernels_for`], the GEMM of its encodings, the op kernels of both attention paths
+/// and `bench copy`'s kernel. Every kernel such a model builds is in it (tested).
+pub fn for_model(shapes: &[(Encoding, usize)], profile: Option<LimitProfile>) -> Vec<KernelSpec> {
+    let smem = profile
+        .and_then(|p| p.limits())
+        .map_or(u64::MAX, |l| l.max_compute_workgroup_storage_size as u64);
+    let subgroups = profile.is_none_or(|p| p.subgroups());
+    let mut encs: Vec<Encoding> = Vec::new();
+    for &(e, _) in shapes {
+        if !encs.contains(&e) {
+            encs.push(e);
+        }
+    }
+    let mut v = gemv::kernels_for(shapes, smem, subgroups);
+    v.extend(gemm::kernels_for(&encs));
     v.extend(ops::kernels());
     v.push(bench_copy());
     v

@@ -590,6 +590,37 @@ enum ExpertStore {
 }
 
 impl<'a> Weights<'a> {
+    /// The (encoding, columns) of every matrix a forward multiplies by (attention projections,
+    /// dense, shared and routed experts, routers, the head; not the embedding, which is
+    /// gathered), without repeats, in first-seen order: what the GEMV and GEMM variants a model
+    /// reaches depend on (`crate::gpu::variants::for_model`).
+    pub fn linear_shapes(&self) -> Vec<(Encoding, usize)> {
+        let mut out: Vec<(Encoding, usize)> = Vec::new();
+        let mut add = |m: &QMatrix<'_>| {
+            if !out.contains(&(m.enc, m.cols)) {
+                out.push((m.enc, m.cols));
+            }
+        };
+        for l in &self.layers {
+            let a = &l.attn;
+            [&a.q, &a.k, &a.v, &a.r, &a.o]
+                .into_iter()
+                .for_each(&mut add);
+            let ffns: Vec<&Ffn<'_>> = match &l.mlp {
+                Mlp::Dense(d) => vec![&d.ffn],
+                Mlp::Moe(m) => {
+                    add(&m.router);
+                    m.experts.iter().chain(&m.shared).collect()
+                }
+            };
+            for f in ffns {
+                [&f.gate, &f.up, &f.down].into_iter().for_each(&mut add);
+            }
+        }
+        add(&self.lm_head);
+        out
+    }
+
     /// Load and shape-check every tensor the text model needs (vision/audio/MTP are ignored).
     ///
     /// The layout comes from the tensor names present: released (`model.llm.…`), transformers

@@ -178,8 +178,13 @@ impl Kernel for SortKey {
 /// Every GEMM kernel the engine can build: each GEMM encoding ([`supported`]) × [`TILES`], then
 /// the grouping pass of each BN.
 pub fn kernels() -> Vec<KernelSpec> {
+    kernels_for(&kernel_encodings())
+}
+
+/// The GEMM variants of `encs` (those with a GEMM) and the grouping passes, as [`kernels`].
+pub fn kernels_for(encs: &[Encoding]) -> Vec<KernelSpec> {
     let mut v = Vec::new();
-    for enc in kernel_encodings().into_iter().filter(|&e| supported(e)) {
+    for &enc in encs.iter().filter(|&&e| supported(e)) {
         for t in TILES {
             v.push(KernelSpec::of(&GemmKey::new(enc, t)));
         }

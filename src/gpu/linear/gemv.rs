@@ -508,11 +508,49 @@ pub fn workgroup_bytes(f: Format, t: Tuning, xt: u32, direct: bool) -> u64 {
 /// bytes of workgroup memory (`u64::MAX`: any device), with the subgroup reduction too when
 /// `subgroups`: each kernel encoding × reduction × ([`candidates`] × [`x_tiles`] staged, and
 /// [`direct_candidates`] direct for f32 and bf16) × (one or two weight chunks, or one chunk with
-/// output segments). Forced tunings (`bench kernels --tune`, [`GemvArgs::tuning`]) may build
-/// others.
+/// output segments).
 pub fn kernels(smem_limit: u64, subgroups: bool) -> Vec<KernelSpec> {
+    let encs = kernel_encodings();
+    kernels_where(&encs, subgroups, |enc, t| {
+        x_tiles(enc.format, t, smem_limit)
+    })
+}
+
+/// The subset of [`kernels`] that matrices of these (encoding, columns) `shapes` reach: the staged
+/// variants only at the x tile each column count is given ([`x_tile`]), and only the shapes'
+/// encodings. A superset of what a model over them builds whatever its calls' pairs and tokens.
+pub fn kernels_for(
+    shapes: &[(Encoding, usize)],
+    smem_limit: u64,
+    subgroups: bool,
+) -> Vec<KernelSpec> {
+    let mut encs: Vec<Encoding> = Vec::new();
+    for &(e, _) in shapes {
+        if !encs.contains(&e) {
+            encs.push(e);
+        }
+    }
+    kernels_where(&encs, subgroups, |enc, t| {
+        let mut xts: Vec<u32> = Vec::new();
+        for &(e, cols) in shapes.iter().filter(|(e, _)| *e == enc) {
+            let xt = x_tile(e.format, t, cols, smem_limit);
+            if !xts.contains(&xt) {
+                xts.push(xt);
+            }
+        }
+        xts.sort_unstable();
+        xts
+    })
+}
+
+/// The GEMV variants of `encs` with the staged x tiles `xts(encoding, tuning)` gives.
+fn kernels_where(
+    encs: &[Encoding],
+    subgroups: bool,
+    xts: impl Fn(Encoding, Tuning) -> Vec<u32>,
+) -> Vec<KernelSpec> {
     let mut v = Vec::new();
-    for enc in kernel_encodings() {
+    for &enc in encs {
         for sg in [false, true].into_iter().filter(|&sg| !sg || subgroups) {
             for (chunks, segs) in [(1, false), (2, false), (1, true)] {
                 let key = |t, xt, direct| {
@@ -521,7 +559,7 @@ pub fn kernels(smem_limit: u64, subgroups: bool) -> Vec<KernelSpec> {
                         .with_segments(segs)
                 };
                 for &t in candidates(enc.format) {
-                    for xt in x_tiles(enc.format, t, smem_limit) {
+                    for xt in xts(enc, t) {
                         v.push(KernelSpec::of(&key(t, xt, false)));
                     }
                 }

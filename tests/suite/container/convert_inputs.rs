@@ -211,7 +211,7 @@ fn stalled_write_child() {
 fn interrupt_while_writing(sub: &[&str], out: &Path, signal: i32) -> (Output, Vec<String>) {
     let what = [sub, &[out.to_str().unwrap()]].concat().join("\t");
     let child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "convert_inputs::stalled_write_child"])
+        .args(["--exact", "container::convert_inputs::stalled_write_child"])
         .args(["--ignored", "--nocapture", "--test-threads", "1"])
         .env(STALLED_WRITE, what)
         .stdout(Stdio::piped())

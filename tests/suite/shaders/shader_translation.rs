@@ -234,9 +234,9 @@ fn expected_gemm() -> usize {
 }
 
 /// Op kernels per WGSL file: attention (2 entry points × f32/vec4), fused attention (the FUSED
-/// attention × f32/vec4, the prologue), conv (single, pair, combine), elementwise (8 entry points), norm
+/// attention × f32/vec4, the prologue), conv (single, pair, combine), elementwise (5 entry points), norm
 /// (rms_norm out/in place and embed_norm × f32/vec4), router (1), split (1); then `bench copy`.
-const EXPECTED_OPS: usize = 4 + 3 + 3 + 8 + 6 + 1 + 1;
+const EXPECTED_OPS: usize = 4 + 3 + 3 + 5 + 6 + 1 + 1;
 
 fn spirv_val(dir: &Path, files: &[std::path::PathBuf]) -> Vec<String> {
     let probe = std::process::Command::new("spirv-val")
