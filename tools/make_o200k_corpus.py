@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Reference ids of the o200k tokenizer on a varied corpus, from Python `tokenizers` (its Rust core
-built with the Oniguruma regex backend), for tests/suite/tokenizer_o200k.rs, which checks that the
+built with the Oniguruma regex backend), for tests/suite/model/tokenizer_o200k.rs, which checks that the
 crate's pure-Rust regex backend (fancy-regex) encodes every text to the same ids.
 
 Usage: pip install tokenizers; python3 tools/make_o200k_corpus.py

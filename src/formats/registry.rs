@@ -1,6 +1,6 @@
 //! The weight-format registry: one ordinal means one thing everywhere.
 //!
-//! This table is the code side of `FORMATS.md`; `tests/formats_doc.rs` parses the Markdown table and
+//! This table is the code side of `FORMATS.md`; `tests/suite/container/formats_doc.rs` parses the Markdown table and
 //! checks it row by row against [`REGISTRY`], so documentation and code cannot drift apart.
 //! Ordinals 0–9 are shared with the wider MoE-container ecosystem; work in progress takes private
 //! ordinals from 100 up. Containers name formats by [`FormatSpec::name`]; the ordinal lives inside the

@@ -4,7 +4,7 @@
     python tests/python/chat_pty.py BIN MODEL
 
 Two turns, /help, Ctrl-C at the prompt (clears the line), /exit. Prints what the terminal showed;
-exits non-zero when a check fails. Run by tests/suite/chat_cli.rs.
+exits non-zero when a check fails. Run by tests/suite/chat/chat_cli.rs.
 """
 import os
 import pty

@@ -123,7 +123,7 @@ fn a_missing_model_dir_is_named_once() {
 fn huge_max_tokens_bad_bandwidth_empty_usage_file_bad_eps_and_force_onto_a_source() {
     let m = fixture("tiny-causal-f32");
     let m = m.to_str().unwrap();
-    // capped at the context (4096 positions) with a warning (tests/suite/cli_prompt.rs has GPU)
+    // capped at the context (4096 positions) with a warning (tests/suite/cli/cli_prompt.rs has GPU)
     for n in ["4294967295", "18446744073709551615"] {
         let out = bin()
             .args([
