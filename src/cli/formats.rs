@@ -6,21 +6,6 @@ use std::process::ExitCode;
 #[derive(clap::Args, Debug)]
 pub struct Args {}
 
-/// Bytes-per-row formula as written in FORMATS.md (the doc test checks the doc against the code).
-fn formula(name: &str) -> &'static str {
-    match name {
-        "f32" => "4·I",
-        "int8" | "fp8-e4m3-b128" => "I",
-        "int4" | "int4-grouped" => "ceil(I/2)",
-        "int2" => "ceil(I/4)",
-        "int3-g64" => "ceil(I/64)·24",
-        "e8-iq3" => "ceil(I/256)·98",
-        "mxfp4" => "ceil(I/32)·17",
-        "bf16" => "2·I",
-        _ => "?",
-    }
-}
-
 /// The registry as an aligned text table.
 pub fn table() -> String {
     let mut out = format!(
@@ -43,7 +28,7 @@ pub fn table() -> String {
             "{:>7}  {:<14} {:<15} {:>12}  {:<36} {}\n",
             s.ordinal,
             s.name,
-            formula(s.name),
+            s.bytes_per_row,
             s.format.bytes_per_row(6144, gs),
             scales,
             if s.gpu_kernel { "yes" } else { "no" }

@@ -94,6 +94,7 @@ fn formats_md_table_equals_registry() {
         assert_eq!(d.ordinal, s.format.ordinal());
         assert_eq!(d.name, s.name, "name of ordinal {}", s.ordinal);
         assert_eq!(d.kernel, s.gpu_kernel, "kernel column of {}", s.name);
+        assert_eq!(d.bytes, s.bytes_per_row, "bytes/row formula of {}", s.name);
         let gs = s.group_sizes.first().copied().unwrap_or(0) as usize;
         for i in [1usize, 7, 63, 64, 65, 100, 129, 6144] {
             assert_eq!(
