@@ -127,7 +127,8 @@ pub fn bind_group(
 
 /// One recorded dispatch: pipeline, bind group, workgroup grid, and the uniform it owns.
 pub struct Dispatch {
-    /// The pipeline key (`None` for a dispatch made from parts).
+    /// The pipeline key, kept by debug builds only (for the step's device-check assertion;
+    /// `None` in release builds and for a dispatch made from parts).
     kernel: Option<String>,
     pipeline: Arc<wgpu::ComputePipeline>,
     bind_group: wgpu::BindGroup,
@@ -153,7 +154,7 @@ impl Dispatch {
         all.extend_from_slice(buffers);
         let bind_group = bind_group(gpu, label, &pipeline, &all);
         Dispatch {
-            kernel: Some(key.to_string()),
+            kernel: cfg!(debug_assertions).then(|| key.to_string()),
             pipeline,
             bind_group,
             groups,
@@ -207,7 +208,8 @@ impl Call {
         self.dispatches.len()
     }
 
-    /// The pipeline keys of the dispatches made by [`Dispatch::new`], in order.
+    /// The pipeline keys of the dispatches made by [`Dispatch::new`], in order (debug builds;
+    /// empty in release builds).
     pub fn kernels(&self) -> impl Iterator<Item = &str> {
         self.dispatches.iter().filter_map(|d| d.kernel.as_deref())
     }

@@ -114,9 +114,7 @@ impl<V: Send + Sync + 'static> OnceCache<V> {
         };
         cell.get_or_init(|| Arc::new(make())).clone()
     }
-}
 
-impl<V: 'static> OnceCache<V> {
     /// The keys of type `K` asked for so far (built or being built), in no particular order.
     pub fn keys<K>(&self) -> Vec<K>
     where

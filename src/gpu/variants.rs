@@ -8,7 +8,7 @@
 use crate::formats::Encoding;
 use crate::gpu::kernel::KernelSpec;
 use crate::gpu::limits::LimitProfile;
-use crate::gpu::linear::format::{kernel_encodings, Tuning};
+use crate::gpu::linear::format::{encodings_of, kernel_encodings, Tuning};
 use crate::gpu::linear::route::{candidates, tuning, TILES};
 use crate::gpu::linear::{gemm, gemv};
 use crate::gpu::{ops, timing, Gpu};
@@ -21,15 +21,8 @@ pub fn bench_copy() -> KernelSpec {
 /// Every kernel the engine can build on a device of `profile` (`None`: any device, i.e. every
 /// x tile up to 16384 columns and both reductions), GEMV first, in a fixed order. Keys are unique.
 pub fn all(profile: Option<LimitProfile>) -> Vec<KernelSpec> {
-    let smem = profile
-        .and_then(|p| p.limits())
-        .map_or(u64::MAX, |l| l.max_compute_workgroup_storage_size as u64);
-    let subgroups = profile.is_none_or(|p| p.subgroups());
-    let mut v = gemv::kernels(smem, subgroups);
-    v.extend(gemm::kernels());
-    v.extend(ops::kernels());
-    v.push(bench_copy());
-    v
+    let (smem, subgroups) = device_limits(profile);
+    with_ops(gemv::kernels(smem, subgroups), gemm::kernels())
 }
 
 /// The kernels of [`all`] that a model whose matrices have these (encoding, columns) `shapes`
@@ -37,18 +30,24 @@ pub fn all(profile: Option<LimitProfile>) -> Vec<KernelSpec> {
 /// of [`gemv::kernels_for`], the GEMM of its encodings, the op kernels of both attention paths
 /// and `bench copy`'s kernel. Every kernel such a model builds is in it (tested).
 pub fn for_model(shapes: &[(Encoding, usize)], profile: Option<LimitProfile>) -> Vec<KernelSpec> {
+    let (smem, subgroups) = device_limits(profile);
+    with_ops(
+        gemv::kernels_for(shapes, smem, subgroups),
+        gemm::kernels_for(&encodings_of(shapes)),
+    )
+}
+
+/// Workgroup-memory bytes and subgroup support of a device of `profile` (`None`: any device).
+fn device_limits(profile: Option<LimitProfile>) -> (u64, bool) {
     let smem = profile
         .and_then(|p| p.limits())
         .map_or(u64::MAX, |l| l.max_compute_workgroup_storage_size as u64);
-    let subgroups = profile.is_none_or(|p| p.subgroups());
-    let mut encs: Vec<Encoding> = Vec::new();
-    for &(e, _) in shapes {
-        if !encs.contains(&e) {
-            encs.push(e);
-        }
-    }
-    let mut v = gemv::kernels_for(shapes, smem, subgroups);
-    v.extend(gemm::kernels_for(&encs));
+    (smem, profile.is_none_or(|p| p.subgroups()))
+}
+
+/// `gemv` then `gemm`, then every op kernel and `bench copy`'s.
+fn with_ops(mut v: Vec<KernelSpec>, gemm: Vec<KernelSpec>) -> Vec<KernelSpec> {
+    v.extend(gemm);
     v.extend(ops::kernels());
     v.push(bench_copy());
     v

@@ -165,6 +165,17 @@ pub fn kernel_encodings() -> Vec<Encoding> {
     v
 }
 
+/// The distinct encodings of (encoding, columns) `shapes`, in first-seen order.
+pub fn encodings_of(shapes: &[(Encoding, usize)]) -> Vec<Encoding> {
+    let mut encs: Vec<Encoding> = Vec::new();
+    for &(e, _) in shapes {
+        if !encs.contains(&e) {
+            encs.push(e);
+        }
+    }
+    encs
+}
+
 /// Whether `enc` has a GEMM kernel ([`KernelFormat::gemm`]: f32, bf16, int4 and int4-grouped).
 pub fn supported(enc: Encoding) -> bool {
     lookup(enc.format).is_some_and(|r| r.gemm)

@@ -35,7 +35,7 @@ use crate::gpu::call::{dummy, entry, grid_u64, Call, Dispatch, Label};
 use crate::gpu::dispatch::DispatchError;
 use crate::gpu::kernel::{self, Bind, Kernel, KernelSpec};
 use crate::gpu::linear::args::{strides, GemvArgs, MAX_SEGMENTS};
-use crate::gpu::linear::format::{kernel_encodings, row, unit_shape, Tuning};
+use crate::gpu::linear::format::{encodings_of, kernel_encodings, row, unit_shape, Tuning};
 use crate::gpu::linear::route::{candidates, direct_candidates, tuning, LinearOptions, Plan};
 use crate::gpu::linear::slab::{gpu_row_stride, GpuWeights, WeightChunk};
 use crate::gpu::Gpu;
@@ -524,13 +524,7 @@ pub fn kernels_for(
     smem_limit: u64,
     subgroups: bool,
 ) -> Vec<KernelSpec> {
-    let mut encs: Vec<Encoding> = Vec::new();
-    for &(e, _) in shapes {
-        if !encs.contains(&e) {
-            encs.push(e);
-        }
-    }
-    kernels_where(&encs, subgroups, |enc, t| {
+    kernels_where(&encodings_of(shapes), subgroups, |enc, t| {
         let mut xts: Vec<u32> = Vec::new();
         for &(e, cols) in shapes.iter().filter(|(e, _)| *e == enc) {
             let xt = x_tile(e.format, t, cols, smem_limit);
