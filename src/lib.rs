@@ -11,6 +11,7 @@ pub mod container;
 pub mod formats;
 pub mod gpu;
 pub mod model;
+pub mod progress;
 pub mod serve;
 pub mod tempfiles;
 

@@ -30,7 +30,14 @@ fn main() -> std::process::ExitCode {
                 }
             }
             eprintln!("error: {msg}");
-            std::process::ExitCode::FAILURE
+            // a bad command-line value found after parsing exits as clap's own errors do
+            if e.downcast_ref::<inkling_wgpu::cli::context::BadArgument>()
+                .is_some()
+            {
+                std::process::ExitCode::from(2)
+            } else {
+                std::process::ExitCode::FAILURE
+            }
         }
     }
 }

@@ -1,10 +1,10 @@
 //! Temporary files of our own: how they are named, how they are removed when the process is
-//! interrupted (SIGINT, SIGTERM) and how a later run removes the ones a dead process left behind.
+//! interrupted (SIGHUP, SIGINT, SIGTERM) and how a later run removes the ones a dead process left behind.
 //!
 //! A temporary file is `FINAL.PID.tmp` (`FINAL` the path it will be renamed to, `PID` the writing
 //! process). [`create`] makes it and registers it, [`rename_into_place`] renames it to `FINAL` and
-//! forgets it, [`discard`] removes and forgets it. After [`remove_on_signal`], SIGINT and SIGTERM
-//! remove every registered file (and the new directories from [`track_new_dirs`], when
+//! forgets it, [`discard`] removes and forgets it. After [`remove_on_signal`], SIGHUP, SIGINT and
+//! SIGTERM remove every registered file (and the new directories from [`track_new_dirs`], when
 //! empty), then exit with status 128 + signal number, the shell convention.
 //! [`remove_stale`] removes files named like ours whose process is gone (never our own, never one
 //! whose process still runs, never a name outside the caller's list of final names).
@@ -14,7 +14,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-/// Files and directories removed on SIGINT / SIGTERM.
+/// Files and directories removed on SIGHUP / SIGINT / SIGTERM.
 #[derive(Default)]
 struct Registry {
     files: Vec<PathBuf>,
@@ -137,25 +137,28 @@ fn remove_registered(r: &mut Registry) {
     }
 }
 
-/// From now on, SIGINT and SIGTERM remove every registered temporary file and directory and end
-/// the process with status 128 + the signal number (130, 143). Idempotent. On platforms without
+/// From now on, SIGHUP (the terminal closed), SIGINT and SIGTERM remove every registered temporary
+/// file and directory and end the process with status 128 + the signal number (129, 130, 143).
+/// Idempotent. On platforms without
 /// these signals it does nothing.
 pub fn remove_on_signal() -> io::Result<()> {
     #[cfg(unix)]
     {
-        use signal_hook::consts::{SIGINT, SIGTERM};
+        use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
         static INSTALLED: std::sync::Once = std::sync::Once::new();
         let mut result = Ok(());
         INSTALLED.call_once(|| {
-            result = signal_hook::iterator::Signals::new([SIGINT, SIGTERM]).map(|mut signals| {
-                std::thread::spawn(move || {
-                    if let Some(sig) = signals.forever().next() {
-                        let mut r = registry();
-                        remove_registered(&mut r);
-                        std::process::exit(128 + sig);
-                    }
-                });
-            });
+            result = signal_hook::iterator::Signals::new([SIGHUP, SIGINT, SIGTERM]).map(
+                |mut signals| {
+                    std::thread::spawn(move || {
+                        if let Some(sig) = signals.forever().next() {
+                            let mut r = registry();
+                            remove_registered(&mut r);
+                            std::process::exit(128 + sig);
+                        }
+                    });
+                },
+            );
         });
         result
     }

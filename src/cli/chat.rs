@@ -2,7 +2,7 @@
 //! token ids and the model's KV cache and conv states follow it, so each turn prefills only its
 //! new tokens. With a terminal on stdin it reads through a line editor; otherwise each line of
 //! stdin is one message (for scripts). Ctrl-C stops the current answer.
-use super::load::{open_tokenizer, sampling, with_chat_model, ChatModel, ModelArgs};
+use super::load::{open_tokenizer, random_seed, sampling, with_chat_model, ChatModel, ModelArgs};
 use crate::chat::parse::{Block, OutputParser};
 use crate::chat::session::{Finish, Halt, Session};
 use crate::chat::{Effort, Message, Role};
@@ -31,7 +31,7 @@ pub struct Args {
     pub max_tokens: usize,
     /// Sampling temperature; 0 = greedy (default: generation_config.json's when it sets do_sample,
     /// 1 when it sets do_sample without a temperature, else 0).
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_negative_numbers = true, value_parser = super::values::parse_temperature)]
     pub temperature: Option<f32>,
     /// Keep only the k most likely tokens (0 = off; default: generation_config.json's when it sets
     /// do_sample, 50 when it sets do_sample without a top_k, as transformers; else 0).
@@ -39,12 +39,18 @@ pub struct Args {
     pub top_k: Option<usize>,
     /// Nucleus sampling mass in (0, 1] (1 = off; default: generation_config.json's when it sets
     /// do_sample, else 1).
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_negative_numbers = true, value_parser = super::values::parse_top_p)]
     pub top_p: Option<f32>,
-    /// PRNG seed for sampling (each turn continues the same stream of seeds: turn n uses seed + n).
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
+    /// PRNG seed for sampling: turn n uses seed + n (default: a fresh random seed, shown in each
+    /// turn's stats line when sampling).
+    #[arg(long)]
+    pub seed: Option<u64>,
 }
+
+/// The most tokens that close a model turn in the history ([`crate::chat::Renderer::close_model_turn`]:
+/// end of message and end of sampling), kept free in the context so that the history never
+/// outgrows it.
+const CLOSE_TOKENS: usize = 2;
 
 const HELP: &str = "commands: /clear (start a new conversation), /exit (or Ctrl-D), /help; \
                     Ctrl-C stops the current answer";
@@ -124,10 +130,15 @@ fn chat(args: &Args, cm: ChatModel<'_>) -> anyhow::Result<ExitCode> {
     let color = std::io::stdout().is_terminal();
     let r = cm.renderer;
     let sp = r.specials().clone();
+    let sampling = sampling(&cm.generation, args.temperature, args.top_k, args.top_p)?;
+    let sampled = sampling.temperature > 0.0;
+    let seed = args
+        .seed
+        .unwrap_or_else(|| if sampled { random_seed() } else { 0 });
     let params = GenerateParams {
         max_new_tokens: args.max_tokens,
-        sampling: sampling(&cm.generation, args.temperature, args.top_k, args.top_p)?,
-        seed: args.seed,
+        sampling,
+        seed,
         eos_ids: cm.stop_ids.clone(),
     };
     let effort = Some(args.effort);
@@ -186,21 +197,23 @@ fn chat(args: &Args, cm: ChatModel<'_>) -> anyhow::Result<ExitCode> {
         let mut prompt = history.clone();
         prompt.extend(user);
         prompt.extend_from_slice(&gen_prompt);
-        if prompt.len() >= cm.ctx {
-            eprintln!(
-                "the conversation would be {} tokens, more than the context of {} (--ctx); \
-                 /clear starts a new one",
-                prompt.len(),
+        // room for one answer token and the turn's closing tokens, which stay in the history
+        if prompt.len() + 1 + CLOSE_TOKENS > cm.ctx {
+            let msg = format!(
+                "the conversation would be {} tokens with this message, and the context holds {} \
+                 (--ctx, at most the model's max_position_embeddings)",
+                prompt.len() + 1 + CLOSE_TOKENS,
                 cm.ctx
             );
             if !interactive {
-                return Ok(ExitCode::FAILURE);
+                anyhow::bail!("{msg}; start a new chat for the remaining lines");
             }
+            eprintln!("{msg}; /clear starts a new one");
             continue;
         }
         let mut p = params.clone();
-        p.max_new_tokens = p.max_new_tokens.min(cm.ctx - prompt.len());
-        p.seed = args.seed.wrapping_add(turn_no);
+        p.max_new_tokens = p.max_new_tokens.min(cm.ctx - prompt.len() - CLOSE_TOKENS);
+        p.seed = seed.wrapping_add(turn_no);
         turn_no += 1;
         let mut parser = OutputParser::new(cm.tok, &sp, in_text);
         let mut shown = Shown::new(args.show_thinking, color);
@@ -232,7 +245,7 @@ fn chat(args: &Args, cm: ChatModel<'_>) -> anyhow::Result<ExitCode> {
             Finish::Halted(_) => "stopped",
         };
         eprintln!(
-            "[prompt {} tok ({} reused) {:.1} tok/s | {} tok {:.1} tok/s | {finish} | context {}/{}]",
+            "[prompt {} tok ({} reused) {:.1} tok/s | {} tok {:.1} tok/s | {finish} | context {}/{}{}]",
             s.prompt_tokens,
             turn.reused,
             if s.prefill_s > 0.0 {
@@ -243,7 +256,12 @@ fn chat(args: &Args, cm: ChatModel<'_>) -> anyhow::Result<ExitCode> {
             s.generated_tokens,
             s.decode_tok_s,
             history.len(),
-            cm.ctx
+            cm.ctx,
+            if sampled {
+                format!(" | seed {}", p.seed)
+            } else {
+                String::new()
+            }
         );
     }
     Ok(ExitCode::SUCCESS)

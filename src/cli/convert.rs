@@ -47,14 +47,15 @@ pub fn parse_shard_mib(s: &str) -> Result<usize, String> {
     }
 }
 
-/// `keep` → None (source precision), otherwise an [`Encoding`] spelling; an error names `flag`.
+/// `keep` → None (source precision), otherwise an [`Encoding`] spelling; an unknown spelling is a
+/// [`super::context::BadArgument`] naming `flag` (exit status 2).
 pub fn parse_encoding(flag: &str, s: &str) -> anyhow::Result<Option<Encoding>> {
     if s == "keep" {
         return Ok(None);
     }
-    Ok(Some(
-        Encoding::parse(s).with_context(|| format!("--{flag} {s}"))?,
-    ))
+    let enc = Encoding::parse(s)
+        .map_err(|e| super::context::BadArgument(format!("--{flag} {s}: {e}")))?;
+    Ok(Some(enc))
 }
 
 /// Run `work`, which writes into `out`: SIGINT / SIGTERM meanwhile remove its temporary files, and
@@ -95,7 +96,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         let scaled =
             crate::formats::Encoding::parse(&e.encoding).is_ok_and(|enc| enc.scale_count(1, 1) > 0);
         eprintln!(
-            "{}: {}{}, {} matrices, relative weight error {:.6} (‖W − deq(W)‖/‖W‖)",
+            "{}: {}{}, {} {}, relative weight error {:.6} (‖W − deq(W)‖/‖W‖)",
             e.class,
             e.encoding,
             if scaled {
@@ -104,6 +105,11 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                 String::new()
             },
             e.matrices,
+            if e.matrices == 1 {
+                "matrix"
+            } else {
+                "matrices"
+            },
             e.relative()
         );
     }

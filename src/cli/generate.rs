@@ -1,5 +1,5 @@
 //! `inkling-wgpu generate`: load a checkpoint, run a forward backend, stream text.
-use super::load::{eos_ids, gpu_backend, sampling, Device};
+use super::load::{eos_ids, gpu_backend, random_seed, sampling, Device};
 use super::output::{out, outln};
 use crate::model::generate::{fit_new_tokens, generate, GenOutput, GenerateParams};
 use crate::model::text::{load_tokenizer, TextStream};
@@ -31,7 +31,7 @@ pub struct Args {
     pub max_tokens: Option<usize>,
     /// Sampling temperature; 0 = greedy (default: generation_config.json's when it sets do_sample,
     /// 1 when it sets do_sample without a temperature, else 0).
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_negative_numbers = true, value_parser = super::values::parse_temperature)]
     pub temperature: Option<f32>,
     /// Keep only the k most likely tokens (0 = off; default: generation_config.json's when it sets
     /// do_sample, 50 when it sets do_sample without a top_k, as transformers; else 0).
@@ -39,9 +39,10 @@ pub struct Args {
     pub top_k: Option<usize>,
     /// Nucleus sampling mass in (0, 1] (1 = off; default: generation_config.json's when it sets
     /// do_sample, else 1).
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_negative_numbers = true, value_parser = super::values::parse_top_p)]
     pub top_p: Option<f32>,
-    /// PRNG seed for sampling (default 0).
+    /// PRNG seed for sampling (default: a fresh random seed each run, printed in the stats line and
+    /// `stats.seed` of `--json`).
     #[arg(long)]
     pub seed: Option<u64>,
     /// Where to run the model.
@@ -65,7 +66,7 @@ pub struct Args {
     #[arg(long, value_parser = parse_gpu_mem)]
     pub gpu_mem: Option<GpuMem>,
     /// Exactly N expert slots instead of a budget in GiB (N ≥ every routed expert = resident).
-    #[arg(long, conflicts_with = "gpu_mem", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, conflicts_with = "gpu_mem", value_parser = super::values::parse_positive)]
     pub expert_slots: Option<u64>,
     /// The usage file: routing counts per (layer, expert) that rank the pinned hot set of expert
     /// slots at start-up and are updated after each streamed run. Default:
@@ -231,7 +232,12 @@ fn generate_params(
     Ok(GenerateParams {
         max_new_tokens,
         sampling,
-        seed: args.seed.unwrap_or(0),
+        // greedy decoding draws nothing, so its seed is 0 and never printed
+        seed: match args.seed {
+            Some(s) => s,
+            None if sampling.temperature > 0.0 => random_seed(),
+            None => 0,
+        },
         eos_ids: eos,
     })
 }
@@ -314,6 +320,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Ok(())
     };
     let out: GenOutput = generate(backend, &prompt, &params, &mut on_token)?;
+    // the seed of a sampled run, printed so that it can be repeated; none for greedy decoding
+    let seed = (params.sampling.temperature > 0.0).then_some(params.seed);
     let (backend_name, adapter) = (backend.backend(), backend.adapter());
     let report = match gpu_model.as_mut() {
         Some(m) if args.profile => {
@@ -354,6 +362,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 "prefill_s": s.prefill_s,
                 "ttft_s": s.ttft_s,
                 "decode_tok_s": s.decode_tok_s,
+                "seed": seed,
                 "backend": backend_name,
                 "adapter": adapter,
                 "experts": match &experts {
@@ -381,13 +390,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
     }
     eprintln!(
-        "prompt tokens {} | prefill {:.3} s | TTFT {:.3} s | {} generated, decode {:.1} tok/s | finish {} | {} ({})",
+        "prompt tokens {} | prefill {:.3} s | TTFT {:.3} s | {} generated, decode {:.1} tok/s | finish {}{} | {} ({})",
         s.prompt_tokens,
         s.prefill_s,
         s.ttft_s,
         s.generated_tokens,
         s.decode_tok_s,
         out.finish_reason.as_str(),
+        seed.map(|n| format!(" | seed {n}")).unwrap_or_default(),
         backend_name,
         adapter
     );

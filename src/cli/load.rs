@@ -3,12 +3,13 @@
 //! as transformers 5.24.0 `generate` reads them; and opening a chat model for `chat` and `serve`:
 //! the tokenizer (with Inkling's chat specials, checked before the weights are read), the weights,
 //! and a CPU or GPU forward with a KV cache of `--ctx` tokens.
+use super::context::{context_length, BadArgument};
 use crate::chat::Renderer;
 use crate::model::config::reachable_eos;
 use crate::model::sampling::SamplingParams;
 use crate::model::text::{load_tokenizer, tokenizer_eos_ids};
 use crate::model::{
-    Checkpoint, CpuModel, Forward, GenerationConfig, GpuModel, GpuModelOptions, Weights,
+    Checkpoint, CpuModel, Forward, GenerationConfig, GpuModel, GpuModelOptions, TextConfig, Weights,
 };
 use anyhow::{bail, Context};
 use std::path::PathBuf;
@@ -22,10 +23,21 @@ pub enum Device {
 }
 
 /// The GPU forward of `w` with `opts` (its KV cache holds `opts`' sequence length); a missing
-/// adapter is an error that points at `--device cpu`.
+/// adapter is an error that points at `--device cpu`, and a software adapter (lavapipe) gets a
+/// one-line note on stderr that `--device cpu` is faster there.
 pub fn gpu_backend<'w>(w: &'w Weights<'w>, opts: GpuModelOptions) -> anyhow::Result<GpuModel<'w>> {
     let gpu = crate::gpu::device::Gpu::new()
         .map_err(|e| anyhow::anyhow!("{e}; or run with `--device cpu` to use the CPU forward"))?;
+    static NOTE: std::sync::Once = std::sync::Once::new();
+    if gpu.is_cpu() {
+        NOTE.call_once(|| {
+            eprintln!(
+                "note: {} is a software adapter that runs on the CPU; `--device cpu` (the CPU \
+             forward, same tokens) is usually many times faster there",
+                gpu.info.name
+            )
+        });
+    }
     let model = GpuModel::new(&gpu, w, opts)
         .with_context(|| format!("building the GPU model on {}", gpu.describe()))?;
     Ok(model)
@@ -82,15 +94,21 @@ pub struct ModelArgs {
     /// Where to run the model.
     #[arg(long, value_enum, default_value_t = Device::Gpu)]
     pub device: Device,
-    /// Context length in tokens (prompt and answers of the whole conversation): the KV cache's
-    /// size on the GPU.
-    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(2..))]
-    pub ctx: u32,
+    /// Context length in tokens (prompt and answers of the whole conversation; the KV cache's
+    /// size on the GPU). Default: the model's max_position_embeddings, at most 4096; a larger
+    /// value than the model's is refused.
+    #[arg(long)]
+    pub ctx: Option<usize>,
 }
 
 impl ModelArgs {
     pub fn dir(&self) -> PathBuf {
         self.model.clone().unwrap_or_else(crate::bundled_model_dir)
+    }
+
+    /// The context of a run on a model with `config` ([`context_length`]).
+    pub fn context(&self, config: &TextConfig) -> Result<usize, BadArgument> {
+        context_length(self.ctx, config.max_position_embeddings)
     }
 }
 
@@ -109,6 +127,12 @@ pub struct ChatModel<'a> {
 
 /// The tokenizer of `dir` and its renderer; an error naming the file when it has no chat specials.
 pub fn open_tokenizer(dir: &std::path::Path) -> anyhow::Result<(Tokenizer, Renderer)> {
+    if !dir.is_dir() {
+        bail!(
+            "{}: no such model directory (--model takes a checkpoint or container directory)",
+            dir.display()
+        );
+    }
     let tok = load_tokenizer(dir)?.with_context(|| {
         format!(
             "{}: no tokenizer.json; `chat` and `serve` need the model's tokenizer",
@@ -130,6 +154,7 @@ pub fn with_chat_model<R>(
 ) -> anyhow::Result<R> {
     let dir = args.dir();
     let ck = Checkpoint::open(&dir)?;
+    let ctx = args.context(&ck.config)?;
     let weights = Weights::load(&ck)?;
     let generation = ck.generation.clone().unwrap_or_default();
     let mut stop_ids = vec![renderer.specials().model_end_sampling];
@@ -138,7 +163,6 @@ pub fn with_chat_model<R>(
             stop_ids.push(id);
         }
     }
-    let ctx = args.ctx as usize;
     let mut cpu;
     let mut gpu;
     let model: &mut dyn Forward = match args.device {
@@ -160,6 +184,16 @@ pub fn with_chat_model<R>(
         generation,
         ctx,
     })
+}
+
+/// A fresh seed for a sampled run without `--seed` (as llama.cpp and mlx-lm draw one): the
+/// standard library's per-process random hash keys, so no two runs share it. Commands print the
+/// seed they used so that a run can be repeated with `--seed`.
+pub fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish()
 }
 
 /// transformers 5.24.0's defaults for what a sampling generation_config.json leaves unset

@@ -8,6 +8,7 @@ pub mod bench_decode;
 pub mod bench_gemm;
 pub mod bench_prefill;
 pub mod chat;
+pub mod context;
 pub mod convert;
 pub mod formats;
 pub mod generate;

@@ -1,6 +1,7 @@
 //! `inkling-wgpu perplexity`: perplexity and bits per byte of a model over a text file, and
 //! optionally the mean KL divergence and top-1 agreement to a base model (`--kl-base`), the
 //! counterpart of llama.cpp's `llama-perplexity` (method: [`crate::model::eval`]).
+use super::context::context_length;
 use super::load::{gpu_backend, Device};
 use crate::model::eval::{evaluate, windows, EvalStats};
 use crate::model::text::load_tokenizer;
@@ -8,9 +9,6 @@ use crate::model::{Checkpoint, CpuModel, Forward, GpuModel, GpuModelOptions, Wei
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-
-/// Context used when the model's config names none (llama.cpp's default context size).
-pub const DEFAULT_CTX: usize = 4096;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -21,7 +19,8 @@ pub struct Args {
     /// UTF-8 text to score (encoded without special tokens).
     #[arg(long)]
     pub file: PathBuf,
-    /// Tokens per window (default: the model's `max_position_embeddings`, at most 4096).
+    /// Tokens per window (default: the model's `max_position_embeddings`, at most 4096; a larger
+    /// value than the model's is refused).
     #[arg(long)]
     pub ctx: Option<usize>,
     /// Tokens between window starts; each window scores only the tokens the previous one did
@@ -44,18 +43,6 @@ pub struct Args {
     /// Print one JSON object on stdout instead of the text summary.
     #[arg(long)]
     pub json: bool,
-}
-
-/// `max_position_embeddings` of `DIR/config.json` (top level or under `text_config`).
-fn model_context(dir: &Path) -> Option<usize> {
-    let text = std::fs::read_to_string(dir.join("config.json")).ok()?;
-    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
-    let key = "max_position_embeddings";
-    v.get("text_config")
-        .and_then(|t| t.get(key))
-        .or_else(|| v.get(key))?
-        .as_u64()
-        .map(|n| n as usize)
 }
 
 fn backend<'w>(
@@ -88,6 +75,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
     let text = String::from_utf8(text)
         .map_err(|e| anyhow::anyhow!("{}: not UTF-8 text ({e})", a.file.display()))?;
     let ck = Checkpoint::open(&dir)?;
+    let ctx = context_length(a.ctx, ck.config.max_position_embeddings)?;
     let weights = Weights::load(&ck)?;
     let (mut tokens, ends) = encode(&dir, &text)?;
     if let Some(n) = a.max_tokens {
@@ -114,9 +102,6 @@ pub fn run(a: Args) -> Result<ExitCode> {
             tokens.len()
         );
     }
-    let ctx = a
-        .ctx
-        .unwrap_or_else(|| model_context(&dir).unwrap_or(DEFAULT_CTX).min(DEFAULT_CTX));
     let stride = a.stride.unwrap_or((ctx / 2).max(1));
     let wins = windows(tokens.len(), ctx, stride)?;
     let to_score: usize = wins.iter().map(|w| w.end - w.first_target).sum();
@@ -164,21 +149,11 @@ pub fn run(a: Args) -> Result<ExitCode> {
     };
     let (backend_name, adapter) = (model.backend(), model.adapter());
 
-    let pb = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
-        let pb = indicatif::ProgressBar::with_draw_target(
-            Some(to_score as u64),
-            indicatif::ProgressDrawTarget::stderr(),
-        );
-        pb.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{bar:40} {pos}/{len} tokens scored [{elapsed_precise}, eta {eta}]",
-            )
-            .expect("valid template"),
-        );
-        pb
-    } else {
-        indicatif::ProgressBar::hidden()
-    };
+    let pb = crate::progress::bar(
+        true,
+        to_score as u64,
+        "{bar:40} {pos}/{len} tokens scored [{elapsed_precise}, eta {eta}]",
+    );
     let t0 = std::time::Instant::now();
     let st = evaluate(model, base, &tokens, &wins, &mut |n| pb.inc(n as u64))?;
     let secs = t0.elapsed().as_secs_f64();
@@ -262,11 +237,12 @@ impl Report<'_> {
         let st = self.st;
         let (ppl, ppl_se) = st.perplexity();
         let mut s = format!(
-            "perplexity {ppl:.4} ± {ppl_se:.4} | {:.4} bits per byte | {} tokens scored in {} windows \
+            "perplexity {ppl:.4} ± {ppl_se:.4} | {:.4} bits per byte | {} tokens scored in {} window{} \
              (ctx {}, stride {}{}) | {:.2} s, {:.1} tok/s | {} ({})",
             st.bits_per_byte(self.bytes),
             st.tokens,
             self.windows,
+            if self.windows == 1 { "" } else { "s" },
             self.ctx,
             self.stride,
             if self.bos { ", BOS" } else { "" },

@@ -29,7 +29,7 @@ pub struct Args {
     #[arg(long, default_value_t = 4 << 20)]
     pub max_body_bytes: usize,
     /// Interval of the SSE comment pings sent while a streamed request waits or prefills, in ms.
-    #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = 5000, value_parser = super::values::parse_positive)]
     pub ping_ms: u64,
     /// Model id in the API (default: the model directory's name).
     #[arg(long)]
@@ -40,6 +40,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let dir = args.model.dir();
     let (tok, renderer) = open_tokenizer(&dir)?;
     let config = TextConfig::from_dir(&dir)?;
+    let ctx = args.model.context(&config)?;
     let generation = GenerationConfig::from_dir(&dir)?.unwrap_or_default();
     let defaults = sampling(&generation, None, None, None)?;
     let model_id = args.model_id.clone().unwrap_or_else(|| {
@@ -79,7 +80,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         renderer,
         jobs,
         model_id: model_id.clone(),
-        ctx: args.model.ctx as usize,
+        ctx,
         vocab: config.vocab_size,
         sampling: defaults,
         ping: Duration::from_millis(args.ping_ms),

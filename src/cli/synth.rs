@@ -4,7 +4,7 @@ use super::convert::parse_encoding;
 use super::info::human;
 use crate::container::synth::{file_sizes, plan, synth, SynthOptions, SynthSpec};
 use crate::formats::Encoding;
-use anyhow::{bail, Context};
+use anyhow::bail;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
@@ -82,7 +82,9 @@ The tokenizer is the bundled tiny BPE (a few hundred tokens): ids beyond its voc
 text. That is fine for benchmarks, not for reading output.";
 
 fn enc(s: &str, what: &str) -> anyhow::Result<Encoding> {
-    parse_encoding(what, s)?.with_context(|| format!("--{what}: `keep` has no meaning for synth"))
+    parse_encoding(what, s)?.ok_or_else(|| {
+        super::context::BadArgument(format!("--{what}: `keep` has no meaning for synth")).into()
+    })
 }
 
 /// Free bytes on the file system holding `dir` (its nearest existing ancestor), from `df -Pk`;

@@ -17,3 +17,52 @@ pub fn parse_iters(s: &str) -> Result<usize, String> {
         _ => Err(format!("expected a count from 1 to 100000, got {s:?}")),
     }
 }
+
+/// A whole number of at least 1 (`--expert-slots`, `--ping-ms`); the message says so in words
+/// rather than as clap's `1..18446744073709551615`.
+pub fn parse_positive(s: &str) -> Result<u64, String> {
+    match s.parse::<u64>() {
+        Ok(v) if v >= 1 => Ok(v),
+        _ => Err(format!("expected a whole number of at least 1, got {s:?}")),
+    }
+}
+
+/// A sampling temperature: a finite number ≥ 0 (0 = greedy).
+pub fn parse_temperature(s: &str) -> Result<f32, String> {
+    match s.parse::<f32>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!(
+            "expected a finite number ≥ 0 (0 = greedy), got {s:?}"
+        )),
+    }
+}
+
+/// A nucleus-sampling mass in (0, 1] (1 = off).
+pub fn parse_top_p(s: &str) -> Result<f32, String> {
+    match s.parse::<f32>() {
+        Ok(v) if v > 0.0 && v <= 1.0 => Ok(v),
+        _ => Err(format!("expected a number in (0, 1] (1 = off), got {s:?}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn value_parsers_accept_their_range_and_name_it() {
+        assert_eq!(parse_positive("1"), Ok(1));
+        assert!(parse_positive("0").unwrap_err().contains("at least 1"));
+        assert!(parse_positive("-3").is_err());
+        assert_eq!(parse_temperature("0"), Ok(0.0));
+        assert_eq!(parse_temperature("0.7"), Ok(0.7));
+        for bad in ["-1", "nan", "inf", "x"] {
+            assert!(parse_temperature(bad).unwrap_err().contains("≥ 0"), "{bad}");
+        }
+        assert_eq!(parse_top_p("1"), Ok(1.0));
+        assert_eq!(parse_top_p("0.5"), Ok(0.5));
+        for bad in ["0", "1.5", "-0.1", "nan"] {
+            assert!(parse_top_p(bad).unwrap_err().contains("(0, 1]"), "{bad}");
+        }
+    }
+}

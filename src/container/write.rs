@@ -246,21 +246,11 @@ pub fn write_container(
         .map(|t| t.nbytes() as u64)
         .sum();
     let total_tensors: usize = groups.iter().map(|g| g.items.len()).sum();
-    let pb = if opts.progress && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
-        let pb = indicatif::ProgressBar::with_draw_target(
-            Some(total_bytes),
-            indicatif::ProgressDrawTarget::stderr(),
-        );
-        pb.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{bar:40} {bytes}/{total_bytes} {msg} [{elapsed_precise}, eta {eta}]",
-            )
-            .unwrap(),
-        );
-        pb
-    } else {
-        indicatif::ProgressBar::hidden()
-    };
+    let pb = crate::progress::bar(
+        opts.progress,
+        total_bytes,
+        "{bar:40} {bytes}/{total_bytes} {msg} [{elapsed_precise}, eta {eta}]",
+    );
 
     let mut budget = WriteBudget {
         written: 0,

@@ -32,6 +32,58 @@ pub enum GpuError {
     /// `INKLING_LIMITS` names no limit profile.
     #[error("{0}")]
     Profile(String),
+    /// `WGPU_BACKEND` names a backend this build cannot use.
+    #[error("{0}")]
+    Backend(String),
+}
+
+/// The backends this build has, by the names `WGPU_BACKEND` takes (wgpu's spellings).
+const BUILT_BACKENDS: [(&str, wgpu::Backends); 6] = [
+    ("vulkan", wgpu::Backends::VULKAN),
+    ("vk", wgpu::Backends::VULKAN),
+    ("metal", wgpu::Backends::METAL),
+    ("mtl", wgpu::Backends::METAL),
+    ("dx12", wgpu::Backends::DX12),
+    ("d3d12", wgpu::Backends::DX12),
+];
+
+/// The backends named by a `WGPU_BACKEND` value (comma-separated, case-insensitive, as wgpu reads
+/// it). Errors ([`GpuError::Backend`]): a name that is not a backend, or one this build does not
+/// have (GL, WebGPU, noop), with the valid names; wgpu itself would only log a warning and try
+/// no backend at all.
+pub fn parse_backends(value: &str) -> Result<wgpu::Backends, GpuError> {
+    let mut backends = wgpu::Backends::empty();
+    for name in value.to_lowercase().split(',').map(str::trim) {
+        match BUILT_BACKENDS.iter().find(|(n, _)| *n == name) {
+            Some((_, b)) => backends |= *b,
+            None => {
+                let why = match name {
+                    "opengl" | "gles" | "gl" => "GL is not built into inkling-wgpu",
+                    "webgpu" | "noop" => "inkling-wgpu cannot run on that backend",
+                    _ => "no such backend",
+                };
+                return Err(GpuError::Backend(format!(
+                    "WGPU_BACKEND={value:?}: {name:?}: {why}; use vulkan, metal or dx12 \
+                     (comma-separated), or unset it to try all three"
+                )));
+            }
+        }
+    }
+    Ok(backends)
+}
+
+/// Names of the backends in `b`, for messages (`vulkan, metal`).
+fn backend_names(b: wgpu::Backends) -> String {
+    let names: Vec<&str> = [
+        (wgpu::Backends::VULKAN, "vulkan"),
+        (wgpu::Backends::METAL, "metal"),
+        (wgpu::Backends::DX12, "dx12"),
+    ]
+    .iter()
+    .filter(|(f, _)| b.contains(*f))
+    .map(|(_, n)| *n)
+    .collect();
+    names.join(", ")
 }
 
 /// An open GPU: device, queue and what the adapter can do.
@@ -66,7 +118,11 @@ impl Gpu {
     }
 
     async fn new_async(profile: Option<LimitProfile>) -> Result<Gpu, GpuError> {
-        let backends = wgpu::Backends::from_env().unwrap_or(wgpu::Backends::PRIMARY);
+        let from_env = std::env::var("WGPU_BACKEND").ok();
+        let backends = match &from_env {
+            Some(v) => parse_backends(v)?,
+            None => wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12,
+        };
         let mut desc = wgpu::InstanceDescriptor::new_without_display_handle().with_env();
         desc.backends = backends;
         let instance = wgpu::Instance::new(desc);
@@ -79,9 +135,9 @@ impl Gpu {
             })
             .await
             .map_err(|_| GpuError::NoAdapter {
-                backends: match std::env::var("WGPU_BACKEND") {
-                    Ok(v) => format!("{backends:?} from WGPU_BACKEND={v:?}"),
-                    Err(_) => format!("{backends:?}"),
+                backends: match &from_env {
+                    Some(v) => format!("{} from WGPU_BACKEND={v:?}", backend_names(backends)),
+                    None => backend_names(backends),
                 },
             })?;
         let info = adapter.get_info();
@@ -140,20 +196,23 @@ impl Gpu {
         self.limits.max_storage_buffer_binding_size
     }
 
-    /// One line naming the adapter: `backend, name (driver driver_info), type`, then the limit
-    /// profile if any.
+    /// One line naming the adapter: `backend, name (driver driver_info), type` (the type in words:
+    /// `discrete GPU`, `software adapter on the CPU`, ...), then the limit profile if any.
     pub fn describe(&self) -> String {
         let profile = self
             .profile
             .map(|p| format!(", limits clamped to {p}"))
             .unwrap_or_default();
+        let kind = match self.info.device_type {
+            wgpu::DeviceType::DiscreteGpu => "discrete GPU",
+            wgpu::DeviceType::IntegratedGpu => "integrated GPU",
+            wgpu::DeviceType::VirtualGpu => "virtual GPU",
+            wgpu::DeviceType::Cpu => "software adapter on the CPU",
+            wgpu::DeviceType::Other => "adapter of unknown type",
+        };
         format!(
-            "{:?}, {} ({} {}), {:?}{profile}",
-            self.info.backend,
-            self.info.name,
-            self.info.driver,
-            self.info.driver_info,
-            self.info.device_type
+            "{:?}, {} ({} {}), {kind}{profile}",
+            self.info.backend, self.info.name, self.info.driver, self.info.driver_info,
         )
     }
 

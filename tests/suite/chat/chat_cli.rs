@@ -207,7 +207,7 @@ fn generate_and_chat_stop_on_the_same_ids() {
     let args = ModelArgs {
         model: Some(dir.clone()),
         device: Device::Cpu,
-        ctx: 64,
+        ctx: Some(64),
     };
     let chat_ids = with_chat_model(&args, &tok, &renderer, |cm| Ok(cm.stop_ids)).unwrap();
     assert_eq!(chat_ids[0], end);
@@ -217,4 +217,46 @@ fn generate_and_chat_stop_on_the_same_ids() {
     b.sort_unstable();
     assert_eq!(a, b, "chat {chat_ids:?}");
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A piped conversation that outgrows `--ctx` ends with an `error:` line naming the context
+/// (no `/clear` hint: piped input cannot send it), exit status 1, and no turn's history ever
+/// passes the context in the stats lines.
+#[test]
+fn a_piped_chat_that_outgrows_its_context_stops_with_an_error() {
+    let model = chat_model();
+    let lines = "Hello there\n".repeat(40);
+    let out = chat(
+        &[
+            "--model",
+            model.to_str().unwrap(),
+            "--device",
+            "cpu",
+            "--effort",
+            "none",
+            "--max-tokens",
+            "8",
+            "--ctx",
+            "60",
+        ],
+        &lines,
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let last = stderr.lines().last().unwrap_or("");
+    assert!(
+        last.starts_with("error: the conversation would be") && last.contains("holds 60 (--ctx"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("/clear"), "{stderr}");
+    let mut turns = 0;
+    for l in stderr.lines().filter(|l| l.starts_with("[prompt")) {
+        let ctx = l.split("context ").nth(1).unwrap();
+        let (used, of) = ctx.split_once('/').unwrap();
+        let of: usize = of.trim_end_matches(']').parse().unwrap();
+        assert!(used.parse::<usize>().unwrap() <= of, "{l}");
+        assert_eq!(of, 60, "{l}");
+        turns += 1;
+    }
+    assert!(turns >= 1, "{stderr}");
 }

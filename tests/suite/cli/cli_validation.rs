@@ -18,42 +18,151 @@ fn run_err(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+/// A bad value on the command line exits 2 (clap's status for a command-line error) with one
+/// `error:` line naming the flag; returns that stderr.
+fn run_usage_err(args: &[&str]) -> String {
+    let out = bin().args(args).output().unwrap();
+    let e = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {e}");
+    assert!(e.starts_with("error: "), "{args:?}: {e}");
+    e
+}
+
 #[test]
 fn sampling_values_out_of_range_are_refused() {
     let m = fixture("tiny-causal-f32");
     let m = m.to_str().unwrap();
-    for t in ["-1", "nan", "inf"] {
-        let e = run_err(&[
-            "generate",
+    for cmd in ["generate", "chat"] {
+        for t in ["-1", "nan", "inf"] {
+            let e = run_usage_err(&[cmd, "--model", m, "--device", "cpu", "--temperature", t]);
+            assert!(
+                e.contains("--temperature") && e.contains("expected a finite number ≥ 0"),
+                "{cmd} {t}: {e}"
+            );
+        }
+        for p in ["0", "2", "-0.5", "nan"] {
+            let e = run_usage_err(&[cmd, "--model", m, "--device", "cpu", "--top-p", p]);
+            assert!(
+                e.contains("--top-p") && e.contains("expected a number in (0, 1]"),
+                "{cmd} {p}: {e}"
+            );
+        }
+    }
+}
+
+/// Values the parser cannot judge alone exit 2 as well: an encoding name, a slot count of 0 (in
+/// words, not as a range of 2^64), a context past the model's.
+#[test]
+fn bad_values_exit_2_and_say_what_is_expected() {
+    let m = fixture("tiny-causal-f32");
+    let m = m.to_str().unwrap();
+    let tmp = std::env::temp_dir().join(format!("inkling-cli-exit2-{}", std::process::id()));
+    let out = tmp.join("out");
+    let e = run_usage_err(&[
+        "convert",
+        "--model",
+        m,
+        "--out",
+        out.to_str().unwrap(),
+        "--experts",
+        "int5",
+    ]);
+    assert!(e.contains("--experts int5"), "{e}");
+    assert!(!out.exists(), "a refused convert creates nothing");
+    let e = run_usage_err(&[
+        "generate",
+        "--model",
+        m,
+        "--prompt-ids",
+        "5",
+        "--expert-slots",
+        "0",
+    ]);
+    assert!(e.contains("expected a whole number of at least 1"), "{e}");
+    assert!(!e.contains("18446744073709551615"), "{e}");
+    // the bundled model's context is 512 positions (max_position_embeddings)
+    let demo = fixture("austen-demo");
+    let demo = demo.to_str().unwrap();
+    let text = tmp.join("text.txt");
+    std::fs::create_dir_all(&tmp).unwrap();
+    std::fs::write(&text, "It is a truth universally acknowledged.").unwrap();
+    for args in [
+        vec!["chat", "--model", demo, "--device", "cpu", "--ctx", "1000"],
+        vec![
+            "serve", "--model", demo, "--device", "cpu", "--ctx", "1000", "--port", "0",
+        ],
+        vec![
+            "perplexity",
             "--model",
-            m,
-            "--prompt-ids",
-            "5,6",
+            demo,
             "--device",
             "cpu",
-            "--temperature",
-            t,
-        ]);
+            "--ctx",
+            "1000",
+            "--file",
+            text.to_str().unwrap(),
+        ],
+    ] {
+        let e = run_usage_err(&args);
         assert!(
-            e.contains("--temperature must be a finite number"),
-            "{t}: {e}"
+            e.contains("--ctx 1000 is more than the model's context of 512 positions")
+                && e.contains("max_position_embeddings"),
+            "{args:?}: {e}"
         );
     }
-    for p in ["0", "2", "-0.5", "nan"] {
-        let e = run_err(&[
+    std::fs::remove_dir_all(&tmp).ok();
+}
+
+/// `WGPU_BACKEND` with a name wgpu does not know is named, with the valid names, instead of
+/// "no adapter, install a driver".
+#[test]
+fn an_unknown_backend_name_is_named_with_the_valid_ones() {
+    let out = bin()
+        .env("WGPU_BACKEND", "vulkn")
+        .args([
             "generate",
             "--model",
-            m,
+            fixture("tiny-causal-f32").to_str().unwrap(),
             "--prompt-ids",
             "5,6",
+        ])
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{e}");
+    assert!(
+        e.contains("WGPU_BACKEND=\"vulkn\"")
+            && e.contains("no such backend")
+            && e.contains("vulkan, metal or dx12"),
+        "{e}"
+    );
+    assert!(
+        !e.contains("install a Vulkan") && !e.contains("Backends("),
+        "{e}"
+    );
+}
+
+/// `chat` and `serve` on a folder that does not exist say so (not "no tokenizer.json").
+#[test]
+fn chat_and_serve_name_a_missing_model_folder() {
+    for args in [
+        &["chat", "--model", "/nonexistent/inkling", "--device", "cpu"][..],
+        &[
+            "serve",
+            "--model",
+            "/nonexistent/inkling",
             "--device",
             "cpu",
-            "--temperature",
-            "0.8",
-            "--top-p",
-            p,
-        ]);
-        assert!(e.contains("--top-p must be in (0, 1]"), "{p}: {e}");
+            "--port",
+            "0",
+        ],
+    ] {
+        let (cmd, e) = (args[0], run_err(args));
+        assert!(
+            e.contains("/nonexistent/inkling: no such model directory"),
+            "{cmd}: {e}"
+        );
+        assert!(!e.contains("tokenizer.json"), "{cmd}: {e}");
     }
 }
 

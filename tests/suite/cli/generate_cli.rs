@@ -233,3 +233,52 @@ fn cli_errors_are_clear() {
         );
     }
 }
+
+/// Sampling without `--seed` draws a fresh seed each run (as llama.cpp and mlx-lm do) and prints
+/// it, in the stats line and `stats.seed`; that seed repeats the run. Greedy runs print none.
+#[test]
+fn sampling_without_a_seed_draws_one_and_prints_it() {
+    let sampled = |seed: Option<&str>, json: bool| {
+        let mut args = vec!["--prompt", "It is a truth", "--device", "cpu"];
+        args.extend(["--temperature", "1.0", "--max-tokens", "24"]);
+        if let Some(s) = seed {
+            args.extend(["--seed", s]);
+        }
+        if json {
+            args.push("--json");
+        }
+        run(&args)
+    };
+    let a = json_of(&sampled(None, true));
+    let b = json_of(&sampled(None, true));
+    let (sa, sb) = (&a["stats"]["seed"], &b["stats"]["seed"]);
+    assert!(sa.is_u64() && sb.is_u64(), "{a}");
+    assert_ne!(sa, sb, "two runs without --seed drew the same seed");
+    let again = json_of(&sampled(Some(&sa.to_string()), true));
+    assert_eq!(again["generated_ids"], a["generated_ids"]);
+    assert_eq!(again["stats"]["seed"], *sa);
+    let text = sampled(None, false);
+    let stderr = String::from_utf8_lossy(&text.stderr);
+    assert!(stderr.contains(" | seed "), "{stderr}");
+    let greedy = run(&["--prompt", "It is", "--device", "cpu", "--max-tokens", "4"]);
+    let stderr = String::from_utf8_lossy(&greedy.stderr);
+    assert!(!stderr.contains("seed"), "{stderr}");
+}
+
+/// On a software adapter (lavapipe) the GPU path says once that `--device cpu` is faster, and
+/// the stats line names the adapter type in words; on a hardware adapter neither note appears.
+#[test]
+fn a_software_adapter_is_named_and_points_at_the_cpu_path() {
+    let gpu = inkling_wgpu::gpu::device::Gpu::new().expect("a GPU adapter");
+    let out = run(&["--prompt", "It is", "--max-tokens", "2"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let notes = stderr.matches("`--device cpu`").count();
+    if gpu.is_cpu() {
+        assert_eq!(notes, 1, "{stderr}");
+        assert!(stderr.contains("software adapter on the CPU)"), "{stderr}");
+    } else {
+        assert_eq!(notes, 0, "{stderr}");
+    }
+    assert!(!stderr.contains(", Cpu)"), "{stderr}");
+}

@@ -1,7 +1,7 @@
 //! What `convert` and `synth` accept and what they leave behind: a converted container as the
 //! source is refused (for every `--experts` value, from every container format), bad sizes and
 //! spellings are refused naming their flag, a failed run removes the directories it created (and
-//! nothing that existed before), SIGINT / SIGTERM remove the temporary files, and a later run
+//! nothing that existed before), SIGHUP / SIGINT / SIGTERM remove the temporary files, and a later run
 //! removes the temporaries a killed run left.
 use crate::model_common::{fixture, scratch};
 use inkling_wgpu::cli::convert::writing_into;
@@ -170,7 +170,7 @@ const STALLED_WRITE: &str = "INKLING_TEST_STALLED_WRITE";
 /// int4-g64 --out OUT`, runs, with the write stalling after 2000 tensor bytes until a signal ends
 /// the process.
 #[test]
-#[ignore = "run as a child process by sigint_and_sigterm_remove_the_temporary_files"]
+#[ignore = "run as a child process by sigint_sigterm_and_sighup_remove_the_temporary_files"]
 fn stalled_write_child() {
     use inkling_wgpu::container::synth::{synth, SynthOptions, SynthSpec};
     let Ok(what) = std::env::var(STALLED_WRITE) else {
@@ -237,7 +237,7 @@ fn interrupt_while_writing(sub: &[&str], out: &Path, signal: i32) -> (Output, Ve
 
 #[cfg(unix)]
 #[test]
-fn sigint_and_sigterm_remove_the_temporary_files() {
+fn sigint_sigterm_and_sighup_remove_the_temporary_files() {
     let root = scratch("signals");
     let src = fixture("tiny-mm-bf16");
     let src = src.to_str().unwrap();
@@ -246,6 +246,8 @@ fn sigint_and_sigterm_remove_the_temporary_files() {
     for (tag, args, sig, code) in [
         ("convert-int", &convert_args[..], libc::SIGINT, 130),
         ("synth-term", &synth_args[..], libc::SIGTERM, 143),
+        // the terminal closed (a hung-up ssh session)
+        ("synth-hup", &synth_args[..], libc::SIGHUP, 129),
     ] {
         // a new directory: removed with the temporaries
         let out = root.join(tag).join("new");
