@@ -23,6 +23,22 @@ pub fn bar(show: bool, total: u64, template: &str) -> ProgressBar {
     pb
 }
 
+/// A spinner on stderr saying `msg` (ticking every 100 ms) until it is cleared, for a wait of
+/// unknown length such as the first token of a process (model upload, kernel compilation); hidden
+/// when `show` is false or stderr is not a terminal.
+pub fn spinner(show: bool, msg: &str) -> ProgressBar {
+    if !show || !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+    pb.set_style(
+        ProgressStyle::with_template("{spinner} {msg} {elapsed}").expect("a valid template"),
+    );
+    pb.set_message(msg.to_string());
+    pb.enable_steady_tick(Duration::from_millis(100));
+    pb
+}
+
 /// The remaining time of `pos` of `len` units done in `elapsed`, at the mean rate so far, as
 /// `1h02m`, `3m05s` or `12s`; `?` before one second or the first unit, or without a length.
 pub fn eta_text(pos: u64, len: Option<u64>, elapsed: Duration) -> String {

@@ -251,6 +251,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let weights = Weights::load(&ck)?;
     let tok = load_tokenizer(&dir)?;
     let prompt = prompt_ids(&args, tok.as_ref(), &dir)?;
+    // the first token of a process waits for the weights' upload and the kernels' compilation
+    let waiting = crate::progress::spinner(!args.json, "loading the model, compiling GPU kernels");
     let params = generate_params(&args, &ck, tok.as_ref(), prompt.len())?;
 
     if args.profile && args.device != Device::Gpu {
@@ -292,7 +294,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         Device::Gpu => {
             opts.usage = usage_seed.clone();
-            let m = gpu_model.insert(gpu_backend(&weights, opts)?);
+            let m = gpu_model.insert(gpu_backend(&weights, opts, &waiting)?);
             if let Some((pos, layer)) = inject {
                 m.inject_routed_failure(pos, layer)?;
             }
@@ -307,6 +309,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut text = String::new();
     let json = args.json;
     let mut on_token = |id: u32| -> anyhow::Result<()> {
+        if !waiting.is_finished() {
+            waiting.finish_and_clear();
+        }
         let piece = match stream.as_mut() {
             Some(s) => s.step(id)?,
             None => format!("[{id}]"),
@@ -319,7 +324,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         Ok(())
     };
-    let out: GenOutput = generate(backend, &prompt, &params, &mut on_token)?;
+    let out = generate(backend, &prompt, &params, &mut on_token);
+    waiting.finish_and_clear();
+    let out: GenOutput = out?;
     // the seed of a sampled run, printed so that it can be repeated; none for greedy decoding
     let seed = (params.sampling.temperature > 0.0).then_some(params.seed);
     let (backend_name, adapter) = (backend.backend(), backend.adapter());

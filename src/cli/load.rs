@@ -24,18 +24,29 @@ pub enum Device {
 
 /// The GPU forward of `w` with `opts` (its KV cache holds `opts`' sequence length); a missing
 /// adapter is an error that points at `--device cpu`, and a software adapter (lavapipe) gets a
-/// one-line note on stderr that `--device cpu` is faster there.
-pub fn gpu_backend<'w>(w: &'w Weights<'w>, opts: GpuModelOptions) -> anyhow::Result<GpuModel<'w>> {
+/// one-line note on stderr that `--device cpu` is faster there (printed above `progress`, the bar
+/// or spinner the caller shows meanwhile; `ProgressBar::hidden()` for none).
+pub fn gpu_backend<'w>(
+    w: &'w Weights<'w>,
+    opts: GpuModelOptions,
+    progress: &indicatif::ProgressBar,
+) -> anyhow::Result<GpuModel<'w>> {
     let gpu = crate::gpu::device::Gpu::new()
         .map_err(|e| anyhow::anyhow!("{e}; or run with `--device cpu` to use the CPU forward"))?;
     static NOTE: std::sync::Once = std::sync::Once::new();
     if gpu.is_cpu() {
         NOTE.call_once(|| {
-            eprintln!(
+            let note = format!(
                 "note: {} is a software adapter that runs on the CPU; `--device cpu` (the CPU \
-             forward, same tokens) is usually many times faster there",
+                 forward, same tokens) is usually many times faster there",
                 gpu.info.name
-            )
+            );
+            // a hidden bar drops its println
+            if progress.is_hidden() {
+                eprintln!("{note}");
+            } else {
+                progress.println(note);
+            }
         });
     }
     let model = GpuModel::new(&gpu, w, opts)
@@ -171,7 +182,8 @@ pub fn with_chat_model<R>(
             &mut cpu
         }
         Device::Gpu => {
-            gpu = gpu_backend(&weights, GpuModelOptions::new(ctx))?;
+            let hidden = indicatif::ProgressBar::hidden();
+            gpu = gpu_backend(&weights, GpuModelOptions::new(ctx), &hidden)?;
             &mut gpu
         }
     };

@@ -54,7 +54,11 @@ fn backend<'w>(
 ) -> Result<&'w mut dyn Forward> {
     Ok(match device {
         Device::Cpu => cpu.insert(CpuModel::new(w)),
-        Device::Gpu => gpu.insert(gpu_backend(w, GpuModelOptions::new(ctx))?),
+        Device::Gpu => gpu.insert(gpu_backend(
+            w,
+            GpuModelOptions::new(ctx),
+            &indicatif::ProgressBar::hidden(),
+        )?),
     })
 }
 
