@@ -3,6 +3,7 @@
 //! new tokens. With a terminal on stdin it reads through a line editor; otherwise each line of
 //! stdin is one message (for scripts). Ctrl-C stops the current answer.
 use super::load::{open_tokenizer, random_seed, sampling, with_chat_model, ChatModel, ModelArgs};
+use super::output::{errln, StdoutError};
 use crate::chat::parse::{Block, OutputParser};
 use crate::chat::session::{Finish, Halt, Session};
 use crate::chat::{Effort, Message, Role};
@@ -88,11 +89,14 @@ impl Interrupt {
 /// Where the user's lines come from.
 enum Input {
     Editor(Box<rustyline::DefaultEditor>),
-    Lines(std::io::StdinLock<'static>),
+    /// Piped standard input and the number of lines read so far.
+    Lines(std::io::StdinLock<'static>, usize),
 }
 
 impl Input {
-    /// The next line; `None` at the end of input.
+    /// The next line; `None` at the end of input. A line that is not UTF-8 is reported on stderr
+    /// and skipped (the conversation goes on): from the line editor as typed or pasted, from a
+    /// pipe with its line number and the offset of the first bad byte.
     fn next(&mut self) -> anyhow::Result<Option<String>> {
         match self {
             Input::Editor(ed) => loop {
@@ -106,16 +110,28 @@ impl Input {
                     // Ctrl-C at the prompt clears the line
                     Err(rustyline::error::ReadlineError::Interrupted) => continue,
                     Err(rustyline::error::ReadlineError::Eof) => return Ok(None),
+                    Err(rustyline::error::ReadlineError::Io(e))
+                        if e.kind() == std::io::ErrorKind::InvalidData =>
+                    {
+                        errln!("input is not UTF-8; line ignored");
+                    }
                     Err(e) => return Err(e.into()),
                 }
             },
-            Input::Lines(lock) => {
-                let mut line = String::new();
-                if lock.read_line(&mut line)? == 0 {
+            Input::Lines(lock, n) => loop {
+                let mut bytes = Vec::new();
+                if lock.read_until(b'\n', &mut bytes)? == 0 {
                     return Ok(None);
                 }
-                Ok(Some(line.trim_end_matches(['\n', '\r']).to_string()))
-            }
+                *n += 1;
+                match String::from_utf8(bytes) {
+                    Ok(line) => return Ok(Some(line.trim_end_matches(['\n', '\r']).to_string())),
+                    Err(e) => errln!(
+                        "stdin line {n}: input is not UTF-8 at byte {}; line ignored",
+                        e.utf8_error().valid_up_to()
+                    ),
+                }
+            },
         }
     }
 }
@@ -153,7 +169,7 @@ fn chat(args: &Args, cm: ChatModel<'_>) -> anyhow::Result<ExitCode> {
     let in_text = gen_prompt.last() == Some(&sp.content_text);
     let interrupt = Interrupt::install()?;
     let mut input = if interactive {
-        eprintln!(
+        errln!(
             "chat with {} ({}, {} tokens of context); {HELP}",
             cm.dir.display(),
             cm.model.adapter(),
@@ -161,7 +177,7 @@ fn chat(args: &Args, cm: ChatModel<'_>) -> anyhow::Result<ExitCode> {
         );
         Input::Editor(Box::new(rustyline::DefaultEditor::new()?))
     } else {
-        Input::Lines(std::io::stdin().lock())
+        Input::Lines(std::io::stdin().lock(), 0)
     };
     let mut session = Session::new(cm.model);
     let mut history = prefix.clone();
@@ -173,16 +189,16 @@ fn chat(args: &Args, cm: ChatModel<'_>) -> anyhow::Result<ExitCode> {
             "" => continue,
             "/exit" | "/quit" => break,
             "/help" => {
-                eprintln!("{HELP}");
+                errln!("{HELP}");
                 continue;
             }
             "/clear" => {
                 history = prefix.clone();
-                eprintln!("(new conversation)");
+                errln!("(new conversation)");
                 continue;
             }
             t if t.starts_with('/') => {
-                eprintln!("unknown command {t}; {HELP}");
+                errln!("unknown command {t}; {HELP}");
                 continue;
             }
             _ => {}
@@ -190,7 +206,7 @@ fn chat(args: &Args, cm: ChatModel<'_>) -> anyhow::Result<ExitCode> {
         let user = match r.message(&Message::new(Role::User, line.as_str())) {
             Ok(ids) => ids,
             Err(e) => {
-                eprintln!("error: {e:#}");
+                errln!("error: {e:#}");
                 continue;
             }
         };
@@ -208,7 +224,7 @@ fn chat(args: &Args, cm: ChatModel<'_>) -> anyhow::Result<ExitCode> {
             if !interactive {
                 anyhow::bail!("{msg}; start a new chat for the remaining lines");
             }
-            eprintln!("{msg}; /clear starts a new one");
+            errln!("{msg}; /clear starts a new one");
             continue;
         }
         let mut p = params.clone();
@@ -224,16 +240,20 @@ fn chat(args: &Args, cm: ChatModel<'_>) -> anyhow::Result<ExitCode> {
                 return Err(Halt::Cancelled.into());
             }
             if let Some(piece) = parser.push(id)? {
-                shown.print(&mut stdout.lock(), piece.block, &piece.text)?;
+                shown
+                    .print(&mut stdout.lock(), piece.block, &piece.text)
+                    .map_err(StdoutError)?;
             }
             Ok(())
         });
         interrupt.generating.store(false, Ordering::SeqCst);
         let turn = turn?;
         if let Some(piece) = parser.finish()? {
-            shown.print(&mut stdout.lock(), piece.block, &piece.text)?;
+            shown
+                .print(&mut stdout.lock(), piece.block, &piece.text)
+                .map_err(StdoutError)?;
         }
-        shown.end(&mut stdout.lock())?;
+        shown.end(&mut stdout.lock()).map_err(StdoutError)?;
         history = prompt;
         history.extend_from_slice(&turn.generated_ids);
         let close = r.close_model_turn(&history);
@@ -244,7 +264,7 @@ fn chat(args: &Args, cm: ChatModel<'_>) -> anyhow::Result<ExitCode> {
             Finish::Length => "max tokens",
             Finish::Halted(_) => "stopped",
         };
-        eprintln!(
+        errln!(
             "[prompt {} tok ({} reused) {:.1} tok/s | {} tok {:.1} tok/s | {finish} | context {}/{}{}]",
             s.prompt_tokens,
             turn.reused,

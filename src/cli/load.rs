@@ -4,6 +4,7 @@
 //! the tokenizer (with Inkling's chat specials, checked before the weights are read), the weights,
 //! and a CPU or GPU forward with a KV cache of `--ctx` tokens.
 use super::context::{context_length, BadArgument};
+use super::output::errln;
 use crate::chat::Renderer;
 use crate::model::config::reachable_eos;
 use crate::model::sampling::SamplingParams;
@@ -43,7 +44,7 @@ pub fn gpu_backend<'w>(
             );
             // a hidden bar drops its println
             if progress.is_hidden() {
-                eprintln!("{note}");
+                errln!("{note}");
             } else {
                 progress.println(note);
             }
@@ -87,7 +88,7 @@ pub fn eos_ids(ck: &Checkpoint, tok: Option<&Tokenizer>) -> Vec<u32> {
     let width = ck.config.logits_width();
     let (eos, unreachable) = eos_rule(generation, &ck.config.eos_token_ids, &tokenizer, width);
     for id in unreachable {
-        eprintln!(
+        errln!(
             "warning: EOS id {id} is past the model's {width} logits and can never be generated; \
              ignored (as transformers does)"
         );

@@ -56,7 +56,27 @@ macro_rules! outln {
     };
 }
 
-pub(crate) use {out, outln};
+/// `eprintln!` that never panics ([`write_stderr`]).
+macro_rules! errln {
+    ($($arg:tt)*) => {
+        $crate::cli::output::write_stderr(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+pub(crate) use {errln, out, outln};
+
+/// Write `args` to stderr and flush, never panicking as `eprintln!` does when stderr is gone: a
+/// closed pipe (its reader went away, `chat 2>&1 | head -c 5`) ends the process as a closed
+/// stdout does ([`exit_broken_pipe`]); any other error is dropped, as there is nowhere left to
+/// report it.
+pub fn write_stderr(args: std::fmt::Arguments<'_>) {
+    let mut e = io::stderr().lock();
+    if let Err(err) = e.write_fmt(args).and_then(|_| e.flush()) {
+        if err.kind() == io::ErrorKind::BrokenPipe {
+            exit_broken_pipe()
+        }
+    }
+}
 
 /// Whether `e` is a write to standard output whose reader has gone (EPIPE).
 pub fn is_broken_pipe(e: &anyhow::Error) -> bool {

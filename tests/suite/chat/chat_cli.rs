@@ -260,3 +260,65 @@ fn a_piped_chat_that_outgrows_its_context_stops_with_an_error() {
     }
     assert!(turns >= 1, "{stderr}");
 }
+
+/// A piped chat whose stdout or stderr reader has gone ends quietly as `generate` does (killed
+/// by SIGPIPE, status 141 in a shell), never with a panic (exit 101).
+#[cfg(unix)]
+#[test]
+fn a_closed_stdout_or_stderr_ends_chat_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let model = chat_model();
+    for closed in ["stdout", "stderr"] {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_inkling-wgpu"));
+        cmd.args(["chat", "--model", model.to_str().unwrap(), "--device", "cpu"])
+            .args(["--effort", "none", "--max-tokens", "4"])
+            .stdin(Stdio::piped());
+        let (out, err) = if closed == "stdout" {
+            (Stdio::piped(), Stdio::null())
+        } else {
+            (Stdio::null(), Stdio::piped())
+        };
+        let mut child = cmd.stdout(out).stderr(err).spawn().unwrap();
+        // the reader goes away before the first answer
+        drop(child.stdout.take());
+        drop(child.stderr.take());
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(b"Hello there\nAnd then?\n").unwrap();
+        drop(stdin);
+        let status = child.wait().unwrap();
+        assert!(
+            status.signal() == Some(libc::SIGPIPE) || status.code() == Some(141),
+            "closed {closed}: {status:?}"
+        );
+    }
+}
+
+/// A line of piped input that is not UTF-8 is named on stderr and skipped; the conversation
+/// goes on with the next line.
+#[test]
+fn a_line_that_is_not_utf8_is_skipped_and_the_chat_goes_on() {
+    let model = chat_model();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_inkling-wgpu"))
+        .args(["chat", "--model", model.to_str().unwrap(), "--device", "cpu"])
+        .args(["--effort", "none", "--max-tokens", "4"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"Hello there\nab\xff\xfe\nAnd then?\n").unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("stdin line 2: input is not UTF-8 at byte 2; line ignored"),
+        "{stderr}"
+    );
+    assert_eq!(
+        stderr.lines().filter(|l| l.starts_with("[prompt")).count(),
+        2,
+        "{stderr}"
+    );
+}
