@@ -5,7 +5,9 @@
 //! (like CUDA events around back-to-back launches) when the adapter has TIMESTAMP_QUERY, else wall clock over many dispatches in one submit. A working set of
 //! several copies of the weights (> 256 MiB on a real GPU) is rotated so that L2 does not flatter;
 //! on a CPU adapter (lavapipe) or with `--quick` shapes are divided by 4 and one copy is used.
-use super::bench_calls::{slab_bytes, time_calls};
+//! Times, bandwidths and ratios are printed with at least 3 significant figures ([`sig3`]): a CPU
+//! adapter's 0.04 GB/s is not `0.0`.
+use super::bench_calls::{progress, sig3, slab_bytes, time_calls};
 use super::output::outln;
 use crate::formats::Encoding;
 use crate::gpu::linear::args::{GemvArgs, NO_GAMMA};
@@ -256,9 +258,14 @@ fn kernels(a: KernelArgs) -> anyhow::Result<ExitCode> {
     ))?;
     let mut results = Vec::new();
     let mut method = "";
+    let picked = |s: &Shape| {
+        a.shapes.is_empty() || a.shapes.iter().any(|f| s.name(div).contains(f.as_str()))
+    };
+    let steps = encs.len() * SHAPES.iter().filter(|s| picked(s)).count() * tunes.len();
+    let bar = progress(steps as u64, "bench kernels");
     for enc in &encs {
         for s in SHAPES {
-            if !a.shapes.is_empty() && !a.shapes.iter().any(|f| s.name(div).contains(f.as_str())) {
+            if !picked(s) {
                 continue;
             }
             let (o, i) = (s.o / div, s.i / div);
@@ -301,7 +308,9 @@ fn kernels(a: KernelArgs) -> anyhow::Result<ExitCode> {
                         )
                     })
                     .collect::<Result<Vec<_>, _>>()?;
+                bar.set_message(format!("{} {}", enc.spelling(), s.name(div)));
                 let (t, how) = time_calls(&gpu, &calls, iters)?;
+                bar.inc(1);
                 method = how;
                 let tl = crate::gpu::linear::route::tuning(enc.format);
                 let tl = tune.unwrap_or(tl);
@@ -313,17 +322,19 @@ fn kernels(a: KernelArgs) -> anyhow::Result<ExitCode> {
                 let gbs = bytes as f64 / t / 1e9;
                 let frac = a.peak_gbs.map(|p| gbs / p);
                 let shape = s.name(div);
-                say(format!(
-                    "{:<16} {:<47} {:>3} {:>12} {:>10.1} {:>9.1} {:>7}",
-                    label,
-                    shape,
-                    s.experts,
-                    bytes,
-                    t * 1e6,
-                    gbs,
-                    frac.map(|f| format!("{:.1}%", 100.0 * f))
-                        .unwrap_or_else(|| "-".into())
-                ))?;
+                bar.suspend(|| {
+                    say(format!(
+                        "{:<16} {:<47} {:>3} {:>12} {:>10} {:>9} {:>7}",
+                        label,
+                        shape,
+                        s.experts,
+                        bytes,
+                        sig3(t * 1e6),
+                        sig3(gbs),
+                        frac.map(|f| format!("{}%", sig3(100.0 * f)))
+                            .unwrap_or_else(|| "-".into())
+                    ))
+                })?;
                 results.push(serde_json::json!({
                     "format": label, "shape": shape, "experts": s.experts, "bytes": bytes,
                     "us_per_dispatch": t * 1e6, "gbs": gbs, "frac_peak": frac,
@@ -331,6 +342,7 @@ fn kernels(a: KernelArgs) -> anyhow::Result<ExitCode> {
             }
         }
     }
+    bar.finish_and_clear();
     if a.json {
         let doc = super::bench_calls::results_doc(&gpu, method, quick, results);
         outln!("{}", serde_json::to_string_pretty(&doc)?)?;
@@ -373,13 +385,16 @@ fn copy(a: CopyArgs) -> anyhow::Result<ExitCode> {
             "copy {} MiB x {n}, GB/s counting read + write (2x bytes copied, as PyTorch reports a copy); {how}",
             size >> 20
         )?;
-        outln!("  copy_buffer_to_buffer  {gbs_cmd:8.1} GB/s")?;
-        outln!("  compute-shader copy    {gbs_shader:8.1} GB/s")?;
-        outln!("ceiling: {ceiling:.1} GB/s")?;
+        outln!("  copy_buffer_to_buffer  {:>8} GB/s", sig3(gbs_cmd))?;
+        outln!("  compute-shader copy    {:>8} GB/s", sig3(gbs_shader))?;
+        outln!("ceiling: {} GB/s", sig3(ceiling))?;
     }
     Ok(ExitCode::SUCCESS)
 }
 
+/// `bench compare`: the rows of A and B with the same format and shape, their GB/s and A/B.
+///
+/// Errors: a file that cannot be read or parsed, or holds no `"results"` array (named by path).
 fn compare(a: CompareArgs) -> anyhow::Result<ExitCode> {
     let load = |p: &std::path::Path| -> anyhow::Result<serde_json::Value> {
         let text = std::fs::read_to_string(p)
@@ -445,7 +460,12 @@ fn compare(a: CompareArgs) -> anyhow::Result<ExitCode> {
             "A/B"
         )?;
         for (f, s, ga, gb, r) in &out {
-            outln!("{f:<10} {s:<42} {ga:>10.1} {gb:>10.1} {r:>6.2}x")?;
+            outln!(
+                "{f:<10} {s:<42} {:>10} {:>10} {:>6}x",
+                sig3(*ga),
+                sig3(*gb),
+                sig3(*r)
+            )?;
         }
         if out.is_empty() {
             outln!("(no rows match by format and shape)")?;

@@ -115,8 +115,8 @@ fn probe(m: &mut GpuModel, prompt: &[u32], steps: usize) -> anyhow::Result<(Vec<
 fn host_line(h: &crate::model::HostTimes) -> String {
     let [r, f, s, w] = h.per_step_ms();
     format!(
-        "  host per decode step ({} steps): record {r:.4} ms | finish {f:.4} ms | submit {s:.4} ms | waiting for the id {w:.4} ms",
-        h.steps
+        "  host per decode step ({}): record {r:.4} ms | finish {f:.4} ms | submit {s:.4} ms | waiting for the id {w:.4} ms",
+        super::bench_calls::plural(h.steps as usize, "step", "steps")
     )
 }
 
@@ -160,8 +160,8 @@ fn mean_ms(v: &[f64]) -> f64 {
 fn span_line(busy: &[f64], idle: &[f64], secs: f64, steps: usize) -> String {
     let max_idle = idle.iter().cloned().fold(0.0, f64::max) * 1e3;
     format!(
-        "  GPU per decode step ({} steps timed): busy {:.4} ms | idle before a step {:.4} ms (max {max_idle:.4}) | wall {:.4} ms/token",
-        busy.len(),
+        "  GPU per decode step ({} timed): busy {:.4} ms | idle before a step {:.4} ms (max {max_idle:.4}) | wall {:.4} ms/token",
+        super::bench_calls::plural(busy.len(), "step", "steps"),
         mean_ms(busy),
         mean_ms(idle),
         secs / steps as f64 * 1e3

@@ -2,8 +2,14 @@
 //! projections of one Inkling-Small prefill chunk of T tokens: a dense [4096 x 4096] linear
 //! (pairs (0, t)), and the routed gate_up 256x[4096 x 4096] and down 256x[4096 x 2048] with
 //! 6 random distinct experts per token (the down reading x per pair). Prints µs per call (the
-//! grouping pass included), µs per token and the useful TFLOP/s, 2·O·I·P / time.
-use super::bench_calls::{slab_bytes, time_calls};
+//! grouping pass included), µs per token and the useful TFLOP/s, 2·O·I·P / time, each with at
+//! least 3 significant figures ([`sig3`]); a progress bar with an ETA on a terminal.
+//!
+//! Quick mode (`--quick`, always on a CPU adapter such as lavapipe, which runs a [1024 x 1024]
+//! GEMV over 16 tokens in about 0.2 s): dimensions / [`QUICK_DIV`], [`QUICK_EXPERTS`] routed
+//! experts, chunks of [`QUICK_TOKENS`] unless `--tokens` is given, at most [`QUICK_ITERS`] calls
+//! per timing; the default run then ends in seconds on lavapipe.
+use super::bench_calls::{progress, sig3, slab_bytes, time_calls};
 use super::output::outln;
 use crate::formats::Encoding;
 use crate::gpu::linear::format::supported;
@@ -18,17 +24,18 @@ pub struct GemmArgs {
     /// Kernel encodings, comma-separated (default: bf16, int4-g64).
     #[arg(long, value_delimiter = ',')]
     pub formats: Vec<String>,
-    /// Tokens of the chunk, comma-separated.
-    #[arg(long, value_delimiter = ',', default_values_t = [64u32, 512, 2048])]
+    /// Tokens of the chunk, comma-separated (default: 64,512,2048; 8,32 in quick mode).
+    #[arg(long, value_delimiter = ',')]
     pub tokens: Vec<u32>,
     /// GEMM tiles RMxBN to time besides the GEMV and the automatic choice, comma-separated, RM
     /// in 1, 2, 4, 8 and BN in 8, 16 (default: every tile the selection can pick).
     #[arg(long, value_delimiter = ',')]
     pub tiles: Vec<String>,
-    /// Calls per timing.
+    /// Calls per timing (at most 2 in quick mode).
     #[arg(long, default_value_t = 10, value_parser = super::values::parse_iters)]
     pub iters: usize,
-    /// Dimensions / 4 and 32 routed experts (always on CPU adapters).
+    /// Quick mode: dimensions / 16, 8 routed experts, chunks of 8 and 32 tokens unless --tokens
+    /// is given, at most 2 calls per timing (always on CPU adapters).
     #[arg(long)]
     pub quick: bool,
     /// Only the dense linear (no routed slabs).
@@ -38,6 +45,17 @@ pub struct GemmArgs {
     #[arg(long)]
     pub json: bool,
 }
+
+/// Quick mode's divisor of the dimensions: the dense linear is [256 x 256].
+pub const QUICK_DIV: usize = 16;
+/// Quick mode's routed experts (6 of them per token).
+pub const QUICK_EXPERTS: usize = 8;
+/// Quick mode's chunk lengths in tokens when `--tokens` is not given.
+pub const QUICK_TOKENS: [u32; 2] = [8, 32];
+/// Quick mode's most calls per timing.
+pub const QUICK_ITERS: usize = 2;
+/// Chunk lengths in tokens when `--tokens` is not given, out of quick mode.
+pub const DEFAULT_TOKENS: [u32; 3] = [64, 512, 2048];
 
 /// A tile spelled RMxBN (`--tiles` of `bench gemm` and `bench prefill`).
 pub(super) fn parse_tile(s: &str) -> anyhow::Result<Tile> {
@@ -78,9 +96,23 @@ fn routed_pairs(tokens: u32, experts: u32, top_k: u32, seed: u64) -> Vec<u32> {
 
 pub fn run(a: GemmArgs) -> anyhow::Result<ExitCode> {
     let gpu = Gpu::new()?;
-    let quick = a.quick || gpu.info.device_type == wgpu::DeviceType::Cpu;
-    let div = if quick { 4 } else { 1 };
-    let n_experts = if quick { 32 } else { 256 };
+    let quick = a.quick || gpu.is_cpu();
+    let div = if quick { QUICK_DIV } else { 1 };
+    let n_experts = if quick { QUICK_EXPERTS } else { 256 };
+    let iters = if quick {
+        a.iters.min(QUICK_ITERS)
+    } else {
+        a.iters
+    };
+    let tokens: Vec<u32> = match (a.tokens.is_empty(), quick) {
+        (false, _) => a.tokens.clone(),
+        (true, true) => QUICK_TOKENS.to_vec(),
+        (true, false) => DEFAULT_TOKENS.to_vec(),
+    };
+    anyhow::ensure!(
+        tokens.iter().all(|&t| t >= 1),
+        "--tokens: every chunk must be at least 1 token"
+    );
     let top_k = 6;
     let encs: Vec<Encoding> = if a.formats.is_empty() {
         vec![Encoding::BF16, Encoding::parse("int4-g64")?]
@@ -115,6 +147,9 @@ pub fn run(a: GemmArgs) -> anyhow::Result<ExitCode> {
     }
     let mut results = Vec::new();
     let mut method = "";
+    // one step per timing: the GEMV, the automatic choice and every tile
+    let steps = encs.len() * shapes.len() * tokens.len() * (2 + tiles.len());
+    let bar = progress(steps as u64, "bench gemm");
     for enc in &encs {
         for &(label, experts, o, i, per_pair) in &shapes {
             let eb = experts * o * enc.bytes_per_row(i);
@@ -137,7 +172,7 @@ pub fn run(a: GemmArgs) -> anyhow::Result<ExitCode> {
             } else {
                 format!("{label} {experts}x[{o}x{i}]")
             };
-            for &t in &a.tokens {
+            for &t in &tokens {
                 let pairs: Vec<u32> = if experts == 1 {
                     (0..t).flat_map(|k| [0, k, NO_GAMMA, 0]).collect()
                 } else {
@@ -179,22 +214,26 @@ pub fn run(a: GemmArgs) -> anyhow::Result<ExitCode> {
                     } else {
                         kind
                     };
-                    let (secs, how) = time_calls(&gpu, &calls, a.iters)?;
+                    bar.set_message(format!("{} {shape} T={t} {kind}", enc.spelling()));
+                    let (secs, how) = time_calls(&gpu, &calls, iters)?;
+                    bar.inc(1);
                     method = how;
                     let flops = 2.0 * o as f64 * i as f64 * np as f64;
                     let base = *gemv_t.get_or_insert(secs);
-                    say(format!(
-                        "{:<9} {:<34} {:>5} {:>6} {:<14} {:>10.1} {:>9.3} {:>8.2} {:>6.2}x",
-                        enc.spelling(),
-                        shape,
-                        t,
-                        np,
-                        kind,
-                        secs * 1e6,
-                        secs * 1e6 / t as f64,
-                        flops / secs / 1e12,
-                        base / secs
-                    ))?;
+                    bar.suspend(|| {
+                        say(format!(
+                            "{:<9} {:<34} {:>5} {:>6} {:<14} {:>10} {:>9} {:>8} {:>6}x",
+                            enc.spelling(),
+                            shape,
+                            t,
+                            np,
+                            kind,
+                            sig3(secs * 1e6),
+                            sig3(secs * 1e6 / t as f64),
+                            sig3(flops / secs / 1e12),
+                            sig3(base / secs)
+                        ))
+                    })?;
                     results.push(serde_json::json!({
                         "format": enc.spelling(), "shape": shape, "tokens": t, "pairs": np,
                         "kernel": kind, "us_per_call": secs * 1e6,
@@ -204,6 +243,7 @@ pub fn run(a: GemmArgs) -> anyhow::Result<ExitCode> {
             }
         }
     }
+    bar.finish_and_clear();
     if a.json {
         let doc = super::bench_calls::results_doc(&gpu, method, quick, results);
         outln!("{}", serde_json::to_string_pretty(&doc)?)?;
@@ -211,9 +251,12 @@ pub fn run(a: GemmArgs) -> anyhow::Result<ExitCode> {
         outln!(
             "timing: {method}; TFLOP/s = 2·O·I·pairs / time{}",
             if quick {
-                "; quick (shapes / 4, 32 experts)"
+                format!(
+                    "; quick (shapes / {QUICK_DIV}, {QUICK_EXPERTS} experts, at most {} per timing)",
+                    super::bench_calls::plural(QUICK_ITERS, "call", "calls")
+                )
             } else {
-                ""
+                String::new()
             }
         )?;
     }

@@ -10,6 +10,9 @@
 //! so each piece also runs the head and waits for its id. `--compare` times every length twice,
 //! on two models built the same way: GEMV only (the engine before the prefill GEMM) and with
 //! the GEMM ([`crate::gpu::gemm`]).
+//!
+//! A prompt of N tokens takes positions 0..N, so it fits a model of N positions
+//! (`max_position_embeddings`); the default lengths are [`default_prompts`] of the model's context.
 use super::output::outln;
 use crate::gpu::linear::args::Tile;
 use crate::gpu::linear::route::{LinearOptions, TILES};
@@ -26,8 +29,10 @@ pub struct PrefillArgs {
     /// Checkpoint or container directory (default: the bundled demo model).
     #[arg(long)]
     pub model: Option<PathBuf>,
-    /// Prompt lengths, comma-separated.
-    #[arg(long, value_delimiter = ',', default_values_t = [128usize, 512, 2048])]
+    /// Prompt lengths in tokens, comma-separated, each at most the model's context (default:
+    /// 128,512,2048, those within the context, plus the context itself when it is shorter than
+    /// 2048).
+    #[arg(long, value_delimiter = ',')]
     pub prompt: Vec<usize>,
     /// Tokens per submission, comma-separated (default: the engine's default chunk).
     #[arg(long, value_delimiter = ',')]
@@ -45,6 +50,24 @@ pub struct PrefillArgs {
     /// Print one JSON object on stdout (the table goes to stderr).
     #[arg(long)]
     pub json: bool,
+}
+
+/// The prompt lengths without `--prompt`.
+pub const DEFAULT_PROMPTS: [usize; 3] = [128, 512, 2048];
+
+/// The default prompt lengths for a model of `ctx` positions (`None`: unknown, no limit): those of
+/// [`DEFAULT_PROMPTS`] within `ctx`, and `ctx` itself when it is shorter than the longest, so that
+/// the longest prompt the model takes is timed. `Some(512)` gives 128, 512; `Some(1000)` gives
+/// 128, 512, 1000; `Some(100)` gives 100.
+pub fn default_prompts(ctx: Option<usize>) -> Vec<usize> {
+    let Some(ctx) = ctx else {
+        return DEFAULT_PROMPTS.to_vec();
+    };
+    let mut v: Vec<usize> = DEFAULT_PROMPTS.into_iter().filter(|&n| n <= ctx).collect();
+    if ctx >= 1 && v.last() != Some(&ctx) && ctx < DEFAULT_PROMPTS[DEFAULT_PROMPTS.len() - 1] {
+        v.push(ctx);
+    }
+    v
 }
 
 /// `n` fixed pseudo-random ids below `width`.
@@ -69,9 +92,13 @@ fn prefill(m: &mut GpuModel, ids: &[u32], chunk: usize) -> anyhow::Result<f64> {
     Ok(t0.elapsed().as_secs_f64())
 }
 
+/// Time the prefill of every `--prompt` length (see the module docs).
+///
+/// Errors: a `--prompt` length of 0 or past the model's context (naming the length and the
+/// context), `--chunk` 0, a bad `--tiles`, a model that does not load or build on the adapter.
 pub fn run(a: PrefillArgs) -> anyhow::Result<ExitCode> {
     ensure!(
-        !a.prompt.is_empty() && a.prompt.iter().all(|&n| n >= 1),
+        a.prompt.iter().all(|&n| n >= 1),
         "--prompt: every length must be at least 1"
     );
     let chunks = if a.chunk.is_empty() {
@@ -91,11 +118,20 @@ pub fn run(a: PrefillArgs) -> anyhow::Result<ExitCode> {
         None => crate::bundled::materialize()?,
     };
     let ck = Checkpoint::open(&dir)?;
-    let max_n = *a.prompt.iter().max().expect("a length");
-    if let Some(max) = ck.config.max_position_embeddings {
+    let ctx = ck.config.max_position_embeddings;
+    let prompts = if a.prompt.is_empty() {
+        default_prompts(ctx)
+    } else {
+        a.prompt.clone()
+    };
+    let Some(&max_n) = prompts.iter().max() else {
+        anyhow::bail!("the model's context of 0 positions takes no prompt");
+    };
+    if let Some(max) = ctx {
         ensure!(
-            max_n < max,
-            "--prompt {max_n} passes the model's context of {max} positions"
+            max_n <= max,
+            "--prompt {max_n}: a prompt of {max_n} tokens needs {max_n} positions, more than the \
+             model's context of {max} (max_position_embeddings); use lengths of at most {max}"
         );
     }
     let w = Weights::load(&ck)?;
@@ -128,7 +164,7 @@ pub fn run(a: PrefillArgs) -> anyhow::Result<ExitCode> {
         let opts = GpuModelOptions {
             max_chunk,
             linear,
-            ..GpuModelOptions::new(max_n + 1)
+            ..GpuModelOptions::new(max_n)
         };
         let mut m = GpuModel::new(&gpu, &w, opts)
             .with_context(|| format!("building the GPU model on {}", gpu.describe()))?;
@@ -138,7 +174,7 @@ pub fn run(a: PrefillArgs) -> anyhow::Result<ExitCode> {
             (true, Some(t)) => format!("{}x{}", t.rm, t.pairs()),
         };
         for &c in &chunks {
-            for &n in &a.prompt {
+            for &n in &prompts {
                 let ids = prompt_ids(n, width);
                 prefill(&mut m, &ids, c)?;
                 let mut secs: Vec<f64> = (0..a.repeat)

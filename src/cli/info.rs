@@ -1,4 +1,6 @@
-//! `inkling-wgpu info`: each tensor's format, bytes per format, total resident size.
+//! `inkling-wgpu info`: each tensor's format, bytes per format, total resident size; of the
+//! bundled demo model without `--model`, as every other command.
+use super::bench_calls::plural;
 use super::output::{out, outln};
 use crate::container::{is_pad, verify, Container, SCALES_SUFFIX};
 use std::collections::BTreeMap;
@@ -7,9 +9,9 @@ use std::process::ExitCode;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Checkpoint or converted container directory.
+    /// Checkpoint or converted container directory (default: the bundled demo model).
     #[arg(long)]
-    pub model: PathBuf,
+    pub model: Option<PathBuf>,
     /// Only the totals.
     #[arg(long)]
     pub summary: bool,
@@ -22,9 +24,16 @@ pub struct Args {
 /// Bytes in human units (KiB, MiB, GiB).
 pub use crate::human_bytes as human;
 
-/// One line per tensor and the per-format totals, as text.
+/// One line per tensor under a header row (tensor, format, bytes, shape; not with `summary`)
+/// and the per-format totals, as text.
 pub fn report(c: &Container, summary: bool) -> String {
     let mut out = String::new();
+    if !summary {
+        out.push_str(&format!(
+            "{:<64} {:<10} {:>12} {}\n",
+            "tensor", "format", "bytes", "shape"
+        ));
+    }
     let mut per: BTreeMap<String, (usize, u64)> = BTreeMap::new();
     let mut total = 0u64;
     let mut padding = 0u64;
@@ -75,9 +84,9 @@ pub fn report(c: &Container, summary: bool) -> String {
         }
     }
     out.push_str(&format!(
-        "{}: {} shard(s), {}\n",
+        "{}: {}, {}\n",
         c.dir.display(),
-        c.shards.len(),
+        plural(c.shards.len(), "shard", "shards"),
         if !c.is_converted() {
             "source checkpoint (no stamps)".to_string()
         } else if unstamped.is_empty() {
@@ -91,7 +100,8 @@ pub fn report(c: &Container, summary: bool) -> String {
         }
     ));
     for (f, (n, b)) in &per {
-        out.push_str(&format!("  {f:<10} {n:>6} tensors {:>12}\n", human(*b)));
+        let noun = if *n == 1 { "tensor " } else { "tensors" };
+        out.push_str(&format!("  {f:<10} {n:>6} {noun} {:>12}\n", human(*b)));
     }
     if padding > 0 {
         out.push_str(&format!("  alignment padding {}\n", human(padding)));
@@ -103,8 +113,15 @@ pub fn report(c: &Container, summary: bool) -> String {
     out
 }
 
+/// Print the report of `--model` (default: the bundled model), then `--verify` its values.
+///
+/// Errors: the model does not open; `--verify` finds NaN or Inf.
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    let c = Container::open(&a.model)?;
+    let dir = match &a.model {
+        Some(d) => d.clone(),
+        None => crate::bundled::materialize()?,
+    };
+    let c = Container::open(&dir)?;
     out!("{}", report(&c, a.summary))?;
     if a.verify {
         verify(&c)?;

@@ -2,6 +2,11 @@
 //! (`gpu::variants::all`), one file per pipeline, named by its pipeline key, plus `index.json`
 //! (key, file, entry point, bindings, whether it needs subgroups) for translating them with other
 //! tools (naga, Tint, DXC, the Metal compiler). No device is opened.
+//!
+//! A run into the folder of an earlier run replaces that output completely: the files its
+//! `index.json` lists (and the index) are deleted first, so the folder holds exactly what the
+//! new index lists. Anything else in the folder is a user's file: the run refuses, naming it,
+//! and deletes nothing ([`previous_output`]).
 use crate::gpu::kernel::{Bind, KernelSpec};
 use crate::gpu::limits::LimitProfile;
 use anyhow::{bail, Context};
@@ -10,8 +15,9 @@ use std::process::ExitCode;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Directory to write into (created if missing; must be empty or hold a previous `shaders`
-    /// output, i.e. an `index.json` written by this command).
+    /// Directory to write into (created if missing; must be empty or hold only a previous
+    /// `shaders` output, i.e. an `index.json` written by this command and the files it lists,
+    /// which are replaced).
     #[arg(long)]
     pub out: PathBuf,
     /// Only the kernels a device clamped to this limit profile builds (`apple-m1`, `webgpu`,
@@ -53,11 +59,81 @@ fn file_text(spec: &KernelSpec) -> String {
     )
 }
 
-/// Write every kernel of `profile` (see [`Args::limits`]) into `dir`; returns `(spec, path)`
-/// for each file written, in [`crate::gpu::variants::all`]'s order.
+/// The files of an earlier output in `dir` (its `index.json` and the modules it lists that
+/// exist), to delete before writing anew; empty when `dir` is missing or empty.
 ///
-/// Errors: `dir` is a file, or a non-empty directory without a previous `index.json`; a write
-/// fails (named by path).
+/// Errors, before anything is deleted: `dir` is not a directory; it is not empty and holds no
+/// `index.json`, or one that is not this command's (not JSON, no `kernels` list, or an entry
+/// whose `file` is not [`file_name`] of its `key`); it holds an entry the index does not list
+/// (a user's file or folder, named in the error).
+pub fn previous_output(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    if !dir.exists() {
+        return Ok(Vec::new());
+    }
+    if !dir.is_dir() {
+        bail!("--out {}: exists and is not a directory", dir.display());
+    }
+    let mut names = Vec::new();
+    for e in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let e = e.with_context(|| format!("reading {}", dir.display()))?;
+        names.push(e.file_name());
+    }
+    if names.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ip = dir.join(INDEX);
+    let foreign = |what: String| {
+        anyhow::anyhow!(
+            "--out {}: {what}, so it is not only an earlier output of `inkling-wgpu shaders`; \
+             nothing was deleted or written: move that away or choose an empty or new directory",
+            dir.display()
+        )
+    };
+    if !ip.is_file() {
+        return Err(foreign(format!(
+            "not empty and holds no {INDEX} of an earlier run"
+        )));
+    }
+    let text = std::fs::read_to_string(&ip).with_context(|| format!("reading {}", ip.display()))?;
+    let doc: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| foreign(format!("{} is not JSON ({e})", ip.display())))?;
+    let kernels = doc["kernels"]
+        .as_array()
+        .ok_or_else(|| foreign(format!("{} has no \"kernels\" list", ip.display())))?;
+    let mut listed = std::collections::HashSet::new();
+    for k in kernels {
+        match (k["key"].as_str(), k["file"].as_str()) {
+            (Some(key), Some(file)) if file == file_name(key) => {
+                listed.insert(std::ffi::OsString::from(file));
+            }
+            _ => {
+                return Err(foreign(format!(
+                    "{} lists an entry that is not a module of this command: {k}",
+                    ip.display()
+                )))
+            }
+        }
+    }
+    let mut ours = Vec::new();
+    for n in names {
+        let p = dir.join(&n);
+        if n == INDEX {
+            continue;
+        }
+        if !listed.contains(&n) || !p.is_file() {
+            return Err(foreign(format!("{} is not listed in {INDEX}", p.display())));
+        }
+        ours.push(p);
+    }
+    ours.push(ip);
+    Ok(ours)
+}
+
+/// Write every kernel of `profile` (see [`Args::limits`]) into `dir`, replacing an earlier
+/// output there ([`previous_output`]); returns `(spec, path)` for each file written, in
+/// [`crate::gpu::variants::all`]'s order.
+///
+/// Errors: those of [`previous_output`]; a delete or write fails (named by path).
 pub fn write(
     dir: &Path,
     profile: Option<LimitProfile>,
@@ -71,19 +147,8 @@ pub fn write_specs(
     profile: Option<LimitProfile>,
     specs: Vec<KernelSpec>,
 ) -> anyhow::Result<Vec<(KernelSpec, PathBuf)>> {
-    if dir.exists() {
-        if !dir.is_dir() {
-            bail!("--out {}: exists and is not a directory", dir.display());
-        }
-        let mut entries =
-            std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))?;
-        if entries.next().is_some() && !dir.join(INDEX).is_file() {
-            bail!(
-                "--out {}: a non-empty directory that holds no {INDEX} of a previous \
-                 `inkling-wgpu shaders`; refusing to write into it",
-                dir.display()
-            );
-        }
+    for p in previous_output(dir)? {
+        std::fs::remove_file(&p).with_context(|| format!("deleting {}", p.display()))?;
     }
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let mut seen = std::collections::HashSet::new();
@@ -142,8 +207,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         .filter(|w| w.0.key.starts_with("gemv:"))
         .count();
     println!(
-        "wrote {} WGSL modules ({gemv} GEMV, {} other) and {INDEX} to {}",
-        written.len(),
+        "wrote {} ({gemv} GEMV, {} other) and {INDEX} to {}",
+        super::bench_calls::plural(written.len(), "WGSL module", "WGSL modules"),
         written.len() - gemv,
         a.out.display()
     );

@@ -1,0 +1,249 @@
+//! The benches and `smoke` on whatever adapter the suite runs on (lavapipe, a CPU adapter, in CI):
+//! `bench prefill`'s default lengths fit the model's context; `bench gemm` is in quick mode on a
+//! CPU adapter; every printed figure of `bench gemm`, `bench kernels`, `bench compare` and
+//! `smoke` is a non-zero number with 3 significant figures (the table agrees with the JSON), and
+//! a `smoke` cell that holds no figure is explained. Speed is never asserted.
+use crate::model_common::{copy_fixture, scratch};
+use inkling_wgpu::cli::bench_gemm::{QUICK_DIV, QUICK_TOKENS};
+use inkling_wgpu::cli::bench_prefill::default_prompts;
+use std::process::{Command, Output};
+
+fn run(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_inkling-wgpu"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn ok(args: &[&str]) -> Output {
+    let o = run(args);
+    assert!(
+        o.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    o
+}
+
+fn err(args: &[&str]) -> String {
+    let o = run(args);
+    assert!(!o.status.success(), "{args:?} should fail");
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn json(o: &Output) -> serde_json::Value {
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+        panic!("{e}: {}", String::from_utf8_lossy(&o.stdout));
+    })
+}
+
+/// A printed figure (`1.44x` and `12.3%` too) that is `want` to 3 significant figures: non-zero
+/// and within 0.6 % of it (rounding to 3 figures moves a value by at most 0.5 %).
+fn assert_sig3(cell: &str, want: f64, what: &str) {
+    let v: f64 = cell
+        .trim_end_matches(['x', '%'])
+        .parse()
+        .unwrap_or_else(|_| panic!("{what}: {cell:?} is not a number"));
+    assert!(
+        want > 0.0 && v > 0.0,
+        "{what}: {cell:?} (want {want}) is not positive"
+    );
+    assert!(
+        (v - want).abs() <= 0.006 * want,
+        "{what}: {cell:?} is not {want} to 3 significant figures"
+    );
+}
+
+/// The table rows of `text` under the header line that starts with `format`, up to the first
+/// line that is not a row of `formats`.
+fn rows<'a>(text: &'a str, formats: &[&str]) -> Vec<Vec<&'a str>> {
+    text.lines()
+        .skip_while(|l| !l.starts_with("format "))
+        .skip(1)
+        .take_while(|l| formats.iter().any(|f| l.starts_with(&format!("{f} "))))
+        .map(|l| l.split_whitespace().collect())
+        .collect()
+}
+
+#[test]
+fn bench_prefill_defaults_fit_the_model_context() {
+    assert_eq!(default_prompts(None), [128, 512, 2048]);
+    assert_eq!(default_prompts(Some(512)), [128, 512]);
+    assert_eq!(default_prompts(Some(1000)), [128, 512, 1000]);
+    assert_eq!(default_prompts(Some(100)), [100]);
+    assert_eq!(default_prompts(Some(4096)), [128, 512, 2048]);
+    // a model of 200 positions: the defaults are 128 and 200, and a 200-token prompt fits
+    let dir = copy_fixture("tiny-causal-f32", "prefill-ctx");
+    let cfg = dir.join("config.json");
+    let mut c: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
+    c["max_position_embeddings"] = 200.into();
+    std::fs::write(&cfg, c.to_string()).unwrap();
+    let d = dir.to_str().unwrap();
+    let v = json(&ok(&[
+        "bench", "prefill", "--model", d, "--repeat", "1", "--json",
+    ]));
+    let lens: Vec<u64> = v["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["prompt_tokens"].as_u64().unwrap())
+        .collect();
+    assert_eq!(lens, [128, 200]);
+    // an explicit length past the context names the flag, the length and the context
+    let e = err(&["bench", "prefill", "--model", d, "--prompt", "64,201"]);
+    assert!(
+        e.contains("--prompt 201") && e.contains("context of 200"),
+        "{e}"
+    );
+    // the default model (512 positions) too, before any weight is read
+    let e = err(&["bench", "prefill", "--prompt", "513"]);
+    assert!(
+        e.contains("--prompt 513") && e.contains("context of 512"),
+        "{e}"
+    );
+    // the help shows the comma form the flag takes
+    let help = String::from_utf8(ok(&["bench", "prefill", "--help"]).stdout).unwrap();
+    assert!(
+        help.contains("128,512,2048") && !help.contains("128 512 2048"),
+        "{help}"
+    );
+    let help = String::from_utf8(ok(&["bench", "gemm", "--help"]).stdout).unwrap();
+    assert!(
+        help.contains("64,512,2048") && !help.contains("64 512 2048"),
+        "{help}"
+    );
+}
+
+#[test]
+fn bench_gemm_prints_nonzero_figures_and_is_quick_on_a_cpu_adapter() {
+    let o = ok(&[
+        "bench",
+        "gemm",
+        "--formats",
+        "bf16",
+        "--dense-only",
+        "--iters",
+        "1",
+        "--json",
+    ]);
+    let v = json(&o);
+    let table = String::from_utf8(o.stderr).unwrap();
+    let results = v["results"].as_array().unwrap();
+    let rows = rows(&table, &["bf16"]);
+    assert!(!results.is_empty());
+    assert_eq!(rows.len(), results.len(), "{table}");
+    let cpu = table.lines().next().unwrap().ends_with(", Cpu");
+    for (r, row) in results.iter().zip(&rows) {
+        let t = r["tokens"].as_u64().unwrap();
+        assert!(r["pairs"].as_u64().unwrap() >= t, "{r}");
+        assert!(r["kernel"].is_string() && r["format"] == "bf16", "{r}");
+        // the last four cells: us/call, us/token, TFLOP/s, vs GEMV
+        let n = row.len();
+        let us = r["us_per_call"].as_f64().unwrap();
+        assert_sig3(row[n - 4], us, "us/call");
+        assert_sig3(row[n - 3], us / t as f64, "us/token");
+        assert_sig3(row[n - 2], r["tflops"].as_f64().unwrap(), "TFLOP/s");
+        assert_sig3(
+            row[n - 1],
+            r["speedup_vs_gemv"].as_f64().unwrap(),
+            "vs GEMV",
+        );
+        if cpu {
+            // quick mode without --quick: its shapes and chunk lengths
+            let d = 4096 / QUICK_DIV;
+            assert_eq!(r["shape"], format!("dense [{d}x{d}]"), "{r}");
+            assert!(QUICK_TOKENS.contains(&(t as u32)), "{r}");
+        }
+    }
+    assert_eq!(v["quick"], cpu, "{table}");
+}
+
+#[test]
+fn bench_kernels_json_and_table_agree_on_nonzero_figures() {
+    let o = ok(&[
+        "bench",
+        "kernels",
+        "--json",
+        "--quick",
+        "--formats",
+        "bf16,int4-g64",
+        "--shapes",
+        "router",
+        "--iters",
+        "1",
+        "--peak-gbs",
+        "1000",
+    ]);
+    let v = json(&o);
+    let table = String::from_utf8(o.stderr).unwrap();
+    let results = v["results"].as_array().unwrap();
+    let rows = rows(&table, &["bf16", "int4-g64"]);
+    assert_eq!(results.len(), 2, "{v}");
+    assert_eq!(rows.len(), 2, "{table}");
+    for (r, row) in results.iter().zip(&rows) {
+        assert!(r["format"].is_string() && r["shape"].as_str().unwrap().contains("router"));
+        assert_eq!(r["experts"], 1, "{r}");
+        assert!(r["bytes"].as_u64().unwrap() > 0, "{r}");
+        let n = row.len();
+        assert_sig3(
+            row[n - 3],
+            r["us_per_dispatch"].as_f64().unwrap(),
+            "us/disp",
+        );
+        assert_sig3(row[n - 2], r["gbs"].as_f64().unwrap(), "GB/s");
+        assert_sig3(
+            row[n - 1],
+            100.0 * r["frac_peak"].as_f64().unwrap(),
+            "peak %",
+        );
+    }
+}
+
+#[test]
+fn bench_compare_prints_small_bandwidths_and_their_ratio() {
+    let dir = scratch("compare-sig");
+    let write = |name: &str, gbs: f64| {
+        let p = dir.join(name);
+        let doc = serde_json::json!({"adapter": name, "backend": "Vulkan", "results": [
+            {"format": "bf16", "shape": "inkling-small router [64x1024]", "gbs": gbs},
+        ]});
+        std::fs::write(&p, doc.to_string()).unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    let (a, b) = (write("a.json", 0.0123), write("b.json", 0.00855));
+    let text = String::from_utf8(ok(&["bench", "compare", &a, &b]).stdout).unwrap();
+    let rows = rows(&text, &["bf16"]);
+    assert_eq!(rows.len(), 1, "{text}");
+    let n = rows[0].len();
+    assert_eq!(rows[0][n - 3..], ["0.0123", "0.00855", "1.44x"], "{text}");
+}
+
+#[test]
+fn smoke_prints_every_bandwidth_or_says_why_not() {
+    let o = ok(&["smoke"]);
+    let text = String::from_utf8(o.stdout).unwrap();
+    let rows: Vec<&str> = text
+        .lines()
+        .skip_while(|l| !l.starts_with("format "))
+        .skip(1)
+        .take_while(|l| !l.starts_with("shapes "))
+        .collect();
+    assert!(!rows.is_empty(), "{text}");
+    for row in rows {
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        assert!(cells.len() >= 5, "a blank GB/s cell: {row:?}\n{text}");
+        let rate = cells[4];
+        if rate == "n/a" {
+            assert!(
+                text.lines().any(|l| l.contains("n/a: ")),
+                "n/a without a legend:\n{text}"
+            );
+        } else {
+            let g: f64 = rate.parse().unwrap_or_else(|_| panic!("{row:?}"));
+            assert!(g > 0.0, "{row:?}");
+            // 3 significant figures: a value below 100 has decimals
+            assert!(g >= 100.0 || rate.contains('.'), "{row:?}");
+        }
+    }
+}
