@@ -74,7 +74,10 @@ fn encode(dir: &Path, text: &str) -> Result<(Vec<u32>, Vec<usize>)> {
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {
-    let dir = a.model.clone().unwrap_or_else(crate::bundled_model_dir);
+    let dir = match &a.model {
+        Some(d) => d.clone(),
+        None => crate::bundled::materialize()?,
+    };
     let text = std::fs::read(&a.file).with_context(|| format!("reading {}", a.file.display()))?;
     let text = String::from_utf8(text)
         .map_err(|e| anyhow::anyhow!("{}: not UTF-8 text ({e})", a.file.display()))?;
