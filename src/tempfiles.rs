@@ -19,11 +19,14 @@ use std::sync::Mutex;
 struct Registry {
     files: Vec<PathBuf>,
     dirs: Vec<PathBuf>,
+    /// Temporary directories of ours, removed with all they hold.
+    trees: Vec<PathBuf>,
 }
 
 static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
     files: Vec::new(),
     dirs: Vec::new(),
+    trees: Vec::new(),
 });
 
 fn registry() -> std::sync::MutexGuard<'static, Registry> {
@@ -56,6 +59,22 @@ pub fn create_new(tmp: &Path) -> io::Result<File> {
     let f = OpenOptions::new().write(true).create_new(true).open(tmp)?;
     r.files.push(tmp.to_path_buf());
     Ok(f)
+}
+
+/// Create the temporary directory `tmp` (which must not exist) and register it for removal, with
+/// everything in it, on a signal ([`remove_tree`] removes it otherwise).
+pub fn create_tree(tmp: &Path) -> io::Result<()> {
+    let mut r = registry();
+    fs::create_dir(tmp)?;
+    r.trees.push(tmp.to_path_buf());
+    Ok(())
+}
+
+/// Remove the temporary directory `tmp` with everything in it (if it exists) and stop tracking it.
+pub fn remove_tree(tmp: &Path) {
+    let mut r = registry();
+    let _ = fs::remove_dir_all(tmp);
+    r.trees.retain(|p| p != tmp);
 }
 
 fn forget(r: &mut Registry, tmp: &Path) {
@@ -132,6 +151,9 @@ fn remove_registered(r: &mut Registry) {
     for f in r.files.drain(..) {
         let _ = fs::remove_file(f);
     }
+    for t in r.trees.drain(..) {
+        let _ = fs::remove_dir_all(t);
+    }
     for d in r.dirs.drain(..).rev() {
         let _ = fs::remove_dir(d);
     }
@@ -167,7 +189,7 @@ pub fn remove_on_signal() -> io::Result<()> {
 }
 
 /// Whether process `pid` exists (on platforms where that cannot be told: assumed to).
-fn process_alive(pid: u32) -> bool {
+pub fn process_alive(pid: u32) -> bool {
     #[cfg(unix)]
     {
         let Ok(pid) = libc::pid_t::try_from(pid) else {

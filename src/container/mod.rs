@@ -22,6 +22,7 @@ pub mod convert;
 pub mod header;
 pub mod names;
 pub mod reader;
+pub mod replace;
 pub mod stamp;
 pub mod synth;
 mod synth_values;

@@ -1,9 +1,12 @@
 //! Writing a whole container, shared by `convert` and `synth`: the shard plan (which groups go
 //! into which shard file, their names and exact sizes), the destination check (only a previous
-//! conversion is ever replaced), and [`write_container`], which streams the groups through
+//! conversion of ours is ever replaced, [`super::replace`]), and [`write_container`], which streams the groups through
 //! [`ShardWriter`] (one shard file each) and renames everything into place once complete.
 
 use super::reader::Container;
+use super::replace::{
+    is_container_file, previous_conversion, recover_interrupted_swap, staging_dir, swap_into_place,
+};
 use super::stamp::{SHAPE_KEY, STAMP_KEY};
 use super::writer::{tmp_path, FailPlan, PlannedTensor, ShardWriter, WriteBudget};
 use super::{VERSION, VERSION_KEY};
@@ -37,27 +40,6 @@ impl WeightError {
     pub fn relative(&self) -> f64 {
         (self.err_sq / self.norm_sq.max(f64::MIN_POSITIVE)).sqrt()
     }
-}
-
-/// Whether `name` is a weight file or the index of a container: `model*.safetensors` or
-/// `model.safetensors.index.json`.
-fn is_container_file(name: &str) -> bool {
-    name.starts_with("model")
-        && (name.ends_with(".safetensors") || name == "model.safetensors.index.json")
-}
-
-/// Whether a directory holds (part of) a conversion: any `model*.safetensors` or the index.
-fn previous_conversion(dst: &Path) -> Vec<PathBuf> {
-    let Ok(rd) = std::fs::read_dir(dst) else {
-        return vec![];
-    };
-    let mut v: Vec<PathBuf> = rd
-        .filter_map(|e| e.ok())
-        .map(|e| e.path())
-        .filter(|p| is_container_file(p.file_name().and_then(|n| n.to_str()).unwrap_or("")))
-        .collect();
-    v.sort();
-    v
 }
 
 /// One output unit of a container: its planned tensors (a weight and, for quantised encodings,
@@ -178,36 +160,27 @@ pub fn shard_file_sizes(groups: &[OutGroup], max_shard_bytes: usize) -> Vec<u64>
 }
 
 /// Create `dst_dir` and check that writing a container there replaces nothing but a previous
-/// conversion: refuses a source checkpoint (unstamped `model*.safetensors`), a previous conversion
-/// unless `force`, and, when there is no previous conversion, any of `files` (the side files the
-/// writer adds, e.g. `config.json`) that already exists. Returns the previous conversion's files.
+/// conversion of ours ([`previous_conversion`]: every file proved ours, else an error naming the
+/// one that is not, `force` or not), and that only with `force`; without a previous conversion,
+/// none of `files` (the side files the writer adds, e.g. `config.json`) may exist yet. Returns the
+/// previous conversion's files (empty: a fresh write).
 pub fn check_destination(dst_dir: &Path, force: bool, files: &[&str]) -> Result<Vec<PathBuf>> {
+    // a replacement killed between its two renames (systems without an atomic exchange)
+    recover_interrupted_swap(dst_dir)?;
     std::fs::create_dir_all(dst_dir).with_context(|| format!("creating {}", dst_dir.display()))?;
     // temporaries of an earlier run that was killed before it could remove them
     crate::tempfiles::remove_stale(dst_dir, |f| is_container_file(f) || files.contains(&f));
-    let previous = previous_conversion(dst_dir);
-    let names = || {
-        previous
+    let previous = previous_conversion(dst_dir, files)?;
+    if !previous.is_empty() && !force {
+        let names: Vec<String> = previous
             .iter()
             .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    // only a previous conversion is ever replaced (with --force), never a source checkpoint
-    // (unstamped weights) nor a file that is not part of a conversion
-    if !previous.is_empty() && super::Container::open(dst_dir).is_ok_and(|c| !c.is_converted()) {
-        bail!(
-            "{} holds a source checkpoint ({}), not a conversion; refusing to replace it, even \
-             with --force (choose another --out)",
-            dst_dir.display(),
-            names()
-        );
-    }
-    if !previous.is_empty() && !force {
+            .filter(|n| is_container_file(n))
+            .collect();
         bail!(
             "{} already holds a conversion ({}); pass --force to replace it",
             dst_dir.display(),
-            names()
+            names.join(", ")
         );
     }
     if previous.is_empty() {
@@ -225,7 +198,9 @@ pub fn check_destination(dst_dir: &Path, force: bool, files: &[&str]) -> Result<
 /// Write a stamped container into `dst_dir`: the groups in order through [`ShardWriter`] (temp
 /// files renamed into place only when every shard is complete), the index when sharded, then
 /// `files` (name, bytes) each through its own temp file; finally reopen and verify it.
-/// Refuses a destination holding a previous container unless `opts.force`.
+/// Refuses a destination holding a previous container unless `opts.force`; a replacement is
+/// written whole into a staging directory beside `dst_dir` and swapped in atomically
+/// ([`super::replace`]), so the old container stays whole until the new one is.
 pub fn write_container(
     dst_dir: &Path,
     groups: &[OutGroup],
@@ -235,6 +210,52 @@ pub fn write_container(
 ) -> Result<ConvertSummary> {
     let names: Vec<&str> = files.iter().map(|f| f.0).collect();
     let previous = check_destination(dst_dir, opts.force, &names)?;
+    // a replacement is written whole beside the old container, then swapped in
+    let staging = (!previous.is_empty()).then(|| staging_dir(dst_dir));
+    if let Some(st) = &staging {
+        // only this process names a staging directory with its pid: one left here is its own
+        // (a test that stopped a replacement half way)
+        crate::tempfiles::remove_tree(st);
+        crate::tempfiles::create_tree(st)
+            .with_context(|| format!("creating the staging directory {}", st.display()))?;
+    }
+    let result = write_files(
+        staging.as_deref().unwrap_or(dst_dir),
+        groups,
+        source,
+        files,
+        opts,
+    );
+    let summary = match (result, &staging) {
+        (Err(e), Some(st)) => {
+            crate::tempfiles::remove_tree(st);
+            return Err(e);
+        }
+        (r, None) => return r,
+        (Ok(s), Some(_)) => s,
+    };
+    let st = staging.expect("a replacement");
+    swap_into_place(&st, dst_dir, opts.fail.crash_at)?;
+    Ok(ConvertSummary {
+        shards: summary
+            .shards
+            .iter()
+            .map(|p| dst_dir.join(p.file_name().expect("a shard name")))
+            .collect(),
+        ..summary
+    })
+}
+
+/// [`write_container`]'s write proper into `dst_dir` (the destination, or the staging directory
+/// of a replacement): shards through temporary files renamed into place once all are complete,
+/// the index, the side files, then the self-check.
+fn write_files(
+    dst_dir: &Path,
+    groups: &[OutGroup],
+    source: &mut dyn ItemSource,
+    files: &[(&str, Vec<u8>)],
+    opts: &WriteOptions,
+) -> Result<ConvertSummary> {
     let shard_groups = plan_shards(groups, opts.max_shard_bytes);
     let n = shard_groups.len();
     let names = shard_names(n);
@@ -307,10 +328,7 @@ pub fn write_container(
     }
     pb.finish_and_clear();
 
-    // Every shard is complete: replace any previous conversion, then rename into place.
-    for p in &previous {
-        std::fs::remove_file(p).with_context(|| format!("removing {}", p.display()))?;
-    }
+    // Every shard is complete: rename into place.
     let mut finals = Vec::new();
     for (t, name) in tmps.iter().zip(&names) {
         let f = dst_dir.join(name);

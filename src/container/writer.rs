@@ -40,6 +40,9 @@ pub struct FailPlan {
     /// A write that would pass this many bytes flushes what came before, then waits forever (until
     /// a signal ends the process), so a test can interrupt a write while its temporary files exist.
     pub stall_after_bytes: Option<u64>,
+    /// Stop a replacement of an earlier conversion at this step as a kill would: no cleanup
+    /// (`super::replace::SwapStep`).
+    pub crash_at: Option<super::replace::SwapStep>,
 }
 
 /// Bytes of every tensor written so far, shared by all shards of one conversion, and the faults

@@ -270,9 +270,15 @@ fn a_closed_stdout_or_stderr_ends_chat_quietly() {
     let model = chat_model();
     for closed in ["stdout", "stderr"] {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_inkling-wgpu"));
-        cmd.args(["chat", "--model", model.to_str().unwrap(), "--device", "cpu"])
-            .args(["--effort", "none", "--max-tokens", "4"])
-            .stdin(Stdio::piped());
+        cmd.args([
+            "chat",
+            "--model",
+            model.to_str().unwrap(),
+            "--device",
+            "cpu",
+        ])
+        .args(["--effort", "none", "--max-tokens", "4"])
+        .stdin(Stdio::piped());
         let (out, err) = if closed == "stdout" {
             (Stdio::piped(), Stdio::null())
         } else {
@@ -299,7 +305,13 @@ fn a_closed_stdout_or_stderr_ends_chat_quietly() {
 fn a_line_that_is_not_utf8_is_skipped_and_the_chat_goes_on() {
     let model = chat_model();
     let mut child = Command::new(env!("CARGO_BIN_EXE_inkling-wgpu"))
-        .args(["chat", "--model", model.to_str().unwrap(), "--device", "cpu"])
+        .args([
+            "chat",
+            "--model",
+            model.to_str().unwrap(),
+            "--device",
+            "cpu",
+        ])
         .args(["--effort", "none", "--max-tokens", "4"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -307,7 +319,9 @@ fn a_line_that_is_not_utf8_is_skipped_and_the_chat_goes_on() {
         .spawn()
         .unwrap();
     let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(b"Hello there\nab\xff\xfe\nAnd then?\n").unwrap();
+    stdin
+        .write_all(b"Hello there\nab\xff\xfe\nAnd then?\n")
+        .unwrap();
     drop(stdin);
     let out = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -603,7 +603,8 @@ fn side_files_and_source_checkpoints_in_out_are_never_replaced() {
     );
     assert!(
         e.contains(&format!(
-            "{} holds a source checkpoint (model.safetensors), not a conversion",
+            "{}: a source checkpoint (no container stamp), not a conversion; refusing to replace {}",
+            dst.join("model.safetensors").display(),
             dst.display()
         )) && !e.contains("pass --force"),
         "{e}"

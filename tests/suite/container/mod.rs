@@ -3,6 +3,7 @@
 pub mod bad_files;
 pub mod container_stamp;
 pub mod convert_inputs;
+pub mod convert_replace;
 pub mod convert_roundtrip;
 pub mod formats_doc;
 pub mod formats_quant;
