@@ -119,21 +119,34 @@ impl Input {
                 }
             },
             Input::Lines(lock, n) => loop {
-                let mut bytes = Vec::new();
-                if lock.read_until(b'\n', &mut bytes)? == 0 {
+                let Some(line) = read_input_line(lock)? else {
                     return Ok(None);
-                }
+                };
                 *n += 1;
-                match String::from_utf8(bytes) {
-                    Ok(line) => return Ok(Some(line.trim_end_matches(['\n', '\r']).to_string())),
-                    Err(e) => errln!(
-                        "stdin line {n}: input is not UTF-8 at byte {}; line ignored",
-                        e.utf8_error().valid_up_to()
-                    ),
+                match line {
+                    Ok(text) => return Ok(Some(text)),
+                    Err(at) => {
+                        errln!("stdin line {n}: input is not UTF-8 at byte {at}; line ignored")
+                    }
                 }
             },
         }
     }
+}
+
+/// One line of piped chat input from `r`: `None` at the end of input, `Some(Ok(text))` without
+/// its `\n` or `\r\n`, or `Some(Err(offset))` for a line that is not UTF-8 (the offset of its
+/// first bad byte). Errors: the reader's own. The bytes of a bad line are consumed, so reading
+/// goes on with the next line.
+pub fn read_input_line(r: &mut impl BufRead) -> std::io::Result<Option<Result<String, usize>>> {
+    let mut bytes = Vec::new();
+    if r.read_until(b'\n', &mut bytes)? == 0 {
+        return Ok(None);
+    }
+    Ok(Some(match String::from_utf8(bytes) {
+        Ok(line) => Ok(line.trim_end_matches(['\n', '\r']).to_string()),
+        Err(e) => Err(e.utf8_error().valid_up_to()),
+    }))
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {

@@ -453,6 +453,19 @@ impl TextConfig {
                 return Err(bad(name, "must be positive".into()));
             }
         }
+        // the BOS id is an input token (perplexity prepends it): a row of the embedding
+        if let Some(id) = self
+            .bos_token_id
+            .filter(|&id| id as usize >= self.vocab_size)
+        {
+            return Err(bad(
+                "bos_token_id",
+                format!(
+                    "{id} is outside the vocabulary of {} tokens (vocab_size)",
+                    self.vocab_size
+                ),
+            ));
+        }
         if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0) {
             return Err(bad(
                 "rms_norm_eps",

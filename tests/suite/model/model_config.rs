@@ -93,3 +93,20 @@ fn multimodal_text_config_and_bad_fields() {
         .to_string();
     assert!(e.contains("layer_types"), "{e}");
 }
+
+/// A BOS id that is no row of the embedding names config.json and the key (perplexity prepends
+/// it; the loader's own "outside the vocabulary" error named neither).
+#[test]
+fn a_bos_id_outside_the_vocabulary_names_the_file_and_key() {
+    let mut v = base();
+    v["bos_token_id"] = json!(99_999);
+    let e = TextConfig::from_value(&v, Path::new("/x/config.json"))
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        "/x/config.json: field `bos_token_id`: 99999 is outside the vocabulary of 100 tokens (vocab_size)"
+    );
+    v["bos_token_id"] = json!(99);
+    assert_eq!(parse(v).bos_token_id, Some(99));
+}
