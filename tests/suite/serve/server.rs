@@ -25,47 +25,39 @@ pub struct Server {
 }
 
 impl Server {
-    /// Start `serve --device cpu --port 0 EXTRA…` and return once the model is loaded.
+    /// Start `serve --device cpu --port 0 EXTRA…` and return once it takes requests.
     pub fn start(extra: &[&str]) -> Server {
         let mut child = Command::new(BIN)
             .args(["serve", "--device", "cpu", "--port", "0", "--model"])
             .arg(chat_model())
             .args(extra)
+            .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
         let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let mut log: Vec<String> = Vec::new();
-        let loaded = loop {
-            let Some(Ok(line)) = lines.next() else {
+        let mut log = Vec::new();
+        let (addr, ctx) = match wait_loaded(&mut lines, &mut log) {
+            Ok(found) => found,
+            Err(e) => {
                 let _ = child.kill();
-                panic!("serve ended before loading its model: {log:#?}");
-            };
-            log.push(line.clone());
-            if line.contains("model loaded") {
-                break line;
+                let _ = child.wait();
+                panic!("{e}: {log:#?}");
             }
         };
-        let addr = log[0]
-            .split("listening on http://")
-            .nth(1)
-            .and_then(|s| s.split_whitespace().next())
-            .unwrap_or_else(|| panic!("no address in {:?}", log[0]))
-            .to_string();
-        let ctx = loaded
-            .split(", ")
-            .nth(1)
-            .and_then(|s| s.strip_suffix(" tokens of context)"))
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| panic!("no context length in {loaded:?}"));
         let rest = std::thread::spawn(move || rest_of(lines));
-        Server {
+        let server = Server {
             child,
             addr,
             ctx,
             log,
             rest: Some(rest),
+        };
+        // the loaded line comes just before the engine takes requests
+        while server.health()["status"] != "ok" {
+            std::thread::sleep(Duration::from_millis(10));
         }
+        server
     }
 
     /// Send signal `sig` to the server.
@@ -106,6 +98,36 @@ impl Server {
         r.read_to_string(&mut body).unwrap();
         serde_json::from_str(&body).unwrap()
     }
+}
+
+/// Read stderr lines into `log` up to the "model loaded" one (the "listening" one may come before
+/// or after it); returns the address and the context length in tokens.
+fn wait_loaded(
+    lines: &mut std::io::Lines<BufReader<ChildStderr>>,
+    log: &mut Vec<String>,
+) -> Result<(String, usize), String> {
+    let mut addr = None;
+    let mut ctx = None;
+    while addr.is_none() || ctx.is_none() {
+        let Some(Ok(line)) = lines.next() else {
+            return Err("serve ended before it listened and loaded its model".into());
+        };
+        if let Some(rest) = line.split("listening on http://").nth(1) {
+            let a = rest.split_whitespace().next().ok_or("no address")?;
+            addr = Some(a.to_string());
+        }
+        if line.contains("model loaded") {
+            let n = line
+                .split(", ")
+                .nth(1)
+                .and_then(|s| s.strip_suffix(" tokens of context)"))
+                .and_then(|s| s.parse().ok())
+                .ok_or("no context length in the model-loaded line")?;
+            ctx = Some(n);
+        }
+        log.push(line);
+    }
+    Ok((addr.unwrap(), ctx.unwrap()))
 }
 
 fn rest_of(lines: std::io::Lines<BufReader<ChildStderr>>) -> Vec<String> {
