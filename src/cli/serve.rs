@@ -1,15 +1,23 @@
 //! `inkling-wgpu serve`: an OpenAI-compatible HTTP server (axum on a single-threaded tokio
 //! runtime). The model loads on the engine thread while the server already answers
 //! (`/health` 503 until it is ready). Binds to loopback unless `--host` says otherwise.
+//!
+//! SIGINT or SIGTERM shuts the server down: no new connections or requests, every request queued
+//! or running ends at once (`serve::http::Shutdown`), then one line on stderr and exit status 0.
+//! A second signal meanwhile ends the process at once (status 130 for SIGINT, 143 for SIGTERM).
 use super::load::{open_tokenizer, sampling, with_chat_model, ModelArgs};
 use crate::model::{GenerationConfig, TextConfig};
 use crate::serve::engine::{self, Shared};
-use crate::serve::http::{router, AppState};
+use crate::serve::http::{router, AppState, Shutdown};
 use anyhow::Context;
 use std::process::ExitCode;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+
+/// How long the shutdown waits for the engine thread to put its model down (a running job halts
+/// at its next token) before the process exits anyway.
+const ENGINE_GRACE: Duration = Duration::from_secs(10);
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -40,7 +48,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let dir = args.model.dir();
     let (tok, renderer) = open_tokenizer(&dir)?;
     let config = TextConfig::from_dir(&dir)?;
-    let ctx = args.model.context(&config)?;
+    // a --ctx past the model's is refused (exit 2) before the model loads; the engine thread
+    // computes the same context from the checkpoint (`Shared::ctx`)
+    args.model.context(&config)?;
     let generation = GenerationConfig::from_dir(&dir)?.unwrap_or_default();
     let defaults = sampling(&generation, None, None, None)?;
     let model_id = args.model_id.clone().unwrap_or_else(|| {
@@ -51,15 +61,22 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     });
     let (tok, renderer) = (Arc::new(tok), Arc::new(renderer));
     let shared = Arc::new(Shared::default());
+    let shutdown = Arc::new(Shutdown::default());
+    #[cfg(unix)]
+    shut_down_on_signals(shutdown.clone())?;
     let (jobs, jobs_rx) = std::sync::mpsc::sync_channel(args.queue);
+    // disconnected when the engine thread ends
+    let (engine_alive, engine_ended) = std::sync::mpsc::channel::<()>();
     {
         let (tok, renderer, shared) = (tok.clone(), renderer.clone(), shared.clone());
         let margs = args.model.clone();
         std::thread::Builder::new()
             .name("engine".into())
             .spawn(move || {
+                let _alive = engine_alive;
                 let res = with_chat_model(&margs, &tok, &renderer, |cm| {
                     let _ = shared.stop_ids.set(cm.stop_ids.clone());
+                    let _ = shared.ctx.set(cm.ctx);
                     eprintln!(
                         "inkling-wgpu serve: model loaded ({}, {} tokens of context)",
                         cm.model.adapter(),
@@ -76,11 +93,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             .context("starting the engine thread")?;
     }
     let state = Arc::new(AppState {
-        shared,
+        shared: shared.clone(),
         renderer,
         jobs,
+        shutdown: shutdown.clone(),
         model_id: model_id.clone(),
-        ctx,
         vocab: config.vocab_size,
         sampling: defaults,
         ping: Duration::from_millis(args.ping_ms),
@@ -90,6 +107,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
+    let stopped = shutdown.started();
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
             .await
@@ -104,8 +122,41 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             "inkling-wgpu serve: listening on http://{addr} ({scope}); model id {model_id:?}"
         );
         axum::serve(listener, router(state, args.max_body_bytes))
+            .with_graceful_shutdown(stopped)
             .await
             .context("serving HTTP")
     })?;
+    // the server returns only once the shutdown has started
+    let reason = shutdown.reason().unwrap_or("unknown cause");
+    // dropping the runtime drops the last job sender, so the engine thread ends after its job
+    drop(rt);
+    if shared.ready.load(Ordering::SeqCst) {
+        let _ = engine_ended.recv_timeout(ENGINE_GRACE);
+    }
+    let n = shutdown.ended_early();
+    let s = if n == 1 { "" } else { "s" };
+    eprintln!("inkling-wgpu serve: shut down ({reason}); {n} request{s} ended early");
     Ok(ExitCode::SUCCESS)
+}
+
+/// From now on, the first SIGINT or SIGTERM starts `shutdown`; the next one ends the process at
+/// once with status 128 + its number (130 for SIGINT, 143 for SIGTERM).
+#[cfg(unix)]
+fn shut_down_on_signals(shutdown: Arc<Shutdown>) -> anyhow::Result<()> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
+        .context("installing the SIGINT/SIGTERM handler")?;
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            let mut caught = signals.forever();
+            if let Some(sig) = caught.next() {
+                shutdown.start(if sig == SIGINT { "SIGINT" } else { "SIGTERM" });
+            }
+            if let Some(sig) = caught.next() {
+                signal_hook::low_level::exit(128 + sig);
+            }
+        })
+        .context("starting the signal thread")?;
+    Ok(())
 }

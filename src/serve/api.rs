@@ -166,7 +166,7 @@ pub struct Request {
 /// What validation needs to know about the server.
 pub struct Limits<'a> {
     pub model_id: &'a str,
-    /// Context length in tokens.
+    /// Context length in tokens (the one the engine runs with, [`super::engine::Shared::ctx`]).
     pub ctx: usize,
     pub stop_ids: &'a [u32],
     /// Vocabulary size: prompt ids must be below it.
@@ -270,7 +270,7 @@ pub fn chat_request(body: &[u8], r: &Renderer, lim: &Limits<'_>) -> Result<Reque
         .render_for_generation(&messages, Some(effort))
         .map_err(|e| ApiError::bad_request(format!("{e:#}"), Some("messages")))?;
     let in_text = prompt.last() == Some(&r.specials().content_text);
-    let req = finish(b.common, std::mem::take(&mut prompt), None, lim)?;
+    let req = finish(b.common, std::mem::take(&mut prompt), "messages", None, lim)?;
     Ok(Request { in_text, ..req })
 }
 
@@ -298,13 +298,17 @@ pub fn completion_request(
         )));
     }
     // the legacy endpoint's default is 16 tokens
-    finish(b.common, prompt, Some(16), lim)
+    finish(b.common, prompt, "prompt", Some(16), lim)
 }
 
-/// The shared fields: model, sampling, lengths (context check), stop strings.
+/// The shared fields: model, sampling, lengths (context check), stop strings. `prompt_param` is
+/// the request field the prompt came from (`messages` or `prompt`), named by the errors about its
+/// length; `default_max` is the completion length in tokens when the request gives none (`None`:
+/// the rest of the context).
 fn finish(
     c: Common,
     prompt: Vec<u32>,
+    prompt_param: &'static str,
     default_max: Option<usize>,
     lim: &Limits<'_>,
 ) -> Result<Request, ApiError> {
@@ -330,7 +334,7 @@ fn finish(
     if prompt.is_empty() {
         return Err(ApiError::bad_request(
             "the prompt has no tokens",
-            Some("prompt"),
+            Some(prompt_param),
         ));
     }
     let d = lim.sampling;
@@ -368,7 +372,7 @@ fn finish(
     }
     let room = lim.ctx.saturating_sub(prompt.len());
     let too_long = |n: u64| ApiError {
-        param: Some("messages"),
+        param: Some(prompt_param),
         ..ApiError::new(
             400,
             "invalid_request_error",

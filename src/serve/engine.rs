@@ -1,7 +1,8 @@
 //! The engine thread: owns the forward backend and a [`Session`] (so a request that extends the
 //! previous sequence exactly reuses its KV cache and conv states), takes [`Job`]s from a bounded
-//! queue one at a time and streams [`Event`]s back. A job whose event receiver is gone (the
-//! client disconnected) is skipped when it comes up, or halted at its next token when running.
+//! queue one at a time and streams [`Event`]s back. A job whose event receiver is gone or closed
+//! (the client disconnected, or the server is shutting down) is skipped when it comes up, or
+//! halted at its next token when running.
 use crate::chat::parse::{Block, OutputParser};
 use crate::chat::session::{Finish, Halt, Session};
 use crate::chat::specials::Specials;
@@ -61,6 +62,9 @@ pub struct Shared {
     pub ready: AtomicBool,
     /// Stop ids of the loaded model (`<|content_model_end_sampling|>` and its EOS ids).
     pub stop_ids: OnceLock<Vec<u32>>,
+    /// Context length in tokens that the loaded model runs with (`cli::load::ChatModel::ctx`):
+    /// the bound of prompt + completion, and the number the context-length errors give.
+    pub ctx: OnceLock<usize>,
     pub counters: Counters,
 }
 

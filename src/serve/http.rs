@@ -3,6 +3,8 @@
 //! Request bodies are size-limited (413 past the limit); every error is an OpenAI envelope.
 //! A streamed response carries SSE comment pings (`: ping`) while it waits in the queue or its
 //! prefill runs, so clients with idle timeouts keep the connection.
+//! Once the server's [`Shutdown`] starts, every request queued or running ends at once (503, or an
+//! SSE error event and `data: [DONE]`), new ones get 503 and `/health` answers 503.
 use super::api::{self, ApiError, Limits, Request};
 use super::engine::{Event, Job, JobKind, Shared};
 use crate::chat::parse::Block;
@@ -19,6 +21,7 @@ use axum::Router;
 use serde_json::{json, Value};
 use std::collections::VecDeque;
 use std::convert::Infallible;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{SyncSender, TrySendError};
@@ -26,15 +29,15 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use tokio::sync::watch;
 
 /// Everything a handler needs.
 pub struct AppState {
     pub shared: Arc<Shared>,
     pub renderer: Arc<Renderer>,
     pub jobs: SyncSender<Job>,
+    pub shutdown: Arc<Shutdown>,
     pub model_id: String,
-    /// Context length in tokens.
-    pub ctx: usize,
     /// The model's vocabulary size (prompt ids must be below it).
     pub vocab: usize,
     /// Sampling when a request does not say.
@@ -42,6 +45,70 @@ pub struct AppState {
     /// Interval of SSE comment pings.
     pub ping: Duration,
     pub next_id: AtomicU64,
+}
+
+/// The server's shutdown (started by SIGINT or SIGTERM, `cli::serve`): once started, requests in
+/// the queue or running end early, new ones are refused, and the HTTP server (given
+/// [`Shutdown::started`]) stops accepting connections and returns when the open ones have ended.
+pub struct Shutdown {
+    /// What started it (such as `"SIGINT"`); `None` while the server runs.
+    reason: watch::Sender<Option<&'static str>>,
+    /// Accepted requests it ended before their answer was complete.
+    ended: AtomicU64,
+}
+
+impl Default for Shutdown {
+    fn default() -> Shutdown {
+        Shutdown {
+            reason: watch::Sender::new(None),
+            ended: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Shutdown {
+    /// Start the shutdown, naming its cause; once started, later calls change nothing.
+    pub fn start(&self, reason: &'static str) {
+        self.reason.send_if_modified(|r| {
+            let first = r.is_none();
+            if first {
+                *r = Some(reason);
+            }
+            first
+        });
+    }
+
+    /// Its cause, once started.
+    pub fn reason(&self) -> Option<&'static str> {
+        *self.reason.borrow()
+    }
+
+    /// A future that resolves when the shutdown starts (at once when it has).
+    pub fn started(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut rx = self.reason.subscribe();
+        async move {
+            let gone = rx.wait_for(Option::is_some).await.is_err();
+            if gone {
+                // the Shutdown was dropped unstarted: it can no longer start
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// How many accepted requests the shutdown ended before their answer was complete.
+    pub fn ended_early(&self) -> u64 {
+        self.ended.load(Ordering::SeqCst)
+    }
+}
+
+/// The error of requests ended or refused by the shutdown (503).
+fn shutting_down() -> ApiError {
+    ApiError::new(
+        503,
+        "server_error",
+        "shutting_down",
+        "the server is shutting down".into(),
+    )
 }
 
 /// The application: routes, body limit (`max_body` bytes), state.
@@ -82,6 +149,9 @@ fn unix_time() -> u64 {
 }
 
 async fn health(State(st): State<Arc<AppState>>) -> Response {
+    if st.shutdown.reason().is_some() {
+        return json_response(503, &json!({"status": "shutting down"}));
+    }
     if !st.shared.ready.load(Ordering::SeqCst) {
         return json_response(503, &json!({"status": "loading model"}));
     }
@@ -169,8 +239,11 @@ async fn handle(st: Arc<AppState>, body: Result<Bytes, BytesRejection>, ep: Endp
     };
     let c = &st.shared.counters;
     c.requests.fetch_add(1, Ordering::Relaxed);
-    let stop_ids = match st.shared.stop_ids.get() {
-        Some(ids) if st.shared.ready.load(Ordering::SeqCst) => ids,
+    if st.shutdown.reason().is_some() {
+        return error_response(&shutting_down());
+    }
+    let (stop_ids, ctx) = match (st.shared.stop_ids.get(), st.shared.ctx.get()) {
+        (Some(ids), Some(&ctx)) if st.shared.ready.load(Ordering::SeqCst) => (ids, ctx),
         _ => {
             return error_response(&ApiError::new(
                 503,
@@ -182,7 +255,7 @@ async fn handle(st: Arc<AppState>, body: Result<Bytes, BytesRejection>, ep: Endp
     };
     let lim = Limits {
         model_id: &st.model_id,
-        ctx: st.ctx,
+        ctx,
         stop_ids,
         vocab: st.vocab,
         sampling: st.sampling,
@@ -241,9 +314,14 @@ async fn handle(st: Arc<AppState>, body: Result<Bytes, BytesRejection>, ep: Endp
         return_token_ids: req.return_token_ids,
         prompt: req.prompt,
     };
+    let feed = Feed {
+        rx,
+        shutdown: Some(Box::pin(st.shutdown.started())),
+        owner: st.shutdown.clone(),
+    };
     if req.stream {
         let chunks = Chunks {
-            rx,
+            feed,
             meta,
             pending: VecDeque::new(),
             done: false,
@@ -252,7 +330,50 @@ async fn handle(st: Arc<AppState>, body: Result<Bytes, BytesRejection>, ep: Endp
             .keep_alive(KeepAlive::new().interval(st.ping).text("ping"))
             .into_response()
     } else {
-        collect(rx, meta).await
+        collect(feed, meta).await
+    }
+}
+
+/// A request's view of its job: the engine's events, cut short by the server's shutdown.
+struct Feed {
+    rx: UnboundedReceiver<Event>,
+    /// [`Shutdown::started`] until it resolves, then `None`.
+    shutdown: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+    owner: Arc<Shutdown>,
+}
+
+/// What a [`Feed`] gives next.
+enum Next {
+    Event(Event),
+    /// The engine dropped the job without a last event.
+    Gone,
+    /// The shutdown ended the request (given once, then again on every poll).
+    ShuttingDown,
+}
+
+impl Feed {
+    /// The next event; the shutdown is seen before any event still waiting.
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Next> {
+        let Some(sd) = self.shutdown.as_mut() else {
+            return Poll::Ready(Next::ShuttingDown);
+        };
+        if sd.as_mut().poll(cx).is_ready() {
+            self.shutdown = None;
+            // the job's sender now reads closed: the engine skips it if queued, halts it at its
+            // next token if running (as when the client goes away)
+            self.rx.close();
+            self.owner.ended.fetch_add(1, Ordering::SeqCst);
+            return Poll::Ready(Next::ShuttingDown);
+        }
+        match self.rx.poll_recv(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Some(ev)) => Poll::Ready(Next::Event(ev)),
+            Poll::Ready(None) => Poll::Ready(Next::Gone),
+        }
+    }
+
+    async fn next(&mut self) -> Next {
+        std::future::poll_fn(|cx| self.poll_next(cx)).await
     }
 }
 
@@ -269,11 +390,16 @@ fn engine_error(msg: String) -> ApiError {
     ApiError::new(500, "server_error", "engine_error", msg)
 }
 
-/// A non-streamed response: wait for the whole answer. Dropped with its connection, which drops
-/// the receiver and so cancels the job.
-async fn collect(mut rx: UnboundedReceiver<Event>, meta: Meta) -> Response {
+/// A non-streamed response: wait for the whole answer (503 when the shutdown comes first).
+/// Dropped with its connection, which drops the receiver and so cancels the job.
+async fn collect(mut feed: Feed, meta: Meta) -> Response {
     let (mut text, mut thinking) = (String::new(), String::new());
-    while let Some(ev) = rx.recv().await {
+    loop {
+        let ev = match feed.next().await {
+            Next::Event(ev) => ev,
+            Next::Gone => break,
+            Next::ShuttingDown => return error_response(&shutting_down()),
+        };
         match ev {
             Event::Started => {}
             Event::Delta { block, text: t } => match block {
@@ -309,10 +435,11 @@ async fn collect(mut rx: UnboundedReceiver<Event>, meta: Meta) -> Response {
     ))
 }
 
-/// A streamed response: engine events → SSE chunks, then `data: [DONE]`. Dropped with its
-/// connection, which drops the receiver and so cancels the job.
+/// A streamed response: engine events → SSE chunks, then `data: [DONE]` (after an error event
+/// when the shutdown ends it). Dropped with its connection, which drops the receiver and so
+/// cancels the job.
 struct Chunks {
-    rx: UnboundedReceiver<Event>,
+    feed: Feed,
     meta: Meta,
     pending: VecDeque<SseEvent>,
     done: bool,
@@ -394,12 +521,17 @@ impl futures_core::Stream for Chunks {
             if this.done {
                 return Poll::Ready(None);
             }
-            match this.rx.poll_recv(cx) {
+            match this.feed.poll_next(cx) {
                 Poll::Pending => return Poll::Pending,
-                Poll::Ready(Some(ev)) => this.on_event(ev),
-                Poll::Ready(None) => {
+                Poll::Ready(Next::Event(ev)) => this.on_event(ev),
+                Poll::Ready(Next::Gone) => {
                     let e = engine_error("the engine ended the request without an answer".into());
                     this.push(&e.body());
+                    this.done = true;
+                }
+                Poll::Ready(Next::ShuttingDown) => {
+                    this.push(&shutting_down().body());
+                    this.pending.push_back(SseEvent::default().data("[DONE]"));
                     this.done = true;
                 }
             }
