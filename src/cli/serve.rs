@@ -49,6 +49,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             .file_name()
             .map_or("model".into(), |n| n.to_string_lossy().into_owned())
     });
+    let longest_token_bytes = crate::serve::api::longest_token_bytes(&tok);
     let (tok, renderer) = (Arc::new(tok), Arc::new(renderer));
     let shared = Arc::new(Shared::default());
     let (jobs, jobs_rx) = std::sync::mpsc::sync_channel(args.queue);
@@ -82,6 +83,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         model_id: model_id.clone(),
         ctx,
         vocab: config.vocab_size,
+        longest_token_bytes,
         sampling: defaults,
         ping: Duration::from_millis(args.ping_ms),
         next_id: AtomicU64::new(0),

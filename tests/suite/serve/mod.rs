@@ -1,4 +1,6 @@
-//! `serve`: the OpenAI-compatible server driven by the official client.
+//! `serve`: the OpenAI-compatible server driven by the official client, its request parser on
+//! hostile bodies (named errors, fuzzing), and the server under hostile clients.
 
+pub mod request_errors;
 pub mod serve_openai;
 pub mod test_python;
