@@ -5,6 +5,7 @@ use super::load::{open_tokenizer, sampling, with_chat_model, ModelArgs};
 use crate::model::{GenerationConfig, TextConfig};
 use crate::serve::engine::{self, Shared};
 use crate::serve::http::{router, AppState};
+use crate::serve::timeout::HeadTimeout;
 use anyhow::Context;
 use std::process::ExitCode;
 use std::sync::atomic::AtomicU64;
@@ -31,6 +32,11 @@ pub struct Args {
     /// Interval of the SSE comment pings sent while a streamed request waits or prefills, in ms.
     #[arg(long, default_value_t = 5000, value_parser = super::values::parse_positive)]
     pub ping_ms: u64,
+    /// Time a client has to send each request head (request line and headers), in ms; past it
+    /// the connection is closed. Bodies and responses are not timed.
+    #[arg(long, default_value_t = crate::serve::timeout::DEFAULT_HEAD_TIMEOUT.as_millis() as u64,
+          value_parser = super::values::parse_positive)]
+    pub header_timeout_ms: u64,
     /// Model id in the API (default: the model directory's name).
     #[arg(long)]
     pub model_id: Option<String>,
@@ -105,9 +111,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         eprintln!(
             "inkling-wgpu serve: listening on http://{addr} ({scope}); model id {model_id:?}"
         );
-        axum::serve(listener, router(state, args.max_body_bytes))
-            .await
-            .context("serving HTTP")
+        let head_timeout = Duration::from_millis(args.header_timeout_ms);
+        axum::serve(
+            HeadTimeout::new(listener, head_timeout),
+            router(state, args.max_body_bytes),
+        )
+        .await
+        .context("serving HTTP")
     })?;
     Ok(ExitCode::SUCCESS)
 }

@@ -4,6 +4,8 @@
 //!   time, each cancelled when its client goes away (queued or running).
 //! - [`api`]: request parsing and validation, response bodies, OpenAI error envelopes.
 //! - [`http`]: the axum routes, SSE streaming with comment pings, the body size limit.
+//! - [`timeout`]: the request-head read timeout (a listener wrapper for `axum::serve`).
 pub mod api;
 pub mod engine;
 pub mod http;
+pub mod timeout;
