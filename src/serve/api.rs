@@ -69,7 +69,7 @@ impl ApiError {
 
 /// `stop`: one string or up to 4.
 #[derive(Deserialize, Debug)]
-#[serde(untagged, expecting = "a string or an array of strings")]
+#[serde(untagged, expecting = "expected a string or an array of strings")]
 enum Stop {
     One(String),
     Many(Vec<String>),
@@ -79,7 +79,7 @@ enum Stop {
 #[derive(Deserialize, Debug)]
 #[serde(
     untagged,
-    expecting = "an effort name (none, low, medium, high) or a number"
+    expecting = "expected an effort name (none, low, medium, high) or a number"
 )]
 enum EffortField {
     Name(String),
@@ -115,7 +115,7 @@ struct Common {
 #[derive(Deserialize, Debug)]
 #[serde(
     untagged,
-    expecting = "a string or an array of content parts ({\"type\": \"text\", \"text\": ...})"
+    expecting = "expected a string or an array of content parts ({\"type\": \"text\", \"text\": ...})"
 )]
 enum Content {
     Text(String),
@@ -161,7 +161,7 @@ struct ChatBody {
 #[derive(Deserialize, Debug)]
 #[serde(
     untagged,
-    expecting = "a string, an array of token ids (below 2^32), or an array holding one of either"
+    expecting = "expected a string, an array of token ids (below 2^32), or an array holding one of either"
 )]
 enum Prompt {
     Text(String),
@@ -267,19 +267,23 @@ fn json_error(field: Option<String>, e: serde_json::Error) -> ApiError {
     let in_field = field
         .as_ref()
         .map_or(String::new(), |p| format!(" (in `{p}`)"));
-    let message = match e.classify() {
-        serde_json::error::Category::Data => match &field {
+    // a number beyond f64 (`1e400`) is a syntax error to serde_json, but the field is what is wrong
+    let data = e.classify() == serde_json::error::Category::Data || what == "number out of range";
+    let message = if data {
+        match &field {
             Some(p) => format!("invalid `{p}`: {what} (at {at})"),
             None => format!("invalid request body: {what} (at {at})"),
-        },
+        }
+    } else if what.contains("surrogate") || what.contains("hex escape") {
         // serde_json's words for a `\u` escape of a lone UTF-16 surrogate (`"\ud800"`), which
         // no UTF-8 string can hold
-        _ if what.contains("surrogate") || what.contains("hex escape") => format!(
+        format!(
             "the request body is not valid JSON text at {at}{in_field}: a \\u escape is a lone \
              UTF-16 surrogate (such as \\ud800), which is not a character and cannot be UTF-8 \
              ({what})"
-        ),
-        _ => format!("the request body is not valid JSON at {at}{in_field}: {what}"),
+        )
+    } else {
+        format!("the request body is not valid JSON at {at}{in_field}: {what}")
     };
     ApiError {
         param: field.map(Cow::Owned),

@@ -104,7 +104,12 @@ fn every_field_error_names_its_json_path() {
         (chat(r#""n":2"#), "n"),
     ];
     for (body, param) in &cases {
-        refused(p.chat(body.as_bytes()), Some(param), body);
+        let e = refused(p.chat(body.as_bytes()), Some(param), body);
+        assert!(
+            !e.message.contains("not valid JSON"),
+            "{body}: {}",
+            e.message
+        );
     }
     for (body, param) in [
         (r#"{"prompt":"hi","max_tokens":"12"}"#, "max_tokens"),
