@@ -9,6 +9,7 @@ use super::load::{open_tokenizer, sampling, with_chat_model, ModelArgs};
 use crate::model::{GenerationConfig, TextConfig};
 use crate::serve::engine::{self, Shared};
 use crate::serve::http::{router, AppState, Shutdown};
+use crate::serve::timeout::HeadTimeout;
 use anyhow::Context;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -39,6 +40,11 @@ pub struct Args {
     /// Interval of the SSE comment pings sent while a streamed request waits or prefills, in ms.
     #[arg(long, default_value_t = 5000, value_parser = super::values::parse_positive)]
     pub ping_ms: u64,
+    /// Time a client has to send each request head (request line and headers), in ms; past it
+    /// the connection is closed. Bodies and responses are not timed.
+    #[arg(long, default_value_t = crate::serve::timeout::DEFAULT_HEAD_TIMEOUT.as_millis() as u64,
+          value_parser = super::values::parse_positive)]
+    pub header_timeout_ms: u64,
     /// Model id in the API (default: the model directory's name).
     #[arg(long)]
     pub model_id: Option<String>,
@@ -59,6 +65,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             .file_name()
             .map_or("model".into(), |n| n.to_string_lossy().into_owned())
     });
+    let longest_token_bytes = crate::serve::api::longest_token_bytes(&tok);
     let (tok, renderer) = (Arc::new(tok), Arc::new(renderer));
     let shared = Arc::new(Shared::default());
     let shutdown = Arc::new(Shutdown::default());
@@ -99,6 +106,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         shutdown: shutdown.clone(),
         model_id: model_id.clone(),
         vocab: config.vocab_size,
+        longest_token_bytes,
         sampling: defaults,
         ping: Duration::from_millis(args.ping_ms),
         next_id: AtomicU64::new(0),
@@ -121,10 +129,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         eprintln!(
             "inkling-wgpu serve: listening on http://{addr} ({scope}); model id {model_id:?}"
         );
-        axum::serve(listener, router(state, args.max_body_bytes))
-            .with_graceful_shutdown(stopped)
-            .await
-            .context("serving HTTP")
+        let head_timeout = Duration::from_millis(args.header_timeout_ms);
+        axum::serve(
+            HeadTimeout::new(listener, head_timeout),
+            router(state, args.max_body_bytes),
+        )
+        .with_graceful_shutdown(stopped)
+        .await
+        .context("serving HTTP")
     })?;
     // the server returns only once the shutdown has started
     let reason = shutdown.reason().unwrap_or("unknown cause");

@@ -1,12 +1,19 @@
 //! The OpenAI API surface: request bodies (`/v1/chat/completions`, `/v1/completions`) parsed and
 //! validated into an engine job, response and chunk bodies, and error envelopes
 //! (`{"error":{"message","type","param","code"}}` with the HTTP status).
+//!
+//! Bodies are parsed with `serde_path_to_error`, so every refusal names the field it is about as a
+//! JSON path in `param` and the message (`messages[1].role`, `max_tokens`); a body that is not a
+//! JSON object, not valid JSON or not valid UTF-8 says so with its line and column. Prompts are
+//! bounded in bytes before they are tokenised ([`Limits::max_prompt_bytes`]).
 use crate::chat::render::ToolCall;
 use crate::chat::{Effort, Message, Renderer, Role};
 use crate::model::generate::GenerateParams;
 use crate::model::sampling::SamplingParams;
 use serde::Deserialize;
 use serde_json::{json, Value};
+use std::borrow::Cow;
+use tokenizers::Tokenizer;
 
 /// An error response: HTTP status and the envelope's fields.
 #[derive(Clone, Debug, PartialEq)]
@@ -14,7 +21,8 @@ pub struct ApiError {
     pub status: u16,
     pub message: String,
     pub kind: &'static str,
-    pub param: Option<&'static str>,
+    /// The JSON path of the field the error is about (`messages[0].content`), if any.
+    pub param: Option<Cow<'static, str>>,
     pub code: Option<&'static str>,
 }
 
@@ -24,8 +32,18 @@ impl ApiError {
             status: 400,
             message: message.into(),
             kind: "invalid_request_error",
-            param,
+            param: param.map(Cow::Borrowed),
             code: None,
+        }
+    }
+
+    /// A 400 about the field at JSON path `path` (built at run time: `messages[3].role`); the
+    /// message starts with the path.
+    pub fn bad_field(message: impl std::fmt::Display, path: String) -> ApiError {
+        ApiError {
+            message: format!("`{path}`: {message}"),
+            param: Some(Cow::Owned(path)),
+            ..ApiError::bad_request("", None)
         }
     }
 
@@ -51,7 +69,7 @@ impl ApiError {
 
 /// `stop`: one string or up to 4.
 #[derive(Deserialize, Debug)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "expected a string or an array of strings")]
 enum Stop {
     One(String),
     Many(Vec<String>),
@@ -59,7 +77,10 @@ enum Stop {
 
 /// `reasoning_effort`: a named effort or a number.
 #[derive(Deserialize, Debug)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "expected an effort name (none, low, medium, high) or a number"
+)]
 enum EffortField {
     Name(String),
     Value(f64),
@@ -70,7 +91,8 @@ struct StreamOptions {
     include_usage: Option<bool>,
 }
 
-/// The fields both endpoints share.
+/// The fields both endpoints share, parsed from the same body as the endpoint's own fields (a
+/// second pass: `#[serde(flatten)]` would hide the paths of errors in these fields).
 #[derive(Deserialize, Debug)]
 struct Common {
     model: Option<String>,
@@ -91,7 +113,10 @@ struct Common {
 }
 
 #[derive(Deserialize, Debug)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "expected a string or an array of content parts ({\"type\": \"text\", \"text\": ...})"
+)]
 enum Content {
     Text(String),
     Parts(Vec<Part>),
@@ -125,17 +150,19 @@ struct ChatMessage {
     tool_call_id: Option<String>,
 }
 
+/// `/v1/chat/completions`' own fields (with [`Common`]).
 #[derive(Deserialize, Debug)]
 struct ChatBody {
     messages: Vec<ChatMessage>,
     reasoning_effort: Option<EffortField>,
     tools: Option<Vec<Value>>,
-    #[serde(flatten)]
-    common: Common,
 }
 
 #[derive(Deserialize, Debug)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "expected a string, an array of token ids (below 2^32), or an array holding one of either"
+)]
 enum Prompt {
     Text(String),
     Ids(Vec<u32>),
@@ -143,11 +170,10 @@ enum Prompt {
     IdLists(Vec<Vec<u32>>),
 }
 
+/// `/v1/completions`' own fields (with [`Common`]).
 #[derive(Deserialize, Debug)]
 struct CompletionBody {
     prompt: Prompt,
-    #[serde(flatten)]
-    common: Common,
 }
 
 /// What a request asks the engine for, validated.
@@ -173,26 +199,117 @@ pub struct Limits<'a> {
     pub vocab: usize,
     /// Sampling when a request does not say (the model's generation_config.json).
     pub sampling: SamplingParams,
+    /// [`longest_token_bytes`] of the tokenizer: prompt text of more than `ctx` × this many
+    /// bytes cannot fit in the context and is refused before it is tokenised.
+    pub longest_token_bytes: usize,
 }
 
+/// An upper bound on the UTF-8 bytes of text one token of `tok` can stand for: the longest
+/// vocabulary or added-token string, in bytes. Vocabulary strings are never shorter than the text
+/// they decode to (byte-level BPE maps each byte to one character of 1–2 bytes; `▁` stands for a
+/// space, `<0xNN>` for one byte), so text of more than `ctx` × this many bytes encodes to more than
+/// `ctx` tokens. That needs a tokenizer without a normalizer (which could shrink text before it
+/// is split, as Inkling's byte-level BPE has none); with one, there is no bound (`usize::MAX`).
+pub fn longest_token_bytes(tok: &Tokenizer) -> usize {
+    if tok.get_normalizer().is_some() {
+        return usize::MAX;
+    }
+    let longest = tok.get_vocab(true).keys().map(String::len).max();
+    longest.unwrap_or(usize::MAX).max(1)
+}
+
+/// `T` from a request body that must be a JSON object. Errors name the JSON path of the field
+/// (`param` and the message); a body that is not UTF-8, not JSON or not an object says so, with
+/// the byte, or line and column, where it goes wrong.
 fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}"), None))
+    if let Err(e) = std::str::from_utf8(body) {
+        return Err(ApiError::bad_request(
+            format!(
+                "the request body is not valid UTF-8 (at byte {})",
+                e.valid_up_to()
+            ),
+            None,
+        ));
+    }
+    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(ApiError::bad_request(
+            "the request body must be a JSON object ({...})",
+            None,
+        ));
+    }
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let v = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        // `?` stands for a segment serde_path_to_error could not name (a key that is not a string)
+        let path = e.path().to_string();
+        let path = path.trim_end_matches(".?").trim_end_matches('?');
+        let known = !matches!(path, "" | ".");
+        json_error(known.then(|| path.to_string()), e.into_inner())
+    })?;
+    de.end().map_err(|e| json_error(None, e))?;
+    Ok(v)
 }
 
-fn text_of(c: Option<Content>) -> Result<String, ApiError> {
+/// A serde_json error at JSON path `field` → a 400 naming the field (type and value errors) or
+/// saying that the body is not valid JSON (syntax errors, with line and column).
+fn json_error(field: Option<String>, e: serde_json::Error) -> ApiError {
+    let at = format!("line {} column {}", e.line(), e.column());
+    let full = e.to_string();
+    let what = full.strip_suffix(&format!(" at {at}")).unwrap_or(&full);
+    // serde reports a missing field at the object holding it: name the field itself
+    let missing = what
+        .strip_prefix("missing field `")
+        .and_then(|m| m.strip_suffix('`'));
+    let field = match (missing, field) {
+        (Some(m), Some(p)) => Some(format!("{p}.{m}")),
+        (Some(m), None) => Some(m.to_string()),
+        (None, f) => f,
+    };
+    let in_field = field
+        .as_ref()
+        .map_or(String::new(), |p| format!(" (in `{p}`)"));
+    // a number beyond f64 (`1e400`) is a syntax error to serde_json, but the field is what is wrong
+    let data = e.classify() == serde_json::error::Category::Data || what == "number out of range";
+    let message = if data {
+        match &field {
+            Some(p) => format!("invalid `{p}`: {what} (at {at})"),
+            None => format!("invalid request body: {what} (at {at})"),
+        }
+    } else if what.contains("surrogate") || what.contains("hex escape") {
+        // serde_json's words for a `\u` escape of a lone UTF-16 surrogate (`"\ud800"`), which
+        // no UTF-8 string can hold
+        format!(
+            "the request body is not valid JSON text at {at}{in_field}: a \\u escape is a lone \
+             UTF-16 surrogate (such as \\ud800), which is not a character and cannot be UTF-8 \
+             ({what})"
+        )
+    } else {
+        format!("the request body is not valid JSON at {at}{in_field}: {what}")
+    };
+    ApiError {
+        param: field.map(Cow::Owned),
+        ..ApiError::bad_request(message, None)
+    }
+}
+
+/// The text of message `i`'s content (text parts joined).
+fn text_of(c: Content, i: usize) -> Result<String, ApiError> {
     match c {
-        None => Ok(String::new()),
-        Some(Content::Text(s)) => Ok(s),
-        Some(Content::Parts(parts)) => {
+        Content::Text(s) => Ok(s),
+        Content::Parts(parts) => {
             let mut s = String::new();
-            for p in parts {
+            for (j, p) in parts.into_iter().enumerate() {
                 match (p.kind.as_str(), p.text) {
                     ("text", Some(t)) => s.push_str(&t),
+                    ("text", None) => {
+                        return Err(ApiError::bad_field(
+                            "a text content part needs `text`",
+                            format!("messages[{i}].content[{j}].text"),
+                        ))
+                    }
                     (k, _) => {
-                        return Err(ApiError::bad_request(
+                        return Err(ApiError::bad_field(
                             format!("content part of type {k:?} is not supported (text only)"),
-                            Some("messages"),
+                            format!("messages[{i}].content[{j}].type"),
                         ))
                     }
                 }
@@ -202,9 +319,34 @@ fn text_of(c: Option<Content>) -> Result<String, ApiError> {
     }
 }
 
-/// Parse and validate a `/v1/chat/completions` body.
+/// Refuses a prompt of `bytes` bytes of text that cannot fit in the context (more than `ctx` ×
+/// [`Limits::longest_token_bytes`]), before it is tokenised; `param` names the field.
+fn check_prompt_bytes(bytes: usize, lim: &Limits<'_>, param: &'static str) -> Result<(), ApiError> {
+    let limit = lim.ctx.saturating_mul(lim.longest_token_bytes);
+    if bytes <= limit {
+        return Ok(());
+    }
+    Err(ApiError {
+        param: Some(Cow::Borrowed(param)),
+        ..ApiError::new(
+            400,
+            "invalid_request_error",
+            "context_length_exceeded",
+            format!(
+                "The prompt text is {bytes} bytes, more than this model's maximum context length \
+                 of {} tokens can hold ({} bytes: no token stands for more than {} bytes). Please \
+                 reduce the prompt.",
+                lim.ctx, limit, lim.longest_token_bytes
+            ),
+        )
+    })
+}
+
+/// Parse and validate a `/v1/chat/completions` body. Runs the tokenizer: call it off the async
+/// runtime's thread.
 pub fn chat_request(body: &[u8], r: &Renderer, lim: &Limits<'_>) -> Result<Request, ApiError> {
     let b: ChatBody = parse(body)?;
+    let common: Common = parse(body)?;
     if b.tools.as_ref().is_some_and(|t| !t.is_empty()) {
         return Err(ApiError::bad_request(
             "tool declarations (`tools`) are not supported by this server",
@@ -225,27 +367,49 @@ pub fn chat_request(body: &[u8], r: &Renderer, lim: &Limits<'_>) -> Result<Reque
     .map_err(|e| ApiError::bad_request(e, Some("reasoning_effort")))?;
     let mut messages = Vec::new();
     let mut call_names: Vec<(String, String)> = Vec::new();
-    for m in b.messages {
+    let mut text_bytes = 0usize;
+    for (i, m) in b.messages.into_iter().enumerate() {
         let role = match m.role.as_str() {
             "system" | "developer" => Role::System,
             "user" => Role::User,
             "assistant" => Role::Model,
             "tool" => Role::Tool,
             other => {
-                return Err(ApiError::bad_request(
+                return Err(ApiError::bad_field(
                     format!(
                         "unknown message role {other:?} (system, developer, user, assistant, tool)"
                     ),
-                    Some("messages"),
+                    format!("messages[{i}].role"),
                 ))
             }
         };
-        let mut msg = Message::new(role, text_of(m.content)?);
-        for c in m.tool_calls.unwrap_or_default() {
+        let content = match (m.content, role) {
+            (Some(c), _) => text_of(c, i)?,
+            // an assistant turn may carry tool calls only
+            (None, Role::Model) if m.tool_calls.as_ref().is_some_and(|c| !c.is_empty()) => {
+                String::new()
+            }
+            (None, _) => {
+                return Err(ApiError::bad_field(
+                    format!(
+                        "a {:?} message needs `content` (only an assistant message with \
+                         `tool_calls` may leave it out)",
+                        m.role
+                    ),
+                    format!("messages[{i}].content"),
+                ))
+            }
+        };
+        text_bytes = text_bytes.saturating_add(content.len());
+        let mut msg = Message::new(role, content);
+        for (j, c) in m.tool_calls.unwrap_or_default().into_iter().enumerate() {
+            text_bytes = text_bytes
+                .saturating_add(c.function.arguments.len())
+                .saturating_add(c.function.name.len());
             let arguments: Value = serde_json::from_str(&c.function.arguments).map_err(|e| {
-                ApiError::bad_request(
+                ApiError::bad_field(
                     format!("tool call arguments are not JSON: {e}"),
-                    Some("messages"),
+                    format!("messages[{i}].tool_calls[{j}].function.arguments"),
                 )
             })?;
             if let Some(id) = c.id {
@@ -266,28 +430,33 @@ pub fn chat_request(body: &[u8], r: &Renderer, lim: &Limits<'_>) -> Result<Reque
         };
         messages.push(msg);
     }
+    check_prompt_bytes(text_bytes, lim, "messages")?;
     let mut prompt = r
         .render_for_generation(&messages, Some(effort))
         .map_err(|e| ApiError::bad_request(format!("{e:#}"), Some("messages")))?;
     let in_text = prompt.last() == Some(&r.specials().content_text);
-    let req = finish(b.common, std::mem::take(&mut prompt), "messages", None, lim)?;
+    let req = finish(common, std::mem::take(&mut prompt), "messages", None, lim)?;
     Ok(Request { in_text, ..req })
 }
 
 /// Parse and validate a `/v1/completions` body (prompt text is encoded without chat format).
+/// Runs the tokenizer: call it off the async runtime's thread.
 pub fn completion_request(
     body: &[u8],
     r: &Renderer,
     lim: &Limits<'_>,
 ) -> Result<Request, ApiError> {
     let b: CompletionBody = parse(body)?;
+    let common: Common = parse(body)?;
     let bad = |m: &str| ApiError::bad_request(m.to_string(), Some("prompt"));
+    let encode = |s: &str| {
+        check_prompt_bytes(s.len(), lim, "prompt")?;
+        r.encode_text(s).map_err(|e| bad(&format!("{e:#}")))
+    };
     let prompt = match b.prompt {
-        Prompt::Text(s) => r.encode_text(&s).map_err(|e| bad(&format!("{e:#}")))?,
+        Prompt::Text(s) => encode(&s)?,
         Prompt::Ids(ids) => ids,
-        Prompt::Texts(v) if v.len() == 1 => {
-            r.encode_text(&v[0]).map_err(|e| bad(&format!("{e:#}")))?
-        }
+        Prompt::Texts(v) if v.len() == 1 => encode(&v[0])?,
         Prompt::IdLists(mut v) if v.len() == 1 => v.remove(0),
         _ => return Err(bad("batched prompts are not supported: give one prompt")),
     };
@@ -298,7 +467,7 @@ pub fn completion_request(
         )));
     }
     // the legacy endpoint's default is 16 tokens
-    finish(b.common, prompt, "prompt", Some(16), lim)
+    finish(common, prompt, "prompt", Some(16), lim)
 }
 
 /// The shared fields: model, sampling, lengths (context check), stop strings. `prompt_param` is
@@ -315,7 +484,7 @@ fn finish(
     if let Some(m) = &c.model {
         if m != lim.model_id {
             return Err(ApiError {
-                param: Some("model"),
+                param: Some("model".into()),
                 ..ApiError::new(
                     404,
                     "invalid_request_error",
@@ -372,7 +541,7 @@ fn finish(
     }
     let room = lim.ctx.saturating_sub(prompt.len());
     let too_long = |n: u64| ApiError {
-        param: Some(prompt_param),
+        param: Some(prompt_param.into()),
         ..ApiError::new(
             400,
             "invalid_request_error",

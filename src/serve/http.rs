@@ -1,6 +1,8 @@
 //! Routes: `POST /v1/chat/completions`, `POST /v1/completions` (both streaming as SSE or not),
 //! `GET /v1/models`, `GET /health` (503 while the model loads; request counts once it runs).
-//! Request bodies are size-limited (413 past the limit); every error is an OpenAI envelope.
+//! Request bodies are size-limited (413 past the limit) and parsed (and tokenised) on tokio's
+//! blocking pool, off the runtime's one thread; every error is an OpenAI envelope (405 and 404
+//! included).
 //! A streamed response carries SSE comment pings (`: ping`) while it waits in the queue or its
 //! prefill runs, so clients with idle timeouts keep the connection.
 //! Once the server's [`Shutdown`] starts, every request queued or running ends at once (503, or an
@@ -40,6 +42,8 @@ pub struct AppState {
     pub model_id: String,
     /// The model's vocabulary size (prompt ids must be below it).
     pub vocab: usize,
+    /// [`api::longest_token_bytes`] of the tokenizer (bounds prompt text in bytes).
+    pub longest_token_bytes: usize,
     /// Sampling when a request does not say.
     pub sampling: SamplingParams,
     /// Interval of SSE comment pings.
@@ -119,6 +123,7 @@ pub fn router(state: Arc<AppState>, max_body: usize) -> Router {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(state)
 }
@@ -175,6 +180,18 @@ async fn not_found() -> Response {
         "invalid_request_error",
         "not_found",
         "no such endpoint (POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health)"
+            .into(),
+    ))
+}
+
+/// A known path with the wrong method (axum keeps its `Allow` header).
+async fn method_not_allowed() -> Response {
+    error_response(&ApiError::new(
+        405,
+        "invalid_request_error",
+        "method_not_allowed",
+        "this endpoint does not take that method (POST /v1/chat/completions, POST \
+         /v1/completions, GET /v1/models, GET /health)"
             .into(),
     ))
 }
@@ -242,8 +259,8 @@ async fn handle(st: Arc<AppState>, body: Result<Bytes, BytesRejection>, ep: Endp
     if st.shutdown.reason().is_some() {
         return error_response(&shutting_down());
     }
-    let (stop_ids, ctx) = match (st.shared.stop_ids.get(), st.shared.ctx.get()) {
-        (Some(ids), Some(&ctx)) if st.shared.ready.load(Ordering::SeqCst) => (ids, ctx),
+    let ctx = match (st.shared.stop_ids.get(), st.shared.ctx.get()) {
+        (Some(_), Some(&ctx)) if st.shared.ready.load(Ordering::SeqCst) => ctx,
         _ => {
             return error_response(&ApiError::new(
                 503,
@@ -253,20 +270,17 @@ async fn handle(st: Arc<AppState>, body: Result<Bytes, BytesRejection>, ep: Endp
             ))
         }
     };
-    let lim = Limits {
-        model_id: &st.model_id,
-        ctx,
-        stop_ids,
-        vocab: st.vocab,
-        sampling: st.sampling,
-    };
-    let parsed = match ep {
-        Endpoint::Chat => api::chat_request(&body, &st.renderer, &lim),
-        Endpoint::Completion => api::completion_request(&body, &st.renderer, &lim),
-    };
+    // parsing and tokenising take time in proportion to the body (up to the body limit): on the
+    // blocking pool, so that other connections are served meanwhile
+    let parsed = tokio::task::spawn_blocking({
+        let st = st.clone();
+        move || parse(&st, ctx, &body, ep)
+    })
+    .await;
     let req: Request = match parsed {
-        Ok(r) => r,
-        Err(e) => return error_response(&e),
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => return error_response(&e),
+        Err(e) => return error_response(&engine_error(format!("parsing the request failed: {e}"))),
     };
     let (tx, rx) = unbounded_channel();
     let job = Job {
@@ -374,6 +388,22 @@ impl Feed {
 
     async fn next(&mut self) -> Next {
         std::future::poll_fn(|cx| self.poll_next(cx)).await
+    }
+}
+
+/// `body` as a request of endpoint `ep` (parsed, validated, tokenised).
+fn parse(st: &AppState, ctx: usize, body: &[u8], ep: Endpoint) -> Result<Request, ApiError> {
+    let lim = Limits {
+        model_id: &st.model_id,
+        ctx,
+        stop_ids: st.shared.stop_ids.get().map_or(&[], Vec::as_slice),
+        vocab: st.vocab,
+        sampling: st.sampling,
+        longest_token_bytes: st.longest_token_bytes,
+    };
+    match ep {
+        Endpoint::Chat => api::chat_request(body, &st.renderer, &lim),
+        Endpoint::Completion => api::completion_request(body, &st.renderer, &lim),
     }
 }
 

@@ -1,8 +1,12 @@
-//! `serve`: the OpenAI-compatible server driven by the official client, and by plain HTTP
-//! (context-length errors, graceful shutdown).
+//! `serve`: the OpenAI-compatible server driven by the official client, by plain HTTP
+//! (context-length errors, graceful shutdown), its request parser on hostile bodies (named
+//! errors, fuzzing), and the server under hostile clients.
 
 #[cfg(unix)]
 pub mod context;
+pub mod hostile;
+pub mod parser_fuzz;
+pub mod request_errors;
 pub mod serve_openai;
 #[cfg(unix)]
 mod server;
