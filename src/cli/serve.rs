@@ -50,6 +50,9 @@ pub struct Args {
     pub model_id: Option<String>,
 }
 
+/// Threads that parse and tokenise requests at the same time (tokio's blocking pool).
+const PARSE_THREADS: usize = 4;
+
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let dir = args.model.dir();
     let (tok, renderer) = open_tokenizer(&dir)?;
@@ -113,6 +116,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     });
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
+        // request parsing and tokenising (`spawn_blocking`): a few at a time, so a flood of large
+        // bodies cannot start hundreds of threads
+        .max_blocking_threads(PARSE_THREADS)
         .build()
         .context("starting the async runtime")?;
     let stopped = shutdown.started();
