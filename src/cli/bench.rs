@@ -8,6 +8,7 @@
 //! Times, bandwidths and ratios are printed with at least 3 significant figures ([`sig3`]): a CPU
 //! adapter's 0.04 GB/s is not `0.0`.
 use super::bench_calls::{progress, sig3, slab_bytes, time_calls};
+use super::context::OrBadArgument;
 use super::output::outln;
 use crate::formats::Encoding;
 use crate::gpu::linear::args::{GemvArgs, NO_GAMMA};
@@ -225,7 +226,8 @@ fn kernels(a: KernelArgs) -> anyhow::Result<ExitCode> {
         a.formats
             .iter()
             .map(|s| Encoding::parse(s).with_context(|| format!("--formats {s}")))
-            .collect::<anyhow::Result<_>>()?
+            .collect::<anyhow::Result<_>>()
+            .or_bad_argument()?
     };
     let tunes: Vec<Option<crate::gpu::linear::format::Tuning>> = if a.tune.is_empty() {
         vec![None]
@@ -247,7 +249,8 @@ fn kernels(a: KernelArgs) -> anyhow::Result<ExitCode> {
                 );
                 Ok(Some(crate::gpu::linear::format::Tuning { tpr, rpt }))
             })
-            .collect::<anyhow::Result<_>>()?
+            .collect::<anyhow::Result<_>>()
+            .or_bad_argument()?
     };
     // the text table goes to stdout, or to stderr beside `--json`'s document
     let say = |line: String| super::output::report_line(a.json, &line);

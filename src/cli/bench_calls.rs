@@ -126,18 +126,9 @@ pub fn plural(n: usize, one: &str, many: &str) -> String {
 /// terminal; hidden (draws nothing) otherwise, so pipes and logs get only the results. Print
 /// results through [`indicatif::ProgressBar::suspend`] so that the bar does not tear them.
 pub fn progress(total: u64, what: &str) -> indicatif::ProgressBar {
-    if !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
-        return indicatif::ProgressBar::hidden();
-    }
-    let pb = indicatif::ProgressBar::with_draw_target(
-        Some(total),
-        indicatif::ProgressDrawTarget::stderr(),
-    );
-    pb.set_style(
-        indicatif::ProgressStyle::with_template(&format!(
-            "{what} {{bar:30}} {{pos}}/{{len}} [{{elapsed_precise}}, eta {{eta}}] {{msg}}"
-        ))
-        .expect("a valid template"),
-    );
-    pb
+    crate::progress::bar(
+        true,
+        total,
+        &format!("{what} {{bar:30}} {{pos}}/{{len}} [{{elapsed_precise}}, eta {{eta}}] {{msg}}"),
+    )
 }

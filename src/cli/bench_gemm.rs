@@ -123,7 +123,11 @@ pub fn run(a: GemmArgs) -> anyhow::Result<ExitCode> {
             .collect::<anyhow::Result<_>>()?
     };
     if let Some(e) = encs.iter().find(|&&e| !supported(e)) {
-        anyhow::bail!("--formats {}: no GEMM kernel for this format", e.spelling());
+        return Err(super::context::BadArgument(format!(
+            "--formats {}: no GEMM kernel for this format",
+            e.spelling()
+        ))
+        .into());
     }
     let tiles: Vec<Tile> = if a.tiles.is_empty() {
         TILES.to_vec()

@@ -13,13 +13,14 @@
 //!
 //! A prompt of N tokens takes positions 0..N, so it fits a model of N positions
 //! (`max_position_embeddings`); the default lengths are [`default_prompts`] of the model's context.
+use super::context::{ensure_arg, OrBadArgument};
 use super::output::outln;
 use crate::gpu::linear::args::Tile;
 use crate::gpu::linear::route::{LinearOptions, TILES};
 use crate::gpu::Gpu;
 use crate::model::gpu::DEFAULT_MAX_CHUNK;
 use crate::model::{Checkpoint, GpuModel, GpuModelOptions, Weights};
-use anyhow::{ensure, Context};
+use anyhow::Context;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -97,7 +98,7 @@ fn prefill(m: &mut GpuModel, ids: &[u32], chunk: usize) -> anyhow::Result<f64> {
 /// Errors: a `--prompt` length of 0 or past the model's context (naming the length and the
 /// context), `--chunk` 0, a bad `--tiles`, a model that does not load or build on the adapter.
 pub fn run(a: PrefillArgs) -> anyhow::Result<ExitCode> {
-    ensure!(
+    ensure_arg!(
         a.prompt.iter().all(|&n| n >= 1),
         "--prompt: every length must be at least 1"
     );
@@ -106,12 +107,13 @@ pub fn run(a: PrefillArgs) -> anyhow::Result<ExitCode> {
     } else {
         a.chunk.clone()
     };
-    ensure!(chunks.iter().all(|&c| c >= 1), "--chunk must be at least 1");
+    ensure_arg!(chunks.iter().all(|&c| c >= 1), "--chunk must be at least 1");
     let tiles = a
         .tiles
         .iter()
         .map(|s| super::bench_gemm::parse_tile(s).map(Some))
-        .collect::<anyhow::Result<Vec<_>>>()?;
+        .collect::<anyhow::Result<Vec<_>>>()
+        .or_bad_argument()?;
     let tiles = if tiles.is_empty() { vec![None] } else { tiles };
     let dir = match &a.model {
         Some(d) => d.clone(),
@@ -128,7 +130,7 @@ pub fn run(a: PrefillArgs) -> anyhow::Result<ExitCode> {
         anyhow::bail!("the model's context of 0 positions takes no prompt");
     };
     if let Some(max) = ctx {
-        ensure!(
+        ensure_arg!(
             max_n <= max,
             "--prompt {max_n}: a prompt of {max_n} tokens needs {max_n} positions, more than the \
              model's context of {max} (max_position_embeddings); use lengths of at most {max}"

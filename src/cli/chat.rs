@@ -28,7 +28,7 @@ pub struct Args {
     #[arg(long)]
     pub show_thinking: bool,
     /// Maximum tokens per answer (thinking included).
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 1024, value_parser = super::values::parse_tokens)]
     pub max_tokens: usize,
     /// Sampling temperature; 0 = greedy (default: generation_config.json's when it sets do_sample,
     /// 1 when it sets do_sample without a temperature, else 0).
@@ -274,6 +274,7 @@ fn chat(args: &Args, cm: ChatModel<'_>) -> anyhow::Result<ExitCode> {
         let s = &turn.stats;
         let finish = match turn.finish {
             Finish::Eos => "end",
+            Finish::Length if p.max_new_tokens < args.max_tokens => "context full",
             Finish::Length => "max tokens",
             Finish::Halted(_) => "stopped",
         };

@@ -35,6 +35,28 @@ pub fn context_length(flag: Option<usize>, model: Option<usize>) -> Result<usize
     }
 }
 
+/// `anyhow::ensure!` for command-line values: returns a [`BadArgument`] (exit 2) made of the
+/// format arguments when `cond` is false.
+macro_rules! ensure_arg {
+    ($cond:expr, $($fmt:tt)*) => {
+        if !$cond {
+            return Err($crate::cli::context::BadArgument(format!($($fmt)*)).into());
+        }
+    };
+}
+pub(crate) use ensure_arg;
+
+/// A value check's error as a [`BadArgument`] (exit 2), its text and causes kept.
+pub trait OrBadArgument<T> {
+    fn or_bad_argument(self) -> Result<T, BadArgument>;
+}
+
+impl<T, E: std::fmt::Display> OrBadArgument<T> for Result<T, E> {
+    fn or_bad_argument(self) -> Result<T, BadArgument> {
+        self.map_err(|e| BadArgument(format!("{e:#}")))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -86,10 +86,10 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     };
     let s = writing_into(&a.out, || convert(&a.model, &a.out, &opts))?;
     eprintln!(
-        "converted {} tensors, {} in {} shard(s) into {}",
+        "converted {} tensors, {} in {} into {}",
         s.tensors,
         super::info::human(s.bytes),
-        s.shards.len(),
+        super::bench_calls::plural(s.shards.len(), "shard", "shards"),
         a.out.display()
     );
     for e in &s.weight_error {

@@ -1,4 +1,5 @@
 //! `inkling-wgpu generate`: load a checkpoint, run a forward backend, stream text.
+use super::context::BadArgument;
 use super::load::{eos_ids, gpu_backend, random_seed, sampling, Device};
 use super::output::{out, outln};
 use crate::model::generate::{fit_new_tokens, generate, GenOutput, GenerateParams};
@@ -179,7 +180,9 @@ fn usage_file(
     let usage_path = match args.usage_file.as_deref() {
         _ if !streams => None,
         Some("off") => None,
-        Some("") => bail!("--usage-file needs a path, or `off`"),
+        Some("") => {
+            return Err(BadArgument("--usage-file needs a path, or `off`".into()).into());
+        }
         Some(p) => Some(PathBuf::from(p)),
         None => Some(dir.join(usage::USAGE_FILE)),
     };
@@ -256,7 +259,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let params = generate_params(&args, &ck, tok.as_ref(), prompt.len())?;
 
     if args.profile && args.device != Device::Gpu {
-        bail!("--profile times the GPU forward; use it with --device gpu");
+        return Err(BadArgument(
+            "--profile times the GPU forward; use it with --device gpu".into(),
+        )
+        .into());
     }
     let placement = match (args.expert_slots, args.gpu_mem) {
         (Some(n), _) => Placement::Slots(n as usize),
@@ -264,7 +270,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         (None, Some(GpuMem::Auto) | None) => Placement::Resident,
     };
     if placement != Placement::Resident && args.device != Device::Gpu {
-        bail!("--gpu-mem / --expert-slots place experts on the GPU; use them with --device gpu");
+        return Err(BadArgument(
+            "--gpu-mem / --expert-slots place experts on the GPU; use them with --device gpu"
+                .into(),
+        )
+        .into());
     }
     // the KV cache holds what can be used: prompt + new tokens, within the model's context
     let max_seq = prompt.len().saturating_add(params.max_new_tokens.max(1));

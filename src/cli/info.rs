@@ -132,21 +132,11 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
 /// `--verify`: scan every tensor for NaN and Inf, with a progress bar on a terminal.
 fn verify(c: &Container) -> anyhow::Result<()> {
     let total = verify::scan_bytes(c);
-    let pb = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
-        let pb = indicatif::ProgressBar::with_draw_target(
-            Some(total),
-            indicatif::ProgressDrawTarget::stderr(),
-        );
-        pb.set_style(
-            indicatif::ProgressStyle::with_template(
-                "verify {bar:40} {bytes}/{total_bytes} [{elapsed_precise}, eta {eta}]",
-            )
-            .expect("a valid template"),
-        );
-        pb
-    } else {
-        indicatif::ProgressBar::hidden()
-    };
+    let pb = crate::progress::bar(
+        true,
+        total,
+        "verify {bar:40} {bytes}/{total_bytes} [{elapsed_precise}, eta {eta}]",
+    );
     let found = verify::scan(c, &mut |b| pb.inc(b));
     pb.finish_and_clear();
     if found.is_empty() {

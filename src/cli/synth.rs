@@ -1,5 +1,6 @@
 //! `inkling-wgpu synth`: a stamped container with random weights at the real Inkling shapes
 //! (see [`crate::container::synth`]).
+use super::context::OrBadArgument;
 use super::convert::parse_encoding;
 use super::info::human;
 use crate::container::synth::{file_sizes, plan, synth, SynthOptions, SynthSpec};
@@ -114,12 +115,15 @@ fn free_bytes(dir: &Path) -> Option<u64> {
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    let mut spec = SynthSpec::preset(&a.preset, a.layers)?;
+    super::context::ensure_arg!(a.layers >= 1, "--layers must be at least 1");
+    let mut spec = SynthSpec::preset(&a.preset, a.layers).or_bad_argument()?;
     if let Some(v) = a.vocab {
         spec = spec.with_vocab(v);
     }
     if let Some(n) = a.routed_experts {
-        spec = spec.with_routed_experts(n, "--routed-experts")?;
+        spec = spec
+            .with_routed_experts(n, "--routed-experts")
+            .or_bad_argument()?;
     }
     spec.experts = enc(&a.experts, "experts")?;
     spec.shared = enc(&a.shared, "shared")?;
@@ -132,9 +136,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let total: u64 = sizes.iter().sum();
     let token_bytes = plan(&spec)?.token_bytes();
     eprintln!(
-        "synth {} · {} layers · {} routed experts, top-{} · experts {} · shared {} · dense {} · head {}: {} ({total} bytes) in {} shard(s); a decode token reads {} ({token_bytes} bytes) of weights",
+        "synth {} · {} · {} routed experts, top-{} · experts {} · shared {} · dense {} · head {}: {} ({total} bytes) in {}; a decode token reads {} ({token_bytes} bytes) of weights",
         a.preset,
-        spec.layers,
+        super::bench_calls::plural(spec.layers, "layer", "layers"),
         spec.n_experts,
         spec.top_k,
         spec.experts.spelling(),
@@ -142,7 +146,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         spec.dense.spelling(),
         spec.head.spelling(),
         human(total),
-        sizes.len(),
+        super::bench_calls::plural(sizes.len(), "shard", "shards"),
         human(token_bytes)
     );
     if a.dry_run {
@@ -169,10 +173,10 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let s = super::convert::writing_into(&a.out, || synth(&spec, &a.out, &opts))?;
     let secs = t0.elapsed().as_secs_f64();
     eprintln!(
-        "wrote {} tensors, {} in {} shard(s) into {} in {secs:.1} s ({:.2} GB/s)",
+        "wrote {} tensors, {} in {} into {} in {secs:.1} s ({:.2} GB/s)",
         s.tensors,
         human(s.bytes),
-        s.shards.len(),
+        super::bench_calls::plural(s.shards.len(), "shard", "shards"),
         a.out.display(),
         s.bytes as f64 / secs / 1e9
     );

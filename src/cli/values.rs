@@ -27,6 +27,14 @@ pub fn parse_positive(s: &str) -> Result<u64, String> {
     }
 }
 
+/// A token count of at least 1 (`chat --max-tokens`).
+pub fn parse_tokens(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(v) if v >= 1 => Ok(v),
+        _ => Err(format!("expected a whole number of at least 1, got {s:?}")),
+    }
+}
+
 /// A sampling temperature: a finite number ≥ 0 (0 = greedy).
 pub fn parse_temperature(s: &str) -> Result<f32, String> {
     match s.parse::<f32>() {

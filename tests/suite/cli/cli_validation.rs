@@ -110,6 +110,90 @@ fn bad_values_exit_2_and_say_what_is_expected() {
             "{args:?}: {e}"
         );
     }
+    // values judged after parsing: each names its flag and exits 2
+    let out = out.to_str().unwrap();
+    let text = text.to_str().unwrap();
+    for (args, names) in [
+        (
+            vec![
+                "perplexity",
+                "--model",
+                m,
+                "--device",
+                "cpu",
+                "--file",
+                text,
+                "--stride",
+                "0",
+            ],
+            "stride",
+        ),
+        (
+            vec!["bench", "prefill", "--model", m, "--prompt", "0"],
+            "--prompt",
+        ),
+        (
+            vec!["bench", "prefill", "--model", m, "--chunk", "0"],
+            "--chunk",
+        ),
+        (
+            vec!["bench", "prefill", "--model", m, "--tiles", "3x8"],
+            "--tiles 3x8",
+        ),
+        (
+            vec!["bench", "kernels", "--formats", "bogus"],
+            "--formats bogus",
+        ),
+        (
+            vec![
+                "synth",
+                "--preset",
+                "tiny",
+                "--layers",
+                "0",
+                "--experts",
+                "int4",
+                "--out",
+                out,
+            ],
+            "--layers",
+        ),
+        (
+            vec![
+                "synth",
+                "--preset",
+                "bogus",
+                "--layers",
+                "2",
+                "--experts",
+                "int4",
+                "--out",
+                out,
+            ],
+            "bogus",
+        ),
+        (
+            vec![
+                "generate",
+                "--model",
+                m,
+                "--prompt-ids",
+                "5",
+                "--device",
+                "cpu",
+                "--profile",
+            ],
+            "--profile",
+        ),
+        (
+            vec!["chat", "--model", m, "--max-tokens", "0"],
+            "--max-tokens",
+        ),
+    ] {
+        let e = run_usage_err(&args);
+        assert!(e.contains(names), "{args:?}: {e}");
+    }
+    assert!(!tmp.join("out").exists(), "a refused synth creates nothing");
     std::fs::remove_dir_all(&tmp).ok();
 }
 
