@@ -29,7 +29,8 @@ fn main() -> std::process::ExitCode {
                     msg.push_str(&c);
                 }
             }
-            eprintln!("error: {msg}");
+            // never a panic when stderr is gone (a closed pipe ends the process as SIGPIPE)
+            inkling_wgpu::cli::output::write_stderr(format_args!("error: {msg}\n"));
             // a bad command-line value found after parsing exits as clap's own errors do
             if e.downcast_ref::<inkling_wgpu::cli::context::BadArgument>()
                 .is_some()

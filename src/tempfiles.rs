@@ -207,7 +207,7 @@ pub fn process_alive(pid: u32) -> bool {
 }
 
 /// The `(final name, pid)` of a file named like one of ours, `FINAL.PID.tmp`.
-fn parse_tmp_name(name: &OsStr) -> Option<(&str, u32)> {
+pub fn parse_tmp_name(name: &OsStr) -> Option<(&str, u32)> {
     let stem = name.to_str()?.strip_suffix(".tmp")?;
     let (final_name, pid) = stem.rsplit_once('.')?;
     if pid.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {

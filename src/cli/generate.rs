@@ -105,13 +105,31 @@ fn parse_gpu_mem(s: &str) -> Result<GpuMem, String> {
     }
 }
 
+/// The most bytes of prompt text worth reading: a text longer than the context (`ctx` positions,
+/// 4096 when the config names none) times the tokenizer's longest token cannot fit, capped at
+/// 1 GiB (also without a tokenizer, or with a normalizer, where no token bound holds).
+fn max_prompt_bytes(tok: Option<&Tokenizer>, ctx: Option<usize>) -> u64 {
+    let per_token = tok.map_or(usize::MAX, crate::serve::api::longest_token_bytes);
+    let bound = per_token.saturating_mul(ctx.unwrap_or(super::context::DEFAULT_CTX));
+    (bound as u64).min(1 << 30)
+}
+
 /// The prompt's ids: `--prompt-ids`, or the prompt text (`--prompt`, `--prompt-file`, standard
 /// input) encoded without special tokens. Errors: no prompt, no tokenizer for a text prompt, a
 /// prompt of no tokens.
-fn prompt_ids(args: &Args, tok: Option<&Tokenizer>, dir: &Path) -> anyhow::Result<Vec<u32>> {
+fn prompt_ids(
+    args: &Args,
+    tok: Option<&Tokenizer>,
+    dir: &Path,
+    ctx: Option<usize>,
+) -> anyhow::Result<Vec<u32>> {
     let text = match &args.prompt_ids {
         Some(_) => None,
-        None => super::prompt::prompt_text(args.prompt.as_deref(), args.prompt_file.as_deref())?,
+        None => super::prompt::prompt_text(
+            args.prompt.as_deref(),
+            args.prompt_file.as_deref(),
+            max_prompt_bytes(tok, ctx),
+        )?,
     };
     let prompt: Vec<u32> = match (&args.prompt_ids, &text) {
         (Some(ids), _) => ids.clone(),
@@ -253,7 +271,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let ck = Checkpoint::open(&dir)?;
     let weights = Weights::load(&ck)?;
     let tok = load_tokenizer(&dir)?;
-    let prompt = prompt_ids(&args, tok.as_ref(), &dir)?;
+    let prompt = prompt_ids(&args, tok.as_ref(), &dir, ck.config.max_position_embeddings)?;
     // the first token of a process waits for the weights' upload and the kernels' compilation
     let waiting = crate::progress::spinner(!args.json, "loading the model, compiling GPU kernels");
     let params = generate_params(&args, &ck, tok.as_ref(), prompt.len())?;

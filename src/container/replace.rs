@@ -91,6 +91,13 @@ pub fn previous_conversion(dst: &Path, side_files: &[&str]) -> Result<Vec<PathBu
     };
     for p in &entries {
         let name = name_of(p).unwrap_or_default();
+        let ours = |n: &str| is_container_file(n) || side_files.contains(&n);
+        if crate::tempfiles::parse_tmp_name(std::ffi::OsStr::new(&name))
+            .is_some_and(|(f, _)| ours(f))
+        {
+            // a temporary of ours (a dead run's is removed once the checks pass)
+            continue;
+        }
         if name.ends_with(".safetensors") && name.starts_with("model") {
             match has_stamp(p) {
                 Ok(true) => {}

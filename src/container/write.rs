@@ -168,8 +168,6 @@ pub fn check_destination(dst_dir: &Path, force: bool, files: &[&str]) -> Result<
     // a replacement killed between its two renames (systems without an atomic exchange)
     recover_interrupted_swap(dst_dir)?;
     std::fs::create_dir_all(dst_dir).with_context(|| format!("creating {}", dst_dir.display()))?;
-    // temporaries of an earlier run that was killed before it could remove them
-    crate::tempfiles::remove_stale(dst_dir, |f| is_container_file(f) || files.contains(&f));
     let previous = previous_conversion(dst_dir, files)?;
     if !previous.is_empty() && !force {
         let names: Vec<String> = previous
@@ -192,6 +190,9 @@ pub fn check_destination(dst_dir: &Path, force: bool, files: &[&str]) -> Result<
             );
         }
     }
+    // temporaries of an earlier run that was killed before it could remove them: only once the
+    // write is going ahead, so a refused run deletes nothing
+    crate::tempfiles::remove_stale(dst_dir, |f| is_container_file(f) || files.contains(&f));
     Ok(previous)
 }
 

@@ -292,8 +292,12 @@ fn a_closed_stdout_or_stderr_ends_chat_quietly() {
         stdin.write_all(b"Hello there\nAnd then?\n").unwrap();
         drop(stdin);
         let status = child.wait().unwrap();
+        // SIGPIPE as expected; a pipe end briefly inherited by a child another test forks
+        // meanwhile can let the writes through (exit 0): either way, never a panic (101)
         assert!(
-            status.signal() == Some(libc::SIGPIPE) || status.code() == Some(141),
+            status.signal() == Some(libc::SIGPIPE)
+                || status.code() == Some(141)
+                || status.code() == Some(0),
             "closed {closed}: {status:?}"
         );
     }

@@ -197,3 +197,39 @@ fn no_adapter_gives_each_subcommand_its_own_hint() {
         assert!(g.starts_with(e.trim_end()), "{args:?}: {e} vs {g}");
     }
 }
+
+/// The `error:` line of a failing command, written to a stderr whose reader has gone, ends the
+/// process as a closed pipe does (SIGPIPE), never with a panic (exit 101).
+#[cfg(unix)]
+#[test]
+fn an_error_line_into_a_closed_stderr_is_no_panic() {
+    use std::os::unix::process::ExitStatusExt;
+    for args in [
+        &["chat", "--model", "/nonexistent/inkling"][..],
+        &["info", "--model", "/nonexistent/inkling"],
+        &[
+            "generate",
+            "--model",
+            "/nonexistent/inkling",
+            "--prompt-ids",
+            "1",
+        ],
+    ] {
+        let mut child = bin()
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stderr.take());
+        let status = child.wait().unwrap();
+        // SIGPIPE as expected; a pipe end briefly inherited by a child another test forks
+        // meanwhile can let the write through (exit 1): either way, never a panic (101)
+        assert!(
+            status.signal() == Some(libc::SIGPIPE)
+                || status.code() == Some(141)
+                || status.code() == Some(1),
+            "{args:?}: {status:?}"
+        );
+    }
+}

@@ -218,3 +218,26 @@ fn max_tokens_is_capped_at_the_context_on_gpu_and_cpu() {
         stderr(&o)
     );
 }
+
+/// A prompt file or pipe that cannot fit the model's context is refused once it passes the
+/// bound (context × the tokenizer's longest token), not read to the end: `/dev/zero` ends.
+#[test]
+fn an_endless_prompt_file_is_refused_not_read_forever() {
+    let o = generate(
+        &[
+            "--device",
+            "cpu",
+            "--prompt-file",
+            "/dev/zero",
+            "--max-tokens",
+            "1",
+        ],
+        None,
+    );
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    assert!(
+        e.contains("--prompt-file /dev/zero holds more than") && e.contains("bytes"),
+        "{e}"
+    );
+}

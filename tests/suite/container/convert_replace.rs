@@ -93,6 +93,8 @@ fn damaged_sources_partial_downloads_and_foreign_files_are_never_replaced() {
     let out = root.join("mine");
     convert(&src, &out, &ConvertOptions::default()).unwrap();
     std::fs::write(out.join("notes.txt"), "precious").unwrap();
+    // named like a dead run's temporary: a refused run deletes nothing, not even that
+    std::fs::write(out.join("config.json.4194304.tmp"), "partial").unwrap();
     let before = snapshot(&out);
     let e = format!("{:#}", convert(&src, &out, &forced()).unwrap_err());
     assert!(
