@@ -28,7 +28,12 @@ pub struct Args {
     #[arg(long)]
     pub show_thinking: bool,
     /// Maximum tokens per answer (thinking included).
-    #[arg(long, default_value_t = 1024, value_parser = super::values::parse_tokens)]
+    #[arg(
+        long,
+        default_value_t = 1024,
+        allow_negative_numbers = true,
+        value_parser = super::values::parse_tokens
+    )]
     pub max_tokens: usize,
     /// Sampling temperature; 0 = greedy (default: generation_config.json's when it sets do_sample,
     /// 1 when it sets do_sample without a temperature, else 0).
@@ -36,7 +41,7 @@ pub struct Args {
     pub temperature: Option<f32>,
     /// Keep only the k most likely tokens (0 = off; default: generation_config.json's when it sets
     /// do_sample, 50 when it sets do_sample without a top_k, as transformers; else 0).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub top_k: Option<usize>,
     /// Nucleus sampling mass in (0, 1] (1 = off; default: generation_config.json's when it sets
     /// do_sample, else 1).
@@ -44,7 +49,7 @@ pub struct Args {
     pub top_p: Option<f32>,
     /// PRNG seed for sampling: turn n uses seed + n (default: a fresh random seed, shown in each
     /// turn's stats line when sampling).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub seed: Option<u64>,
 }
 

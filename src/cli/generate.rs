@@ -28,7 +28,7 @@ pub struct Args {
     pub prompt_ids: Option<Vec<u32>>,
     /// Maximum new tokens (default: generation_config.json max_new_tokens, else 64); capped, with a
     /// warning, at what the model's context (max_position_embeddings) leaves after the prompt.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub max_tokens: Option<usize>,
     /// Sampling temperature; 0 = greedy (default: generation_config.json's when it sets do_sample,
     /// 1 when it sets do_sample without a temperature, else 0).
@@ -36,7 +36,7 @@ pub struct Args {
     pub temperature: Option<f32>,
     /// Keep only the k most likely tokens (0 = off; default: generation_config.json's when it sets
     /// do_sample, 50 when it sets do_sample without a top_k, as transformers; else 0).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub top_k: Option<usize>,
     /// Nucleus sampling mass in (0, 1] (1 = off; default: generation_config.json's when it sets
     /// do_sample, else 1).
@@ -44,7 +44,7 @@ pub struct Args {
     pub top_p: Option<f32>,
     /// PRNG seed for sampling (default: a fresh random seed each run, printed in the stats line and
     /// `stats.seed` of `--json`).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub seed: Option<u64>,
     /// Where to run the model.
     #[arg(long, value_enum, default_value_t = Device::Gpu)]

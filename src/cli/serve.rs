@@ -35,7 +35,7 @@ pub struct Args {
     #[arg(long, default_value_t = 8)]
     pub queue: usize,
     /// Largest request body in bytes (413 past it).
-    #[arg(long, default_value_t = 4 << 20)]
+    #[arg(long, default_value_t = 4 << 20, value_parser = super::values::parse_tokens)]
     pub max_body_bytes: usize,
     /// Interval of the SSE comment pings sent while a streamed request waits or prefills, in ms.
     #[arg(long, default_value_t = 5000, value_parser = super::values::parse_positive)]

@@ -383,7 +383,10 @@ impl TextConfig {
             bos_token_id: f.id_opt("bos_token_id")?,
             eos_token_ids: f.ids("eos_token_id")?,
             pad_token_id: f.id_opt("pad_token_id")?,
-            max_position_embeddings: f.usize_opt("max_position_embeddings")?.filter(|&n| n > 0),
+            max_position_embeddings: match f.usize_opt("max_position_embeddings")? {
+                Some(0) => return Err(f.bad("max_position_embeddings", "must be positive")),
+                n => n,
+            },
             multimodal,
         };
         cfg.validate(file)?;

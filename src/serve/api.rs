@@ -526,11 +526,27 @@ fn finish(
         Some(Stop::One(s)) => vec![s],
         Some(Stop::Many(v)) => v,
     };
+    if let Some(i) = stop.iter().position(|s| s.is_empty()) {
+        return Err(ApiError {
+            param: Some(format!("stop[{i}]").into()),
+            ..ApiError::bad_request(format!("stop[{i}]: a stop string must not be empty"), None)
+        });
+    }
     if stop.len() > 4 {
         return Err(ApiError::bad_request(
             "at most 4 stop strings",
             Some("stop"),
         ));
+    }
+    if let (Some(a), Some(b)) = (c.max_completion_tokens, c.max_tokens) {
+        if a != b {
+            return Err(ApiError::bad_request(
+                format!(
+                    "max_tokens ({b}) and max_completion_tokens ({a}) disagree; give one of them"
+                ),
+                Some("max_tokens"),
+            ));
+        }
     }
     let asked = c.max_completion_tokens.or(c.max_tokens);
     if asked == Some(0) {

@@ -233,3 +233,20 @@ fn prompt_text_that_cannot_fit_is_refused_by_its_bytes() {
         "{e:?}"
     );
 }
+
+/// `max_tokens` and `max_completion_tokens` that disagree, and an empty stop string, are refused
+/// naming the field instead of one silently winning or the empty string matching everywhere.
+#[test]
+fn conflicting_limits_and_empty_stops_are_refused_by_name() {
+    let p = Parser::new();
+    let body = format!(r#"{{"messages":[{USER}],"max_tokens":2,"max_completion_tokens":5}}"#);
+    refused(p.chat(body.as_bytes()), Some("max_tokens"), &body);
+    let same = format!(r#"{{"messages":[{USER}],"max_tokens":5,"max_completion_tokens":5}}"#);
+    assert!(p.chat(same.as_bytes()).is_ok(), "{same}");
+    let body = format!(r#"{{"messages":[{USER}],"stop":["x",""]}}"#);
+    let e = refused(p.chat(body.as_bytes()), Some("stop[1]"), &body);
+    assert!(e.body()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("empty"));
+}
