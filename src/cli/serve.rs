@@ -74,6 +74,20 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let shutdown = Arc::new(Shutdown::default());
     #[cfg(unix)]
     shut_down_on_signals(shutdown.clone())?;
+    // bound before the model loads, so a bad --host or a busy --port fails at once
+    let std_listener = std::net::TcpListener::bind((args.host.as_str(), args.port))
+        .with_context(|| format!("binding {}:{}", args.host, args.port))?;
+    std_listener
+        .set_nonblocking(true)
+        .context("setting the listening socket non-blocking")?;
+    let addr = std_listener.local_addr()?;
+    let scope = if addr.ip().is_loopback() {
+        "loopback only: other machines cannot connect; --host 0.0.0.0 to accept them"
+    } else {
+        "reachable from other machines; there is no authentication"
+    };
+    // the first line, before the model loads (clients and tests read the address from it)
+    eprintln!("inkling-wgpu serve: listening on http://{addr} ({scope}); model id {model_id:?}");
     let (jobs, jobs_rx) = std::sync::mpsc::sync_channel(args.queue);
     // disconnected when the engine thread ends
     let (engine_alive, engine_ended) = std::sync::mpsc::channel::<()>();
@@ -123,18 +137,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .context("starting the async runtime")?;
     let stopped = shutdown.started();
     rt.block_on(async move {
-        let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
-            .await
-            .with_context(|| format!("binding {}:{}", args.host, args.port))?;
-        let addr = listener.local_addr()?;
-        let scope = if addr.ip().is_loopback() {
-            "loopback only: other machines cannot connect; --host 0.0.0.0 to accept them"
-        } else {
-            "reachable from other machines; there is no authentication"
-        };
-        eprintln!(
-            "inkling-wgpu serve: listening on http://{addr} ({scope}); model id {model_id:?}"
-        );
+        let listener = tokio::net::TcpListener::from_std(std_listener)
+            .context("registering the listening socket")?;
         let head_timeout = Duration::from_millis(args.header_timeout_ms);
         axum::serve(
             HeadTimeout::new(listener, head_timeout),

@@ -272,11 +272,13 @@ async fn handle(st: Arc<AppState>, body: Result<Bytes, BytesRejection>, ep: Endp
     };
     // parsing and tokenising take time in proportion to the body (up to the body limit): on the
     // blocking pool, so that other connections are served meanwhile
+    let left = CancelledBeforeQueue(Some(&c.cancelled));
     let parsed = tokio::task::spawn_blocking({
         let st = st.clone();
         move || parse(&st, ctx, &body, ep)
     })
     .await;
+    left.disarm();
     let req: Request = match parsed {
         Ok(Ok(r)) => r,
         Ok(Err(e)) => return error_response(&e),
@@ -404,6 +406,25 @@ fn parse(st: &AppState, ctx: usize, body: &[u8], ep: Endpoint) -> Result<Request
     match ep {
         Endpoint::Chat => api::chat_request(body, &st.renderer, &lim),
         Endpoint::Completion => api::completion_request(body, &st.renderer, &lim),
+    }
+}
+
+/// Counts a request as cancelled when its handler is dropped (the client went away) while the
+/// request is still being parsed, before its job reaches the engine (which counts the ones it
+/// sees cancelled).
+struct CancelledBeforeQueue<'a>(Option<&'a AtomicU64>);
+
+impl CancelledBeforeQueue<'_> {
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for CancelledBeforeQueue<'_> {
+    fn drop(&mut self) {
+        if let Some(c) = self.0 {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 

@@ -432,3 +432,21 @@ fn bench_tune_and_compare_inputs_are_checked() {
     );
     let _ = std::fs::remove_file(&p);
 }
+
+/// `serve` binds before it loads the model: a host that does not resolve is an error naming it,
+/// without "model loaded" first.
+#[test]
+fn serve_fails_on_a_bad_host_before_loading_the_model() {
+    let m = fixture("tiny-chat-f32");
+    let e = run_err(&[
+        "serve",
+        "--model",
+        m.to_str().unwrap(),
+        "--device",
+        "cpu",
+        "--host",
+        "nosuchhost.invalid",
+    ]);
+    assert!(e.contains("binding nosuchhost.invalid:8080"), "{e}");
+    assert!(!e.contains("model loaded"), "{e}");
+}
