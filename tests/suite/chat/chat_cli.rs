@@ -251,11 +251,27 @@ fn a_piped_chat_that_outgrows_its_context_stops_with_an_error() {
     assert!(!stderr.contains("/clear"), "{stderr}");
     let mut turns = 0;
     for l in stderr.lines().filter(|l| l.starts_with("[prompt")) {
-        let ctx = l.split("context ").nth(1).unwrap();
+        let ctx = l.rsplit("context ").next().unwrap();
         let (used, of) = ctx.split_once('/').unwrap();
         let of: usize = of.trim_end_matches(']').parse().unwrap();
         assert!(used.parse::<usize>().unwrap() <= of, "{l}");
         assert_eq!(of, 60, "{l}");
+        // an answer cut by the context says so, not "max tokens" (--max-tokens is 8)
+        let generated: usize = l
+            .split(" | ")
+            .nth(1)
+            .unwrap()
+            .split(' ')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        if l.contains("| max tokens |") {
+            assert_eq!(generated, 8, "{l}");
+        }
+        if l.contains("| context full |") {
+            assert!(generated < 8, "{l}");
+        }
         turns += 1;
     }
     assert!(turns >= 1, "{stderr}");
