@@ -109,7 +109,7 @@ fn parse_gpu_mem(s: &str) -> Result<GpuMem, String> {
 /// 4096 when the config names none) times the tokenizer's longest token cannot fit, capped at
 /// 1 GiB (also without a tokenizer, or with a normalizer, where no token bound holds).
 fn max_prompt_bytes(tok: Option<&Tokenizer>, ctx: Option<usize>) -> u64 {
-    let per_token = tok.map_or(usize::MAX, crate::serve::api::longest_token_bytes);
+    let per_token = tok.map_or(usize::MAX, crate::model::text::longest_token_bytes);
     let bound = per_token.saturating_mul(ctx.unwrap_or(super::context::DEFAULT_CTX));
     (bound as u64).min(1 << 30)
 }

@@ -199,15 +199,7 @@ pub fn with_chat_model<R>(
     })
 }
 
-/// A fresh seed for a sampled run without `--seed` (as llama.cpp and mlx-lm draw one): the
-/// standard library's per-process random hash keys, so no two runs share it. Commands print the
-/// seed they used so that a run can be repeated with `--seed`.
-pub fn random_seed() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    std::collections::hash_map::RandomState::new()
-        .build_hasher()
-        .finish()
-}
+pub use crate::model::sampling::random_seed;
 
 /// transformers 5.24.0's defaults for what a sampling generation_config.json leaves unset
 /// (`GenerationConfig._get_default_generation_params`): temperature, top_k, top_p.

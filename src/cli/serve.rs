@@ -68,7 +68,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             .file_name()
             .map_or("model".into(), |n| n.to_string_lossy().into_owned())
     });
-    let longest_token_bytes = crate::serve::api::longest_token_bytes(&tok);
+    let longest_token_bytes = crate::model::text::longest_token_bytes(&tok);
     let (tok, renderer) = (Arc::new(tok), Arc::new(renderer));
     let shared = Arc::new(Shared::default());
     let shutdown = Arc::new(Shutdown::default());

@@ -211,31 +211,18 @@ pub fn write_container(
 ) -> Result<ConvertSummary> {
     let names: Vec<&str> = files.iter().map(|f| f.0).collect();
     let previous = check_destination(dst_dir, opts.force, &names)?;
-    // a replacement is written whole beside the old container, then swapped in
-    let staging = (!previous.is_empty()).then(|| staging_dir(dst_dir));
-    if let Some(st) = &staging {
-        // only this process names a staging directory with its pid: one left here is its own
-        // (a test that stopped a replacement half way)
-        crate::tempfiles::remove_tree(st);
-        crate::tempfiles::create_tree(st)
-            .with_context(|| format!("creating the staging directory {}", st.display()))?;
+    if previous.is_empty() {
+        return write_files(dst_dir, groups, source, files, opts);
     }
-    let result = write_files(
-        staging.as_deref().unwrap_or(dst_dir),
-        groups,
-        source,
-        files,
-        opts,
-    );
-    let summary = match (result, &staging) {
-        (Err(e), Some(st)) => {
-            crate::tempfiles::remove_tree(st);
-            return Err(e);
-        }
-        (r, None) => return r,
-        (Ok(s), Some(_)) => s,
-    };
-    let st = staging.expect("a replacement");
+    // a replacement is written whole beside the old container, then swapped in
+    let st = staging_dir(dst_dir);
+    // only this process names a staging directory with its pid: one left here is its own (a
+    // test that stopped a replacement half way)
+    crate::tempfiles::remove_tree(&st);
+    crate::tempfiles::create_tree(&st)
+        .with_context(|| format!("creating the staging directory {}", st.display()))?;
+    let summary = write_files(&st, groups, source, files, opts)
+        .inspect_err(|_| crate::tempfiles::remove_tree(&st))?;
     swap_into_place(&st, dst_dir, opts.fail.crash_at)?;
     Ok(ConvertSummary {
         shards: summary

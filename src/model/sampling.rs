@@ -122,3 +122,13 @@ pub fn sample(logits: &[f32], p: &SamplingParams, rng: &mut Rng) -> u32 {
     }
     *idx.last().unwrap() as u32
 }
+
+/// A fresh seed for a sampled run without `--seed` (as llama.cpp and mlx-lm draw one): the
+/// standard library's per-process random hash keys, so no two runs share it. Commands print the
+/// seed they used so that a run can be repeated with `--seed`.
+pub fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish()
+}

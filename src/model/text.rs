@@ -106,3 +106,17 @@ impl<'t> TextStream<'t> {
         Ok(rest)
     }
 }
+
+/// An upper bound on the UTF-8 bytes of text one token of `tok` can stand for: the longest
+/// vocabulary or added-token string, in bytes. Vocabulary strings are never shorter than the text
+/// they decode to (byte-level BPE maps each byte to one character of 1–2 bytes; `▁` stands for a
+/// space, `<0xNN>` for one byte), so text of more than `ctx` × this many bytes encodes to more than
+/// `ctx` tokens. That needs a tokenizer without a normalizer (which could shrink text before it
+/// is split, as Inkling's byte-level BPE has none); with one, there is no bound (`usize::MAX`).
+pub fn longest_token_bytes(tok: &Tokenizer) -> usize {
+    if tok.get_normalizer().is_some() {
+        return usize::MAX;
+    }
+    let longest = tok.get_vocab(true).keys().map(String::len).max();
+    longest.unwrap_or(usize::MAX).max(1)
+}

@@ -13,7 +13,6 @@ use crate::model::sampling::SamplingParams;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::borrow::Cow;
-use tokenizers::Tokenizer;
 
 /// An error response: HTTP status and the envelope's fields.
 #[derive(Clone, Debug, PartialEq)]
@@ -204,19 +203,7 @@ pub struct Limits<'a> {
     pub longest_token_bytes: usize,
 }
 
-/// An upper bound on the UTF-8 bytes of text one token of `tok` can stand for: the longest
-/// vocabulary or added-token string, in bytes. Vocabulary strings are never shorter than the text
-/// they decode to (byte-level BPE maps each byte to one character of 1–2 bytes; `▁` stands for a
-/// space, `<0xNN>` for one byte), so text of more than `ctx` × this many bytes encodes to more than
-/// `ctx` tokens. That needs a tokenizer without a normalizer (which could shrink text before it
-/// is split, as Inkling's byte-level BPE has none); with one, there is no bound (`usize::MAX`).
-pub fn longest_token_bytes(tok: &Tokenizer) -> usize {
-    if tok.get_normalizer().is_some() {
-        return usize::MAX;
-    }
-    let longest = tok.get_vocab(true).keys().map(String::len).max();
-    longest.unwrap_or(usize::MAX).max(1)
-}
+pub use crate::model::text::longest_token_bytes;
 
 /// `T` from a request body that must be a JSON object. Errors name the JSON path of the field
 /// (`param` and the message); a body that is not UTF-8, not JSON or not an object says so, with
@@ -592,12 +579,7 @@ fn finish(
                 top_p: top_p as f32,
             },
             // without a seed, each request samples differently (as OpenAI's API does)
-            seed: c.seed.unwrap_or_else(|| {
-                use std::hash::{BuildHasher, Hasher};
-                std::collections::hash_map::RandomState::new()
-                    .build_hasher()
-                    .finish()
-            }),
+            seed: c.seed.unwrap_or_else(crate::model::sampling::random_seed),
             eos_ids: lim.stop_ids.to_vec(),
         },
         prompt,

@@ -42,7 +42,7 @@ pub struct AppState {
     pub model_id: String,
     /// The model's vocabulary size (prompt ids must be below it).
     pub vocab: usize,
-    /// [`api::longest_token_bytes`] of the tokenizer (bounds prompt text in bytes).
+    /// [`crate::model::text::longest_token_bytes`] of the tokenizer (bounds prompt text in bytes).
     pub longest_token_bytes: usize,
     /// Sampling when a request does not say.
     pub sampling: SamplingParams,

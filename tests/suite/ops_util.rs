@@ -35,6 +35,10 @@ impl Rng {
     pub fn below(&mut self, n: u64) -> u64 {
         self.next_u64() % n
     }
+    /// An index uniform in `0..n` (`n` > 0).
+    pub fn pick(&mut self, n: usize) -> usize {
+        self.below(n as u64) as usize
+    }
 }
 
 pub fn buf_f32(gpu: &Gpu, data: &[f32]) -> wgpu::Buffer {

@@ -1,20 +1,8 @@
 //! The piped chat input reader over seeded random bytes (valid and broken UTF-8, `\r`, `\n`, NUL):
 //! it never panics, returns every line exactly as an independent split on `\n` gives it, and names
 //! the offset of the first bad byte of each line that is not UTF-8.
+use crate::ops_util::Rng;
 use inkling_wgpu::cli::chat::read_input_line;
-
-/// splitmix64: deterministic and good enough to pick bytes.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-}
 
 /// Random input: ASCII, newlines, CR, NUL, whole multi-byte characters, lone continuation and
 /// lead bytes, overlong and surrogate encodings.
@@ -33,9 +21,9 @@ fn input(rng: &mut Rng) -> Vec<u8> {
         b"\xc0\xaf",
         b"\xed\xa0\x80",
     ];
-    let n = (rng.next() % 40) as usize;
+    let n = (rng.next_u64() % 40) as usize;
     (0..n)
-        .flat_map(|_| pieces[(rng.next() % pieces.len() as u64) as usize].to_vec())
+        .flat_map(|_| pieces[(rng.next_u64() % pieces.len() as u64) as usize].to_vec())
         .collect()
 }
 

@@ -2,90 +2,13 @@
 //! HTTP/1.1: a 4 MB prompt is refused without keeping memory or stalling other connections, a
 //! wrong method or path gets an OpenAI envelope, a client that never finishes its request head
 //! is disconnected.
-use crate::chat_common::chat_model;
-use std::io::{BufRead, BufReader, Read, Write};
+use super::server::Server;
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_inkling-wgpu");
-
-/// A running server, killed when dropped.
-pub struct Server {
-    child: Child,
-    /// `127.0.0.1:PORT`.
-    pub addr: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Server {
-    /// `serve` on the chat fixture with `extra` arguments, once `/health` answers 200 (the model
-    /// has loaded).
-    pub fn start(extra: &[&str]) -> Server {
-        let mut child = Command::new(BIN)
-            .args(["serve", "--device", "cpu", "--port", "0", "--model"])
-            .arg(chat_model())
-            .args(extra)
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let first = lines.next().expect("a line from serve").unwrap();
-        let addr = first
-            .split("listening on http://")
-            .nth(1)
-            .and_then(|s| s.split_whitespace().next())
-            .unwrap_or_else(|| panic!("no address in {first:?}"))
-            .to_string();
-        // keep reading the server's stderr so it never blocks on a full pipe
-        std::thread::spawn(move || lines.map_while(Result::ok).for_each(drop));
-        let server = Server { child, addr };
-        let t0 = Instant::now();
-        while server.request("GET", "/health", b"").0 != 200 {
-            assert!(
-                t0.elapsed() < Duration::from_secs(120),
-                "the model did not load"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        server
-    }
-
-    /// The server process's resident memory (VmRSS of /proc/PID/status), in bytes.
-    pub fn rss(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
-        let kb = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().strip_suffix("kB"))
-            .unwrap_or_else(|| panic!("no VmRSS in {status}"));
-        kb.trim().parse::<u64>().unwrap() * 1024
-    }
-
-    /// One request on a fresh connection (`Connection: close`): status, headers and body.
-    pub fn request(&self, method: &str, path: &str, body: &[u8]) -> (u16, String, String) {
-        let mut s = TcpStream::connect(&self.addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-        write!(
-            s,
-            "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
-             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-            body.len()
-        )
-        .unwrap();
-        s.write_all(body).unwrap();
-        read_response(&mut s)
-    }
-}
-
 /// Status, headers and body of the response on `s` (read to its end).
-fn read_response(s: &mut TcpStream) -> (u16, String, String) {
+pub fn read_response(s: &mut TcpStream) -> (u16, String, String) {
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).unwrap();
     let text = String::from_utf8_lossy(&raw).into_owned();

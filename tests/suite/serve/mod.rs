@@ -4,6 +4,7 @@
 
 #[cfg(unix)]
 pub mod context;
+#[cfg(unix)]
 pub mod hostile;
 pub mod parser_fuzz;
 pub mod request_errors;

@@ -8,28 +8,11 @@
 //! `INKLING_FUZZ_ITERATIONS` (default 200 000) from seed `INKLING_FUZZ_SEED` (default 1):
 //! `cargo test --test suite parser_fuzz_long -- --ignored`.
 use super::request_errors::Parser;
+use crate::ops_util::Rng;
 use serde_json::{json, Value};
 
 /// Mutations per endpoint in the suite.
 const ITERATIONS: usize = 1500;
-
-/// SplitMix64: a small seeded generator.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n` (`n` > 0).
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
 
 fn chat_bodies() -> Vec<Value> {
     vec![
@@ -65,7 +48,7 @@ fn completion_bodies() -> Vec<Value> {
 /// Replacements for a value, as JSON text: other types, numbers out of every range, a lone
 /// surrogate, deep nesting.
 fn hostile_value(rng: &mut Rng) -> String {
-    match rng.below(16) {
+    match rng.pick(16) {
         0 => "\"12\"".into(),
         1 => "18446744073709551616".into(),
         2 => "-1".into(),
@@ -79,21 +62,21 @@ fn hostile_value(rng: &mut Rng) -> String {
         10 => "\"\\ud800\"".into(),
         11 => "\"\\udc00x\\ud800\\u0041\"".into(),
         12 => {
-            let d = 1 + rng.below(3000);
+            let d = 1 + rng.pick(3000);
             format!("{}{}", "[".repeat(d), "]".repeat(d))
         }
         13 => {
-            let d = 1 + rng.below(300);
+            let d = 1 + rng.pick(300);
             format!("{}1{}", "{\"a\":".repeat(d), "}".repeat(d))
         }
         14 => "340282366920938463463374607431768211456".into(),
-        _ => format!("\"{}\"", "<|content_text|>".repeat(1 + rng.below(4))),
+        _ => format!("\"{}\"", "<|content_text|>".repeat(1 + rng.pick(4))),
     }
 }
 
 /// A random value inside `v` (itself included), as a mutable reference.
 fn pick<'a>(v: &'a mut Value, rng: &mut Rng) -> &'a mut Value {
-    if rng.below(3) == 0 {
+    if rng.pick(3) == 0 {
         return v;
     }
     let n = match v {
@@ -104,7 +87,7 @@ fn pick<'a>(v: &'a mut Value, rng: &mut Rng) -> &'a mut Value {
     if n == 0 {
         return v;
     }
-    let i = rng.below(n);
+    let i = rng.pick(n);
     match v {
         Value::Object(m) => {
             let k = m.keys().nth(i).unwrap().clone();
@@ -119,11 +102,11 @@ fn pick<'a>(v: &'a mut Value, rng: &mut Rng) -> &'a mut Value {
 fn mutate(base: &Value, rng: &mut Rng) -> Vec<u8> {
     const HOLE: &str = "\"@@HOLE@@\"";
     let mut v = base.clone();
-    let mut bytes = match rng.below(7) {
+    let mut bytes = match rng.pick(7) {
         // swap a value for a hostile one (1 to 3 times)
         0 | 1 => {
             let mut holes = Vec::new();
-            for _ in 0..1 + rng.below(3) {
+            for _ in 0..1 + rng.pick(3) {
                 *pick(&mut v, rng) = json!("@@HOLE@@");
                 holes.push(hostile_value(rng));
             }
@@ -157,20 +140,20 @@ fn mutate(base: &Value, rng: &mut Rng) -> Vec<u8> {
         _ => v.to_string().into_bytes(),
     };
     // byte-level damage on top, sometimes
-    match rng.below(6) {
+    match rng.pick(6) {
         0 if !bytes.is_empty() => {
-            let n = rng.below(bytes.len());
+            let n = rng.pick(bytes.len());
             bytes.truncate(n);
         }
         1 if !bytes.is_empty() => {
-            for _ in 0..1 + rng.below(4) {
-                let i = rng.below(bytes.len());
-                bytes[i] = rng.next() as u8;
+            for _ in 0..1 + rng.pick(4) {
+                let i = rng.pick(bytes.len());
+                bytes[i] = rng.next_u64() as u8;
             }
         }
         2 => {
-            let i = rng.below(bytes.len() + 1);
-            let junk: &[u8] = match rng.below(5) {
+            let i = rng.pick(bytes.len() + 1);
+            let junk: &[u8] = match rng.pick(5) {
                 0 => b"\xff\xfe",
                 1 => b"\\",
                 2 => b"\"",
@@ -193,7 +176,7 @@ fn fuzz(seed: u64, iterations: usize) {
     for _ in 0..iterations {
         for is_chat in [true, false] {
             let bases = if is_chat { &chat } else { &completion };
-            let body = mutate(&bases[rng.below(bases.len())], &mut rng);
+            let body = mutate(&bases[rng.pick(bases.len())], &mut rng);
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 if is_chat {
                     p.chat(&body)

@@ -134,6 +134,34 @@ fn rest_of(lines: std::io::Lines<BufReader<ChildStderr>>) -> Vec<String> {
     lines.map_while(Result::ok).collect()
 }
 
+impl Server {
+    /// The server process's resident memory (VmRSS of /proc/PID/status), in bytes.
+    pub fn rss(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        let kb = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().strip_suffix("kB"))
+            .unwrap_or_else(|| panic!("no VmRSS in {status}"));
+        kb.trim().parse::<u64>().unwrap() * 1024
+    }
+
+    /// One request on a fresh connection (`Connection: close`): status, headers and body.
+    pub fn request(&self, method: &str, path: &str, body: &[u8]) -> (u16, String, String) {
+        let mut s = TcpStream::connect(&self.addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+        write!(
+            s,
+            "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        )
+        .unwrap();
+        s.write_all(body).unwrap();
+        super::hostile::read_response(&mut s)
+    }
+}
+
 impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
