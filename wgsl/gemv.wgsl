@@ -76,8 +76,14 @@ var<workgroup> red: array<f32, 256u * ROWS_PER_THREAD>;
 // per thread in `main`; x_offset and x_stride are multiples of 4, checked on the host).
 var<private> x_v0: u32;
 
-fn xs(i: u32) -> vec4<f32> {
-    return X[x_v0 + i];
+// The index of x vec4 i of the tile in X (see `xs`).
+fn x_at(i: u32) -> u32 {
+    return x_v0 + i;
+}
+
+// The x vec4 at index p of `x_at`.
+fn xs(p: u32) -> vec4<f32> {
+    return X[p];
 }
 //!ELSE
 // x of the pair's token, X_TILE columns at a time (normally the whole row), staged in workgroup
@@ -86,8 +92,17 @@ fn xs(i: u32) -> vec4<f32> {
 // conflicts.
 var<workgroup> XS: array<vec4<f32>, X_TILE / 4u + X_TILE / 4u / X_PAD_PERIOD>;
 
-fn xs(i: u32) -> vec4<f32> {
-    return XS[i + i / X_PAD_PERIOD];
+// The index in XS of tile vec4 i. A unit's vec4s (from a multiple of COLS_PER_UNIT / 4) never
+// straddle a pad (X_PAD_PERIOD is a multiple of COLS_PER_UNIT / 4, or 8 for the 1- and 2-vec4
+// units), so `x_at(xi) + k` is tile vec4 xi + k for every vec4 k of the unit at xi: the padded
+// index is computed once per unit.
+fn x_at(i: u32) -> u32 {
+    return i + i / X_PAD_PERIOD;
+}
+
+// The x vec4 at index p of `x_at`.
+fn xs(p: u32) -> vec4<f32> {
+    return XS[p];
 }
 
 // Column c of the x row that starts at f32 index xb, as staged: 0 from `cols` on (indices clamped,
@@ -97,23 +112,23 @@ fn x_in(xb: u32, c: u32) -> f32 {
 }
 //!END
 
-// Eight 4-bit fields of `wd` (field n at bits 4n, column n: x vec4 at xi and xi + 1), each
-// masked with `masks` and decoded as (field - bias), added to `acc` by two FMA chains.
-fn nibble_word(acc: vec4<f32>, wd: u32, masks: vec4<u32>, bias: vec4<f32>, xi: u32) -> vec4<f32> {
+// Eight 4-bit fields of `wd` (field n at bits 4n, column n: x vec4s at `x_at` index xp and
+// xp + 1), each masked with `masks` and decoded as (field - bias), added to `acc` by two FMA chains.
+fn nibble_word(acc: vec4<f32>, wd: u32, masks: vec4<u32>, bias: vec4<f32>, xp: u32) -> vec4<f32> {
     let lo = bitcast<vec4<f32>>((vec4<u32>(wd) & masks) | vec4<u32>(MAGIC)) - bias;
     let hi = bitcast<vec4<f32>>((vec4<u32>(wd >> 16u) & masks) | vec4<u32>(MAGIC)) - bias;
-    return fma(lo, xs(xi), fma(hi, xs(xi + 1u), acc));
+    return fma(lo, xs(xp), fma(hi, xs(xp + 1u), acc));
 }
 
 // int3-g64 in its GPU bit order (FORMATS.md, GPU layout): the 2-bit lows of a lo word sit at
 // bits 0-1 (word unshifted: columns 0-7) or 2-3 (word >> 2: columns 8-15) of each nibble, and the
 // hi word holds the high bit of four 8-column sets at bits 2, 1, 3 and 0 of each nibble. One
 // bitwise select joins them into eight 3-bit fields at nibble positions (bit 3 is masked off).
-fn int3_eight(acc: vec4<f32>, lo: u32, hi: u32, xi: u32) -> vec4<f32> {
-    return nibble_word(acc, (lo & 0x33333333u) | (hi & 0xccccccccu), INT3_MASKS, INT3_BIAS, xi);
+fn int3_eight(acc: vec4<f32>, lo: u32, hi: u32, xp: u32) -> vec4<f32> {
+    return nibble_word(acc, (lo & 0x33333333u) | (hi & 0xccccccccu), INT3_MASKS, INT3_BIAS, xp);
 }
 
-// int3-g64: one 64-column group = four lo words and two hi words, x from vec4 index xi.
+// int3-g64: one 64-column group = four lo words and two hi words, x from `x_at` index xi.
 fn int3_group(lo: vec4<u32>, hi: vec2<u32>, xi: u32) -> vec4<f32> {
     var d = int3_eight(vec4<f32>(0.0), lo.x, hi.x, xi);
     d = int3_eight(d, lo.x >> 2u, hi.x << 1u, xi + 2u);
@@ -169,9 +184,10 @@ fn unit_dot_$k(acc: vec4<f32>, wv: u32, srow: u32, u: u32, xi: u32) -> vec4<f32>
 //!END FOR
 
 // THE per-format decode step: one unit of a row (weight words w0, and w1 and w2 for int3-g64;
-// group scales `s` of `unit_scales_0`) dotted with x from tile-local vec4 index xi, added to
+// group scales `s` of `unit_scales_0`) dotted with x from tile-local vec4 index xt, added to
 // `acc` (scale of the unit's group applied).
-fn unit_dot(acc: vec4<f32>, w0: vec4<u32>, w1: vec4<u32>, w2: vec4<u32>, s: vec2<f32>, xi: u32) -> vec4<f32> {
+fn unit_dot(acc: vec4<f32>, w0: vec4<u32>, w1: vec4<u32>, w2: vec4<u32>, s: vec2<f32>, xt: u32) -> vec4<f32> {
+    let xi = x_at(xt);
     if (FMT == FMT_F32) {
         return fma(bitcast<vec4<f32>>(w0), xs(xi), acc);
     } else if (FMT == FMT_BF16) {

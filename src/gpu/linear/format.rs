@@ -36,6 +36,10 @@ pub struct KernelFormat {
     /// The staged-x tunings, most rows per workgroup first; the first is the format's default
     /// (BENCHMARKS.md#decision-gemv-tunings).
     pub tunings: &'static [Tuning],
+    /// Fewest workgroups (pairs × row blocks) a call must launch to take the tuning of the same
+    /// index in [`KernelFormat::tunings`] (`route::plan` takes the first that reaches its
+    /// minimum, else the last tuning; the last entry is never consulted).
+    pub min_workgroups: &'static [u64],
     /// The GEMV may read x straight from global memory (`XDIRECT`) when x is aligned.
     pub direct_x: bool,
     /// The prefill GEMM has a decode for it.
@@ -49,9 +53,15 @@ const fn t(tpr: u32, rpt: u32) -> Tuning {
     Tuning { tpr, rpt }
 }
 
-/// The int4 family's staged tunings: 8 × 4 first, then [`GENERIC_TUNINGS`].
-const INT4_TUNINGS: &[Tuning] = &[
-    t(8, 4),
+/// The int4 family's staged tunings and their workgroup minimums: 8 × 4 (128 rows per workgroup)
+/// from 384 workgroups, 8 × 2 (64) from 96, 32 × 2 (16) from 256, then one row per thread down to
+/// 256 × 1 (BENCHMARKS.md#decision-gemv-tunings: within 11% of the best of ten tunings at every
+/// `bench kernels` shape on an H200, and the tail for the few-row matrices).
+const INT4_TUNINGS: &[Tuning] = &[t(8, 4), t(8, 2), t(32, 2), t(64, 1), t(128, 1), t(256, 1)];
+const INT4_MIN_WORKGROUPS: &[u64] = &[384, 96, 256, 256, 256, 0];
+/// The staged tunings of f32 and bf16 (used when x is not aligned for direct reads), each from
+/// 256 workgroups.
+const GENERIC_TUNINGS: &[Tuning] = &[
     t(16, 4),
     t(32, 4),
     t(32, 2),
@@ -60,10 +70,13 @@ const INT4_TUNINGS: &[Tuning] = &[
     t(128, 1),
     t(256, 1),
 ];
-/// The staged tunings of f32 and bf16 (used when x is not aligned for direct reads).
-const GENERIC_TUNINGS: &[Tuning] = INT4_TUNINGS.split_at(1).1;
-/// int3-g64's staged tunings (one row per thread: three words per unit).
-const INT3_TUNINGS: &[Tuning] = &[t(32, 1), t(64, 1), t(128, 1), t(256, 1)];
+const GENERIC_MIN_WORKGROUPS: &[u64] = &[256, 256, 256, 256, 256, 256, 0];
+/// int3-g64's staged tunings (one row per thread: three words per unit; two rows per thread
+/// spill) and their minimums: 4 × 1 (64 rows per workgroup) from 96 workgroups, 16 × 1 from 96,
+/// then 64 × 1 down to 256 × 1 from 256 (BENCHMARKS.md#decision-gemv-tunings: within 8% of the
+/// best of nine tunings at every shape).
+const INT3_TUNINGS: &[Tuning] = &[t(4, 1), t(16, 1), t(64, 1), t(128, 1), t(256, 1)];
+const INT3_MIN_WORKGROUPS: &[u64] = &[96, 96, 256, 256, 0];
 
 /// One row per format with a GPU kernel (the registry's `gpu_kernel` formats).
 /// int3-g64 has no GEMM: the GEMM's int3 decode reads the FORMATS.md bit order, not the GPU order
@@ -75,6 +88,7 @@ pub const KERNEL_FORMATS: &[KernelFormat] = &[
         words_per_unit: 1,
         quantised: false,
         tunings: GENERIC_TUNINGS,
+        min_workgroups: GENERIC_MIN_WORKGROUPS,
         direct_x: true,
         gemm: true,
         gpu_bit_order: false,
@@ -85,6 +99,7 @@ pub const KERNEL_FORMATS: &[KernelFormat] = &[
         words_per_unit: 1,
         quantised: false,
         tunings: GENERIC_TUNINGS,
+        min_workgroups: GENERIC_MIN_WORKGROUPS,
         direct_x: true,
         gemm: true,
         gpu_bit_order: false,
@@ -95,6 +110,7 @@ pub const KERNEL_FORMATS: &[KernelFormat] = &[
         words_per_unit: 1,
         quantised: true,
         tunings: INT4_TUNINGS,
+        min_workgroups: INT4_MIN_WORKGROUPS,
         direct_x: false,
         gemm: true,
         gpu_bit_order: false,
@@ -105,6 +121,7 @@ pub const KERNEL_FORMATS: &[KernelFormat] = &[
         words_per_unit: 3,
         quantised: true,
         tunings: INT3_TUNINGS,
+        min_workgroups: INT3_MIN_WORKGROUPS,
         direct_x: false,
         gemm: false,
         gpu_bit_order: true,
@@ -115,6 +132,7 @@ pub const KERNEL_FORMATS: &[KernelFormat] = &[
         words_per_unit: 1,
         quantised: true,
         tunings: INT4_TUNINGS,
+        min_workgroups: INT4_MIN_WORKGROUPS,
         direct_x: false,
         gemm: true,
         gpu_bit_order: false,
@@ -194,6 +212,7 @@ mod tests {
         }
         for r in KERNEL_FORMATS {
             assert!(!r.tunings.is_empty() && r.words_per_unit >= 1);
+            assert_eq!(r.tunings.len(), r.min_workgroups.len(), "{}", r.format);
             assert_eq!(r.direct_x, !r.quantised, "{}", r.format);
         }
     }

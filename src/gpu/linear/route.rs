@@ -13,8 +13,9 @@
 //!   rows per workgroup (32 × 1) to 1 (256 × 1); the first reaching [`DIRECT_MIN_WORKGROUPS`]
 //!   workgroups `n_pairs · ceil(rows / ROWS_PER_WORKGROUP)` is taken, else the last.
 //! * **staged x** otherwise, always for int4/int3: [`candidates`] go from the format's default
-//!   down to 256 × 1; the first reaching [`MIN_WORKGROUPS`] is taken, else the last (staging
-//!   costs each workgroup a pass over x, so fewer, larger workgroups win here).
+//!   (most rows per workgroup) down; the first reaching its own workgroup minimum
+//!   ([`min_workgroups`]) is taken, else the last (staging costs each workgroup a pass over x, so
+//!   fewer, larger workgroups win while the GPU stays busy).
 //!
 //! Both variants compute the same sums in the same order. A forced tuning ([`LinearOptions::tuning`],
 //! `bench kernels --tune`, or [`GemvArgs::tuning`]) wins over the selection (direct x then when aligned and ROWS_PER_WORKGROUP ≤
@@ -34,12 +35,6 @@ use crate::gpu::linear::args::{strides, GemmChoice, GemvArgs, Reduction, Tile};
 use crate::gpu::linear::format::{row, supported, Tuning};
 use crate::gpu::linear::slab::{GpuWeights, WeightChunk};
 
-/// Fewest workgroups a staged-x call should launch before [`plan`] settles for fewer rows per
-/// workgroup (about 2 per SM of a 132-SM H200; BENCHMARKS.md#decision-gemv-tunings: more, smaller
-/// workgroups each stage the whole x row again). WebGPU reports no SM count, so this is a
-/// constant sized for the largest GPUs measured; on smaller GPUs it only costs slightly smaller
-/// workgroups on small problems.
-pub const MIN_WORKGROUPS: u64 = 256;
 
 /// Fewest workgroups a direct-x call (f32, bf16) should launch before [`plan`] settles for fewer
 /// rows per workgroup (BENCHMARKS.md#decision-gemv-direct-x).
@@ -60,9 +55,19 @@ pub fn rows_per_workgroup(enc: Encoding) -> u32 {
 }
 
 /// The staged-x tunings of `f`, most rows per workgroup first ([`plan`] takes the first that
-/// reaches [`MIN_WORKGROUPS`]); the first is the format's default.
+/// reaches its [`min_workgroups`]); the first is the format's default.
 pub fn candidates(f: Format) -> &'static [Tuning] {
     row(f).tunings
+}
+
+/// Fewest workgroups a staged-x call must launch to take the [`candidates`] entry of the same
+/// index (the last entry is taken when none reaches its minimum). Measured on an H200
+/// (BENCHMARKS.md#decision-gemv-tunings: more, smaller workgroups each stage the whole x row
+/// again; fewer leave SMs idle). WebGPU reports no SM count, so these are constants sized for the
+/// largest GPUs measured; on smaller GPUs they only cost slightly smaller workgroups on small
+/// problems.
+pub fn min_workgroups(f: Format) -> &'static [u64] {
+    row(f).min_workgroups
 }
 
 /// The direct-x tunings (f32, bf16 with aligned x), most rows per workgroup first ([`plan`] takes
@@ -105,7 +110,7 @@ pub struct Plan {
 ///
 /// * when [`direct_aligned`]: [`direct_aligned`]: direct x, the first of [`direct_candidates`] for which
 ///   `n_pairs · ceil(rows / rows per workgroup)` ≥ [`DIRECT_MIN_WORKGROUPS`], else the last;
-/// * else staged x, the first of [`candidates`] reaching [`MIN_WORKGROUPS`], else the last.
+/// * else staged x, the first of [`candidates`] reaching its [`min_workgroups`], else the last.
 ///
 /// Panics if `enc` has no GEMV kernel.
 pub fn plan(
@@ -131,16 +136,21 @@ fn plan_with(
     x_offset: u32,
 ) -> Plan {
     let aligned = direct_aligned(enc, cols, x_stride, x_offset);
-    let pick = |list: &[Tuning], min: u64| {
+    let pick = |list: &[Tuning], min: &dyn Fn(usize) -> u64| {
         list.iter()
-            .copied()
-            .find(|t| n_pairs as u64 * rows.div_ceil(t.rows_per_workgroup()) as u64 >= min)
-            .unwrap_or(list[list.len() - 1])
+            .enumerate()
+            .find(|&(k, t)| {
+                n_pairs as u64 * rows.div_ceil(t.rows_per_workgroup()) as u64 >= min(k)
+            })
+            .map_or(list[list.len() - 1], |(_, &t)| t)
     };
     let (tuning, direct) = match forced {
         Some(t) => (t, aligned && t.rows_per_workgroup() <= DIRECT_MAX_RPW),
-        None if aligned => (pick(direct_candidates(), DIRECT_MIN_WORKGROUPS), true),
-        None => (pick(candidates(enc.format), MIN_WORKGROUPS), false),
+        None if aligned => (pick(direct_candidates(), &|_| DIRECT_MIN_WORKGROUPS), true),
+        None => {
+            let mins = min_workgroups(enc.format);
+            (pick(candidates(enc.format), &|k| mins[k]), false)
+        }
     };
     Plan { tuning, direct }
 }
@@ -294,7 +304,7 @@ mod tests {
         let i3 = Encoding::parse("int3-g64").unwrap();
         assert_eq!(
             plan(i3, 64, 6144, 6144, 0, 0).tuning,
-            Tuning { tpr: 32, rpt: 1 }
+            Tuning { tpr: 4, rpt: 1 }
         );
         assert!(!plan(i3, 1, 256, 4096, 0, 0).direct);
         let forced = Some(Tuning { tpr: 16, rpt: 4 });

@@ -7,8 +7,8 @@ use inkling_wgpu::formats::{quantize, Encoding, QMatrix};
 use inkling_wgpu::gpu::linear::args::{GemvArgs, Reduction, NO_GAMMA};
 use inkling_wgpu::gpu::linear::format::Tuning;
 use inkling_wgpu::gpu::linear::route::{
-    candidates, direct_aligned, direct_candidates, plan, Plan, DIRECT_MAX_RPW,
-    DIRECT_MIN_WORKGROUPS, MIN_WORKGROUPS,
+    candidates, direct_aligned, direct_candidates, min_workgroups, plan, Plan, DIRECT_MAX_RPW,
+    DIRECT_MIN_WORKGROUPS,
 };
 use inkling_wgpu::gpu::linear::slab::GpuWeights;
 use inkling_wgpu::gpu::Gpu;
@@ -113,8 +113,9 @@ fn packed(tokens: usize, cols: usize) -> XLayout {
 }
 
 /// (a) small-row shapes with I = 4096 that select each candidate tuning: direct x for f32/bf16
-/// (DIRECT_MIN_WORKGROUPS = 1024: rows per workgroup 8, 4, 2, 1), staged for int4 (MIN_WORKGROUPS
-/// = 256: 64, 32, 16, 8, 4, 2, 1) and int3-g64 (8, 4, 2, 1).
+/// (DIRECT_MIN_WORKGROUPS = 1024: rows per workgroup 8, 4, 2, 1), staged for int4 (128 rows per
+/// workgroup from 384 workgroups, 64 from 96, 16, 4, 2 from 256, else 1) and int3-g64 (64 and 16
+/// from 96, 4, 2 from 256, else 1).
 #[test]
 fn each_candidate_tuning_selected_and_exact() {
     let gpu = gpu();
@@ -122,11 +123,10 @@ fn each_candidate_tuning_selected_and_exact() {
     let i = 4096;
     // (rows, pairs, rows per workgroup expected: direct f32/bf16, staged int4, staged int3-g64)
     let table: &[(usize, usize, [u32; 3])] = &[
-        (4096, 8, [8, 128, 8]),
-        (4096, 4, [8, 64, 8]),
-        (4096, 2, [8, 32, 8]),
-        (4096, 1, [4, 16, 8]),
-        (1024, 2, [2, 8, 8]),
+        (4096, 12, [8, 128, 64]),
+        (4096, 2, [8, 64, 64]),
+        (4096, 1, [4, 16, 16]),
+        (1024, 2, [2, 4, 16]),
         (1024, 1, [1, 4, 4]),
         (256, 2, [1, 2, 2]),
         (256, 1, [1, 1, 1]),
@@ -219,7 +219,7 @@ fn every_candidate_tuning_on_odd_shapes() {
 fn direct_x_chosen_and_refused() {
     let gpu = gpu();
     let mut rng = Rng(0xd12ec7);
-    let o = 256; // one pair: 256 workgroups of one row, the smallest tuning
+    let o = 256; // one pair: the smallest tuning of each variant
                  // (format, I, x stride (0 = packed), x offset, direct expected)
     let cases: &[(&str, usize, usize, usize, bool)] = &[
         ("bf16", 4096, 0, 0, true),
@@ -241,7 +241,13 @@ fn direct_x_chosen_and_refused() {
     for &(spelling, i, stride, offset, want) in cases {
         let enc = Encoding::parse(spelling).unwrap();
         let p = plan(enc, 1, o as u32, i as u32, stride as u32, offset as u32);
-        assert_eq!(p.tuning.rows_per_workgroup(), 1, "{spelling}");
+        // f32/bf16 (either variant) reach one row per workgroup; int4/int3 stop at their last
+        // candidate
+        let smallest = match spelling {
+            "f32" | "bf16" => 1,
+            _ => candidates(enc.format).last().unwrap().rows_per_workgroup(),
+        };
+        assert_eq!(p.tuning.rows_per_workgroup(), smallest, "{spelling}");
         assert_eq!(
             p.direct, want,
             "{spelling} I={i} stride {stride} offset {offset}"
@@ -308,10 +314,13 @@ fn plan_reaches_min_workgroups_or_the_smallest_tuning() {
     ];
     for enc in inkling_wgpu::gpu::linear::format::kernel_encodings() {
         let direct = direct_aligned(enc, 4096, 0, 0);
-        let (list, min) = if direct {
-            (direct_candidates(), DIRECT_MIN_WORKGROUPS)
+        let (list, mins) = if direct {
+            (direct_candidates(), vec![DIRECT_MIN_WORKGROUPS; direct_candidates().len()])
         } else {
-            (candidates(enc.format), MIN_WORKGROUPS)
+            (
+                candidates(enc.format),
+                min_workgroups(enc.format).to_vec(),
+            )
         };
         for &(rows, n) in shapes {
             let p = plan(enc, n, rows, 4096, 0, 0);
@@ -319,17 +328,18 @@ fn plan_reaches_min_workgroups_or_the_smallest_tuning() {
             let wg = |t: Tuning| n as u64 * rows.div_ceil(t.rows_per_workgroup()) as u64;
             let k = list.iter().position(|&t| t == p.tuning).unwrap();
             assert!(
-                wg(p.tuning) >= min || k == list.len() - 1,
+                wg(p.tuning) >= mins[k] || k == list.len() - 1,
                 "{} [{rows}] × {n}: {p:?} gives {} workgroups",
                 enc.spelling(),
                 wg(p.tuning)
             );
-            // no candidate with more rows per workgroup would have been enough
-            for &t in &list[..k] {
+            // no candidate with more rows per workgroup reached its own minimum
+            for (j, &t) in list[..k].iter().enumerate() {
                 assert!(
-                    wg(t) < min,
-                    "{} [{rows}] × {n}: {t:?} also reaches {min}",
-                    enc.spelling()
+                    wg(t) < mins[j],
+                    "{} [{rows}] × {n}: {t:?} also reaches {}",
+                    enc.spelling(),
+                    mins[j]
                 );
             }
             // rows per workgroup never grow along the list
@@ -355,7 +365,16 @@ fn plan_reaches_min_workgroups_or_the_smallest_tuning() {
         tuning: Tuning { tpr, rpt },
         direct: false,
     };
-    assert_eq!(plan(int4, 6, 4096, 4096, 0, 0), staged(16, 4));
+    assert_eq!(plan(int4, 8, 6144, 6144, 0, 0), staged(8, 4));
+    assert_eq!(plan(int4, 6, 4096, 4096, 0, 0), staged(8, 2));
+    assert_eq!(plan(int4, 1, 6144, 6144, 0, 0), staged(8, 2));
     assert_eq!(plan(int4, 1, 4096, 4096, 0, 0), staged(32, 2));
-    assert_eq!(plan(int4, 2, 4096, 4096, 0, 0), staged(32, 4));
+    assert_eq!(plan(int4, 2, 4096, 4096, 0, 0), staged(8, 2));
+    let int3 = Encoding::parse("int3-g64").unwrap();
+    assert_eq!(plan(int3, 8, 6144, 6144, 0, 0), staged(4, 1));
+    assert_eq!(plan(int3, 1, 6144, 6144, 0, 0), staged(4, 1));
+    assert_eq!(plan(int3, 1, 4096, 4096, 0, 0), staged(16, 1));
+    assert_eq!(plan(int3, 1, 1024, 4096, 0, 0), staged(64, 1));
+    assert_eq!(plan(int4, 1, 1024, 4096, 0, 0), staged(64, 1));
+    assert_eq!(plan(int4, 1, 256, 4096, 0, 0), staged(256, 1));
 }
