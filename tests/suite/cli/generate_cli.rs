@@ -1,4 +1,4 @@
-//! `inkling-wgpu generate` end to end on the CPU device, against transformers' tokens.
+//! `inkling-wgpu generate` end to end on the CPU device, against transformers' tokens, and `--device gpu` against the CPU device and transformers.
 use crate::model_common;
 use model_common::*;
 use std::process::Command;
@@ -215,23 +215,49 @@ fn cli_errors_are_clear() {
     ]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("config.json"));
-    // GPU device: either it works or it fails with a message pointing at --device cpu.
-    let out = run(&[
-        "--prompt-ids",
-        "1,2",
-        "--device",
-        "gpu",
-        "--json",
-        "--max-tokens",
-        "2",
-    ]);
-    if !out.status.success() {
-        assert!(
-            String::from_utf8_lossy(&out.stderr).contains("--device cpu"),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+}
+
+/// `--device gpu` (the default) reproduces the CPU device's and transformers' greedy tokens on
+/// every fixture (case 0, through its EOS), and the CPU's on the bundled model; the suite needs a
+/// GPU adapter (lavapipe on CI), so a GPU run that fails is a failure, never a skip.
+#[test]
+fn gpu_device_generates_the_cpu_and_transformers_tokens() {
+    let both = |model: Option<&str>, ids: &str, max: &str| {
+        let mut args = vec!["--prompt-ids", ids, "--json", "--max-tokens", max];
+        if let Some(m) = model {
+            args.extend(["--model", m]);
+        }
+        let on = |device: &str| {
+            let mut a = args.clone();
+            a.extend(["--device", device]);
+            json_of(&run(&a))
+        };
+        (on("gpu"), on("cpu"))
+    };
+    for name in FIXTURES {
+        let r = reference(name);
+        let c = &r.cases[0];
+        let dir = fixture(name);
+        let ids = c
+            .prompt_ids
+            .iter()
+            .map(|x| x.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        let max = c.max_new_tokens.to_string();
+        let (gpu, cpu) = both(Some(dir.to_str().unwrap()), &ids, &max);
+        assert_eq!(
+            ids_of(&gpu["generated_ids"]),
+            c.generated_ids,
+            "{name}: --device gpu vs transformers"
         );
+        assert_eq!(gpu["generated_ids"], cpu["generated_ids"], "{name}");
+        assert_eq!(gpu["text"], cpu["text"], "{name}");
+        assert_eq!(gpu["finish_reason"], c.finish_reason.as_str(), "{name}");
     }
+    let (gpu, cpu) = both(None, "1,2", "6");
+    assert_eq!(ids_of(&gpu["generated_ids"]).len(), 6, "{gpu}");
+    assert_eq!(gpu["generated_ids"], cpu["generated_ids"], "bundled model");
 }
 
 /// Sampling without `--seed` draws a fresh seed each run (as llama.cpp and mlx-lm do) and prints
