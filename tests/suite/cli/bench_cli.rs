@@ -251,3 +251,77 @@ fn smoke_prints_every_bandwidth_or_says_why_not() {
         }
     }
 }
+
+/// `bench prefill --json --compare` on the fixture: one row per (kernel, chunk, prompt length)
+/// with `kernel` gemv then gemm; `runs_s` holds `--repeat` positive finite times, `ttft_s` is
+/// their median and `prefill_tok_s` is prompt_tokens / ttft_s; the table on stderr has a row per
+/// result with the same figures. Speed is never asserted.
+#[test]
+fn bench_prefill_json_rows_are_consistent() {
+    let fx = crate::model_common::fixture("tiny-causal-f32");
+    let o = ok(&[
+        "bench",
+        "prefill",
+        "--model",
+        fx.to_str().unwrap(),
+        "--prompt",
+        "5,12",
+        "--chunk",
+        "4,16",
+        "--repeat",
+        "3",
+        "--compare",
+        "--json",
+    ]);
+    let v = json(&o);
+    let table = String::from_utf8(o.stderr).unwrap();
+    assert!(v["adapter"].as_str().is_some_and(|a| !a.is_empty()), "{v}");
+    assert_eq!(v["repeat"], 3);
+    let results = v["results"].as_array().unwrap();
+    let mut want = Vec::new();
+    for k in ["gemv", "gemm"] {
+        for c in [4u64, 16] {
+            for n in [5u64, 12] {
+                want.push((k.to_string(), c, n));
+            }
+        }
+    }
+    let got: Vec<(String, u64, u64)> = results
+        .iter()
+        .map(|r| {
+            (
+                r["kernel"].as_str().unwrap().to_string(),
+                r["chunk"].as_u64().unwrap(),
+                r["prompt_tokens"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(got, want, "{v}");
+    let rows: Vec<Vec<&str>> = table
+        .lines()
+        .filter(|l| l.starts_with("gemv ") || l.starts_with("gemm "))
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(rows.len(), results.len(), "{table}");
+    for (r, row) in results.iter().zip(&rows) {
+        let runs: Vec<f64> = r["runs_s"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
+        assert_eq!(runs.len(), 3, "{r}");
+        assert!(runs.iter().all(|s| s.is_finite() && *s > 0.0), "{r}");
+        assert!(runs.windows(2).all(|w| w[0] <= w[1]), "sorted: {r}");
+        let s = r["ttft_s"].as_f64().unwrap();
+        assert_eq!(s, runs[1], "the median: {r}");
+        let n = r["prompt_tokens"].as_f64().unwrap();
+        let tps = r["prefill_tok_s"].as_f64().unwrap();
+        assert!((tps * s / n - 1.0).abs() < 1e-12, "{r}");
+        assert_eq!(row[0], r["kernel"].as_str().unwrap(), "{row:?}");
+        assert_eq!(row[1], r["chunk"].to_string(), "{row:?}");
+        assert_eq!(row[2], r["prompt_tokens"].to_string(), "{row:?}");
+        let ms: f64 = row[3].parse().unwrap();
+        assert!((ms - s * 1e3).abs() <= 0.05 + 1e-9, "TTFT ms {ms} vs {s} s");
+    }
+}
