@@ -101,3 +101,64 @@ fn serve_reproduces_the_transformers_conversation_with_thinking() {
     );
     assert_eq!(text, turns[0]["text"].as_str().unwrap(), "streamed content");
 }
+
+/// `temperature`, `top_k`, `top_p` and `seed` of a completion request reach the sampler: for four
+/// settings that differ in one field each and four seeds, `token_ids` is exactly the library's
+/// sampled continuation on the CPU for those parameters and seed (the stop ids serve uses), and
+/// no two settings give the same continuations.
+#[test]
+fn serve_sampling_fields_reach_the_sampler() {
+    use crate::chat_common::{chat_model, stop_ids, tokenizer_and_renderer};
+    use inkling_wgpu::model::generate::{generate, GenerateParams};
+    use inkling_wgpu::model::sampling::SamplingParams;
+    use inkling_wgpu::model::{Checkpoint, CpuModel, Weights};
+    let ck = Checkpoint::open(&chat_model()).unwrap();
+    let w = Weights::load(&ck).unwrap();
+    let (_, r) = tokenizer_and_renderer();
+    let stop = stop_ids(&ck, &r);
+    let prompt: Vec<u32> = vec![50, 51, 57, 60, 61];
+    let server = Server::start(&[]);
+    let settings = [
+        (1.5f32, 0usize, 1.0f32),
+        (0.6, 0, 1.0),
+        (1.5, 3, 1.0),
+        (1.5, 0, 0.5),
+    ];
+    let mut seen: Vec<Vec<Vec<u32>>> = Vec::new();
+    for (t, k, p) in settings {
+        let mut runs = Vec::new();
+        for seed in 1..=4u64 {
+            let body = json!({
+                "model": "tiny-chat-f32", "prompt": prompt, "max_tokens": 8,
+                "temperature": t, "top_k": k, "top_p": p, "seed": seed,
+                "return_token_ids": true,
+            });
+            let (code, v) = post_json(&server.addr, "/v1/completions", &body);
+            assert_eq!(code, 200, "{v}");
+            let params = GenerateParams {
+                max_new_tokens: 8,
+                sampling: SamplingParams {
+                    temperature: t,
+                    top_k: k,
+                    top_p: p,
+                },
+                seed,
+                eos_ids: stop.clone(),
+            };
+            let want = generate(&mut CpuModel::new(&w), &prompt, &params, &mut |_| Ok(()))
+                .unwrap()
+                .generated_ids;
+            assert_eq!(
+                json_ids(&v["choices"][0]["token_ids"]),
+                want,
+                "T {t} top_k {k} top_p {p} seed {seed}"
+            );
+            runs.push(want);
+        }
+        assert!(
+            !seen.contains(&runs),
+            "T {t} top_k {k} top_p {p}: the same continuations as another setting"
+        );
+        seen.push(runs);
+    }
+}
