@@ -475,6 +475,21 @@ fn cli_streams_reports_stats_and_survives_a_corrupt_usage_file() {
     // --gpu-mem in GiB: a huge budget is resident; a bad value is a clear error
     let (big, _) = run(&["--gpu-mem", "1024"]);
     assert_eq!(big["stats"]["experts"]["resident"], true);
+    // a budget in GiB of the resident part (as the CLI sizes it) plus 3.5 slots streams with
+    // exactly three slots and keeps the tokens (the logits of such a budget: the GpuMem test)
+    let ck = Checkpoint::open(&dir).unwrap();
+    let w = Weights::load(&ck).unwrap();
+    let max_seq = resident["prompt_ids"].as_array().unwrap().len() + 12;
+    let est = GpuModel::resident_bytes_estimate(&w, &GpuModelOptions::new(max_seq));
+    let slot = GpuModel::slot_bytes(&w);
+    let gib = (est + 3 * slot + slot / 2) as f64 / (1u64 << 30) as f64;
+    let (budget, _) = run(&["--gpu-mem", &format!("{gib:.12}"), "--usage-file", "off"]);
+    assert_eq!(
+        budget["stats"]["experts"]["slots"], 3,
+        "{}",
+        budget["stats"]
+    );
+    assert_eq!(budget["generated_ids"], resident["generated_ids"]);
     let out = cli(&[
         "generate",
         "--model",
