@@ -25,9 +25,10 @@ Answers are split as the parsers of §3.4 do: ids after <|content_thinking|> up 
 block marker are the thinking (OpenAI `reasoning_content`), ids after <|content_text|> the
 text (`content`); ids outside a block are not shown. Texts are the tokenizer's decode.
 
-The first user message was chosen (a search over short word strings, not part of this script)
-because the random tiny model's greedy answer to it opens a thinking block and then a text
-block. `min_top1_margin` (top-1 minus top-2 logit over every generated position) shows how far
+The user messages were chosen (a search over short word strings, not part of this script)
+because the random tiny model's greedy answers open a thinking block and then a text block
+(the first, cut by max_tokens) and, in `chat`'s history, a thinking and a text block ended by
+the stop id (the second; on serve's history the second answer shows no block). `min_top1_margin` (top-1 minus top-2 logit over every generated position) shows how far
 each greedy choice is from a tie.
 """
 
@@ -42,7 +43,7 @@ from transformers import AutoModelForCausalLM
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = os.path.join(ROOT, "tests", "fixtures", "tiny-chat-f32")
 OUT = os.path.join(MODEL, "chat_reference.json")
-MESSAGES = ["Sun fox the", "Tell me more."]
+MESSAGES = ["Sun fox the", "Thanks!"]
 EFFORT = "0.9"
 MAX_TOKENS = 40
 
