@@ -163,6 +163,9 @@ fn bench_gemm_prints_nonzero_figures_and_is_quick_on_a_cpu_adapter() {
     assert_eq!(v["quick"], cpu, "{table}");
 }
 
+/// `bench kernels --json --quick` on the router shape in bf16 and int4-g64: two rows, each with
+/// the bytes FORMATS.md gives for its shape and format, GB/s = bytes / time, the peak fraction
+/// of `--peak-gbs`, and the table's figures equal to the JSON's to 3 significant figures.
 #[test]
 fn bench_kernels_json_and_table_agree_on_nonzero_figures() {
     let o = ok(&[
@@ -188,7 +191,30 @@ fn bench_kernels_json_and_table_agree_on_nonzero_figures() {
     for (r, row) in results.iter().zip(&rows) {
         assert!(r["format"].is_string() && r["shape"].as_str().unwrap().contains("router"));
         assert_eq!(r["experts"], 1, "{r}");
-        assert!(r["bytes"].as_u64().unwrap() > 0, "{r}");
+        // bytes from FORMATS.md: bf16 2 bytes a weight; int4-g64 a nibble a weight and one f32
+        // scale a group of 64 columns
+        let sh = r["shape"].as_str().unwrap();
+        let dims = &sh[sh.rfind('[').unwrap() + 1..sh.len() - 1];
+        let (o, i) = dims.split_once('x').unwrap();
+        let (o, i): (u64, u64) = (o.parse().unwrap(), i.parse().unwrap());
+        let want = match r["format"].as_str().unwrap() {
+            "bf16" => o * i * 2,
+            "int4-g64" => o * i / 2 + o * i.div_ceil(64) * 4,
+            f => panic!("{f}"),
+        };
+        assert_eq!(r["bytes"].as_u64().unwrap(), want, "{r}");
+        let us = r["us_per_dispatch"].as_f64().unwrap();
+        let gbs = r["gbs"].as_f64().unwrap();
+        assert!(us.is_finite() && us > 0.0, "{r}");
+        assert!(
+            (want as f64 / (us * 1e3) / gbs - 1.0).abs() < 1e-9,
+            "GB/s = bytes / time: {r}"
+        );
+        let frac = r["frac_peak"].as_f64().unwrap();
+        assert!(
+            (frac * 1000.0 / gbs - 1.0).abs() < 1e-9,
+            "peak fraction of 1000 GB/s: {r}"
+        );
         let n = row.len();
         assert_sig3(
             row[n - 3],
