@@ -74,15 +74,17 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
-/// Choose the next token.
-pub fn sample(logits: &[f32], p: &SamplingParams, rng: &mut Rng) -> u32 {
+/// The candidates [`sample`] draws from and their probabilities, in draw order (logit
+/// descending, ties by index; NaN dropped): top-k first, then the softmax at `temperature`, then
+/// the smallest prefix whose mass reaches `top_p` (at least one token), renormalised. Greedy
+/// settings (`temperature <= 0`, or one logit) give the argmax with probability 1.
+pub fn distribution(logits: &[f32], p: &SamplingParams) -> Vec<(u32, f64)> {
     if p.temperature <= 0.0 || logits.len() <= 1 {
-        return argmax(logits);
+        return vec![(argmax(logits), 1.0)];
     }
-    // Candidates sorted by logit (desc), ties by index, NaN dropped.
     let mut idx: Vec<usize> = (0..logits.len()).filter(|&i| !logits[i].is_nan()).collect();
     if idx.is_empty() {
-        return 0;
+        return vec![(0, 1.0)];
     }
     idx.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
     if p.top_k > 0 && p.top_k < idx.len() {
@@ -112,15 +114,28 @@ pub fn sample(logits: &[f32], p: &SamplingParams, rng: &mut Rng) -> u32 {
         let s: f64 = probs.iter().sum();
         probs.iter_mut().for_each(|x| *x /= s);
     }
+    idx.into_iter().map(|i| i as u32).zip(probs).collect()
+}
+
+/// Choose the next token: the argmax for greedy settings, else one draw (one `rng.next_f64()`)
+/// from [`distribution`].
+pub fn sample(logits: &[f32], p: &SamplingParams, rng: &mut Rng) -> u32 {
+    if p.temperature <= 0.0 || logits.len() <= 1 {
+        return argmax(logits);
+    }
+    if logits.iter().all(|x| x.is_nan()) {
+        return 0;
+    }
+    let d = distribution(logits, p);
     let u = rng.next_f64();
     let mut acc = 0.0;
-    for (n, &q) in probs.iter().enumerate() {
+    for &(id, q) in &d {
         acc += q;
         if u < acc {
-            return idx[n] as u32;
+            return id;
         }
     }
-    *idx.last().unwrap() as u32
+    d.last().unwrap().0
 }
 
 /// A fresh seed for a sampled run without `--seed` (as llama.cpp and mlx-lm draw one): the

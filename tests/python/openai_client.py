@@ -13,6 +13,7 @@ exits non-zero on the first failed check. Run by tests/suite/serve/serve_openai.
 
 import http.client
 import json
+import os
 import sys
 import threading
 import time
@@ -130,6 +131,26 @@ print(f"chat: {len(chunks)} chunks, usage {chunks[-1].usage.prompt_tokens}+"
 # a conversation with the thinking dial on (default 0.9): any reasoning goes to reasoning_content
 r = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=16, temperature=0)
 check(r.choices[0].message.content is not None, "content with effort 0.9")
+
+# the transformers reference conversation (tools/chat_reference.py): its first turn's thinking
+# and text, as the official client reads them, streamed and not
+REF = json.load(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures",
+                                  "tiny-chat-f32", "chat_reference.json")))
+turn = REF["serve"][0]
+ref_args = dict(model=MODEL, messages=[{"role": "user", "content": REF["messages"][0]}],
+                max_tokens=REF["max_tokens"], temperature=0)
+m = client.chat.completions.create(**ref_args).choices[0].message
+check(m.content == turn["text"], f"content {m.content!r} != {turn['text']!r}")
+reasoning = getattr(m, "reasoning_content", None)
+check(reasoning == turn["thinking"], f"reasoning_content {reasoning!r} != {turn['thinking']!r}")
+deltas = [c.choices[0].delta for c in client.chat.completions.create(stream=True, **ref_args)
+          if c.choices]
+streamed_r = "".join(getattr(d, "reasoning_content", None) or "" for d in deltas)
+streamed_c = "".join(d.content or "" for d in deltas)
+check(streamed_r == turn["thinking"] and streamed_c == turn["text"],
+      f"streamed reasoning {streamed_r!r} / content {streamed_c!r}")
+print(f"reference conversation: reasoning_content and content == transformers "
+      f"({len(deltas)} chunks)")
 
 # --- stop strings across chunk boundaries, streamed and not
 case = EXPECTED[0]

@@ -31,3 +31,21 @@ pub fn stop_ids(ck: &inkling_wgpu::model::Checkpoint, r: &Renderer) -> Vec<u32> 
     }
     ids
 }
+
+/// `tests/fixtures/tiny-chat-f32/chat_reference.json`, written by `tools/chat_reference.py` from
+/// transformers 5.24.0: a two-turn conversation (effort 0.9) with the prompt ids rendered from
+/// the TMLv0 grammar, the greedy continuation, its thinking and text, per command (`chat` keeps
+/// the model's ids in its history, `serve` re-renders the OpenAI messages).
+pub fn chat_reference() -> serde_json::Value {
+    let p = chat_model().join("chat_reference.json");
+    serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap()
+}
+
+/// The ids of a JSON array.
+pub fn json_ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not an array: {v}"))
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}

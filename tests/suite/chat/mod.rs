@@ -2,5 +2,6 @@
 
 pub mod chat_cli;
 pub mod chat_input_fuzz;
+pub mod chat_reference;
 pub mod chat_render;
 pub mod chat_session;

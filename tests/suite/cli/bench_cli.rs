@@ -163,6 +163,9 @@ fn bench_gemm_prints_nonzero_figures_and_is_quick_on_a_cpu_adapter() {
     assert_eq!(v["quick"], cpu, "{table}");
 }
 
+/// `bench kernels --json --quick` on the router shape in bf16 and int4-g64: two rows, each with
+/// the bytes FORMATS.md gives for its shape and format, GB/s = bytes / time, the peak fraction
+/// of `--peak-gbs`, and the table's figures equal to the JSON's to 3 significant figures.
 #[test]
 fn bench_kernels_json_and_table_agree_on_nonzero_figures() {
     let o = ok(&[
@@ -188,7 +191,30 @@ fn bench_kernels_json_and_table_agree_on_nonzero_figures() {
     for (r, row) in results.iter().zip(&rows) {
         assert!(r["format"].is_string() && r["shape"].as_str().unwrap().contains("router"));
         assert_eq!(r["experts"], 1, "{r}");
-        assert!(r["bytes"].as_u64().unwrap() > 0, "{r}");
+        // bytes from FORMATS.md: bf16 2 bytes a weight; int4-g64 a nibble a weight and one f32
+        // scale a group of 64 columns
+        let sh = r["shape"].as_str().unwrap();
+        let dims = &sh[sh.rfind('[').unwrap() + 1..sh.len() - 1];
+        let (o, i) = dims.split_once('x').unwrap();
+        let (o, i): (u64, u64) = (o.parse().unwrap(), i.parse().unwrap());
+        let want = match r["format"].as_str().unwrap() {
+            "bf16" => o * i * 2,
+            "int4-g64" => o * i / 2 + o * i.div_ceil(64) * 4,
+            f => panic!("{f}"),
+        };
+        assert_eq!(r["bytes"].as_u64().unwrap(), want, "{r}");
+        let us = r["us_per_dispatch"].as_f64().unwrap();
+        let gbs = r["gbs"].as_f64().unwrap();
+        assert!(us.is_finite() && us > 0.0, "{r}");
+        assert!(
+            (want as f64 / (us * 1e3) / gbs - 1.0).abs() < 1e-9,
+            "GB/s = bytes / time: {r}"
+        );
+        let frac = r["frac_peak"].as_f64().unwrap();
+        assert!(
+            (frac * 1000.0 / gbs - 1.0).abs() < 1e-9,
+            "peak fraction of 1000 GB/s: {r}"
+        );
         let n = row.len();
         assert_sig3(
             row[n - 3],
@@ -249,5 +275,79 @@ fn smoke_prints_every_bandwidth_or_says_why_not() {
             // 3 significant figures: a value below 100 has decimals
             assert!(g >= 100.0 || rate.contains('.'), "{row:?}");
         }
+    }
+}
+
+/// `bench prefill --json --compare` on the fixture: one row per (kernel, chunk, prompt length)
+/// with `kernel` gemv then gemm; `runs_s` holds `--repeat` positive finite times, `ttft_s` is
+/// their median and `prefill_tok_s` is prompt_tokens / ttft_s; the table on stderr has a row per
+/// result with the same figures. Speed is never asserted.
+#[test]
+fn bench_prefill_json_rows_are_consistent() {
+    let fx = crate::model_common::fixture("tiny-causal-f32");
+    let o = ok(&[
+        "bench",
+        "prefill",
+        "--model",
+        fx.to_str().unwrap(),
+        "--prompt",
+        "5,12",
+        "--chunk",
+        "4,16",
+        "--repeat",
+        "3",
+        "--compare",
+        "--json",
+    ]);
+    let v = json(&o);
+    let table = String::from_utf8(o.stderr).unwrap();
+    assert!(v["adapter"].as_str().is_some_and(|a| !a.is_empty()), "{v}");
+    assert_eq!(v["repeat"], 3);
+    let results = v["results"].as_array().unwrap();
+    let mut want = Vec::new();
+    for k in ["gemv", "gemm"] {
+        for c in [4u64, 16] {
+            for n in [5u64, 12] {
+                want.push((k.to_string(), c, n));
+            }
+        }
+    }
+    let got: Vec<(String, u64, u64)> = results
+        .iter()
+        .map(|r| {
+            (
+                r["kernel"].as_str().unwrap().to_string(),
+                r["chunk"].as_u64().unwrap(),
+                r["prompt_tokens"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(got, want, "{v}");
+    let rows: Vec<Vec<&str>> = table
+        .lines()
+        .filter(|l| l.starts_with("gemv ") || l.starts_with("gemm "))
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(rows.len(), results.len(), "{table}");
+    for (r, row) in results.iter().zip(&rows) {
+        let runs: Vec<f64> = r["runs_s"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
+        assert_eq!(runs.len(), 3, "{r}");
+        assert!(runs.iter().all(|s| s.is_finite() && *s > 0.0), "{r}");
+        assert!(runs.windows(2).all(|w| w[0] <= w[1]), "sorted: {r}");
+        let s = r["ttft_s"].as_f64().unwrap();
+        assert_eq!(s, runs[1], "the median: {r}");
+        let n = r["prompt_tokens"].as_f64().unwrap();
+        let tps = r["prefill_tok_s"].as_f64().unwrap();
+        assert!((tps * s / n - 1.0).abs() < 1e-12, "{r}");
+        assert_eq!(row[0], r["kernel"].as_str().unwrap(), "{row:?}");
+        assert_eq!(row[1], r["chunk"].to_string(), "{row:?}");
+        assert_eq!(row[2], r["prompt_tokens"].to_string(), "{row:?}");
+        let ms: f64 = row[3].parse().unwrap();
+        assert!((ms - s * 1e3).abs() <= 0.05 + 1e-9, "TTFT ms {ms} vs {s} s");
     }
 }

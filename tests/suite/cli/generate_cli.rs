@@ -1,4 +1,4 @@
-//! `inkling-wgpu generate` end to end on the CPU device, against transformers' tokens.
+//! `inkling-wgpu generate` end to end on the CPU device, against transformers' tokens, and `--device gpu` against the CPU device and transformers.
 use crate::model_common;
 use model_common::*;
 use std::process::Command;
@@ -215,23 +215,49 @@ fn cli_errors_are_clear() {
     ]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("config.json"));
-    // GPU device: either it works or it fails with a message pointing at --device cpu.
-    let out = run(&[
-        "--prompt-ids",
-        "1,2",
-        "--device",
-        "gpu",
-        "--json",
-        "--max-tokens",
-        "2",
-    ]);
-    if !out.status.success() {
-        assert!(
-            String::from_utf8_lossy(&out.stderr).contains("--device cpu"),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+}
+
+/// `--device gpu` (the default) reproduces the CPU device's and transformers' greedy tokens on
+/// every fixture (case 0, through its EOS), and the CPU's on the bundled model; the suite needs a
+/// GPU adapter (lavapipe on CI), so a GPU run that fails is a failure, never a skip.
+#[test]
+fn gpu_device_generates_the_cpu_and_transformers_tokens() {
+    let both = |model: Option<&str>, ids: &str, max: &str| {
+        let mut args = vec!["--prompt-ids", ids, "--json", "--max-tokens", max];
+        if let Some(m) = model {
+            args.extend(["--model", m]);
+        }
+        let on = |device: &str| {
+            let mut a = args.clone();
+            a.extend(["--device", device]);
+            json_of(&run(&a))
+        };
+        (on("gpu"), on("cpu"))
+    };
+    for name in FIXTURES {
+        let r = reference(name);
+        let c = &r.cases[0];
+        let dir = fixture(name);
+        let ids = c
+            .prompt_ids
+            .iter()
+            .map(|x| x.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        let max = c.max_new_tokens.to_string();
+        let (gpu, cpu) = both(Some(dir.to_str().unwrap()), &ids, &max);
+        assert_eq!(
+            ids_of(&gpu["generated_ids"]),
+            c.generated_ids,
+            "{name}: --device gpu vs transformers"
         );
+        assert_eq!(gpu["generated_ids"], cpu["generated_ids"], "{name}");
+        assert_eq!(gpu["text"], cpu["text"], "{name}");
+        assert_eq!(gpu["finish_reason"], c.finish_reason.as_str(), "{name}");
     }
+    let (gpu, cpu) = both(None, "1,2", "6");
+    assert_eq!(ids_of(&gpu["generated_ids"]).len(), 6, "{gpu}");
+    assert_eq!(gpu["generated_ids"], cpu["generated_ids"], "bundled model");
 }
 
 /// Sampling without `--seed` draws a fresh seed each run (as llama.cpp and mlx-lm do) and prints
@@ -281,4 +307,94 @@ fn a_software_adapter_is_named_and_points_at_the_cpu_path() {
         assert_eq!(notes, 0, "{stderr}");
     }
     assert!(!stderr.contains(", Cpu)"), "{stderr}");
+}
+
+/// The sampled continuation the library gives on the CPU (`CpuModel`, `generate` with the
+/// fixture's EOS ids, the same seed): what `--device cpu` must print for the same flags.
+fn library_sampled(
+    name: &str,
+    prompt: &[u32],
+    sampling: inkling_wgpu::model::sampling::SamplingParams,
+    seed: u64,
+    max: usize,
+) -> Vec<u32> {
+    use inkling_wgpu::model::{Checkpoint, CpuModel, Weights};
+    let ck = Checkpoint::open(&fixture(name)).unwrap();
+    let w = Weights::load(&ck).unwrap();
+    let p = inkling_wgpu::model::generate::GenerateParams {
+        max_new_tokens: max,
+        sampling,
+        seed,
+        eos_ids: reference(name).eos,
+    };
+    inkling_wgpu::model::generate::generate(&mut CpuModel::new(&w), prompt, &p, &mut |_| Ok(()))
+        .unwrap()
+        .generated_ids
+}
+
+/// `--temperature`, `--top-k`, `--top-p` and `--seed` reach the sampler: for four settings that
+/// differ in one flag each and six seeds, `generate --device cpu` prints exactly the library's
+/// sampled continuation for those parameters and seed (same logits, same PRNG draws), and no two
+/// settings give the same continuations over the seeds, so a flag dropped on the way (parsed but
+/// not passed, or passed as the default) changes the output.
+#[test]
+fn sampling_flags_reach_the_sampler() {
+    use inkling_wgpu::model::sampling::SamplingParams;
+    let name = "tiny-causal-f32";
+    let c = &reference(name).cases[0];
+    let prompt = c
+        .prompt_ids
+        .iter()
+        .map(|x| x.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let dir = fixture(name);
+    let settings = [
+        (1.5f32, 0usize, 1.0f32),
+        (0.6, 0, 1.0),
+        (1.5, 3, 1.0),
+        (1.5, 0, 0.5),
+    ];
+    let mut seen: Vec<Vec<Vec<u32>>> = Vec::new();
+    for (t, k, p) in settings {
+        let mut runs = Vec::new();
+        for seed in 1..=6u64 {
+            let v = json_of(&run(&[
+                "--model",
+                dir.to_str().unwrap(),
+                "--prompt-ids",
+                &prompt,
+                "--device",
+                "cpu",
+                "--json",
+                "--max-tokens",
+                "8",
+                "--temperature",
+                &t.to_string(),
+                "--top-k",
+                &k.to_string(),
+                "--top-p",
+                &p.to_string(),
+                "--seed",
+                &seed.to_string(),
+            ]));
+            let sp = SamplingParams {
+                temperature: t,
+                top_k: k,
+                top_p: p,
+            };
+            let want = library_sampled(name, &c.prompt_ids, sp, seed, 8);
+            assert_eq!(
+                ids_of(&v["generated_ids"]),
+                want,
+                "T {t} top-k {k} top-p {p} seed {seed}"
+            );
+            runs.push(want);
+        }
+        assert!(
+            !seen.contains(&runs),
+            "T {t} top-k {k} top-p {p}: the same continuations as another setting"
+        );
+        seen.push(runs);
+    }
 }

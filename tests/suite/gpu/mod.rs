@@ -1,5 +1,6 @@
 //! GPU kernels against f64 CPU references on the same bytes: the GEMV and GEMM of every format, the op kernels.
 
+pub mod adapter_features;
 pub mod gemm_parity;
 pub mod gemv_large;
 pub mod gemv_parity;

@@ -2,7 +2,9 @@
 //! (`gpu::limits`): Apple M1-class limits through wgpu's Metal backend, the WebGPU defaults, no
 //! subgroups. Every profile holds every kernel the model's steps reach (the WebGPU defaults
 //! included: 8 storage buffers per stage, 16 KiB of workgroup memory), so the model runs and
-//! matches the reference under each.
+//! matches the reference under each: transformers' greedy tokens and its teacher-forced logits
+//! within 1e-4 relative per row. A profile that allows subgroups keeps them when the adapter
+//! has them (so the clamped runs cover the subgroup kernels too).
 use crate::gpu::gemv_parity::parity_every_format;
 use crate::model_common::*;
 use inkling_wgpu::gpu::limits::LimitProfile;
@@ -26,6 +28,10 @@ fn profile_gpu(p: LimitProfile) -> Gpu {
     assert!(
         p.subgroups() || !gpu.has_subgroups(),
         "{p}: subgroups left on"
+    );
+    assert!(
+        !p.subgroups() || gpu.has_subgroups() || !crate::ops_util::shared_gpu().has_subgroups(),
+        "{p}: the profile allows subgroups and the adapter has them, but they were dropped"
     );
     assert!(gpu.describe().contains(p.name()));
     gpu
@@ -51,6 +57,19 @@ fn model_reference_under_every_limit_profile() {
                 .unwrap_or_else(|e| panic!("{name} under {p}: {e:#}"));
             for (ci, c) in r.cases.iter().enumerate() {
                 check_greedy_case(&mut m, &format!("{name} under {p}"), ci, c, &eos);
+                let mut seq = c.prompt_ids.clone();
+                seq.extend_from_slice(&c.generated_ids[..c.generated_ids.len() - 1]);
+                m.reset();
+                let got = m.forward_all(&seq).unwrap();
+                let want = reference_logits(name, &c.logits_key);
+                assert_eq!(got.len(), want.len(), "{name} case {ci}");
+                for (t, (g, w)) in got.iter().zip(&want).enumerate() {
+                    let e = rel_err(g, w);
+                    assert!(
+                        e < 1e-4,
+                        "{name} case {ci} under {p}: position {t} logits rel err {e:e} vs transformers"
+                    );
+                }
             }
         }
     }

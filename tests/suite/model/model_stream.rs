@@ -1,6 +1,9 @@
 //! Expert streaming (`GpuModel::with_placement`): routed experts placed into a small pool of GPU
-//! slots from the mapped weights give the same greedy tokens as the fully resident GPU model, the
-//! CPU oracle and transformers; an injected GPU failure falls back to the CPU for that layer and
+//! slots from the mapped weights give the resident GPU model's teacher-forced logits (prefill
+//! chunk and decode steps, relative error ≤ 1e-5 per row; a wrong expert in a slot moves them
+//! even where the peaked tiny models keep the greedy tokens), and the same greedy tokens as the
+//! fully resident GPU model, the CPU oracle and transformers; a `--gpu-mem`-style byte budget
+//! that streams gives the same logits; an injected GPU failure falls back to the CPU for that layer and
 //! keeps the tokens; a budget that holds everything is resident; the usage file ranks a pinned
 //! hot set; the CLI reports the streaming stats and survives a corrupt usage file. Needs a GPU
 //! adapter (lavapipe on CI); without one the tests FAIL, they never skip.
@@ -47,6 +50,29 @@ fn greedy_ids(m: &mut dyn Forward, prompt: &[u32], eos: &[u32], max: usize) -> V
         .generated_ids
 }
 
+/// Teacher-forced logits of `seq` on `m` from a fresh start: the first `prefill` tokens in one
+/// chunk (a row per token), then one decode step per token.
+fn teacher_logits(m: &mut dyn Forward, seq: &[u32], prefill: usize) -> Vec<Vec<f32>> {
+    m.reset();
+    let mut rows = m.forward_all(&seq[..prefill]).unwrap();
+    for &t in &seq[prefill..] {
+        rows.push(m.forward(&[t]).unwrap());
+    }
+    rows
+}
+
+/// Every row of `got` within 1e-5 relative error of `want`'s.
+fn assert_rows_close(what: &str, got: &[Vec<f32>], want: &[Vec<f32>]) {
+    assert_eq!(got.len(), want.len(), "{what}: rows");
+    for (p, (g, w)) in got.iter().zip(want).enumerate() {
+        let e = rel_err(g, w);
+        assert!(
+            e <= 1e-5,
+            "{what}: position {p} logits rel err {e:e} > 1e-5"
+        );
+    }
+}
+
 /// (top_k, routed experts in the whole model)
 fn sizes(w: &Weights<'_>) -> (usize, usize) {
     let mut k = 0;
@@ -72,8 +98,10 @@ fn convert_experts(name: &str, experts: &str) -> PathBuf {
     dst
 }
 
-/// Streamed at several slot counts (down to one layer's top-k, and one slot) = resident = CPU,
-/// and on the source fixtures = transformers' tokens.
+/// Streamed at several slot counts (down to one layer's top-k, and one slot) = resident = CPU
+/// by greedy tokens, and on the source fixtures = transformers' tokens; and the streamed
+/// teacher-forced logits of prompt + continuation (prefill chunk, then decode steps, after the
+/// greedy run warmed the slots) = the resident model's within 1e-5 per row.
 fn check_dir(dir: &Path, reference_ids: Option<&[u32]>, prompt: &[u32], eos: &[u32], max: usize) {
     let g = gpu();
     let ck = Checkpoint::open(dir).unwrap();
@@ -88,6 +116,9 @@ fn check_dir(dir: &Path, reference_ids: Option<&[u32]>, prompt: &[u32], eos: &[u
     let mut resident = GpuModel::new(&g, &w, opts()).unwrap();
     let res = greedy_ids(&mut resident, prompt, eos, max);
     assert_eq!(res, cpu, "{}: resident GPU vs CPU", dir.display());
+    let mut seq = prompt.to_vec();
+    seq.extend_from_slice(&res);
+    let want = teacher_logits(&mut resident, &seq, prompt.len());
     if let Some(r) = reference_ids {
         assert_eq!(res, r, "{}: resident GPU vs transformers", dir.display());
     }
@@ -123,6 +154,12 @@ fn check_dir(dir: &Path, reference_ids: Option<&[u32]>, prompt: &[u32], eos: &[u
             recorded as usize,
             sparse * k * fed,
             "{slots} slots: usage counts"
+        );
+        let got = teacher_logits(&mut m, &seq, prompt.len());
+        assert_rows_close(
+            &format!("{}: {slots} slots vs resident", dir.display()),
+            &got,
+            &want,
         );
     }
 }
@@ -220,6 +257,9 @@ fn a_failed_upload_leaves_no_stale_slot_behind() {
     }
 }
 
+/// `Placement::GpuMem` (what `--gpu-mem` builds): a budget holding every expert is resident; the
+/// resident estimate plus 3.5 slots streams with exactly three, whose teacher-forced logits equal
+/// the resident model's within 1e-5 per row; budgets holding no slot, and zero slots, are refused.
 #[test]
 fn a_budget_that_holds_everything_is_resident_and_a_tiny_one_is_refused() {
     let g = gpu();
@@ -234,8 +274,18 @@ fn a_budget_that_holds_everything_is_resident_and_a_tiny_one_is_refused() {
     let est = GpuModel::resident_bytes_estimate(&w, &opts());
     let slot = GpuModel::slot_bytes(&w);
     let b = est + 3 * slot + slot / 2;
-    let m = GpuModel::new(&g, &w, placed(Placement::GpuMem(b), None)).unwrap();
+    let mut m = GpuModel::new(&g, &w, placed(Placement::GpuMem(b), None)).unwrap();
     assert_eq!(m.stream_stats().unwrap().slots, 3);
+    // the budget's three slots compute the resident model's logits
+    let r = reference("tiny-causal-f32");
+    let c = &r.cases[0];
+    let mut seq = c.prompt_ids.clone();
+    seq.extend_from_slice(&c.generated_ids);
+    let mut resident = GpuModel::new(&g, &w, opts()).unwrap();
+    let want = teacher_logits(&mut resident, &seq, c.prompt_ids.len());
+    let got = teacher_logits(&mut m, &seq, c.prompt_ids.len());
+    assert_rows_close("a 3-slot byte budget vs resident", &got, &want);
+    assert!(m.stream_stats().unwrap().misses > 0);
     let e = GpuModel::new(&g, &w, placed(Placement::GpuMem(1000), None))
         .err()
         .expect("a 1000-byte budget must be refused");
@@ -425,6 +475,21 @@ fn cli_streams_reports_stats_and_survives_a_corrupt_usage_file() {
     // --gpu-mem in GiB: a huge budget is resident; a bad value is a clear error
     let (big, _) = run(&["--gpu-mem", "1024"]);
     assert_eq!(big["stats"]["experts"]["resident"], true);
+    // a budget in GiB of the resident part (as the CLI sizes it) plus 3.5 slots streams with
+    // exactly three slots and keeps the tokens (the logits of such a budget: the GpuMem test)
+    let ck = Checkpoint::open(&dir).unwrap();
+    let w = Weights::load(&ck).unwrap();
+    let max_seq = resident["prompt_ids"].as_array().unwrap().len() + 12;
+    let est = GpuModel::resident_bytes_estimate(&w, &GpuModelOptions::new(max_seq));
+    let slot = GpuModel::slot_bytes(&w);
+    let gib = (est + 3 * slot + slot / 2) as f64 / (1u64 << 30) as f64;
+    let (budget, _) = run(&["--gpu-mem", &format!("{gib:.12}"), "--usage-file", "off"]);
+    assert_eq!(
+        budget["stats"]["experts"]["slots"], 3,
+        "{}",
+        budget["stats"]
+    );
+    assert_eq!(budget["generated_ids"], resident["generated_ids"]);
     let out = cli(&[
         "generate",
         "--model",

@@ -10,6 +10,8 @@ pub mod parser_fuzz;
 pub mod request_errors;
 pub mod serve_openai;
 #[cfg(unix)]
+pub mod serve_reference;
+#[cfg(unix)]
 mod server;
 #[cfg(unix)]
 pub mod shutdown;

@@ -1,0 +1,164 @@
+//! `serve` against an outside reference: the two-turn conversation of
+//! `tests/fixtures/tiny-chat-f32/chat_reference.json` (transformers 5.24.0 on prompt ids rendered
+//! from the TMLv0 grammar by `tools/chat_reference.py`) sent as OpenAI chat requests.
+use super::server::{next_data, post_json, request, status, Server};
+use crate::chat_common::{chat_reference, json_ids};
+use serde_json::{json, Value};
+
+/// Each turn, without streaming: `prompt_token_ids` and `token_ids` (vLLM's `return_token_ids`)
+/// are transformers' prompt and greedy continuation, `message.content` its text,
+/// `message.reasoning_content` its thinking (absent when there is none), finish and usage agree;
+/// the second turn sends the first answer back with its `reasoning_content`, which the official
+/// renderer drops. Streamed, the first turn's `reasoning_content` and `content` deltas add up to
+/// the same thinking and text.
+#[test]
+fn serve_reproduces_the_transformers_conversation_with_thinking() {
+    let g = chat_reference();
+    let turns = g["serve"].as_array().unwrap();
+    let max = g["max_tokens"].as_u64().unwrap();
+    let msgs = g["messages"].as_array().unwrap();
+    let server = Server::start(&[]);
+    let mut history: Vec<Value> = Vec::new();
+    for (n, (t, m)) in turns.iter().zip(msgs).enumerate() {
+        history.push(json!({"role": "user", "content": m}));
+        let body = json!({
+            "model": "tiny-chat-f32", "messages": history, "max_tokens": max, "temperature": 0,
+            "return_token_ids": true,
+        });
+        let (code, v) = post_json(&server.addr, "/v1/chat/completions", &body);
+        assert_eq!(code, 200, "turn {n}: {v}");
+        let c = &v["choices"][0];
+        assert_eq!(
+            json_ids(&c["prompt_token_ids"]),
+            json_ids(&t["prompt_ids"]),
+            "turn {n}: prompt ids vs the TMLv0 rendering"
+        );
+        assert_eq!(
+            json_ids(&c["token_ids"]),
+            json_ids(&t["generated_ids"]),
+            "turn {n}: greedy continuation vs transformers"
+        );
+        let msg = &c["message"];
+        assert_eq!(msg["content"], t["text"], "turn {n}: content");
+        let thinking = t["thinking"].as_str().unwrap();
+        if thinking.is_empty() {
+            assert!(msg.get("reasoning_content").is_none(), "turn {n}: {msg}");
+        } else {
+            assert_eq!(
+                msg["reasoning_content"], thinking,
+                "turn {n}: reasoning_content"
+            );
+        }
+        let finish = if t["finish"] == "eos" {
+            "stop"
+        } else {
+            "length"
+        };
+        assert_eq!(c["finish_reason"], finish, "turn {n}");
+        assert_eq!(
+            v["usage"]["prompt_tokens"].as_u64().unwrap() as usize,
+            t["prompt_ids"].as_array().unwrap().len(),
+            "turn {n}: usage"
+        );
+        assert_eq!(
+            v["usage"]["completion_tokens"].as_u64().unwrap() as usize,
+            t["generated_ids"].as_array().unwrap().len(),
+            "turn {n}: usage"
+        );
+        let mut back = json!({"role": "assistant", "content": msg["content"]});
+        if !thinking.is_empty() {
+            back["reasoning_content"] = msg["reasoning_content"].clone();
+        }
+        history.push(back);
+    }
+    assert!(!turns[0]["thinking"].as_str().unwrap().is_empty());
+
+    // the first turn streamed
+    let body = json!({
+        "model": "tiny-chat-f32", "messages": [{"role": "user", "content": msgs[0]}], "max_tokens": max,
+        "temperature": 0, "stream": true,
+    });
+    let mut r = request(&server.addr, "POST", "/v1/chat/completions", Some(&body));
+    assert_eq!(status(&mut r), 200);
+    let (mut thinking, mut text) = (String::new(), String::new());
+    while let Some(d) = next_data(&mut r) {
+        if d == "[DONE]" {
+            break;
+        }
+        let v: Value = serde_json::from_str(&d).unwrap();
+        let delta = &v["choices"][0]["delta"];
+        if let Some(s) = delta["reasoning_content"].as_str() {
+            thinking.push_str(s);
+        }
+        if let Some(s) = delta["content"].as_str() {
+            text.push_str(s);
+        }
+    }
+    assert_eq!(
+        thinking,
+        turns[0]["thinking"].as_str().unwrap(),
+        "streamed reasoning_content"
+    );
+    assert_eq!(text, turns[0]["text"].as_str().unwrap(), "streamed content");
+}
+
+/// `temperature`, `top_k`, `top_p` and `seed` of a completion request reach the sampler: for four
+/// settings that differ in one field each and four seeds, `token_ids` is exactly the library's
+/// sampled continuation on the CPU for those parameters and seed (the stop ids serve uses), and
+/// no two settings give the same continuations.
+#[test]
+fn serve_sampling_fields_reach_the_sampler() {
+    use crate::chat_common::{chat_model, stop_ids, tokenizer_and_renderer};
+    use inkling_wgpu::model::generate::{generate, GenerateParams};
+    use inkling_wgpu::model::sampling::SamplingParams;
+    use inkling_wgpu::model::{Checkpoint, CpuModel, Weights};
+    let ck = Checkpoint::open(&chat_model()).unwrap();
+    let w = Weights::load(&ck).unwrap();
+    let (_, r) = tokenizer_and_renderer();
+    let stop = stop_ids(&ck, &r);
+    let prompt: Vec<u32> = vec![50, 51, 57, 60, 61];
+    let server = Server::start(&[]);
+    let settings = [
+        (1.5f32, 0usize, 1.0f32),
+        (0.6, 0, 1.0),
+        (1.5, 3, 1.0),
+        (1.5, 0, 0.5),
+    ];
+    let mut seen: Vec<Vec<Vec<u32>>> = Vec::new();
+    for (t, k, p) in settings {
+        let mut runs = Vec::new();
+        for seed in 1..=4u64 {
+            let body = json!({
+                "model": "tiny-chat-f32", "prompt": prompt, "max_tokens": 8,
+                "temperature": t, "top_k": k, "top_p": p, "seed": seed,
+                "return_token_ids": true,
+            });
+            let (code, v) = post_json(&server.addr, "/v1/completions", &body);
+            assert_eq!(code, 200, "{v}");
+            let params = GenerateParams {
+                max_new_tokens: 8,
+                sampling: SamplingParams {
+                    temperature: t,
+                    top_k: k,
+                    top_p: p,
+                },
+                seed,
+                eos_ids: stop.clone(),
+            };
+            let want = generate(&mut CpuModel::new(&w), &prompt, &params, &mut |_| Ok(()))
+                .unwrap()
+                .generated_ids;
+            assert_eq!(
+                json_ids(&v["choices"][0]["token_ids"]),
+                want,
+                "T {t} top_k {k} top_p {p} seed {seed}"
+            );
+            runs.push(want);
+        }
+        assert!(
+            !seen.contains(&runs),
+            "T {t} top_k {k} top_p {p}: the same continuations as another setting"
+        );
+        seen.push(runs);
+    }
+}
