@@ -35,7 +35,6 @@ use crate::gpu::linear::args::{strides, GemmChoice, GemvArgs, Reduction, Tile};
 use crate::gpu::linear::format::{row, supported, Tuning};
 use crate::gpu::linear::slab::{GpuWeights, WeightChunk};
 
-
 /// Fewest workgroups a direct-x call (f32, bf16) should launch before [`plan`] settles for fewer
 /// rows per workgroup (BENCHMARKS.md#decision-gemv-direct-x).
 pub const DIRECT_MIN_WORKGROUPS: u64 = 1024;
@@ -139,9 +138,7 @@ fn plan_with(
     let pick = |list: &[Tuning], min: &dyn Fn(usize) -> u64| {
         list.iter()
             .enumerate()
-            .find(|&(k, t)| {
-                n_pairs as u64 * rows.div_ceil(t.rows_per_workgroup()) as u64 >= min(k)
-            })
+            .find(|&(k, t)| n_pairs as u64 * rows.div_ceil(t.rows_per_workgroup()) as u64 >= min(k))
             .map_or(list[list.len() - 1], |(_, &t)| t)
     };
     let (tuning, direct) = match forced {
@@ -295,7 +292,7 @@ mod tests {
         let p = plan(bf16, 8, 6144, 4095, 0, 0);
         assert_eq!(p.tuning, Tuning { tpr: 16, rpt: 4 });
         assert!(!p.direct);
-        // a router [256 x 4096] cannot reach MIN_WORKGROUPS: the fewest rows per workgroup
+        // a router [256 x 4096] cannot reach 256 workgroups: the fewest rows per workgroup
         assert_eq!(
             plan(bf16, 1, 256, 4096, 0, 0).tuning.rows_per_workgroup(),
             1
