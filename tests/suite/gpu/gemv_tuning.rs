@@ -315,12 +315,12 @@ fn plan_reaches_min_workgroups_or_the_smallest_tuning() {
     for enc in inkling_wgpu::gpu::linear::format::kernel_encodings() {
         let direct = direct_aligned(enc, 4096, 0, 0);
         let (list, mins) = if direct {
-            (direct_candidates(), vec![DIRECT_MIN_WORKGROUPS; direct_candidates().len()])
-        } else {
             (
-                candidates(enc.format),
-                min_workgroups(enc.format).to_vec(),
+                direct_candidates(),
+                vec![DIRECT_MIN_WORKGROUPS; direct_candidates().len()],
             )
+        } else {
+            (candidates(enc.format), min_workgroups(enc.format).to_vec())
         };
         for &(rows, n) in shapes {
             let p = plan(enc, n, rows, 4096, 0, 0);
