@@ -36,7 +36,12 @@ CONTROL = {"OpLabel", "OpBranch", "OpBranchConditional", "OpSelectionMerge", "Op
 
 
 def sh(*cmd):
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True)
+    except OSError as e:
+        hint = {"naga": " (cargo install naga-cli)", "spirv-opt": " (apt-get install spirv-tools)",
+                "spirv-dis": " (apt-get install spirv-tools)"}.get(cmd[0], "")
+        sys.exit(f"cannot run {cmd[0]}: {e.strerror}{hint}")
     if r.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed: {r.stderr.strip()}")
     return r.stdout
@@ -111,12 +116,21 @@ def cost(fid, funcs, lanes, memo):
 
 def main():
     args = sys.argv[1:]
+    if "-h" in args or "--help" in args:
+        print(__doc__)
+        return
     xt = "4096"
     if "--xt" in args:
         k = args.index("--xt")
+        if k + 1 >= len(args) or not args[k + 1].isdigit():
+            sys.exit("--xt wants a number of columns (a multiple of 512, e.g. 4096)")
         xt = args[k + 1]
         del args[k:k + 2]
+    if len(args) > 1 or (args and args[0].startswith("-")):
+        sys.exit(f"unexpected arguments {args}; usage: spirv_counts.py [BINARY] [--xt COLUMNS]")
     binary = args[0] if args else "target/release/inkling-wgpu"
+    if not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
+        sys.exit(f"{binary}: not an executable inkling-wgpu binary (cargo build --release)")
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "shaders")
         sh(binary, "shaders", "--out", out)
@@ -133,6 +147,8 @@ def main():
             text = spirv_text(os.path.join(out, k["file"]), tmp)
             names, lanes, funcs = parse(text)
             by_name = {v: f for f, v in names.items() if f in funcs}
+            if "unit_dot" not in by_name:
+                sys.exit(f"{key}: no function unit_dot in its SPIR-V (wgsl/gemv.wgsl changed?)")
             unit_dot = by_name["unit_dot"]
             alu, lds = cost(unit_dot, funcs, lanes, {})
             src = open(os.path.join(out, k["file"])).read()
@@ -142,6 +158,8 @@ def main():
             scales = 2 if enc == "int3-g64" else (1 if enc.startswith("int4-g") else 0)
             print(f"{enc:<10} {key:<40} {cpu:>12} {alu / cpu:>10.2f} {lds / cpu:>10.3f} "
                   f"{(wpu + scales) / cpu:>19.3f}")
+        if not seen:
+            sys.exit(f"no GEMV instantiation with an x tile of {xt} columns in `shaders --out`")
 
 
 if __name__ == "__main__":

@@ -55,7 +55,7 @@ const fn t(tpr: u32, rpt: u32) -> Tuning {
 
 /// The int4 family's staged tunings and their workgroup minimums: 8 × 4 (128 rows per workgroup)
 /// from 384 workgroups, 8 × 2 (64) from 96, 32 × 2 (16) from 256, then one row per thread down to
-/// 256 × 1 (BENCHMARKS.md#decision-gemv-tunings: within 11% of the best of ten tunings at every
+/// 256 × 1 (BENCHMARKS.md#decision-gemv-tunings: within 12% of the best of ten tunings at every
 /// `bench kernels` shape on an H200, and the tail for the few-row matrices).
 const INT4_TUNINGS: &[Tuning] = &[t(8, 4), t(8, 2), t(32, 2), t(64, 1), t(128, 1), t(256, 1)];
 const INT4_MIN_WORKGROUPS: &[u64] = &[384, 96, 256, 256, 256, 0];
