@@ -567,3 +567,25 @@ fn kernels_where(
     }
     v
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::linear::format::KERNEL_FORMATS;
+
+    /// `x_at` in wgsl/gemv.wgsl computes a unit's padded x index once: that holds when every
+    /// unit's vec4s lie inside one pad period (the period a multiple of the unit's vec4s, or the
+    /// unit a divisor of it) and every x tile (a multiple of 512 columns) starts on a period.
+    #[test]
+    fn a_unit_never_straddles_an_x_pad() {
+        for r in KERNEL_FORMATS {
+            let unit = r.cols_per_unit / 4;
+            let period = pad_period(r.format);
+            assert!(
+                period.is_multiple_of(unit) && (512 / 4u32).is_multiple_of(period),
+                "{}: unit of {unit} vec4s, pad period {period}",
+                r.format
+            );
+        }
+    }
+}
