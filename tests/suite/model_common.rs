@@ -194,3 +194,8 @@ pub fn poke_f32(file: &std::path::Path, tensor: &str, index: usize, value: f32) 
     bytes[start..start + 4].copy_from_slice(&value.to_le_bytes());
     std::fs::write(file, bytes).unwrap();
 }
+
+/// (temperature, top-k, top-p) settings that each differ from the first in one field, for the
+/// tests that sampling flags and request fields reach the sampler (`generate` and `serve`).
+pub const SAMPLING_SETTINGS: [(f32, usize, f32); 4] =
+    [(1.5, 0, 1.0), (0.6, 0, 1.0), (1.5, 3, 1.0), (1.5, 0, 0.5)];

@@ -36,12 +36,7 @@ fn cli_json_reproduces_transformers_on_both_layouts() {
             .unwrap()
             .unwrap();
         for c in &r.cases {
-            let ids = c
-                .prompt_ids
-                .iter()
-                .map(|x| x.to_string())
-                .collect::<Vec<_>>()
-                .join(",");
+            let ids = ids_arg(&c.prompt_ids);
             let out = run(&[
                 "--model",
                 dir.to_str().unwrap(),
@@ -85,6 +80,14 @@ fn cli_json_reproduces_transformers_on_both_layouts() {
             assert!(s["adapter"].is_string());
         }
     }
+}
+
+/// `ids` as the comma-separated list `--prompt-ids` takes.
+fn ids_arg(ids: &[u32]) -> String {
+    ids.iter()
+        .map(|x| x.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 fn ids_of(v: &serde_json::Value) -> Vec<u32> {
@@ -132,12 +135,7 @@ fn cli_eos_is_not_printed_and_sampling_is_seeded() {
     let r = reference("austen-demo");
     let c = &r.cases[0];
     assert_eq!(c.finish_reason, "eos");
-    let ids = c
-        .prompt_ids
-        .iter()
-        .map(|x| x.to_string())
-        .collect::<Vec<_>>()
-        .join(",");
+    let ids = ids_arg(&c.prompt_ids);
     let v = json_of(&run(&["--prompt-ids", &ids, "--device", "cpu", "--json"]));
     let tok = inkling_wgpu::model::text::load_tokenizer(&inkling_wgpu::bundled_model_dir())
         .unwrap()
@@ -176,12 +174,7 @@ fn cli_eos_is_not_printed_and_sampling_is_seeded() {
     assert_eq!(sample("3"), sample("3"));
     // --max-tokens caps the length (on the length case: the EOS case stops after one token)
     let long = &r.cases[1];
-    let long_ids = long
-        .prompt_ids
-        .iter()
-        .map(|x| x.to_string())
-        .collect::<Vec<_>>()
-        .join(",");
+    let long_ids = ids_arg(&long.prompt_ids);
     let v = json_of(&run(&[
         "--prompt-ids",
         &long_ids,
@@ -238,12 +231,7 @@ fn gpu_device_generates_the_cpu_and_transformers_tokens() {
         let r = reference(name);
         let c = &r.cases[0];
         let dir = fixture(name);
-        let ids = c
-            .prompt_ids
-            .iter()
-            .map(|x| x.to_string())
-            .collect::<Vec<_>>()
-            .join(",");
+        let ids = ids_arg(&c.prompt_ids);
         let max = c.max_new_tokens.to_string();
         let (gpu, cpu) = both(Some(dir.to_str().unwrap()), &ids, &max);
         assert_eq!(
@@ -342,19 +330,9 @@ fn sampling_flags_reach_the_sampler() {
     use inkling_wgpu::model::sampling::SamplingParams;
     let name = "tiny-causal-f32";
     let c = &reference(name).cases[0];
-    let prompt = c
-        .prompt_ids
-        .iter()
-        .map(|x| x.to_string())
-        .collect::<Vec<_>>()
-        .join(",");
+    let prompt = ids_arg(&c.prompt_ids);
     let dir = fixture(name);
-    let settings = [
-        (1.5f32, 0usize, 1.0f32),
-        (0.6, 0, 1.0),
-        (1.5, 3, 1.0),
-        (1.5, 0, 0.5),
-    ];
+    let settings = SAMPLING_SETTINGS;
     let mut seen: Vec<Vec<Vec<u32>>> = Vec::new();
     for (t, k, p) in settings {
         let mut runs = Vec::new();

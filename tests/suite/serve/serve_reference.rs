@@ -118,12 +118,7 @@ fn serve_sampling_fields_reach_the_sampler() {
     let stop = stop_ids(&ck, &r);
     let prompt: Vec<u32> = vec![50, 51, 57, 60, 61];
     let server = Server::start(&[]);
-    let settings = [
-        (1.5f32, 0usize, 1.0f32),
-        (0.6, 0, 1.0),
-        (1.5, 3, 1.0),
-        (1.5, 0, 0.5),
-    ];
+    let settings = crate::model_common::SAMPLING_SETTINGS;
     let mut seen: Vec<Vec<Vec<u32>>> = Vec::new();
     for (t, k, p) in settings {
         let mut runs = Vec::new();
