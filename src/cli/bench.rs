@@ -37,6 +37,8 @@ pub enum What {
     Gemm(crate::cli::bench_gemm::GemmArgs),
     /// Prefill probe: prefill tok/s and time to first token for prompts of random ids.
     Prefill(crate::cli::bench_prefill::PrefillArgs),
+    /// Streamed decode (expert slots) beside its I/O bound, per slot count.
+    Stream(crate::cli::bench_stream::StreamArgs),
     /// Ratio table of two `bench kernels --json` files (A/B GB/s), rows matched by format and shape.
     Compare(CompareArgs),
 }
@@ -101,6 +103,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         What::Compare(a) => compare(a),
         What::Gemm(a) => crate::cli::bench_gemm::run(a),
         What::Prefill(a) => crate::cli::bench_prefill::run(a),
+        What::Stream(a) => crate::cli::bench_stream::run(a),
     }
 }
 

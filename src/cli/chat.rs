@@ -253,6 +253,7 @@ fn chat(args: &Args, cm: ChatModel<'_>) -> anyhow::Result<ExitCode> {
         let mut shown = Shown::new(args.show_thinking, color);
         interrupt.cancel.store(false, Ordering::SeqCst);
         interrupt.generating.store(true, Ordering::SeqCst);
+        let streamed_before = session.model().stream_stats();
         let turn = session.generate(&prompt, &p, &mut |id| {
             if interrupt.cancel.load(Ordering::SeqCst) {
                 return Err(Halt::Cancelled.into());
@@ -283,8 +284,12 @@ fn chat(args: &Args, cm: ChatModel<'_>) -> anyhow::Result<ExitCode> {
             Finish::Length => "max tokens",
             Finish::Halted(_) => "stopped",
         };
+        let experts = match (streamed_before, session.model().stream_stats()) {
+            (Some(a), Some(b)) => format!(" | experts {}", b.since(&a).brief()),
+            _ => String::new(),
+        };
         errln!(
-            "[prompt {} tok ({} reused) {:.1} tok/s | {} tok {:.1} tok/s | {finish} | context {}/{}{}]",
+            "[prompt {} tok ({} reused) {:.1} tok/s | {} tok {:.1} tok/s | {finish} | context {}/{}{experts}{}]",
             s.prompt_tokens,
             turn.reused,
             if s.prefill_s > 0.0 {

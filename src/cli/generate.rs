@@ -2,10 +2,10 @@
 use super::context::BadArgument;
 use super::load::{eos_ids, gpu_backend, random_seed, sampling, Device};
 use super::output::{out, outln};
+use super::placement::PlacementArgs;
 use crate::model::generate::{fit_new_tokens, generate, GenOutput, GenerateParams};
 use crate::model::text::{load_tokenizer, TextStream};
-use crate::model::usage::{self, Usage};
-use crate::model::{Checkpoint, CpuModel, Forward, GpuModel, GpuModelOptions, Placement, Weights};
+use crate::model::{Checkpoint, CpuModel, Forward, GpuModel, GpuModelOptions, Weights};
 use anyhow::{bail, Context};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -59,50 +59,12 @@ pub struct Args {
     /// Copy bandwidth in GB/s for the roofline (default: measured once like `bench copy`).
     #[arg(long, value_parser = super::parse_gbs)]
     pub peak_gbs: Option<f64>,
-    /// GPU memory budget in GiB, or `auto`. The dense part (attention, norms, convs, router,
-    /// shared experts, embeddings, head) and the KV cache stay resident; the rest of the budget
-    /// becomes expert slots and routed experts stream from the mapped container into them. A
-    /// budget that holds every expert runs fully resident. `auto` (the default) runs fully
-    /// resident: wgpu exposes no portable way to read the adapter's free memory.
-    #[arg(long, value_parser = parse_gpu_mem)]
-    pub gpu_mem: Option<GpuMem>,
-    /// Exactly N expert slots instead of a budget in GiB (N ≥ every routed expert = resident).
-    #[arg(long, conflicts_with = "gpu_mem", value_parser = super::values::parse_positive)]
-    pub expert_slots: Option<u64>,
-    /// The usage file: routing counts per (layer, expert) that rank the pinned hot set of expert
-    /// slots at start-up and are updated after each streamed run. Default:
-    /// `<model>/inkling-wgpu.usage.json`; `off` neither reads nor writes one. Delete it freely;
-    /// one that is corrupt or belongs to another model is ignored with a warning.
-    #[arg(long)]
-    pub usage_file: Option<String>,
+    #[command(flatten)]
+    pub placement: PlacementArgs,
     /// Test hook: fail the GPU step of the routed experts of LAYER in the step feeding position
     /// POS (streaming only), to exercise the CPU fallback.
     #[arg(long, hide = true, value_name = "POS:LAYER")]
     pub inject_gpu_failure: Option<String>,
-}
-
-/// `--gpu-mem`: `auto` or a positive number of GiB.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum GpuMem {
-    Auto,
-    GiB(f64),
-}
-
-fn parse_gpu_mem(s: &str) -> Result<GpuMem, String> {
-    if s.eq_ignore_ascii_case("auto") {
-        return Ok(GpuMem::Auto);
-    }
-    let num = ["GiB", "GB", "G", "gib", "gb", "g"]
-        .iter()
-        .find_map(|u| s.strip_suffix(u))
-        .unwrap_or(s)
-        .trim();
-    match num.parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 => Ok(GpuMem::GiB(v)),
-        _ => Err(format!(
-            "expected `auto` or a positive number of GiB (e.g. 24, 7.5 or 24GiB), got {s:?}"
-        )),
-    }
 }
 
 /// The most bytes of prompt text worth reading: a text longer than the context (`ctx` positions,
@@ -184,46 +146,6 @@ fn warn_greedy_flags(args: &Args) {
     );
 }
 
-/// The usage file of a run that streams (`streams`): its path (`--usage-file`, default
-/// `<model>/inkling-wgpu.usage.json`; none with `off`, or when the model cannot be fingerprinted,
-/// with a warning) and the table the run starts from (what the file holds, or zeros when it is
-/// missing, corrupt or another model's). `(None, None)` when the run does not stream.
-fn usage_file(
-    args: &Args,
-    ck: &Checkpoint,
-    streams: bool,
-) -> anyhow::Result<(Option<PathBuf>, Option<Usage>)> {
-    let dir = &ck.dir;
-    let cfg = &ck.config;
-    let usage_path = match args.usage_file.as_deref() {
-        _ if !streams => None,
-        Some("off") => None,
-        Some("") => {
-            return Err(BadArgument("--usage-file needs a path, or `off`".into()).into());
-        }
-        Some(p) => Some(PathBuf::from(p)),
-        None => Some(dir.join(usage::USAGE_FILE)),
-    };
-    let fingerprint = match usage_path.as_ref().map(|_| usage::fingerprint(dir)) {
-        Some(Ok(fp)) => Some(fp),
-        Some(Err(e)) => {
-            eprintln!("warning: no usage file this run: cannot fingerprint the model ({e})");
-            None
-        }
-        None => None,
-    };
-    let usage_path = usage_path.filter(|_| fingerprint.is_some());
-    let (n_layers, n_experts) = (cfg.num_hidden_layers, cfg.n_routed_experts);
-    let usage_seed = match (&usage_path, &fingerprint) {
-        (Some(p), Some(fp)) => Some(
-            usage::load_or_warn(p, fp, n_layers, n_experts)
-                .unwrap_or_else(|| Usage::new(fp, n_layers, n_experts)),
-        ),
-        _ => None,
-    };
-    Ok((usage_path, usage_seed))
-}
-
 /// What a run of `args` on `ck` generates for a prompt of `prompt_len` tokens: the EOS ids and the
 /// sampling settings (the rules every command shares, [`eos_ids`] and [`sampling`]), the seed, and
 /// `--max-tokens` (default: generation_config.json's `max_new_tokens`, else 64) capped, with a
@@ -282,18 +204,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         )
         .into());
     }
-    let placement = match (args.expert_slots, args.gpu_mem) {
-        (Some(n), _) => Placement::Slots(n as usize),
-        (None, Some(GpuMem::GiB(g))) => Placement::GpuMem((g * (1u64 << 30) as f64) as u64),
-        (None, Some(GpuMem::Auto) | None) => Placement::Resident,
-    };
-    if placement != Placement::Resident && args.device != Device::Gpu {
-        return Err(BadArgument(
-            "--gpu-mem / --expert-slots place experts on the GPU; use them with --device gpu"
-                .into(),
-        )
-        .into());
-    }
+    let placement = args.placement.placement(args.device)?;
     // the KV cache holds what can be used: prompt + new tokens, within the model's context
     let max_seq = prompt.len().saturating_add(params.max_new_tokens.max(1));
     let mut opts = GpuModelOptions {
@@ -302,7 +213,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     // Only a run that really streams reads or writes the usage file.
     let streams = args.device == Device::Gpu && GpuModel::plan_slots(&weights, &opts)?.is_some();
-    let (usage_path, usage_seed) = usage_file(&args, &ck, streams)?;
+    let usage = args.placement.usage_file(&ck, streams)?;
     let inject = match args.inject_gpu_failure.as_deref() {
         None => None,
         Some(s) => {
@@ -315,14 +226,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 
     let mut cpu_model;
     let mut gpu_model = None;
+    // pipelines built before the first token (load and prefill) and after it (decode)
+    let mut compiles = None;
     let backend: &mut dyn Forward = match args.device {
         Device::Cpu => {
             cpu_model = CpuModel::new(&weights);
             &mut cpu_model
         }
         Device::Gpu => {
-            opts.usage = usage_seed.clone();
+            opts.usage = usage.seed.clone();
             let m = gpu_model.insert(gpu_backend(&weights, opts, &waiting)?);
+            compiles = Some(m.gpu().compiles.clone());
             if let Some((pos, layer)) = inject {
                 m.inject_routed_failure(pos, layer)?;
             }
@@ -336,9 +250,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut stream = tok.as_ref().map(TextStream::new);
     let mut text = String::new();
     let json = args.json;
+    let mut at_first_token = None;
     let mut on_token = |id: u32| -> anyhow::Result<()> {
         if !waiting.is_finished() {
             waiting.finish_and_clear();
+        }
+        if at_first_token.is_none() {
+            at_first_token = compiles.as_ref().map(|c| c.read());
         }
         let piece = match stream.as_mut() {
             Some(s) => s.step(id)?,
@@ -355,6 +273,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let out = generate(backend, &prompt, &params, &mut on_token);
     waiting.finish_and_clear();
     let out: GenOutput = out?;
+    // the first token's callback ran when there was one
+    let pipelines = match (compiles.as_ref(), at_first_token) {
+        (Some(c), Some(first)) => {
+            let one = |x: crate::gpu::kernel::Compiles| serde_json::json!({ "count": x.count, "seconds": x.seconds });
+            serde_json::json!({ "to_first_token": one(first), "decode": one(c.read().since(first)) })
+        }
+        _ => serde_json::Value::Null,
+    };
     // the seed of a sampled run, printed so that it can be repeated; none for greedy decoding
     let seed = (params.sampling.temperature > 0.0).then_some(params.seed);
     let (backend_name, adapter) = (backend.backend(), backend.adapter());
@@ -398,6 +324,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 "ttft_s": s.ttft_s,
                 "decode_tok_s": s.decode_tok_s,
                 "seed": seed,
+                "pipelines_built": pipelines,
                 "backend": backend_name,
                 "adapter": adapter,
                 "experts": match &experts {
@@ -414,15 +341,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         outln!()?;
     }
     // after the text's final newline, so a warning starts its own line
-    if let (Some(m), Some(path)) = (gpu_model.as_ref(), usage_path.as_ref()) {
-        if let (Some(u), Some(base)) = (m.usage(), usage_seed.as_ref()) {
-            if let Err(e) = u.save_merged(path, base) {
-                eprintln!(
-                    "warning: the usage file was not written: {e} (choose another place with \
-                     --usage-file PATH, or --usage-file off)"
-                );
-            }
-        }
+    if let Some(m) = gpu_model.as_ref() {
+        usage.save(m);
     }
     eprintln!(
         "prompt tokens {} | prefill {:.3} s | TTFT {:.3} s | {} generated, decode {:.1} tok/s | finish {}{} | {} ({})",

@@ -5,6 +5,8 @@
 //! and a CPU or GPU forward with a KV cache of `--ctx` tokens.
 use super::context::{context_length, BadArgument};
 use super::output::errln;
+pub use super::placement::Device;
+use super::placement::PlacementArgs;
 use crate::chat::Renderer;
 use crate::model::config::reachable_eos;
 use crate::model::sampling::SamplingParams;
@@ -15,13 +17,6 @@ use crate::model::{
 use anyhow::{bail, Context};
 use std::path::PathBuf;
 use tokenizers::Tokenizer;
-
-/// Where a command runs the model (`--device`).
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Device {
-    Gpu,
-    Cpu,
-}
 
 /// The GPU forward of `w` with `opts` (its KV cache holds `opts`' sequence length); a missing
 /// adapter is an error that points at `--device cpu`, and a software adapter (lavapipe) gets a
@@ -111,6 +106,8 @@ pub struct ModelArgs {
     /// value than the model's is refused.
     #[arg(long)]
     pub ctx: Option<usize>,
+    #[command(flatten)]
+    pub placement: PlacementArgs,
 }
 
 impl ModelArgs {
@@ -175,8 +172,16 @@ pub fn with_chat_model<R>(
             stop_ids.push(id);
         }
     }
+    let placement = args.placement.placement(args.device)?;
+    let opts = GpuModelOptions {
+        placement,
+        ..GpuModelOptions::new(ctx)
+    };
+    // only a run that really streams reads or writes the usage file
+    let streams = args.device == Device::Gpu && GpuModel::plan_slots(&weights, &opts)?.is_some();
+    let usage = args.placement.usage_file(&ck, streams)?;
     let mut cpu;
-    let mut gpu;
+    let mut gpu = None;
     let model: &mut dyn Forward = match args.device {
         Device::Cpu => {
             cpu = CpuModel::new(&weights);
@@ -184,11 +189,14 @@ pub fn with_chat_model<R>(
         }
         Device::Gpu => {
             let hidden = indicatif::ProgressBar::hidden();
-            gpu = gpu_backend(&weights, GpuModelOptions::new(ctx), &hidden)?;
-            &mut gpu
+            let opts = GpuModelOptions {
+                usage: usage.seed.clone(),
+                ..opts
+            };
+            gpu.insert(gpu_backend(&weights, opts, &hidden)?)
         }
     };
-    f(ChatModel {
+    let r = f(ChatModel {
         dir,
         tok,
         renderer,
@@ -196,7 +204,11 @@ pub fn with_chat_model<R>(
         stop_ids,
         generation,
         ctx,
-    })
+    });
+    if let Some(g) = gpu.as_ref() {
+        usage.save(g);
+    }
+    r
 }
 
 pub use crate::model::sampling::random_seed;

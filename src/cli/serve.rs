@@ -101,8 +101,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 let res = with_chat_model(&margs, &tok, &renderer, |cm| {
                     let _ = shared.stop_ids.set(cm.stop_ids.clone());
                     let _ = shared.ctx.set(cm.ctx);
+                    let experts = cm.model.stream_stats().map_or(String::new(), |x| {
+                        format!(", routed experts streamed through {} slots", x.slots)
+                    });
                     eprintln!(
-                        "inkling-wgpu serve: model loaded ({}, {} tokens of context)",
+                        "inkling-wgpu serve: model loaded ({}{experts}, {} tokens of context)",
                         cm.model.adapter(),
                         cm.ctx
                     );

@@ -98,6 +98,8 @@ pub struct Gpu {
     pub features: wgpu::Features,
     /// Shared pipeline cache for kernels (see `gpu::kernel`).
     pub cache: Arc<crate::gpu::kernel::PipelineCache>,
+    /// Pipelines built on this device so far ([`crate::gpu::kernel::pipeline`]).
+    pub compiles: Arc<crate::gpu::kernel::CompileCounter>,
     /// The limit profile the device was clamped to, if any (see `gpu::limits`).
     pub profile: Option<LimitProfile>,
 }
@@ -171,6 +173,7 @@ impl Gpu {
             limits,
             features,
             cache: Arc::new(Default::default()),
+            compiles: Default::default(),
             profile,
         })
     }

@@ -131,9 +131,59 @@ impl<V: Send + Sync + 'static> OnceCache<V> {
 /// Compiled compute pipelines, keyed by each family's typed key (on [`Gpu::cache`]).
 pub type PipelineCache = OnceCache<wgpu::ComputePipeline>;
 
-/// The pipeline of `k` with its explicit layout, built on first use and cached on the device.
+/// The pipeline of `k` with its explicit layout, built on first use and cached on the device
+/// (each build counted in [`Gpu::compiles`]).
 pub fn pipeline<K: Kernel>(gpu: &Gpu, k: &K) -> Arc<wgpu::ComputePipeline> {
-    gpu.cache.get_or_build(k, || build(gpu, &KernelSpec::of(k)))
+    gpu.cache.get_or_build(k, || {
+        let t0 = std::time::Instant::now();
+        let p = build(gpu, &KernelSpec::of(k));
+        gpu.compiles.add(t0.elapsed());
+        p
+    })
+}
+
+/// Pipelines a device has built and the seconds it spent building them (shader translation and
+/// the driver's compilation; a pipeline found in the driver's cache is counted too, faster).
+#[derive(Debug, Default)]
+pub struct CompileCounter {
+    count: std::sync::atomic::AtomicU64,
+    nanos: std::sync::atomic::AtomicU64,
+}
+
+/// A reading of a [`CompileCounter`].
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Compiles {
+    /// Pipelines built.
+    pub count: u64,
+    /// Seconds spent building them.
+    pub seconds: f64,
+}
+
+impl Compiles {
+    /// What was built between `earlier` and `self`.
+    pub fn since(self, earlier: Compiles) -> Compiles {
+        Compiles {
+            count: self.count - earlier.count,
+            seconds: self.seconds - earlier.seconds,
+        }
+    }
+}
+
+impl CompileCounter {
+    fn add(&self, dt: std::time::Duration) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.count.fetch_add(1, Relaxed);
+        self.nanos.fetch_add(dt.as_nanos() as u64, Relaxed);
+    }
+
+    /// The totals so far.
+    pub fn read(&self) -> Compiles {
+        use std::sync::atomic::Ordering::Relaxed;
+        Compiles {
+            count: self.count.load(Relaxed),
+            seconds: self.nanos.load(Relaxed) as f64 * 1e-9,
+        }
+    }
 }
 
 /// Compile `spec` with its explicit bind-group layout (uncached).

@@ -45,10 +45,12 @@ fn device_limits(profile: Option<LimitProfile>) -> (u64, bool) {
     (smem, profile.is_none_or(|p| p.subgroups()))
 }
 
-/// `gemv` then `gemm`, then every op kernel and `bench copy`'s.
+/// `gemv` then `gemm`, then every op kernel, the streamed uploads' int3-g64 reorder and `bench
+/// copy`'s.
 fn with_ops(mut v: Vec<KernelSpec>, gemm: Vec<KernelSpec>) -> Vec<KernelSpec> {
     v.extend(gemm);
     v.extend(ops::kernels());
+    v.push(KernelSpec::of(&crate::gpu::linear::staging::Int3RepackKey));
     v.push(bench_copy());
     v
 }

@@ -66,6 +66,10 @@ pub trait Forward {
     fn backend(&self) -> &'static str;
     /// Adapter description (`"cpu"` for the CPU path).
     fn adapter(&self) -> String;
+    /// How expert streaming went so far (`None`: every routed expert is resident).
+    fn stream_stats(&self) -> Option<stream::StreamStats> {
+        None
+    }
 }
 
 /// A pipelined greedy decode (see [`Forward::greedy_pipeline`]).

@@ -28,6 +28,11 @@ use super::expert_cache::{Assign, ExpertCache};
 use super::usage::Usage;
 use super::weights::Ffn;
 
+/// Threads copying misses from the mapped weights: the cores, at most 8.
+pub fn upload_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(8))
+}
+
 /// Where the routed experts live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Placement {
@@ -110,6 +115,36 @@ impl StreamStats {
             "startup_s": self.startup_s,
             "cpu_fallbacks": self.cpu_fallbacks,
         })
+    }
+
+    /// What happened between `earlier` (a reading of the same run) and `self`: the counters'
+    /// differences (slots and pinned as `self` has them).
+    pub fn since(&self, earlier: &StreamStats) -> StreamStats {
+        StreamStats {
+            slots: self.slots,
+            pinned: self.pinned,
+            hits: self.hits - earlier.hits,
+            misses: self.misses - earlier.misses,
+            bytes_read: self.bytes_read - earlier.bytes_read,
+            uploads: self.uploads - earlier.uploads,
+            upload_s: self.upload_s - earlier.upload_s,
+            decode_upload_s: self.decode_upload_s - earlier.decode_upload_s,
+            routing_wait_s: self.routing_wait_s - earlier.routing_wait_s,
+            startup_bytes: self.startup_bytes,
+            startup_s: self.startup_s,
+            cpu_fallbacks: self.cpu_fallbacks - earlier.cpu_fallbacks,
+        }
+    }
+
+    /// The short form for a chat turn's stats line: `hit 36.2% · 1.234 GB read` (`hit n/a` when
+    /// nothing was requested).
+    pub fn brief(&self) -> String {
+        format!(
+            "hit {} · {:.3} GB read",
+            self.hit_rate()
+                .map_or("n/a".to_string(), |h| format!("{:.1}%", 100.0 * h)),
+            self.bytes_read as f64 / 1e9
+        )
     }
 
     /// One line for the stats output.

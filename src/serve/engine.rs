@@ -66,6 +66,8 @@ pub struct Shared {
     /// the bound of prompt + completion, and the number the context-length errors give.
     pub ctx: OnceLock<usize>,
     pub counters: Counters,
+    /// How expert streaming went so far, after the last finished job (`None`: resident).
+    pub experts: std::sync::Mutex<Option<crate::model::StreamStats>>,
 }
 
 /// Request counts since start (shown by `/health`).
@@ -108,6 +110,10 @@ pub fn run(
     shared: &Shared,
 ) {
     let mut session = Session::new(model);
+    let note_experts = |session: &mut Session<'_>| {
+        *shared.experts.lock().unwrap_or_else(|e| e.into_inner()) = session.model().stream_stats();
+    };
+    note_experts(&mut session);
     shared.ready.store(true, Ordering::SeqCst);
     let c = &shared.counters;
     for job in jobs {
@@ -115,7 +121,9 @@ pub fn run(
             c.cancelled.fetch_add(1, Ordering::Relaxed);
             continue;
         }
-        match run_job(&mut session, tok, sp, &job) {
+        let r = run_job(&mut session, tok, sp, &job);
+        note_experts(&mut session);
+        match r {
             Ok(Some(done)) => {
                 if let Event::Done { cached_tokens, .. } = &done {
                     c.cached_tokens

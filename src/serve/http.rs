@@ -162,6 +162,11 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
     }
     let mut v = json!({"status": "ok"});
     v["counts"] = st.shared.counters.to_json();
+    let experts = *st.shared.experts.lock().unwrap_or_else(|e| e.into_inner());
+    v["experts"] = match experts {
+        Some(x) => x.to_json(),
+        None => json!({ "resident": true }),
+    };
     json_response(200, &v)
 }
 

@@ -11,6 +11,8 @@
 //! The modules, each importing only those listed before it:
 //! * [`format`]: per-format facts (unit shape, tunings, which encodings have kernels);
 //! * [`slab_layout`]: FORMATS.md row bytes to GPU slab bytes;
+//! * [`staging`]: staging views of host bytes on their way into slots, and the ring of staging
+//!   buffers streaming uploads reuse;
 //! * [`slab`]: [`GpuWeights`], the uploaded slab, its chunks and expert slots (no kernel);
 //! * [`args`]: [`GemvArgs`], what a caller states about one call, and its checks;
 //! * [`route`]: the choice between the GEMV ([`Plan`] per dispatch) and the GEMM ([`Tile`]);
@@ -25,6 +27,7 @@ pub mod oneshot;
 pub mod route;
 pub mod slab;
 pub mod slab_layout;
+pub mod staging;
 
 use crate::gpu::call::Call;
 use crate::gpu::dispatch::DispatchError;
@@ -34,7 +37,8 @@ pub use args::{GemmChoice, GemvArgs, Reduction, Tile, MAX_SEGMENTS, NO_GAMMA};
 pub use format::{kernel_encodings, Tuning};
 pub use oneshot::{gemv_pairs, gemv_pairs_with};
 pub use route::{route, LinearOptions, Plan, Route};
-pub use slab::{default_limit, gpu_row_stride, run_staged, GpuWeights, StagedCopy, WeightChunk};
+pub use slab::{default_limit, gpu_row_stride, GpuWeights, WeightChunk};
+pub use staging::{run_staged, StagedCopy, Stager, StagingRing};
 
 impl GpuWeights {
     /// [`GpuWeights::bind_with`] with the default [`LinearOptions`] (the engine's own choice).

@@ -25,6 +25,7 @@ use crate::formats::{Encoding, QMatrix};
 use crate::gpu::dispatch::{self, DispatchError};
 use crate::gpu::linear::format::unit_shape;
 use crate::gpu::linear::slab_layout;
+use crate::gpu::linear::staging::{RowCopy, StagedCopy, Stager};
 use crate::gpu::Gpu;
 
 /// Padded GPU row stride in bytes for `enc` and `cols` (see the module docs).
@@ -304,38 +305,61 @@ impl GpuWeights {
     }
 
     /// [`GpuWeights::write_expert`] through staging views the caller fills (in parallel with
-    /// [`run_staged`]): one [`StagedCopy`] per piece of at most `max_copy` bytes is pushed onto
-    /// `out`. Rows that need padding (a row length that is not a whole number of units) are
-    /// written at once instead. The data reach the GPU at the next submission after the copies
-    /// ran and were dropped. Returns the bytes read from `data` and `scales`.
+    /// [`run_staged`]): one [`StagedCopy`] per piece of at most `max_copy` bytes (at least one
+    /// whole row) is pushed onto `out`, its view taken from `stager` (the queue's staging, or a
+    /// [`super::staging::StagingRing`] buffer). Weight rows that differ on the GPU (zero padding,
+    /// the int3-g64 bit order) are converted by the copy itself. The data reach the slot at the
+    /// next submission after the copies ran and were dropped (with a ring: after
+    /// [`super::staging::StagingRing::finish`]'s copies). Returns the bytes read from `data` and
+    /// `scales`.
+    ///
+    /// Errors: those of [`GpuWeights::write_expert`], and a staging view that could not be had.
+    #[allow(clippy::too_many_arguments)]
     pub fn stage_expert<'s>(
         &self,
-        queue: &wgpu::Queue,
+        stager: &mut Stager<'_>,
         e: usize,
         data: &[&'s [u8]],
         scales: &[&'s [u8]],
         max_copy: usize,
         out: &mut Vec<StagedCopy<'s>>,
     ) -> Result<u64, DispatchError> {
-        if self.enc.bytes_per_row(self.cols) != self.row_stride()
-            || slab_layout::reorders_bits(self.enc)
-        {
-            return self.write_expert(queue, e, data, scales);
-        }
+        let (enc, rb, stride) = (
+            self.enc,
+            self.enc.bytes_per_row(self.cols),
+            self.row_stride(),
+        );
+        let reorders = slab_layout::reorders_bits(enc);
+        // unpadded int3-g64 rows go as stored and are reordered on the GPU where the stager can
+        let on_gpu = reorders && rb == stride && stager.reorders_on_gpu();
+        let converts = rb != stride || (reorders && !on_gpu);
         let max_copy = max_copy.max(4) & !3;
         self.expert_segments(e, data, scales, |seg| {
-            for (k, part) in seg.src.chunks(max_copy).enumerate() {
-                let size = wgpu::BufferSize::new(part.len() as u64)
-                    .ok_or_else(|| DispatchError::Shape("empty expert piece".into()))?;
-                let view = queue
-                    .write_buffer_with(seg.buf, seg.offset + (k * max_copy) as u64, size)
-                    .ok_or_else(|| {
-                        DispatchError::Shape("the queue refused a staging buffer".into())
-                    })?;
-                out.push(StagedCopy { view, src: part });
+            if seg.weights && on_gpu {
+                if let Stager::Ring(r) = stager {
+                    r.repack_int3(seg.buf, seg.offset, seg.src.len() as u64)?;
+                }
+            }
+            // converted weight pieces are whole rows (source `rb`, destination `stride` each)
+            let (piece, dst_piece, rows) = if seg.weights && converts {
+                let n = (max_copy / rb).max(1);
+                (n * rb, n * stride, Some(RowCopy { enc, rb, stride }))
+            } else {
+                (max_copy, max_copy, None)
+            };
+            for (k, part) in seg.src.chunks(piece).enumerate() {
+                let len = rows.map_or(part.len(), |r| part.len() / r.rb * r.stride);
+                let view = stager.view(seg.buf, seg.offset + (k * dst_piece) as u64, len as u64)?;
+                out.push(StagedCopy::new(view, part, rows));
             }
             Ok(())
         })
+    }
+
+    /// GPU bytes of one expert slot's weights and scales (the staging a [`GpuWeights::stage_expert`]
+    /// of one expert takes: padded rows, unpadded scales).
+    pub fn slot_bytes(&self) -> u64 {
+        (self.rows * self.row_stride() + 4 * self.enc.scale_count(self.rows, self.cols)) as u64
     }
 
     /// Padded GPU row stride in bytes.
@@ -446,66 +470,6 @@ struct Segment<'b, 's> {
     offset: u64,
     src: &'s [u8],
     weights: bool,
-}
-
-/// One pending copy of [`GpuWeights::stage_expert`]: a staging view of the queue and the bytes
-/// it must receive. `Send`, so the copies of several experts can run on several threads.
-pub struct StagedCopy<'s> {
-    view: wgpu::QueueWriteBufferView,
-    src: &'s [u8],
-}
-
-impl StagedCopy<'_> {
-    /// Bytes to copy.
-    pub fn len(&self) -> usize {
-        self.src.len()
-    }
-
-    /// Whether there is nothing to copy.
-    pub fn is_empty(&self) -> bool {
-        self.src.is_empty()
-    }
-
-    /// Copy the bytes into the staging view (reading a mapped file here is where the page
-    /// cache or the disk is read). Returns the view: dropping it queues the GPU-side copy.
-    pub fn run(mut self) -> wgpu::QueueWriteBufferView {
-        self.view.copy_from_slice(self.src);
-        self.view
-    }
-}
-
-/// Run staged copies on up to `threads` threads (inline when there is little to copy), so the
-/// reads of several experts (page cache or NVMe) and their copies proceed in parallel. The views
-/// are dropped (their GPU copies queued) on the calling thread, inside whatever error scope it
-/// has pushed.
-pub fn run_staged(copies: Vec<StagedCopy<'_>>, threads: usize) {
-    let total: usize = copies.iter().map(|c| c.len()).sum();
-    let threads = threads.clamp(1, copies.len().max(1));
-    if threads == 1 || total < (4 << 20) {
-        copies.into_iter().for_each(|c| drop(c.run()));
-        return;
-    }
-    // largest first onto the least loaded thread
-    let mut copies = copies;
-    copies.sort_by_key(|c| std::cmp::Reverse(c.len()));
-    let mut bins: Vec<(usize, Vec<StagedCopy<'_>>)> =
-        (0..threads).map(|_| (0, Vec::new())).collect();
-    for c in copies {
-        let b = bins.iter_mut().min_by_key(|b| b.0).expect("threads ≥ 1");
-        b.0 += c.len();
-        b.1.push(c);
-    }
-    let views: Vec<Vec<wgpu::QueueWriteBufferView>> = std::thread::scope(|s| {
-        let handles: Vec<_> = bins
-            .into_iter()
-            .map(|(_, bin)| s.spawn(move || bin.into_iter().map(StagedCopy::run).collect()))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("an upload copy thread panicked"))
-            .collect()
-    });
-    drop(views);
 }
 
 /// Check a slab's shape against the registry and the adapter; returns the padded GPU row stride,

@@ -27,24 +27,30 @@ pub fn reorders_bits(enc: Encoding) -> bool {
 
 /// Copy whole rows of `row_bytes` FORMATS.md bytes from `src` into `dst` at `stride` bytes per
 /// row (`stride ≥ row_bytes`), zero padding after each row, int3-g64 groups in GPU order.
-/// `dst.len()` must be `src.len() / row_bytes * stride`.
+/// `dst.len()` must be `src.len() / row_bytes * stride`. `dst` is only written, never read (it
+/// may be a write-combined staging view, where reads are slow).
 pub fn write_gpu_rows(enc: Encoding, src: &[u8], row_bytes: usize, stride: usize, dst: &mut [u8]) {
     debug_assert_eq!(dst.len(), src.len() / row_bytes * stride);
     if row_bytes == stride && !reorders_bits(enc) {
         dst.copy_from_slice(src);
         return;
     }
+    let reorder = reorders_bits(enc);
     for (s, d) in src
         .chunks_exact(row_bytes)
         .zip(dst.chunks_exact_mut(stride))
     {
-        d[..row_bytes].copy_from_slice(s);
-        d[row_bytes..].fill(0);
-        if reorders_bits(enc) {
-            for g in d[..row_bytes].chunks_exact_mut(INT3_GROUP_BYTES) {
-                int3_group_to_gpu(g);
+        if reorder {
+            for (gs, gd) in s
+                .chunks_exact(INT3_GROUP_BYTES)
+                .zip(d.chunks_exact_mut(INT3_GROUP_BYTES))
+            {
+                int3_group_to_gpu(gs, gd);
             }
+        } else {
+            d[..row_bytes].copy_from_slice(s);
         }
+        d[row_bytes..].fill(0);
     }
 }
 
@@ -69,10 +75,11 @@ fn spread_bits(x: u32) -> u32 {
     (x | (x << 3)) & 0x1111_1111
 }
 
-/// One int3-g64 group, FORMATS.md order → GPU order (module docs), in place.
-fn int3_group_to_gpu(g: &mut [u8]) {
+/// One int3-g64 group `src` (24 bytes, FORMATS.md order) into `dst` (24 bytes) in GPU order
+/// (module docs); `dst` is only written.
+fn int3_group_to_gpu(src: &[u8], dst: &mut [u8]) {
     let mut w = [0u32; 6];
-    for (k, c) in g.chunks_exact(4).enumerate() {
+    for (k, c) in src.chunks_exact(4).enumerate() {
         w[k] = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
     }
     for lo in &mut w[..4] {
@@ -85,7 +92,7 @@ fn int3_group_to_gpu(g: &mut [u8]) {
             | (spread_bits((h >> 16) & 0xFF) << 3)
             | spread_bits(h >> 24);
     }
-    for (k, c) in g.chunks_exact_mut(4).enumerate() {
+    for (k, c) in dst.chunks_exact_mut(4).enumerate() {
         c.copy_from_slice(&w[k].to_le_bytes());
     }
 }
@@ -110,8 +117,8 @@ mod tests {
                 ((g[k >> 2] >> (2 * (k & 3))) & 3) | (((g[16 + (k >> 3)] >> (k & 7)) & 1) << 2)
             };
             let want: Vec<u8> = (0..64).map(u).collect();
-            let mut gpu = g;
-            int3_group_to_gpu(&mut gpu);
+            let mut gpu = [0xA5u8; 24];
+            int3_group_to_gpu(&g, &mut gpu);
             let w: Vec<u32> = gpu
                 .chunks_exact(4)
                 .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))

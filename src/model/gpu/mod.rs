@@ -135,7 +135,33 @@ impl<'w> GpuModel<'w> {
         if let (Some(s), Some(u)) = (m.stream.as_mut(), opts.usage) {
             s.load_hot_set(&m.gpu, u, max_topk);
         }
+        m.build_decode_steps()?;
         Ok(m)
+    }
+
+    /// Record the one-token steps (and, when streaming, the routed parts a one-token step can
+    /// have) now, so that their pipelines are built with the model and a decode builds none.
+    fn build_decode_steps(&mut self) -> Result<()> {
+        let chained = if self.stream.is_none() {
+            &[false, true][..]
+        } else {
+            &[false][..]
+        };
+        for &chained in chained {
+            let key = StepKey {
+                tokens: 1,
+                head: Head::Last,
+                chained,
+            };
+            if !self.steps.contains_key(&key) {
+                let step = graph::build_step(&self.gpu, &self.cfg, &self.res, key, self.fusions)?;
+                self.steps.insert(key, step);
+            }
+        }
+        if let Some(s) = self.stream.as_mut() {
+            s.build_decode_parts(&self.gpu, &self.res)?;
+        }
+        Ok(())
     }
 
     /// Upload everything; `slots = Some(n)` leaves the routed experts off the GPU and allocates a
@@ -708,6 +734,9 @@ impl super::Forward for GpuModel<'_> {
     }
     fn adapter(&self) -> String {
         self.gpu.describe()
+    }
+    fn stream_stats(&self) -> Option<StreamStats> {
+        GpuModel::stream_stats(self)
     }
 }
 

@@ -1,14 +1,15 @@
 //! Expert streaming on the GPU (see [`crate::model::stream`]): the slot pool, the routed experts
 //! of one layer placed and run between submissions at the step's [`super::graph::Node::Routed`]
 //! cut, and the CPU fallback when that fails.
-use super::graph::{at_layer, ffn_calls, FfnIo};
+use super::graph::{ffn_calls, FfnIo};
 use super::resident::{zeroed, Activations, FfnSlab, Linear, Resident, ResidentMlp};
 use crate::formats::QMatrix;
 use crate::gpu::linear::route::LinearOptions;
-use crate::gpu::linear::slab::{run_staged, GpuWeights, StagedCopy};
+use crate::gpu::linear::slab::GpuWeights;
+use crate::gpu::linear::staging::{run_staged, StagedCopy, Stager, StagingRing};
 use crate::gpu::{Call, Gpu};
 use crate::model::expert_cache::{Assign, ExpertCache};
-use crate::model::stream::{self, StreamState, StreamStats};
+use crate::model::stream::{self, upload_threads, StreamState, StreamStats};
 use crate::model::usage::Usage;
 use crate::model::weights::{Ffn, Mlp, Weights};
 use anyhow::{bail, ensure, Context, Result};
@@ -19,10 +20,9 @@ use std::time::Instant;
 /// spread over the upload threads).
 const UPLOAD_PIECE: usize = 4 << 20;
 
-/// Threads copying misses from the mapped weights: the cores, at most 8.
-fn upload_threads() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get().min(8))
-}
+/// Staging buffers in the ring of misses: one filled by the host while the GPU copies another
+/// and computes with a third.
+const STAGING_BUFFERS: usize = 3;
 
 /// The slot pool, the buffers of one routed part, and the host state of streaming.
 pub(super) struct Streamer<'w> {
@@ -33,12 +33,17 @@ pub(super) struct Streamer<'w> {
     part_pairs: wgpu::Buffer,
     /// Down outputs of one part `[P, H]`, copied to the pairs' rows of `y_routed`.
     y_part: wgpu::Buffer,
-    /// Recorded part FFNs by `(tokens, pairs)`.
+    /// Recorded part FFNs by `(tokens, pairs)` (one recording serves every layer: the pool,
+    /// the pairs and the activations are the same buffers).
     part_calls: HashMap<(u32, u32), Vec<Call>>,
     /// `MAP_READ` copy of the router's pairs of one layer (read back once per streamed layer).
     pairs_rb: wgpu::Buffer,
     /// Threads copying misses ([`upload_threads`]).
     threads: usize,
+    /// The staging of the misses: [`STAGING_BUFFERS`] buffers of `batch` experts each.
+    ring: StagingRing,
+    /// Experts per upload batch (one ring buffer, one submission).
+    batch: usize,
     /// How the part FFNs' GEMVs are built.
     linear: LinearOptions,
     host: StreamState<'w>,
@@ -106,6 +111,16 @@ impl<'w> Streamer<'w> {
         let dn = GpuWeights::empty_with_limit(gpu, denc, slots, hid, inter, limit)
             .context("allocating the expert slots (down)")?;
         let p = max_chunk * max_topk;
+        // a layer's decode misses in two batches: the first one's transfer overlaps the second
+        // one's host copy
+        // one expert's staging: its bytes, and up to a ring alignment per piece (at most one
+        // piece per 4 MiB and one more per weight or scale segment of each chunk)
+        let bytes = gu.slot_bytes() + dn.slot_bytes();
+        let segments = 2 * (gu.chunks().len() + dn.chunks().len()) as u64;
+        let per_expert = bytes + 256 * (bytes.div_ceil(UPLOAD_PIECE as u64) + segments + 4);
+        let fit = (gpu.limits.max_buffer_size / per_expert).max(1) as usize;
+        let batch = max_topk.div_ceil(2).clamp(1, fit);
+        let ring = StagingRing::new(gpu, STAGING_BUFFERS, batch as u64 * per_expert);
         Ok(Streamer {
             pool: FfnSlab {
                 gate_up: Linear::from_weights(gu),
@@ -123,6 +138,8 @@ impl<'w> Streamer<'w> {
                 mapped_at_creation: false,
             }),
             threads: upload_threads(),
+            ring,
+            batch,
             linear,
             host: StreamState {
                 experts: w
@@ -165,7 +182,13 @@ impl<'w> Streamer<'w> {
         let res = (|| -> Result<u64> {
             let (mut total, mut batch_bytes, mut batch) = (0, 0, Vec::new());
             for (layer, a) in &loads {
-                let n = stage_expert(gpu, pool, h.experts[*layer], *a, &mut batch)?;
+                let n = stage_expert(
+                    &mut Stager::Queue(&gpu.queue),
+                    pool,
+                    h.experts[*layer],
+                    *a,
+                    &mut batch,
+                )?;
                 total += n;
                 batch_bytes += n;
                 if batch_bytes >= 1 << 30 {
@@ -200,6 +223,35 @@ impl<'w> Streamer<'w> {
         }
         h.stats.startup_s = t0.elapsed().as_secs_f64();
         h.usage = u;
+    }
+
+    /// Record the routed parts of a one-token step (1 to top-k pairs, in every layer), so that
+    /// their pipelines are built with the model and a decode builds none.
+    pub fn build_decode_parts(&mut self, gpu: &Gpu, res: &Resident) -> Result<()> {
+        for n in 1..=res.max_topk as u32 {
+            self.part_call(gpu, &res.acts, 1, n)?;
+        }
+        Ok(())
+    }
+
+    /// Record the FFN of a part of `n` pairs in a step of `t` tokens (once).
+    fn part_call(&mut self, gpu: &Gpu, a: &Activations, t: u32, n: u32) -> Result<()> {
+        if !self.part_calls.contains_key(&(t, n)) {
+            let io = FfnIo {
+                x: &a.xn,
+                tokens: t,
+                pairs: &self.part_pairs,
+                n_pairs: n,
+                gu: &a.gu,
+                act: &a.act,
+                y: &self.y_part,
+                linear: &self.linear,
+            };
+            let ops = ["streamed routed gate_up", "streamed routed down"];
+            let calls = ffn_calls(gpu, &self.pool, self.inter, io, ops)?;
+            self.part_calls.insert((t, n), calls);
+        }
+        Ok(())
     }
 
     /// Counters of the run so far.
@@ -319,22 +371,6 @@ impl<'w> Streamer<'w> {
             .map_err(|e| anyhow::anyhow!("layer {layer}: {e}"))?;
         for round in &rounds {
             for part in stream::round_parts(&round.assign) {
-                if part[0].load {
-                    let t0 = Instant::now();
-                    let mut copies = Vec::new();
-                    for &x in &part {
-                        let from = self.host.experts[layer];
-                        self.host.stats.bytes_read +=
-                            stage_expert(gpu, &self.pool, from, x, &mut copies)?;
-                        self.host.stats.uploads += 1;
-                    }
-                    run_staged(copies, self.threads);
-                    let dt = t0.elapsed().as_secs_f64();
-                    self.host.stats.upload_s += dt;
-                    if t == 1 {
-                        self.host.stats.decode_upload_s += dt;
-                    }
-                }
                 let slot_of: HashMap<u32, u32> = part.iter().map(|x| (x.expert, x.slot)).collect();
                 let mut compact: Vec<[u32; 4]> = Vec::new();
                 let mut rows: Vec<usize> = Vec::new();
@@ -347,49 +383,48 @@ impl<'w> Streamer<'w> {
                 let n = compact.len() as u32;
                 gpu.queue
                     .write_buffer(&self.part_pairs, 0, bytemuck::cast_slice(&compact));
-                if !self.part_calls.contains_key(&(t, n)) {
-                    let io = FfnIo {
-                        x: &a.xn,
-                        tokens: t,
-                        pairs: &self.part_pairs,
-                        n_pairs: n,
-                        gu: &a.gu,
-                        act: &a.act,
-                        y: &self.y_part,
-                        linear: &self.linear,
-                    };
-                    let ops = ["streamed routed gate_up", "streamed routed down"];
-                    let calls = ffn_calls(gpu, &self.pool, self.inter, io, ops)?
-                        .into_iter()
-                        .map(|c| at_layer(c, layer))
-                        .collect();
-                    self.part_calls.insert((t, n), calls);
-                }
-                let mut enc = gpu
-                    .device
-                    .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                        label: Some("streamed experts"),
-                    });
-                {
-                    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                        label: Some("streamed experts"),
-                        timestamp_writes: None,
-                    });
-                    for c in &self.part_calls[&(t, n)] {
-                        c.record_in_pass(&mut pass);
+                self.part_call(gpu, a, t, n)?;
+                // the loads in batches of one staging buffer, each its own submission (its
+                // transfer runs while the host copies the next); the part's FFN goes with the last
+                let batches: Vec<&[Assign]> = if part[0].load {
+                    part.chunks(self.batch).collect()
+                } else {
+                    vec![&[]]
+                };
+                for (bi, batch) in batches.iter().enumerate() {
+                    let mut enc =
+                        gpu.device
+                            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                                label: Some("streamed experts"),
+                            });
+                    if !batch.is_empty() {
+                        self.ring.begin(gpu)?;
+                        let t0 = Instant::now();
+                        let mut copies = Vec::new();
+                        for &x in batch.iter() {
+                            let from = self.host.experts[layer];
+                            let mut stager = Stager::Ring(&mut self.ring);
+                            self.host.stats.bytes_read +=
+                                stage_expert(&mut stager, &self.pool, from, x, &mut copies)?;
+                            self.host.stats.uploads += 1;
+                        }
+                        run_staged(copies, self.threads);
+                        let dt = t0.elapsed().as_secs_f64();
+                        self.host.stats.upload_s += dt;
+                        if t == 1 {
+                            self.host.stats.decode_upload_s += dt;
+                        }
+                        self.ring.finish(gpu, &mut enc);
+                    }
+                    if bi + 1 == batches.len() {
+                        let calls = &self.part_calls[&(t, n)];
+                        record_part(&mut enc, calls, &self.y_part, &a.y_routed, &rows, hid);
+                    }
+                    let idx = gpu.queue.submit([enc.finish()]);
+                    if !batch.is_empty() {
+                        self.ring.submitted(idx);
                     }
                 }
-                let row = 4 * hid as u64;
-                for (j, &p) in rows.iter().enumerate() {
-                    enc.copy_buffer_to_buffer(
-                        &self.y_part,
-                        j as u64 * row,
-                        &a.y_routed,
-                        p as u64 * row,
-                        row,
-                    );
-                }
-                gpu.queue.submit([enc.finish()]);
             }
         }
         Ok(())
@@ -447,10 +482,35 @@ impl<'w> Streamer<'w> {
     }
 }
 
-/// Stage routed expert `a.expert` for slot `a.slot` (the copies are pushed onto `copies`, run
-/// by the caller); returns the bytes it reads from the mapped weights.
+/// Record one part's FFN (`calls`) and the copies of its outputs (`y_part` row j) to the pairs'
+/// rows of `y_routed` (`rows[j]`), rows of `hid` f32.
+fn record_part(
+    enc: &mut wgpu::CommandEncoder,
+    calls: &[Call],
+    y_part: &wgpu::Buffer,
+    y_routed: &wgpu::Buffer,
+    rows: &[usize],
+    hid: u32,
+) {
+    {
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some("streamed experts"),
+            timestamp_writes: None,
+        });
+        for c in calls {
+            c.record_in_pass(&mut pass);
+        }
+    }
+    let row = 4 * hid as u64;
+    for (j, &p) in rows.iter().enumerate() {
+        enc.copy_buffer_to_buffer(y_part, j as u64 * row, y_routed, p as u64 * row, row);
+    }
+}
+
+/// Stage routed expert `a.expert` for slot `a.slot` through `stager` (the copies are pushed onto
+/// `copies`, run by the caller); returns the bytes it reads from the mapped weights.
 fn stage_expert<'s>(
-    gpu: &Gpu,
+    stager: &mut Stager<'_>,
     pool: &FfnSlab,
     experts: &'s [Ffn<'s>],
     a: Assign,
@@ -464,12 +524,12 @@ fn stage_expert<'s>(
     let mut n = pool
         .gate_up
         .w
-        .stage_expert(&gpu.queue, s, &gu, &gus, UPLOAD_PIECE, copies)
+        .stage_expert(stager, s, &gu, &gus, UPLOAD_PIECE, copies)
         .context("staging an expert's gate_up for its slot")?;
     n += pool
         .down
         .w
-        .stage_expert(&gpu.queue, s, &[dn], &[dns], UPLOAD_PIECE, copies)
+        .stage_expert(stager, s, &[dn], &[dns], UPLOAD_PIECE, copies)
         .context("staging an expert's down for its slot")?;
     Ok(n)
 }

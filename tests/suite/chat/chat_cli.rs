@@ -208,6 +208,7 @@ fn generate_and_chat_stop_on_the_same_ids() {
         model: Some(dir.clone()),
         device: Device::Cpu,
         ctx: Some(64),
+        placement: Default::default(),
     };
     let chat_ids = with_chat_model(&args, &tok, &renderer, |cm| Ok(cm.stop_ids)).unwrap();
     assert_eq!(chat_ids[0], end);

@@ -64,12 +64,41 @@ fn chat_reproduces_the_transformers_conversation_with_thinking() {
         want.push_str(t["text"].as_str().unwrap());
         want.push('\n');
     }
-    for device in ["cpu", "gpu"] {
+    // resident on the CPU and the GPU, and streamed through one and two expert slots (the usage
+    // file off: nothing is written into the fixture)
+    let runs: [(&str, &[&str]); 4] = [
+        ("cpu", &["--device", "cpu"]),
+        ("gpu", &["--device", "gpu"]),
+        (
+            "gpu, 1 expert slot",
+            &[
+                "--device",
+                "gpu",
+                "--expert-slots",
+                "1",
+                "--usage-file",
+                "off",
+            ],
+        ),
+        (
+            "gpu, 2 expert slots",
+            &[
+                "--device",
+                "gpu",
+                "--expert-slots",
+                "2",
+                "--usage-file",
+                "off",
+            ],
+        ),
+    ];
+    for (device, flags) in runs {
         let mut child = Command::new(env!("CARGO_BIN_EXE_inkling-wgpu"))
             .arg("chat")
             .arg("--model")
             .arg(chat_model())
-            .args(["--show-thinking", "--max-tokens", &max, "--device", device])
+            .args(["--show-thinking", "--max-tokens", &max])
+            .args(flags)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -106,6 +135,12 @@ fn chat_reproduces_the_transformers_conversation_with_thinking() {
             assert!(
                 line.contains(&format!(" | context {ctx}/")),
                 "{device} turn {n}: the conversation holds {ctx} ids: {line}"
+            );
+            // a streamed run says how streaming went; a resident one says nothing of it
+            assert_eq!(
+                line.contains(" | experts hit ") && line.contains(" GB read"),
+                device.contains("slot"),
+                "{device} turn {n}: {line}"
             );
         }
     }

@@ -9,7 +9,8 @@ use crate::ops_util::{gpu, Rng};
 use inkling_wgpu::formats::{quantize, Encoding, QMatrix};
 use inkling_wgpu::gpu::gemv_pairs;
 use inkling_wgpu::gpu::linear::args::NO_GAMMA;
-use inkling_wgpu::gpu::linear::slab::{run_staged, GpuWeights};
+use inkling_wgpu::gpu::linear::slab::GpuWeights;
+use inkling_wgpu::gpu::linear::staging::{run_staged, Stager, StagingRing};
 use inkling_wgpu::gpu::Gpu;
 use std::borrow::Cow;
 
@@ -72,6 +73,14 @@ fn slots_written_staged_and_overwritten_compute_the_expert_they_hold() {
         ),
         (Encoding::parse("int4").unwrap(), 37, 101, None),
         (Encoding::parse("int3-g64").unwrap(), 33, 100, None),
+        // unpadded int3-g64 rows: a ring stages them as stored and reorders them on the GPU
+        (Encoding::parse("int3-g64").unwrap(), 40, 256, None),
+        (
+            Encoding::parse("int3-g64").unwrap(),
+            70,
+            384,
+            Some(24 * 1024),
+        ),
         (Encoding::BF16, 300, 72, Some(16 * 1024)),
     ];
     for (enc, o, i, limit) in cases {
@@ -90,7 +99,7 @@ fn slots_written_staged_and_overwritten_compute_the_expert_they_hold() {
         let mut copies = Vec::new();
         let n = slab
             .stage_expert(
-                &gpu.queue,
+                &mut Stager::Queue(&gpu.queue),
                 2,
                 &[&a.data],
                 &[&a.scales],
@@ -104,7 +113,7 @@ fn slots_written_staged_and_overwritten_compute_the_expert_they_hold() {
             .unwrap();
         let (cd, cs) = pieces(&c, o / 2);
         slab.stage_expert(
-            &gpu.queue,
+            &mut Stager::Queue(&gpu.queue),
             1,
             &[&cd[0], &cd[1]],
             &[&cs[0], &cs[1]],
@@ -117,7 +126,7 @@ fn slots_written_staged_and_overwritten_compute_the_expert_they_hold() {
         // overwrite slot 2 (the slot a GEMV just read): the next dispatch sees the new expert
         let mut copies = Vec::new();
         slab.stage_expert(
-            &gpu.queue,
+            &mut Stager::Queue(&gpu.queue),
             2,
             &[&d.data],
             &[&d.scales],
@@ -133,6 +142,49 @@ fn slots_written_staged_and_overwritten_compute_the_expert_they_hold() {
             &mut rng,
             &format!("{what}, overwritten"),
         );
+        // the same through a ring of two staging buffers, one expert per batch, three batches
+        // (the third waits for the first buffer to come back): slots 0, 1, 2 get d, a, b
+        let mut ring = StagingRing::new(&gpu, 2, slab.slot_bytes() + 64 * 256);
+        for (slot, m) in [(0, &d), (1, &a), (2, &b)] {
+            ring.begin(&gpu).unwrap();
+            let mut copies = Vec::new();
+            slab.stage_expert(
+                &mut Stager::Ring(&mut ring),
+                slot,
+                &[&m.data],
+                &[&m.scales],
+                1 << 16,
+                &mut copies,
+            )
+            .unwrap();
+            run_staged(copies, 3);
+            let mut enc = gpu.device.create_command_encoder(&Default::default());
+            ring.finish(&gpu, &mut enc);
+            let idx = gpu.queue.submit([enc.finish()]);
+            ring.submitted(idx);
+        }
+        check(
+            &gpu,
+            &slab,
+            &[&d, &a, &b],
+            &mut rng,
+            &format!("{what}, through a staging ring"),
+        );
+        // a batch larger than the ring's buffer is an error
+        let mut tiny = StagingRing::new(&gpu, 1, 256);
+        tiny.begin(&gpu).unwrap();
+        let mut none = Vec::new();
+        assert!(slab
+            .stage_expert(
+                &mut Stager::Ring(&mut tiny),
+                0,
+                &[&a.data],
+                &[&a.scales],
+                1 << 20,
+                &mut none
+            )
+            .is_err());
+        drop(none);
         // wrong sizes and slots are errors, not panics or silent garbage
         let half = &a.data[..a.data.len() / 2];
         assert!(
@@ -147,7 +199,14 @@ fn slots_written_staged_and_overwritten_compute_the_expert_they_hold() {
         );
         let mut none = Vec::new();
         assert!(slab
-            .stage_expert(&gpu.queue, 0, &[half], &[&a.scales], 1 << 20, &mut none)
+            .stage_expert(
+                &mut Stager::Queue(&gpu.queue),
+                0,
+                &[half],
+                &[&a.scales],
+                1 << 20,
+                &mut none
+            )
             .is_err());
         assert!(none.is_empty());
     }

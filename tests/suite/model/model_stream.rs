@@ -576,3 +576,46 @@ fn usage_counts_on_a_dense_layer_are_skipped_not_fatal() {
     let ids = greedy_ids(&mut m, &c.prompt_ids, &r.eos, c.max_new_tokens);
     assert_eq!(ids, c.generated_ids);
 }
+
+/// The one-token steps, and the streamed parts a one-token step can have, are built with the
+/// model: after the prompt, a decode builds no pipeline (its first step would otherwise wait for
+/// the driver's compiler), resident (both the stepwise and the pipelined greedy decode) or
+/// streamed through one or two slots. A device of its own, so no other test's pipelines count.
+#[test]
+fn decoding_builds_no_pipeline() {
+    let g = crate::ops_util::gpu();
+    let ck = Checkpoint::open(&fixture("tiny-causal-f32")).unwrap();
+    let w = Weights::load(&ck).unwrap();
+    let prompt = [1, 2, 3, 4, 5];
+    for placement in [
+        Placement::Resident,
+        Placement::Slots(1),
+        Placement::Slots(2),
+    ] {
+        let mut m = GpuModel::new(&g, &w, placed(placement, None)).unwrap();
+        let mut id = m.forward_greedy(&prompt).unwrap();
+        let before = g.compiles.read();
+        for _ in 0..6 {
+            id = m.forward_greedy(&[id]).unwrap();
+        }
+        assert_eq!(
+            g.compiles.read().count,
+            before.count,
+            "{placement:?}: pipelines built by stepwise decode"
+        );
+        if m.can_stream_greedy() {
+            m.reset();
+            let mut at_first = None;
+            m.greedy_stream(&prompt, 8, &mut |_| {
+                at_first.get_or_insert(g.compiles.read().count);
+                Ok(true)
+            })
+            .unwrap();
+            assert_eq!(
+                Some(g.compiles.read().count),
+                at_first,
+                "{placement:?}: pipelines built by the pipelined greedy decode"
+            );
+        }
+    }
+}

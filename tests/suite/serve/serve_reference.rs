@@ -13,11 +13,41 @@ use serde_json::{json, Value};
 /// the same thinking and text.
 #[test]
 fn serve_reproduces_the_transformers_conversation_with_thinking() {
+    conversation_as_transformers(&[]);
+}
+
+/// [`serve_reproduces_the_transformers_conversation_with_thinking`] with the routed experts
+/// streamed through one and then two expert slots: the same ids, and `/health` says how
+/// streaming went (the usage file off: nothing is written into the fixture).
+#[test]
+fn serve_streaming_experts_reproduces_the_transformers_conversation() {
+    for slots in ["1", "2"] {
+        let server = conversation_as_transformers(&[
+            "--device",
+            "gpu",
+            "--expert-slots",
+            slots,
+            "--usage-file",
+            "off",
+        ]);
+        let h = server.health();
+        let x = &h["experts"];
+        assert_eq!(x["slots"].as_u64(), Some(slots.parse().unwrap()), "{h}");
+        assert!(x["misses"].as_u64().unwrap() > 0, "{h}");
+        assert!(x["bytes_read"].as_u64().unwrap() > 0, "{h}");
+    }
+    let server = Server::start(&[]);
+    let h = server.health();
+    assert_eq!(h["experts"], json!({"resident": true}), "{h}");
+}
+
+/// The reference conversation against a `serve` started with `args`; returns the server.
+fn conversation_as_transformers(args: &[&str]) -> Server {
     let g = chat_reference();
     let turns = g["serve"].as_array().unwrap();
     let max = g["max_tokens"].as_u64().unwrap();
     let msgs = g["messages"].as_array().unwrap();
-    let server = Server::start(&[]);
+    let server = Server::start(args);
     let mut history: Vec<Value> = Vec::new();
     for (n, (t, m)) in turns.iter().zip(msgs).enumerate() {
         history.push(json!({"role": "user", "content": m}));
@@ -100,6 +130,7 @@ fn serve_reproduces_the_transformers_conversation_with_thinking() {
         "streamed reasoning_content"
     );
     assert_eq!(text, turns[0]["text"].as_str().unwrap(), "streamed content");
+    server
 }
 
 /// `temperature`, `top_k`, `top_p` and `seed` of a completion request reach the sampler: for four

@@ -25,11 +25,18 @@ pub struct Server {
 }
 
 impl Server {
-    /// Start `serve --device cpu --port 0 EXTRA…` and return once it takes requests.
+    /// Start `serve --port 0 EXTRA…` (with `--device cpu` unless EXTRA names a device) and return
+    /// once it takes requests.
     pub fn start(extra: &[&str]) -> Server {
         let mut child = Command::new(BIN)
-            .args(["serve", "--device", "cpu", "--port", "0", "--model"])
+            .args(["serve", "--port", "0", "--model"])
             .arg(chat_model())
+            // the CPU unless `extra` names a device
+            .args(if extra.contains(&"--device") {
+                &[][..]
+            } else {
+                &["--device", "cpu"][..]
+            })
             .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -118,8 +125,8 @@ fn wait_loaded(
         }
         if line.contains("model loaded") {
             let n = line
-                .split(", ")
-                .nth(1)
+                .rsplit(", ")
+                .next()
                 .and_then(|s| s.strip_suffix(" tokens of context)"))
                 .and_then(|s| s.parse().ok())
                 .ok_or("no context length in the model-loaded line")?;

@@ -274,7 +274,8 @@ fn every_shader_translates_to_msl_hlsl_and_valid_spirv() {
     let dir = std::env::temp_dir().join(format!("inkling-shaders-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let written = inkling_wgpu::cli::shaders::write(&dir, None).unwrap();
-    // the count: registry × tunings × tiles for the GEMV, the op kernel lists, bench copy
+    // the count: registry × tunings × tiles for the GEMV, the op kernel lists, the int3-g64
+    // reorder, bench copy
     let gemv_n = written
         .iter()
         .filter(|w| w.0.key.starts_with("gemv:"))
@@ -287,11 +288,11 @@ fn every_shader_translates_to_msl_hlsl_and_valid_spirv() {
     assert_eq!(gemm_n, expected_gemm(), "GEMM variants");
     assert_eq!(
         written.len() - gemv_n - gemm_n,
-        EXPECTED_OPS + 1,
-        "op kernels + bench copy"
+        EXPECTED_OPS + 2,
+        "op kernels + the int3-g64 reorder + bench copy"
     );
     eprintln!(
-        "{} kernels: {gemv_n} GEMV, {gemm_n} GEMM, {} op, 1 bench copy",
+        "{} kernels: {gemv_n} GEMV, {gemm_n} GEMM, {} op, 1 int3-g64 reorder, 1 bench copy",
         written.len(),
         EXPECTED_OPS
     );
