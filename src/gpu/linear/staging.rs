@@ -302,7 +302,7 @@ impl StagingRing {
         offset: u64,
         bytes: u64,
     ) -> Result<(), DispatchError> {
-        if !self.open || offset % 4 != 0 || bytes % 24 != 0 {
+        if !self.open || !offset.is_multiple_of(4) || !bytes.is_multiple_of(24) {
             return Err(DispatchError::Shape(format!(
                 "an int3-g64 reorder of {bytes} bytes at {offset} outside a batch or groups"
             )));
