@@ -351,3 +351,34 @@ fn bench_prefill_json_rows_are_consistent() {
         assert!((ms - s * 1e3).abs() <= 0.05 + 1e-9, "TTFT ms {ms} vs {s} s");
     }
 }
+
+/// `bench stream` on the tiny fixture (24 routed experts): the resident row reads nothing, the
+/// one-slot row misses on every decode token and has an I/O bound; the rows' ids agree and the
+/// JSON says so; a slot count that is no count or percentage is refused naming the flag.
+#[test]
+fn bench_stream_rows_are_consistent() {
+    let fx = crate::model_common::fixture("tiny-causal-f32");
+    let m = fx.to_str().unwrap();
+    let o = ok(&[
+        "bench", "stream", "--model", m, "--slots", "100%,1", "--tokens", "4", "--json",
+    ]);
+    let v = json(&o);
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{v}");
+    assert_eq!(rows[0]["resident"], true, "{v}");
+    assert_eq!(rows[0]["misses_per_token"].as_f64(), Some(0.0), "{v}");
+    assert!(rows[0]["io_bound_tok_s"].is_null(), "{v}");
+    assert_eq!(
+        (rows[1]["slots"].as_u64(), rows[1]["resident"].as_bool()),
+        (Some(1), Some(false))
+    );
+    // one slot and top-2 routing: every decode token misses in every sparse layer
+    assert!(rows[1]["misses_per_token"].as_f64().unwrap() >= 1.0, "{v}");
+    assert!(rows[1]["io_bound_tok_s"].as_f64().unwrap() > 0.0, "{v}");
+    assert!(rows[1]["decode_tok_s"].as_f64().unwrap() > 0.0, "{v}");
+    assert_eq!(rows[1]["decode_pipelines_built"].as_u64(), Some(0), "{v}");
+    assert!(v["read_gbs"].as_f64().unwrap() > 0.0, "{v}");
+    assert_eq!(v["ids_identical"], true, "{v}");
+    let e = err(&["bench", "stream", "--model", m, "--slots", "0%"]);
+    assert!(e.contains("--slots") && e.contains("\"0%\""), "{e}");
+}
