@@ -67,7 +67,12 @@ def generation_config():
         _from_model_config=False,
         eos_token_id=EOS_IDS,
         pad_token_id=EOT,
-        do_sample=False,
+        # sampled by default, as a small chat model's card would say (greedy decoding of a model
+        # this small falls into loops); the references are greedy whatever this says
+        do_sample=True,
+        temperature=0.7,
+        top_k=40,
+        top_p=0.9,
         max_new_tokens=64,
         transformers_version=transformers.__version__,
     )

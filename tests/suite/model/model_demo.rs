@@ -206,6 +206,9 @@ fn readme_command(device: &str) {
             "Once upon a time",
             "--device",
             device,
+            // greedy, to compare with transformers (the model's generation_config.json samples)
+            "--temperature",
+            "0",
         ])
         .output()
         .unwrap();
