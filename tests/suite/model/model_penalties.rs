@@ -5,7 +5,7 @@
 use crate::model_common::{fixture, reference};
 use inkling_wgpu::model::generate::{generate, GenerateParams};
 use inkling_wgpu::model::sampling::{argmax, distribution, penalize, SamplingParams};
-use inkling_wgpu::model::{Checkpoint, CpuModel, Forward, Weights};
+use inkling_wgpu::model::{Checkpoint, CpuModel, Weights};
 
 const LOGITS: [f32; 8] = [1.5, -0.3, 0.7, 2.2, 0.7, -1.1, 0.0, 1.0];
 
