@@ -81,6 +81,8 @@ fn chat_page_streams_an_answer_in_headless_chromium() {
     assert_eq!(status, 200, "{want}");
     let content = want["choices"][0]["message"]["content"].as_str().unwrap();
     assert!(!content.trim().is_empty(), "{want}");
+    // WebDriver's element text writes line breaks as "\n"
+    let content = content.replace("\r\n", "\n").replace('\r', "\n");
     assert_eq!(v["answer"].as_str().unwrap().trim(), content.trim(), "{v} vs {want}");
     let stats = v["stats"].as_str().unwrap();
     let n = want["usage"]["completion_tokens"].as_u64().unwrap();
