@@ -54,7 +54,7 @@ DST = os.path.join(ROOT, "tests", "fixtures", "austen-demo")
 MAX_NEW = 48
 EOS_IDS = [EOT, END_SAMPLING]
 README_PROMPT = "Once upon a time"
-MIN_MARGIN = 0.02
+MIN_MARGIN = 0.01
 EOS_CONTEXT = 96  # prompt tokens of the EOS case  # smallest top-1 margin (logits) accepted along a reference continuation
 # teacher-forced rows kept per case: the first ones, both sides of the sliding window (64) and of
 # τ's floor (position 64, so row 63 is the last unscaled query), and the last ones
