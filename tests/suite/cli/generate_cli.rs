@@ -194,6 +194,8 @@ fn cli_eos_is_not_printed_and_sampling_is_seeded() {
         "--json",
         "--max-tokens",
         "3",
+        "--temperature",
+        "0",
     ]));
     assert_eq!(
         ids_of(&v["generated_ids"]),
@@ -294,7 +296,16 @@ fn sampling_without_a_seed_draws_one_and_prints_it() {
     let text = sampled(None, false);
     let stderr = String::from_utf8_lossy(&text.stderr);
     assert!(stderr.contains(" | seed "), "{stderr}");
-    let greedy = run(&["--prompt", "It is", "--device", "cpu", "--max-tokens", "4"]);
+    let greedy = run(&[
+        "--prompt",
+        "It is",
+        "--device",
+        "cpu",
+        "--max-tokens",
+        "4",
+        "--temperature",
+        "0",
+    ]);
     let stderr = String::from_utf8_lossy(&greedy.stderr);
     assert!(!stderr.contains("seed"), "{stderr}");
 }
