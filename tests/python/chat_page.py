@@ -3,7 +3,7 @@
 
     python chat_page.py http://127.0.0.1:PORT SCREENSHOT.png
 
-Loads the page, sets a system prompt, effort `none` and temperature 0, sends one message, waits for
+Loads the page, sets a system prompt, effort `none`, temperature 0 and 60 max tokens, sends one message, waits for
 the streamed answer and its stats line, checks the stop button is disabled again, saves a
 screenshot, and prints one JSON line: the answer text, the stats line, the model id shown. Chromium
 and its driver: `CHROMIUM` / `CHROMEDRIVER` when set, else Debian's /usr/bin/chromium and
@@ -23,6 +23,9 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 
 def main():
     url, shot = sys.argv[1], sys.argv[2]
+    # a third argument: the message to send with the page's default effort and temperature
+    # (how README's screenshot was taken)
+    message = sys.argv[3] if len(sys.argv) > 3 else None
     opts = webdriver.ChromeOptions()
     opts.binary_location = os.environ.get("CHROMIUM", "/usr/bin/chromium")
     for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1000,700"):
@@ -35,11 +38,17 @@ def main():
         assert driver.title == "inkling-wgpu chat", driver.title
         wait.until(lambda d: d.find_element(By.ID, "model").text != "")
         model = driver.find_element(By.ID, "model").text
-        driver.find_element(By.ID, "system").send_keys("You are terse.")
-        Select(driver.find_element(By.ID, "effort")).select_by_value("none")
-        driver.find_element(By.ID, "temperature").send_keys("0")
         box = driver.find_element(By.ID, "input")
-        box.send_keys("Hello there")
+        if message is None:
+            driver.find_element(By.ID, "system").send_keys("You are terse.")
+            Select(driver.find_element(By.ID, "effort")).select_by_value("none")
+            driver.find_element(By.ID, "temperature").send_keys("0")
+            max_tokens = driver.find_element(By.ID, "max_tokens")
+            max_tokens.clear()
+            max_tokens.send_keys("60")
+            box.send_keys("Hello there")
+        else:
+            box.send_keys(message)
         driver.find_element(By.ID, "send").click()
         # the stats line is written when the stream has ended
         wait.until(EC.text_to_be_present_in_element((By.CSS_SELECTOR, ".model .stats"), "]"))

@@ -1,7 +1,7 @@
 //! `serve`'s chat page (`/`) in a real browser: headless Chromium driven by Selenium
 //! (tests/python/chat_page.py) against `serve --device cpu` of the chat fixture on loopback. The
 //! page loads with no external resource, shows the model id, streams an answer to a message sent
-//! with a system prompt, effort `none` and temperature 0, and writes its stats line; the answer
+//! with a system prompt, effort `none`, temperature 0 and 60 max tokens, and writes its stats line; the answer
 //! equals the server's own non-streamed answer to the same request. The screenshot goes to
 //! `target/screenshots/chat-page.png` (CI keeps it as an artifact).
 //!
@@ -76,6 +76,7 @@ fn chat_page_streams_an_answer_in_headless_chromium() {
             ],
             "reasoning_effort": "none",
             "temperature": 0,
+            "max_tokens": 60,
         }),
     );
     assert_eq!(status, 200, "{want}");
