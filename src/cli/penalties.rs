@@ -53,7 +53,11 @@ mod tests {
     #[test]
     fn values() {
         assert_eq!(parse_min_p("0.05"), Ok(0.05));
-        assert!(parse_min_p("1.5").is_err() && parse_min_p("-0.1").is_err() && parse_min_p("nan").is_err());
+        assert!(
+            parse_min_p("1.5").is_err()
+                && parse_min_p("-0.1").is_err()
+                && parse_min_p("nan").is_err()
+        );
         assert_eq!(parse_repeat_penalty("1.1"), Ok(1.1));
         assert!(parse_repeat_penalty("0").is_err() && parse_repeat_penalty("inf").is_err());
     }

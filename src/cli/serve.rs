@@ -64,10 +64,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     // computes the same context from the checkpoint (`Shared::ctx`)
     args.model.context(&config)?;
     let generation = GenerationConfig::from_dir(&dir)?.unwrap_or_default();
-    let defaults = args.penalties.apply(sampling(&generation, None, None, None)?);
+    let defaults = args
+        .penalties
+        .apply(sampling(&generation, None, None, None)?);
     let model_id = args.model_id.clone().or_else(|| {
         // the bundled model's cache directory is named by its hash; its id is its own name
-        args.model.model.is_none().then(|| crate::bundled::NAME.to_string())
+        args.model
+            .model
+            .is_none()
+            .then(|| crate::bundled::NAME.to_string())
     });
     let model_id = model_id.unwrap_or_else(|| {
         let canon = dir.canonicalize().unwrap_or_else(|_| dir.clone());

@@ -526,7 +526,9 @@ fn finish(
         ("logprobs", &c.logprobs),
         ("top_logprobs", &c.top_logprobs),
     ] {
-        if v.as_ref().is_some_and(|v| !v.is_null() && *v != Value::Bool(false)) {
+        if v.as_ref()
+            .is_some_and(|v| !v.is_null() && *v != Value::Bool(false))
+        {
             return Err(ApiError::bad_request(
                 format!("{name} is not supported by this server"),
                 Some(name),
@@ -556,8 +558,11 @@ fn finish(
         None => Ok(default),
     };
     let presence_penalty = penalty(c.presence_penalty, "presence_penalty", d.presence_penalty)?;
-    let frequency_penalty =
-        penalty(c.frequency_penalty, "frequency_penalty", d.frequency_penalty)?;
+    let frequency_penalty = penalty(
+        c.frequency_penalty,
+        "frequency_penalty",
+        d.frequency_penalty,
+    )?;
     let stop = match c.stop {
         None => vec![],
         Some(Stop::One(s)) => vec![s],

@@ -133,11 +133,7 @@ pub fn router(state: Arc<AppState>, max_body: usize) -> Router {
 pub const PAGE: &str = include_str!("page.html");
 
 async fn page() -> Response {
-    (
-        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
-        PAGE,
-    )
-        .into_response()
+    ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], PAGE).into_response()
 }
 
 fn json_response(status: u16, v: &Value) -> Response {

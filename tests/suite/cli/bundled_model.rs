@@ -116,12 +116,20 @@ fn chat_and_serve_run_the_bundled_model_from_the_binary_alone() {
             .env_remove("CARGO_MANIFEST_DIR");
         c
     };
-    let mut chat = cmd(&["chat", "--device", "cpu", "--max-tokens", "12", "--seed", "1"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut chat = cmd(&[
+        "chat",
+        "--device",
+        "cpu",
+        "--max-tokens",
+        "12",
+        "--seed",
+        "1",
+    ])
+    .stdin(std::process::Stdio::piped())
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
     chat.stdin.take().unwrap().write_all(b"Hello\n").unwrap();
     let out = chat.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -130,7 +138,10 @@ fn chat_and_serve_run_the_bundled_model_from_the_binary_alone() {
         stderr.contains("[prompt ") && stderr.contains(" tok "),
         "no stats line: {stderr}"
     );
-    assert!(!String::from_utf8_lossy(&out.stdout).trim().is_empty(), "{stderr}");
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).trim().is_empty(),
+        "{stderr}"
+    );
 
     let mut serve = cmd(&["serve", "--device", "cpu", "--port", "0"])
         .stderr(std::process::Stdio::piped())

@@ -120,7 +120,16 @@ fn penalties_equal_the_reference() {
         ..Default::default()
     };
     penalize(&mut l, &history, 4, &p);
-    let want = [1.5 / 1.3, -0.3, 0.7 / 1.3, 2.2 / 1.3, 0.7, -1.1 * 1.3, 0.0, 1.0 / 1.3];
+    let want = [
+        1.5 / 1.3,
+        -0.3,
+        0.7 / 1.3,
+        2.2 / 1.3,
+        0.7,
+        -1.1 * 1.3,
+        0.0,
+        1.0 / 1.3,
+    ];
     for (g, w) in l.iter().zip(want) {
         assert!((*g as f64 - w).abs() < 1e-6, "{l:?}");
     }

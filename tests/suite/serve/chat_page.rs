@@ -84,11 +84,16 @@ fn chat_page_streams_an_answer_in_headless_chromium() {
     assert!(!content.trim().is_empty(), "{want}");
     // WebDriver's element text writes line breaks as "\n"
     let content = content.replace("\r\n", "\n").replace('\r', "\n");
-    assert_eq!(v["answer"].as_str().unwrap().trim(), content.trim(), "{v} vs {want}");
+    assert_eq!(
+        v["answer"].as_str().unwrap().trim(),
+        content.trim(),
+        "{v} vs {want}"
+    );
     let stats = v["stats"].as_str().unwrap();
     let n = want["usage"]["completion_tokens"].as_u64().unwrap();
     assert!(
-        stats.contains(&format!("| {n} tok")) && stats.contains(&format!("{} prompt tok", want["usage"]["prompt_tokens"])),
+        stats.contains(&format!("| {n} tok"))
+            && stats.contains(&format!("{} prompt tok", want["usage"]["prompt_tokens"])),
         "stats {stats:?} vs usage {}",
         want["usage"]
     );

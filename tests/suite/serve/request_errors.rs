@@ -262,7 +262,13 @@ fn penalties_are_taken_and_unimplemented_fields_refused_by_name() {
     );
     let s = p.chat(body.as_bytes()).unwrap().params.sampling;
     assert_eq!(
-        (s.presence_penalty, s.frequency_penalty, s.repeat_penalty, s.repeat_last_n, s.min_p),
+        (
+            s.presence_penalty,
+            s.frequency_penalty,
+            s.repeat_penalty,
+            s.repeat_last_n,
+            s.min_p
+        ),
         (0.5, -1.0, 1.2, 8, 0.1)
     );
     for (field, bad) in [
