@@ -13,6 +13,9 @@
 use anyhow::Context;
 use std::path::{Path, PathBuf};
 
+/// The bundled model's name (the last component of [`bundled_dir!`]; `serve`'s model id).
+pub const NAME: &str = "austen-demo";
+
 /// The bundled model's directory in the checkout, relative to the crate root.
 macro_rules! bundled_dir {
     () => {

@@ -23,7 +23,9 @@ The second turn's history differs by command:
     <|message_model|><|content_text|>CONTENT<|end_message|><|content_model_end_sampling|>.
 Answers are split as the parsers of §3.4 do: ids after <|content_thinking|> up to the next
 block marker are the thinking (OpenAI `reasoning_content`), ids after <|content_text|> the
-text (`content`); ids outside a block are not shown. Texts are the tokenizer's decode.
+text (`content`); ids outside any block (before the first kind token, or after a block's
+<|end_message|>, <|message_model|> or <|content_model_end_sampling|>) are text too, as the engine
+shows them (src/chat/parse.rs); other specials are skipped. Texts are the tokenizer's decode.
 
 The user messages were chosen (a search over short word strings, not part of this script)
 because the random tiny model's greedy answers open a thinking block and then a text block
@@ -97,15 +99,16 @@ def main():
         return ids, margin
 
     def split(ids):
-        thinking, text, cur = [], [], None
+        thinking, text = [], []
+        cur = text  # outside any block: shown as the answer
         for i in ids:
             if i == sp["content_thinking"]:
                 cur = thinking
-            elif i == sp["content_text"]:
+            elif i in (sp["content_text"], sp["end_message"], sp["message_model"], stop):
                 cur = text
             elif i in markers:
-                cur = None
-            elif cur is not None:
+                pass
+            else:
                 cur.append(i)
         return tok.decode(thinking, skip_special_tokens=False), tok.decode(
             text, skip_special_tokens=False

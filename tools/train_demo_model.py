@@ -121,9 +121,18 @@ def main():
     ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--eval-every", type=int, default=100)
+    ap.add_argument("--init", default=None,
+                    help="start from this checkpoint directory (from_pretrained) instead of random weights")
+    ap.add_argument("--keep-last", action="store_true",
+                    help="keep the last step's weights, not the best by validation loss (fine-tuning)")
+    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
+    ap.add_argument("--conv-frac", type=float, default=0.0,
+                    help="fraction of each batch's windows taken from conv_train.u16 (tools/austen_conversations.py)")
     args = ap.parse_args()
 
     torch.manual_seed(args.seed)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     if device.type == "cuda":
@@ -131,8 +140,16 @@ def main():
     files = {s: os.path.join(args.data, f"{s}.u16") for s in ("train", "valid", "test")}
     data = {s: load_ids(p) for s, p in files.items()}
     train = data["train"]
+    conv = None
+    if args.conv_frac > 0:
+        files["conv_train"] = os.path.join(args.data, "conv_train.u16")
+        conv = data["conv_train"] = load_ids(files["conv_train"])
 
-    model = build_model().to(device).train()
+    if args.init:
+        model = InklingForCausalLM.from_pretrained(args.init, dtype=torch.float32, attn_implementation="eager")
+    else:
+        model = build_model()
+    model = model.to(device).train()
     n_params = sum(p.numel() for p in model.parameters())
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "rel_logits_proj" not in n]
     no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "rel_logits_proj" not in n)]
@@ -185,8 +202,13 @@ def main():
             print(json.dumps(dict(steps_per_second=round(rate, 2), schedule_steps=sched["steps"])), flush=True)
         for grp in opt.param_groups:
             grp["lr"] = lr_at(step)
-        starts = torch.randint(0, len(train) - args.ctx - 1, (args.batch,), generator=g)
-        x = torch.stack([train[s : s + args.ctx + 1] for s in starts.tolist()]).to(device)
+        n_conv = int(round(args.batch * args.conv_frac))
+        starts = torch.randint(0, len(train) - args.ctx - 1, (args.batch - n_conv,), generator=g)
+        rows = [train[s : s + args.ctx + 1] for s in starts.tolist()]
+        if n_conv:
+            starts = torch.randint(0, len(conv) - args.ctx - 1, (n_conv,), generator=g)
+            rows += [conv[s : s + args.ctx + 1] for s in starts.tolist()]
+        x = torch.stack(rows).to(device)
         with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
             logits = model(input_ids=x[:, :-1], use_cache=False).logits
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
@@ -209,7 +231,7 @@ def main():
             if v < best[0]:
                 best = (v, {k: t.detach().cpu().clone() for k, t in model.state_dict().items()}, step)
     v = eval_loss(model, data["valid"], args.ctx, device, dtype)
-    if v < best[0]:
+    if v < best[0] or args.keep_last:
         best = (v, {k: t.detach().cpu().clone() for k, t in model.state_dict().items()}, step)
     model.load_state_dict(best[1])
     model = model.float().eval()
@@ -217,6 +239,8 @@ def main():
     log["best_step"] = best[2]
     log["valid_loss"] = eval_loss(model, data["valid"], args.ctx, device, torch.float32)
     log["test_loss"] = eval_loss(model, data["test"], args.ctx, device, torch.float32)
+    if os.path.exists(os.path.join(args.data, "conv_valid.u16")):
+        log["conv_valid_loss"] = eval_loss(model, load_ids(os.path.join(args.data, "conv_valid.u16")), args.ctx, device, torch.float32)
     log["seconds"] = round(time.time() - t0, 1)
     if args.tokenizer:
         from tokenizers import Tokenizer
@@ -228,7 +252,7 @@ def main():
             out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=60,
                                  do_sample=False, eos_token_id=[EOT, END_SAMPLING], pad_token_id=EOT)
             log["samples"][prompt] = tok.decode(out[0].tolist(), skip_special_tokens=False)
-    print(json.dumps({k: log.get(k) for k in ("steps", "best_step", "valid_loss", "test_loss", "seconds", "samples")}),
+    print(json.dumps({k: log.get(k) for k in ("steps", "best_step", "valid_loss", "test_loss", "conv_valid_loss", "seconds", "samples")}),
           flush=True)
     model = model.cpu()
     os.makedirs(args.out, exist_ok=True)

@@ -3,7 +3,10 @@
 //! `<|message_model|><|content_text|>…<|end_message|>`, …) and ends its turn with
 //! `<|content_model_end_sampling|>`. It may also start right at a kind token, or inside a text
 //! block when the prompt prefilled `<|content_text|>`. Each block's text is detokenised by its own
-//! UTF-8-safe stream; special tokens are never part of any text.
+//! UTF-8-safe stream; special tokens are never part of any text. Text the model writes outside
+//! any block (right after `<|message_model|>` or after a block's `<|end_message|>`, where a kind
+//! token should come) is not dropped: it is given as answer text, and [`OutputParser::strayed`]
+//! says so, for the caller's warning that the model does not follow the format.
 use super::specials::Specials;
 use crate::model::text::TextStream;
 use tokenizers::Tokenizer;
@@ -15,7 +18,7 @@ pub enum Block {
     Thinking,
     /// `<|content_text|>`: the answer.
     Text,
-    /// Anything else (tool-call JSON, block headers, text outside a block): not shown.
+    /// Anything else (tool-call JSON): not shown. Text outside any block comes as [`Block::Text`].
     Other,
 }
 
@@ -32,6 +35,10 @@ pub struct OutputParser<'t> {
     block: Block,
     stream: TextStream<'t>,
     ended: bool,
+    /// The open block is a tool call's JSON (`<|content_invoke_tool_json|>`).
+    tool: bool,
+    /// Text outside any block was seen (and given as answer text).
+    stray: bool,
 }
 
 impl<'t> OutputParser<'t> {
@@ -43,6 +50,8 @@ impl<'t> OutputParser<'t> {
             block: if in_text { Block::Text } else { Block::Other },
             stream: TextStream::new(tok),
             ended: false,
+            tool: false,
+            stray: false,
         }
     }
 
@@ -70,6 +79,7 @@ impl<'t> OutputParser<'t> {
         if id == sp.model_end_sampling {
             self.ended = true;
         }
+        self.tool = Some(id) == sp.invoke_tool_json;
         let tail = self.stream.finish()?;
         let piece = self.piece(tail);
         self.block = next;
@@ -84,16 +94,33 @@ impl<'t> OutputParser<'t> {
         Ok(self.piece(tail))
     }
 
+    /// The block the next ordinary token belongs to ([`Block::Other`] outside any block).
+    pub fn block(&self) -> Block {
+        self.block
+    }
+
+    /// Whether text outside any block was seen (given as [`Block::Text`]).
+    pub fn strayed(&self) -> bool {
+        self.stray
+    }
+
     /// Whether `<|content_model_end_sampling|>` was seen.
     pub fn ended(&self) -> bool {
         self.ended
     }
 
-    fn piece(&self, text: String) -> Option<Piece> {
-        (!text.is_empty()).then_some(Piece {
-            block: self.block,
-            text,
-        })
+    fn piece(&mut self, text: String) -> Option<Piece> {
+        if text.is_empty() {
+            return None;
+        }
+        let block = match self.block {
+            Block::Other if !self.tool => {
+                self.stray = true;
+                Block::Text
+            }
+            b => b,
+        };
+        Some(Piece { block, text })
     }
 }
 

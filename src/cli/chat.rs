@@ -47,6 +47,8 @@ pub struct Args {
     /// do_sample, else 1).
     #[arg(long, allow_negative_numbers = true, value_parser = super::values::parse_top_p)]
     pub top_p: Option<f32>,
+    #[command(flatten)]
+    pub penalties: super::penalties::PenaltyArgs,
     /// PRNG seed for sampling: turn n uses seed + n (default: a fresh random seed, shown in each
     /// turn's stats line when sampling).
     #[arg(long, allow_negative_numbers = true)]
@@ -155,7 +157,7 @@ pub fn read_input_line(r: &mut impl BufRead) -> std::io::Result<Option<Result<St
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let (tok, renderer) = open_tokenizer(&args.model.dir())?;
+    let (tok, renderer) = open_tokenizer(&args.model.dir()?)?;
     with_chat_model(&args.model, &tok, &renderer, |cm| chat(&args, cm))
 }
 
@@ -164,7 +166,12 @@ fn chat(args: &Args, cm: ChatModel<'_>) -> anyhow::Result<ExitCode> {
     let color = std::io::stdout().is_terminal();
     let r = cm.renderer;
     let sp = r.specials().clone();
-    let sampling = sampling(&cm.generation, args.temperature, args.top_k, args.top_p)?;
+    let sampling = args.penalties.apply(sampling(
+        &cm.generation,
+        args.temperature,
+        args.top_k,
+        args.top_p,
+    )?);
     let sampled = sampling.temperature > 0.0;
     let seed = args
         .seed
@@ -201,6 +208,10 @@ fn chat(args: &Args, cm: ChatModel<'_>) -> anyhow::Result<ExitCode> {
     let mut history = prefix.clone();
     let mut turn_no = 0u64;
     let stdout = std::io::stdout();
+    // the warning that the model writes outside the format, once per session
+    let mut warned = false;
+    // "thinking…" on a terminal while hidden thinking is generated (nothing when stderr is piped)
+    let spin = !args.show_thinking && std::io::stderr().is_terminal();
     while let Some(line) = input.next()? {
         let text = line.trim();
         match text {
@@ -251,6 +262,8 @@ fn chat(args: &Args, cm: ChatModel<'_>) -> anyhow::Result<ExitCode> {
         turn_no += 1;
         let mut parser = OutputParser::new(cm.tok, &sp, in_text);
         let mut shown = Shown::new(args.show_thinking, color);
+        let mut thinking_tokens = 0usize;
+        let mut spinner: Option<indicatif::ProgressBar> = None;
         interrupt.cancel.store(false, Ordering::SeqCst);
         interrupt.generating.store(true, Ordering::SeqCst);
         let streamed_before = session.model().stream_stats();
@@ -258,7 +271,25 @@ fn chat(args: &Args, cm: ChatModel<'_>) -> anyhow::Result<ExitCode> {
             if interrupt.cancel.load(Ordering::SeqCst) {
                 return Err(Halt::Cancelled.into());
             }
-            if let Some(piece) = parser.push(id)? {
+            let piece = parser.push(id)?;
+            if parser.block() == Block::Thinking && !sp.is_special(id) {
+                thinking_tokens += 1;
+            }
+            if spin {
+                match (parser.block() == Block::Thinking, &spinner) {
+                    (true, None) => {
+                        let pb = indicatif::ProgressBar::new_spinner().with_message("thinking…");
+                        pb.enable_steady_tick(std::time::Duration::from_millis(120));
+                        spinner = Some(pb);
+                    }
+                    (false, Some(pb)) => {
+                        pb.finish_and_clear();
+                        spinner = None;
+                    }
+                    _ => {}
+                }
+            }
+            if let Some(piece) = piece {
                 shown
                     .print(&mut stdout.lock(), piece.block, &piece.text)
                     .map_err(StdoutError)?;
@@ -266,6 +297,9 @@ fn chat(args: &Args, cm: ChatModel<'_>) -> anyhow::Result<ExitCode> {
             Ok(())
         });
         interrupt.generating.store(false, Ordering::SeqCst);
+        if let Some(pb) = spinner.take() {
+            pb.finish_and_clear();
+        }
         let turn = turn?;
         if let Some(piece) = parser.finish()? {
             shown
@@ -273,6 +307,13 @@ fn chat(args: &Args, cm: ChatModel<'_>) -> anyhow::Result<ExitCode> {
                 .map_err(StdoutError)?;
         }
         shown.end(&mut stdout.lock()).map_err(StdoutError)?;
+        if parser.strayed() && !warned {
+            errln!(
+                "warning: the model wrote text outside any content block (it does not follow \
+                 Inkling's chat format); that text is shown as the answer"
+            );
+            warned = true;
+        }
         history = prompt;
         history.extend_from_slice(&turn.generated_ids);
         let close = r.close_model_turn(&history);
@@ -289,7 +330,7 @@ fn chat(args: &Args, cm: ChatModel<'_>) -> anyhow::Result<ExitCode> {
             _ => String::new(),
         };
         errln!(
-            "[prompt {} tok ({} reused) {:.1} tok/s | {} tok {:.1} tok/s | {finish} | context {}/{}{experts}{}]",
+            "[prompt {} tok ({} reused) {:.1} tok/s | {} tok {:.1} tok/s{} | {finish} | context {}/{}{experts}{}]",
             s.prompt_tokens,
             turn.reused,
             if s.prefill_s > 0.0 {
@@ -299,6 +340,11 @@ fn chat(args: &Args, cm: ChatModel<'_>) -> anyhow::Result<ExitCode> {
             },
             s.generated_tokens,
             s.decode_tok_s,
+            if thinking_tokens > 0 {
+                format!(" ({thinking_tokens} thinking)")
+            } else {
+                String::new()
+            },
             history.len(),
             cm.ctx,
             if sampled {

@@ -42,6 +42,8 @@ pub struct Args {
     /// do_sample, else 1).
     #[arg(long, allow_negative_numbers = true, value_parser = super::values::parse_top_p)]
     pub top_p: Option<f32>,
+    #[command(flatten)]
+    pub penalties: super::penalties::PenaltyArgs,
     /// PRNG seed for sampling (default: a fresh random seed each run, printed in the stats line and
     /// `stats.seed` of `--json`).
     #[arg(long, allow_negative_numbers = true)]
@@ -158,7 +160,12 @@ fn generate_params(
 ) -> anyhow::Result<GenerateParams> {
     let gen_cfg = ck.generation.clone().unwrap_or_default();
     let eos = eos_ids(ck, tok);
-    let sampling = sampling(&gen_cfg, args.temperature, args.top_k, args.top_p)?;
+    let sampling = args.penalties.apply(sampling(
+        &gen_cfg,
+        args.temperature,
+        args.top_k,
+        args.top_p,
+    )?);
     if sampling.temperature == 0.0 {
         warn_greedy_flags(args);
     }

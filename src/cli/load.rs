@@ -111,8 +111,13 @@ pub struct ModelArgs {
 }
 
 impl ModelArgs {
-    pub fn dir(&self) -> PathBuf {
-        self.model.clone().unwrap_or_else(crate::bundled_model_dir)
+    /// `--model`, else the bundled model written to its cache directory
+    /// ([`crate::bundled::materialize`]; errors say where it could not be written).
+    pub fn dir(&self) -> anyhow::Result<PathBuf> {
+        match &self.model {
+            Some(d) => Ok(d.clone()),
+            None => crate::bundled::materialize(),
+        }
     }
 
     /// The context of a run on a model with `config` ([`context_length`]).
@@ -161,7 +166,7 @@ pub fn with_chat_model<R>(
     renderer: &Renderer,
     f: impl FnOnce(ChatModel<'_>) -> anyhow::Result<R>,
 ) -> anyhow::Result<R> {
-    let dir = args.dir();
+    let dir = args.dir()?;
     let ck = Checkpoint::open(&dir)?;
     let ctx = args.context(&ck.config)?;
     let weights = Weights::load(&ck)?;
@@ -257,6 +262,7 @@ pub fn sampling(
         temperature: t,
         top_k: k,
         top_p: p,
+        ..Default::default()
     })
 }
 
@@ -285,6 +291,7 @@ mod tests {
             temperature: t,
             top_k: k,
             top_p: p,
+            ..Default::default()
         }
     }
 

@@ -16,6 +16,7 @@ pub mod generate;
 pub mod info;
 pub mod load;
 pub mod output;
+pub mod penalties;
 pub mod perplexity;
 pub mod placement;
 pub mod prompt;

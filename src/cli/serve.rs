@@ -45,24 +45,36 @@ pub struct Args {
     #[arg(long, default_value_t = crate::serve::timeout::DEFAULT_HEAD_TIMEOUT.as_millis() as u64,
           value_parser = super::values::parse_positive)]
     pub header_timeout_ms: u64,
-    /// Model id in the API (default: the model directory's name).
+    /// Model id in the API (default: the model directory's name; `austen-demo` for the bundled model).
     #[arg(long)]
     pub model_id: Option<String>,
+    /// Defaults of requests that set no `min_p`, `repetition_penalty` or `repeat_last_n`.
+    #[command(flatten)]
+    pub penalties: super::penalties::PenaltyArgs,
 }
 
 /// Threads that parse and tokenise requests at the same time (tokio's blocking pool).
 const PARSE_THREADS: usize = 4;
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let dir = args.model.dir();
+    let dir = args.model.dir()?;
     let (tok, renderer) = open_tokenizer(&dir)?;
     let config = TextConfig::from_dir(&dir)?;
     // a --ctx past the model's is refused (exit 2) before the model loads; the engine thread
     // computes the same context from the checkpoint (`Shared::ctx`)
     args.model.context(&config)?;
     let generation = GenerationConfig::from_dir(&dir)?.unwrap_or_default();
-    let defaults = sampling(&generation, None, None, None)?;
-    let model_id = args.model_id.clone().unwrap_or_else(|| {
+    let defaults = args
+        .penalties
+        .apply(sampling(&generation, None, None, None)?);
+    let model_id = args.model_id.clone().or_else(|| {
+        // the bundled model's cache directory is named by its hash; its id is its own name
+        args.model
+            .model
+            .is_none()
+            .then(|| crate::bundled::NAME.to_string())
+    });
+    let model_id = model_id.unwrap_or_else(|| {
         let canon = dir.canonicalize().unwrap_or_else(|_| dir.clone());
         canon
             .file_name()

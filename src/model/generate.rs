@@ -1,6 +1,6 @@
 //! The decode loop shared by the CLI and the tests: prefill, then one token at a time, stopping on
 //! any EOS id or at `max_new_tokens`.
-use super::sampling::{sample, Rng, SamplingParams};
+use super::sampling::{argmax, penalize, sample, Rng, SamplingParams};
 use super::Forward;
 use std::time::Instant;
 
@@ -106,7 +106,8 @@ pub fn generate_continue(
     // its pipelined path when it has one (the GPU: one step in flight, no host round trip between
     // steps).
     let greedy = params.sampling.temperature <= 0.0;
-    if greedy {
+    let penalties = params.sampling.has_penalties();
+    if greedy && !penalties {
         let t0 = Instant::now();
         let mut finish = FinishReason::Length;
         let mut t_first = None;
@@ -133,7 +134,25 @@ pub fn generate_continue(
             return Ok(finish_output(out, finish, stats, t_first));
         }
     }
+    // the ids the penalties look at: this call's prompt, then the generated ones
+    let mut history: Vec<u32> = if penalties { prompt.to_vec() } else { vec![] };
+    let (mut generated, mut first) = (0usize, true);
     let mut next = |model: &mut dyn Forward, tokens: &[u32]| -> anyhow::Result<u32> {
+        if penalties {
+            // after the prompt, `tokens` is the id generated last
+            if !first {
+                history.extend_from_slice(tokens);
+                generated += tokens.len();
+            }
+            first = false;
+            let mut logits = model.forward(tokens)?;
+            penalize(&mut logits, &history, generated, &params.sampling);
+            return Ok(if greedy {
+                argmax(&logits)
+            } else {
+                sample(&logits, &params.sampling, &mut rng)
+            });
+        }
         if greedy {
             model.forward_greedy(tokens)
         } else {

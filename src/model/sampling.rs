@@ -1,5 +1,7 @@
-//! Token choice: greedy argmax or temperature / top-k / top-p sampling with a seeded PRNG
-//! (splitmix64-seeded xoshiro256**; no external crate, reproducible across platforms).
+//! Token choice: greedy argmax or temperature / top-k / top-p / min-p sampling with a seeded PRNG
+//! (splitmix64-seeded xoshiro256**; no external crate, reproducible across platforms), after the
+//! optional penalties on the logits ([`penalize`]: llama.cpp's repeat penalty, OpenAI's presence
+//! and frequency penalties).
 
 /// One step of splitmix64 (Steele, Lea and Flood 2014): advances `state` and returns the next
 /// value. Also the engine's generator of reproducible test and benchmark data.
@@ -45,13 +47,32 @@ impl Rng {
     }
 }
 
-/// Sampling settings. `temperature <= 0` means greedy; `top_k == 0` and `top_p >= 1` disable those.
+/// Sampling settings. `temperature <= 0` means greedy; `top_k == 0`, `top_p >= 1`, `min_p <= 0`,
+/// `repeat_penalty == 1` (or `repeat_last_n == 0`) and zero presence/frequency penalties disable
+/// those.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SamplingParams {
     pub temperature: f32,
     pub top_k: usize,
     pub top_p: f32,
+    /// Keep only tokens whose probability is at least `min_p` × the most likely one's
+    /// (transformers' `MinPLogitsWarper`, llama.cpp `--min-p`), in [0, 1].
+    pub min_p: f32,
+    /// llama.cpp's repeat penalty (> 0): each distinct token among the last `repeat_last_n` ids
+    /// (prompt and generated) has its logit divided by it when positive, multiplied when not.
+    pub repeat_penalty: f32,
+    /// How many of the latest ids the repeat penalty looks at (0 = off; llama.cpp's default 64).
+    pub repeat_last_n: usize,
+    /// OpenAI's `presence_penalty`: subtracted once from the logit of every token generated so far
+    /// (in [-2, 2]).
+    pub presence_penalty: f32,
+    /// OpenAI's `frequency_penalty`: subtracted from a token's logit once per time it was
+    /// generated so far (in [-2, 2]).
+    pub frequency_penalty: f32,
 }
+
+/// llama.cpp's default window of the repeat penalty.
+pub const REPEAT_LAST_N: usize = 64;
 
 impl Default for SamplingParams {
     fn default() -> Self {
@@ -59,6 +80,58 @@ impl Default for SamplingParams {
             temperature: 0.0,
             top_k: 0,
             top_p: 1.0,
+            min_p: 0.0,
+            repeat_penalty: 1.0,
+            repeat_last_n: REPEAT_LAST_N,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Whether [`penalize`] changes any logit (then the engine needs the whole logit row).
+    pub fn has_penalties(&self) -> bool {
+        (self.repeat_penalty != 1.0 && self.repeat_last_n > 0)
+            || self.presence_penalty != 0.0
+            || self.frequency_penalty != 0.0
+    }
+}
+
+/// The penalties of `p` applied to one row of logits. `history` is every id the model has seen in
+/// this run (prompt, then generated), the last `generated` of which it generated itself.
+/// - repeat penalty (llama.cpp `llama_sampler_penalties`): each distinct id among the last
+///   `repeat_last_n` of `history`: `l / r` when `l > 0`, else `l · r`;
+/// - presence and frequency (OpenAI; llama.cpp's same-named penalties over its window): for each id
+///   generated `c > 0` times, `l − c · frequency − presence`.
+///
+/// Ids past the row are ignored.
+pub fn penalize(logits: &mut [f32], history: &[u32], generated: usize, p: &SamplingParams) {
+    use std::collections::HashMap;
+    if p.repeat_penalty != 1.0 && p.repeat_last_n > 0 {
+        let window = &history[history.len().saturating_sub(p.repeat_last_n)..];
+        let mut seen = std::collections::HashSet::new();
+        for &id in window {
+            if let Some(l) = logits.get_mut(id as usize) {
+                if seen.insert(id) {
+                    *l = if *l > 0.0 {
+                        *l / p.repeat_penalty
+                    } else {
+                        *l * p.repeat_penalty
+                    };
+                }
+            }
+        }
+    }
+    if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
+        let mut counts: HashMap<u32, u32> = HashMap::new();
+        for &id in &history[history.len().saturating_sub(generated)..] {
+            *counts.entry(id).or_default() += 1;
+        }
+        for (id, c) in counts {
+            if let Some(l) = logits.get_mut(id as usize) {
+                *l -= c as f32 * p.frequency_penalty + p.presence_penalty;
+            }
         }
     }
 }
@@ -76,7 +149,8 @@ pub fn argmax(logits: &[f32]) -> u32 {
 
 /// The candidates [`sample`] draws from and their probabilities, in draw order (logit
 /// descending, ties by index; NaN dropped): top-k first, then the softmax at `temperature`, then
-/// the smallest prefix whose mass reaches `top_p` (at least one token), renormalised. Greedy
+/// the smallest prefix whose mass reaches `top_p` (at least one token), renormalised, then those
+/// whose probability is at least `min_p` × the first's, renormalised. Greedy
 /// settings (`temperature <= 0`, or one logit) give the argmax with probability 1.
 pub fn distribution(logits: &[f32], p: &SamplingParams) -> Vec<(u32, f64)> {
     if p.temperature <= 0.0 || logits.len() <= 1 {
@@ -109,6 +183,15 @@ pub fn distribution(logits: &[f32], p: &SamplingParams) -> Vec<(u32, f64)> {
                 break;
             }
         }
+        idx.truncate(keep);
+        probs.truncate(keep);
+        let s: f64 = probs.iter().sum();
+        probs.iter_mut().for_each(|x| *x /= s);
+    }
+    if p.min_p > 0.0 {
+        // probabilities are in descending order: the kept ones are a prefix
+        let floor = p.min_p as f64 * probs[0];
+        let keep = probs.iter().take_while(|&&q| q >= floor).count().max(1);
         idx.truncate(keep);
         probs.truncate(keep);
         let s: f64 = probs.iter().sum();

@@ -100,6 +100,19 @@ struct Common {
     temperature: Option<f64>,
     top_p: Option<f64>,
     top_k: Option<u64>,
+    /// vLLM's extension: min-p sampling in [0, 1].
+    min_p: Option<f64>,
+    /// vLLM's (transformers') repetition penalty > 0, over the last `repeat_last_n` ids.
+    repetition_penalty: Option<f64>,
+    /// llama.cpp server's window of the repetition penalty.
+    repeat_last_n: Option<u64>,
+    /// OpenAI's, in [-2, 2], over the tokens generated so far.
+    presence_penalty: Option<f64>,
+    frequency_penalty: Option<f64>,
+    /// Not implemented: refused when set (never ignored).
+    logit_bias: Option<Value>,
+    logprobs: Option<Value>,
+    top_logprobs: Option<Value>,
     seed: Option<u64>,
     stop: Option<Stop>,
     #[serde(default)]
@@ -508,6 +521,48 @@ fn finish(
             Some("top_p"),
         ));
     }
+    for (name, v) in [
+        ("logit_bias", &c.logit_bias),
+        ("logprobs", &c.logprobs),
+        ("top_logprobs", &c.top_logprobs),
+    ] {
+        if v.as_ref()
+            .is_some_and(|v| !v.is_null() && *v != Value::Bool(false))
+        {
+            return Err(ApiError::bad_request(
+                format!("{name} is not supported by this server"),
+                Some(name),
+            ));
+        }
+    }
+    let min_p = c.min_p.unwrap_or(d.min_p as f64);
+    if !(0.0..=1.0).contains(&min_p) {
+        return Err(ApiError::bad_request(
+            format!("min_p must be in [0, 1], got {min_p}"),
+            Some("min_p"),
+        ));
+    }
+    let repetition_penalty = c.repetition_penalty.unwrap_or(d.repeat_penalty as f64);
+    if !(repetition_penalty.is_finite() && repetition_penalty > 0.0) {
+        return Err(ApiError::bad_request(
+            format!("repetition_penalty must be a finite number > 0 (1 = off), got {repetition_penalty}"),
+            Some("repetition_penalty"),
+        ));
+    }
+    let penalty = |v: Option<f64>, name: &'static str, default: f32| match v {
+        Some(x) if !(-2.0..=2.0).contains(&x) => Err(ApiError::bad_request(
+            format!("{name} must be in [-2, 2], got {x}"),
+            Some(name),
+        )),
+        Some(x) => Ok(x as f32),
+        None => Ok(default),
+    };
+    let presence_penalty = penalty(c.presence_penalty, "presence_penalty", d.presence_penalty)?;
+    let frequency_penalty = penalty(
+        c.frequency_penalty,
+        "frequency_penalty",
+        d.frequency_penalty,
+    )?;
     let stop = match c.stop {
         None => vec![],
         Some(Stop::One(s)) => vec![s],
@@ -577,6 +632,13 @@ fn finish(
                 temperature: temperature as f32,
                 top_k: c.top_k.map_or(d.top_k, |k| k as usize),
                 top_p: top_p as f32,
+                min_p: min_p as f32,
+                repeat_penalty: repetition_penalty as f32,
+                repeat_last_n: c
+                    .repeat_last_n
+                    .map_or(d.repeat_last_n, |n| n.min(usize::MAX as u64) as usize),
+                presence_penalty,
+                frequency_penalty,
             },
             // without a seed, each request samples differently (as OpenAI's API does)
             seed: c.seed.unwrap_or_else(crate::model::sampling::random_seed),

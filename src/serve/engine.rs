@@ -175,6 +175,15 @@ fn run_job(
     if turn.finish != Finish::Halted(Halt::Stop) {
         out.finish()?;
     }
+    if out.parser.as_ref().is_some_and(|p| p.strayed()) {
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        WARNED.call_once(|| {
+            eprintln!(
+                "inkling-wgpu serve: warning: the model wrote text outside any content block (it \
+                 does not follow Inkling's chat format); that text is sent as the answer's content"
+            )
+        });
+    }
     Ok(Some(Event::Done {
         finish,
         prompt_tokens: job.prompt.len(),

@@ -118,6 +118,7 @@ fn shutting_down() -> ApiError {
 /// The application: routes, body limit (`max_body` bytes), state.
 pub fn router(state: Arc<AppState>, max_body: usize) -> Router {
     Router::new()
+        .route("/", get(page))
         .route("/health", get(health))
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat))
@@ -126,6 +127,13 @@ pub fn router(state: Arc<AppState>, max_body: usize) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(state)
+}
+
+/// The chat page (`src/serve/page.html`, one self-contained file: no external resources).
+pub const PAGE: &str = include_str!("page.html");
+
+async fn page() -> Response {
+    ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], PAGE).into_response()
 }
 
 fn json_response(status: u16, v: &Value) -> Response {

@@ -2,7 +2,7 @@
 //! `tests/fixtures/tiny-chat-f32/chat_reference.json` (transformers 5.24.0 on prompt ids rendered
 //! from the TMLv0 grammar by `tools/chat_reference.py`), typed into `chat` through stdin.
 use crate::chat_common::{chat_model, chat_reference, json_ids};
-use inkling_wgpu::chat::parse::split_turn;
+use inkling_wgpu::chat::parse::{split_turn, Block, OutputParser, Piece};
 use std::io::Write;
 use std::process::{Command, Stdio};
 
@@ -55,13 +55,29 @@ fn chat_reproduces_the_transformers_conversation_with_thinking() {
         assert_eq!(text, t["text"].as_str().unwrap(), "turn {n} text");
     }
 
+    // what `chat --show-thinking` prints, in the order the blocks come (text outside any block
+    // is answer text, possibly before a thinking block), for the reference's ids
     let mut want = String::new();
     for t in turns {
-        let thinking = t["thinking"].as_str().unwrap();
-        if !thinking.is_empty() {
-            want.push_str(&format!("[thinking]\n{thinking}\n[/thinking]\n"));
+        let mut p = OutputParser::new(&tok, r.specials(), false);
+        let mut in_thinking = false;
+        let mut pieces: Vec<Piece> = Vec::new();
+        for id in json_ids(&t["generated_ids"]) {
+            pieces.extend(p.push(id).unwrap());
         }
-        want.push_str(t["text"].as_str().unwrap());
+        pieces.extend(p.finish().unwrap());
+        for pc in pieces {
+            match (pc.block, in_thinking) {
+                (Block::Thinking, false) => want.push_str("[thinking]\n"),
+                (Block::Text, true) => want.push_str("\n[/thinking]\n"),
+                _ => {}
+            }
+            in_thinking = pc.block == Block::Thinking;
+            want.push_str(&pc.text);
+        }
+        if in_thinking {
+            want.push_str("\n[/thinking]\n");
+        }
         want.push('\n');
     }
     // resident on the CPU and the GPU, and streamed through one and two expert slots (the usage

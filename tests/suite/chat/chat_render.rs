@@ -226,3 +226,41 @@ fn tokenizers_without_the_specials_or_with_other_ids_are_refused() {
         "{e}"
     );
 }
+
+/// Text outside any block (after `<|message_model|>` with no kind token, or after a block's
+/// `<|end_message|>`) is the answer, never dropped, and the parser says it strayed; a tool call's
+/// JSON is not answer text; a well-formed turn never strays.
+#[test]
+fn parser_gives_text_outside_blocks_as_the_answer() {
+    let (tok, r) = o200k_inkling();
+    let sp = r.specials();
+    let e = |s: &str| r.encode_text(s).unwrap();
+    let mut out = e("Loose words.");
+    out.extend([sp.message_model, sp.content_text]);
+    out.extend(e(" Inside."));
+    out.push(sp.end_message);
+    out.extend(e(" After."));
+    let (thinking, answer) = split_turn(tok, sp, false, &out).unwrap();
+    assert_eq!(thinking, "");
+    assert_eq!(answer, "Loose words. Inside. After.");
+    let mut p = OutputParser::new(tok, sp, false);
+    for &id in &out {
+        p.push(id).unwrap();
+    }
+    p.finish().unwrap();
+    assert!(p.strayed());
+    let mut ok = vec![sp.content_text];
+    ok.extend(e("Fine."));
+    ok.extend([sp.end_message, sp.model_end_sampling]);
+    let mut p = OutputParser::new(tok, sp, false);
+    for &id in &ok {
+        p.push(id).unwrap();
+    }
+    assert!(!p.strayed());
+    if let Some(tool) = sp.invoke_tool_json {
+        let mut call = vec![tool];
+        call.extend(e("{\"name\":\"f\"}"));
+        call.push(sp.end_message);
+        assert_eq!(split_turn(tok, sp, false, &call).unwrap().1, "");
+    }
+}

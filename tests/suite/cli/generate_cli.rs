@@ -104,11 +104,14 @@ fn cli_text_prompt_streams_and_prints_stats() {
     let r = reference("austen-demo");
     let c = &r.cases[2];
     let max = c.max_new_tokens.to_string();
+    // greedy: the bundled model's generation_config.json samples
     let out = run(&[
         "--prompt",
         "Once upon a time",
         "--device",
         "cpu",
+        "--temperature",
+        "0",
         "--max-tokens",
         &max,
     ]);
@@ -136,7 +139,15 @@ fn cli_eos_is_not_printed_and_sampling_is_seeded() {
     let c = &r.cases[0];
     assert_eq!(c.finish_reason, "eos");
     let ids = ids_arg(&c.prompt_ids);
-    let v = json_of(&run(&["--prompt-ids", &ids, "--device", "cpu", "--json"]));
+    let v = json_of(&run(&[
+        "--prompt-ids",
+        &ids,
+        "--device",
+        "cpu",
+        "--json",
+        "--temperature",
+        "0",
+    ]));
     let tok = inkling_wgpu::model::text::load_tokenizer(&inkling_wgpu::bundled_model_dir())
         .unwrap()
         .unwrap();
@@ -183,6 +194,8 @@ fn cli_eos_is_not_printed_and_sampling_is_seeded() {
         "--json",
         "--max-tokens",
         "3",
+        "--temperature",
+        "0",
     ]));
     assert_eq!(
         ids_of(&v["generated_ids"]),
@@ -216,7 +229,16 @@ fn cli_errors_are_clear() {
 #[test]
 fn gpu_device_generates_the_cpu_and_transformers_tokens() {
     let both = |model: Option<&str>, ids: &str, max: &str| {
-        let mut args = vec!["--prompt-ids", ids, "--json", "--max-tokens", max];
+        // greedy (the bundled model's generation_config.json samples)
+        let mut args = vec![
+            "--prompt-ids",
+            ids,
+            "--json",
+            "--max-tokens",
+            max,
+            "--temperature",
+            "0",
+        ];
         if let Some(m) = model {
             args.extend(["--model", m]);
         }
@@ -274,7 +296,16 @@ fn sampling_without_a_seed_draws_one_and_prints_it() {
     let text = sampled(None, false);
     let stderr = String::from_utf8_lossy(&text.stderr);
     assert!(stderr.contains(" | seed "), "{stderr}");
-    let greedy = run(&["--prompt", "It is", "--device", "cpu", "--max-tokens", "4"]);
+    let greedy = run(&[
+        "--prompt",
+        "It is",
+        "--device",
+        "cpu",
+        "--max-tokens",
+        "4",
+        "--temperature",
+        "0",
+    ]);
     let stderr = String::from_utf8_lossy(&greedy.stderr);
     assert!(!stderr.contains("seed"), "{stderr}");
 }
@@ -360,6 +391,7 @@ fn sampling_flags_reach_the_sampler() {
                 temperature: t,
                 top_k: k,
                 top_p: p,
+                ..Default::default()
             };
             let want = library_sampled(name, &c.prompt_ids, sp, seed, 8);
             assert_eq!(

@@ -14,6 +14,7 @@ pub mod model_gpu_fused;
 pub mod model_gpu_pairs;
 pub mod model_gpu_reference;
 pub mod model_non_finite;
+pub mod model_penalties;
 pub mod model_sampling;
 pub mod model_stream;
 pub mod tokenizer_o200k;

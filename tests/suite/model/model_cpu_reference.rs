@@ -192,6 +192,7 @@ fn seeded_sampling_is_reproducible() {
                 temperature: 1.5,
                 top_k: 50,
                 top_p: 0.95,
+                ..Default::default()
             },
             seed,
             eos_ids: vec![],

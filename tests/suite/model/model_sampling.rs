@@ -39,6 +39,7 @@ fn params((temperature, top_k, top_p): (f32, usize, f32)) -> SamplingParams {
         temperature,
         top_k,
         top_p,
+        ..Default::default()
     }
 }
 

@@ -2,6 +2,9 @@
 //! (context-length errors, graceful shutdown), its request parser on hostile bodies (named
 //! errors, fuzzing), and the server under hostile clients.
 
+// Linux only: Debian's chromium and chromium-driver (.ci/run installs them)
+#[cfg(target_os = "linux")]
+pub mod chat_page;
 #[cfg(unix)]
 pub mod context;
 #[cfg(unix)]

@@ -250,3 +250,40 @@ fn conflicting_limits_and_empty_stops_are_refused_by_name() {
         .unwrap()
         .contains("empty"));
 }
+
+/// The penalties and min-p reach the sampling settings; out-of-range values and the fields the
+/// server does not implement (`logit_bias`, `logprobs`, `top_logprobs`) are refused by name,
+/// never ignored.
+#[test]
+fn penalties_are_taken_and_unimplemented_fields_refused_by_name() {
+    let p = Parser::new();
+    let body = format!(
+        r#"{{"messages":[{USER}],"presence_penalty":0.5,"frequency_penalty":-1,"repetition_penalty":1.2,"repeat_last_n":8,"min_p":0.1}}"#
+    );
+    let s = p.chat(body.as_bytes()).unwrap().params.sampling;
+    assert_eq!(
+        (
+            s.presence_penalty,
+            s.frequency_penalty,
+            s.repeat_penalty,
+            s.repeat_last_n,
+            s.min_p
+        ),
+        (0.5, -1.0, 1.2, 8, 0.1)
+    );
+    for (field, bad) in [
+        ("presence_penalty", "2.5"),
+        ("frequency_penalty", "-3"),
+        ("repetition_penalty", "0"),
+        ("min_p", "1.5"),
+        ("logit_bias", r#"{"5":10}"#),
+        ("logprobs", "true"),
+        ("top_logprobs", "2"),
+    ] {
+        let body = format!(r#"{{"messages":[{USER}],"{field}":{bad}}}"#);
+        refused(p.chat(body.as_bytes()), Some(field), &body);
+    }
+    // null and false are "not asked"
+    let body = format!(r#"{{"messages":[{USER}],"logprobs":false,"logit_bias":null}}"#);
+    assert!(p.chat(body.as_bytes()).is_ok(), "{body}");
+}

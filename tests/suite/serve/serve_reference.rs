@@ -167,6 +167,7 @@ fn serve_sampling_fields_reach_the_sampler() {
                     temperature: t,
                     top_k: k,
                     top_p: p,
+                    ..Default::default()
                 },
                 seed,
                 eos_ids: stop.clone(),
