@@ -11,7 +11,7 @@
 //! * reached = decode tok/s ÷ I/O bound.
 //!
 //! With `--cold` every row starts with the container's pages dropped
-//! ([`crate::model::weights::Shard::drop_cached_pages`]). Two checks end the table: every row's
+//! ([`crate::model::page_cache::drop_cached_pages`]). Two checks end the table: every row's
 //! ids equal the first row's (streaming is exact), and more slots never decode slower than
 //! fewer.
 use super::context::{ensure_arg, BadArgument};
@@ -165,9 +165,9 @@ fn read_gbs(
 fn drop_pages(ck: &Checkpoint) -> anyhow::Result<Option<f64>> {
     let (mut cached, mut total) = (0.0, 0.0);
     for s in &ck.shards {
-        s.drop_cached_pages().context("--cold")?;
+        crate::model::page_cache::drop_cached_pages(s).context("--cold")?;
         let len = std::fs::metadata(&s.path).map_or(0, |m| m.len()) as f64;
-        match s.cached_fraction() {
+        match crate::model::page_cache::cached_fraction(s) {
             Some(f) => cached += f * len,
             None => return Ok(None),
         }

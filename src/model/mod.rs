@@ -23,6 +23,7 @@ pub mod eval;
 pub mod expert_cache;
 pub mod generate;
 pub mod gpu;
+pub mod page_cache;
 pub mod profile;
 pub mod sampling;
 pub mod status;
