@@ -2,6 +2,7 @@
 //! `--min-p`, `--repeat-penalty` and `--repeat-last-n` (llama.cpp's names and meanings; defaults
 //! off). They are flattened into `generate`, `chat` and `serve` (there: the defaults of requests
 //! that do not set `min_p` / `repetition_penalty`).
+use super::values::{parse_min_p, parse_repeat_penalty};
 use crate::model::sampling::{SamplingParams, REPEAT_LAST_N};
 
 #[derive(clap::Args, Debug, Clone)]
@@ -27,38 +28,5 @@ impl PenaltyArgs {
             repeat_last_n: self.repeat_last_n,
             ..p
         }
-    }
-}
-
-/// A min-p value: a number in [0, 1].
-pub fn parse_min_p(s: &str) -> Result<f32, String> {
-    match s.parse::<f32>() {
-        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
-        _ => Err(format!("expected a number in [0, 1] (0 = off), got {s:?}")),
-    }
-}
-
-/// A repeat penalty: a finite number > 0.
-pub fn parse_repeat_penalty(s: &str) -> Result<f32, String> {
-    match s.parse::<f32>() {
-        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
-        _ => Err(format!("expected a finite number > 0 (1 = off), got {s:?}")),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn values() {
-        assert_eq!(parse_min_p("0.05"), Ok(0.05));
-        assert!(
-            parse_min_p("1.5").is_err()
-                && parse_min_p("-0.1").is_err()
-                && parse_min_p("nan").is_err()
-        );
-        assert_eq!(parse_repeat_penalty("1.1"), Ok(1.1));
-        assert!(parse_repeat_penalty("0").is_err() && parse_repeat_penalty("inf").is_err());
     }
 }

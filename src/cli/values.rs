@@ -53,6 +53,22 @@ pub fn parse_top_p(s: &str) -> Result<f32, String> {
     }
 }
 
+/// A min-p value: a number in [0, 1].
+pub fn parse_min_p(s: &str) -> Result<f32, String> {
+    match s.parse::<f32>() {
+        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
+        _ => Err(format!("expected a number in [0, 1] (0 = off), got {s:?}")),
+    }
+}
+
+/// A repeat penalty: a finite number > 0.
+pub fn parse_repeat_penalty(s: &str) -> Result<f32, String> {
+    match s.parse::<f32>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!("expected a finite number > 0 (1 = off), got {s:?}")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -72,5 +88,17 @@ mod tests {
         for bad in ["0", "1.5", "-0.1", "nan"] {
             assert!(parse_top_p(bad).unwrap_err().contains("(0, 1]"), "{bad}");
         }
+    }
+
+    #[test]
+    fn penalty_parsers_accept_their_range() {
+        assert_eq!(parse_min_p("0.05"), Ok(0.05));
+        assert!(
+            parse_min_p("1.5").is_err()
+                && parse_min_p("-0.1").is_err()
+                && parse_min_p("nan").is_err()
+        );
+        assert_eq!(parse_repeat_penalty("1.1"), Ok(1.1));
+        assert!(parse_repeat_penalty("0").is_err() && parse_repeat_penalty("inf").is_err());
     }
 }
