@@ -185,6 +185,11 @@ pub fn run(a: StreamArgs) -> anyhow::Result<ExitCode> {
         "{}: the model has no routed experts to stream",
         a.model.display()
     );
+    ensure_arg!(
+        a.tokens >= 2,
+        "--tokens {}: the first token comes from the prompt, so at least 2 are needed to time a decode",
+        a.tokens
+    );
     let total = experts.len();
     let mut slots = Vec::new();
     for s in &a.slots {

@@ -63,6 +63,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     // a --ctx past the model's is refused (exit 2) before the model loads; the engine thread
     // computes the same context from the checkpoint (`Shared::ctx`)
     args.model.context(&config)?;
+    // so are expert placement flags the device cannot take
+    args.model.placement.placement(args.model.device)?;
     let generation = GenerationConfig::from_dir(&dir)?.unwrap_or_default();
     let defaults = args
         .penalties
