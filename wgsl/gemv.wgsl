@@ -8,7 +8,8 @@
 // step). Lines between `//!IF FLAG`, `//!ELSE` and `//!END` keep one branch per flag: SUBGROUP
 // (subgroup reduction), XDIRECT (x read from global memory instead of staged), CHUNK1 (a second
 // weight chunk bound), SEGMENTS (the rows written to up to four output matrices, bindings 6 and
-// 9-11; see `write_y`), UNIT_ARRAYS (the hot loop loads a step's units into arrays first) and
+// 9-11; see `write_y`), SILU (rows = gate rows then up rows; writes silu(gate)·up, see
+// `row_of_set`), UNIT_ARRAYS (the hot loop loads a step's units into arrays first) and
 // PREFETCH (it loads the next step while decoding this one). The preprocessor
 // (`kernel::preprocess_with`) also writes the decode functions of each bound weight chunk k
 // (`//!FOR k`: `unit_scales_k` and `unit_dot_k` over the chunk's arrays Wk and Sk),
@@ -70,6 +71,11 @@ const LANE_UNSCALE: vec4<f32> = vec4<f32>(1.0, 0.0625, 0.00390625, 0.00024414062
 
 // Partial sums for the reductions: ROWS_PER_THREAD rows per thread.
 var<workgroup> red: array<f32, 256u * ROWS_PER_THREAD>;
+
+//!IF SILU
+// The row sums of the workgroup's row block (gate half, then up half) for the epilogue.
+var<workgroup> block_sums: array<f32, ROWS_PER_WORKGROUP>;
+//!END
 
 //!IF XDIRECT
 // x of the pair's token read straight from global memory: vec4 index of its column 0 (set once
@@ -157,6 +163,16 @@ fn write_y(p: u32, r: u32, v: f32) {
     }
 //!ELSE
     Y[p * prm.y_stride + prm.y_offset + r] = v;
+//!END
+}
+
+// Where the row sum of row r (block-local row w) goes after the reduction: `write_y`, or with
+// SILU the workgroup's `block_sums` for the epilogue of `main`.
+fn out_row(p: u32, w: u32, r: u32, v: f32) {
+//!IF SILU
+    block_sums[w] = v;
+//!ELSE
+    write_y(p, r, v);
 //!END
 }
 
@@ -341,13 +357,26 @@ fn main(
 //!END
     let lane = v % THREADS_PER_ROW;
     // this thread's group of THREADS_PER_ROW threads handles rows r_first .. r_first + ROWS_PER_THREAD
-    let r_first = ch.z + cblk * ROWS_PER_WORKGROUP + (v / THREADS_PER_ROW) * ROWS_PER_THREAD;
+    // (block-local rows w_first ..)
+    let w_first = (v / THREADS_PER_ROW) * ROWS_PER_THREAD;
     let e = PAIRS[4u * p];
     let t = select(PAIRS[4u * p + 1u], p, prm.x_row_is_pair != 0u);
     let wi = PAIRS[4u * p + 2u];
     let in_chunk = e >= ch.x && e < ch.y;
+//!IF SILU
+    // the chunk holds whole experts (z = 0, w = 2I'): gate rows [b·R/2, (b+1)·R/2) in the first
+    // half of the block, the up rows I' + the same in the second
+    let half = ROWS_PER_WORKGROUP / 2u;
+    let n_gate = (ch.w - ch.z) / 2u;
+    let g_first = cblk * half + w_first % half;
+    let r_first = ch.z + select(g_first, n_gate + g_first, w_first >= half);
+    let live = in_chunk && g_first < n_gate;
+    let n_live = select(0u, min(ROWS_PER_THREAD, n_gate - g_first), live);
+//!ELSE
+    let r_first = ch.z + cblk * ROWS_PER_WORKGROUP + w_first;
     let live = in_chunk && r_first < ch.w;
     let n_live = select(0u, min(ROWS_PER_THREAD, ch.w - r_first), live);
+//!END
 
     // rows past the chunk's end repeat its last row (read, never written): no branch in the hot loop
     var acc: array<vec4<f32>, ROWS_PER_THREAD>;
@@ -445,7 +474,7 @@ fn main(
             if (wi != NONE && prm.use_gamma != 0u) {
                 sum *= GAMMA[wi];
             }
-            write_y(p, r_first + rr, sum);
+            out_row(p, w_first + rr, r_first + rr, sum);
         }
     }
 //!ELSE
@@ -467,7 +496,19 @@ fn main(
             if (wi != NONE && prm.use_gamma != 0u) {
                 o *= GAMMA[wi];
             }
-            write_y(p, r_first + rr, o);
+            out_row(p, w_first + rr, r_first + rr, o);
+        }
+    }
+//!END
+//!IF SILU
+    // the epilogue: gate i and up i of the block joined as silu_mul in wgsl/elementwise.wgsl does
+    workgroupBarrier();
+    for (var j = li; j < half; j += 256u) {
+        let gi = cblk * half + j;
+        if (in_chunk && gi < n_gate) {
+            let gv = block_sums[j];
+            let uv = block_sums[half + j];
+            Y[p * prm.y_stride + prm.y_offset + gi] = gv / (1.0 + exp(-gv)) * uv;
         }
     }
 //!END

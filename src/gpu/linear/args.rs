@@ -74,7 +74,11 @@ pub enum GemmChoice {
 ///   ([`GemvArgs::segments`]) rows `s_i .. s_i + rows_i` of it are `segments[i].1[p·rows_i ..]
 ///   [..rows_i]` (s_i = rows of the segments before i).
 ///
-/// Strides of 0 mean "packed": `x_stride = I`, `y_stride = O`.
+/// With `silu_mul` ([`GemvArgs::silu_mul`]) the O = 2·I' rows are a SwiGLU's gate rows then its
+/// up rows, and pair p's output is `act[i] = silu(gate_i)·up_i`, `y[p·y_stride + y_offset + i]`
+/// for i < I' (`y_stride` packed: I').
+///
+/// Strides of 0 mean "packed": `x_stride = I`, `y_stride = O` (O/2 with `silu_mul`).
 #[derive(Clone, Copy, Debug)]
 pub struct GemvArgs<'a> {
     pub x: &'a wgpu::Buffer,
@@ -99,6 +103,8 @@ pub struct GemvArgs<'a> {
     pub gemm: GemmChoice,
     /// Output segments `(rows_i, buffer_i)` ([`GemvArgs::segments`]); empty: the whole row to `y`.
     pub segments: &'a [(u32, &'a wgpu::Buffer)],
+    /// Write `silu(gate)·up` of the two row halves instead of the rows ([`GemvArgs::silu_mul`]).
+    pub silu_mul: bool,
 }
 
 impl<'a> GemvArgs<'a> {
@@ -126,7 +132,17 @@ impl<'a> GemvArgs<'a> {
             tuning: None,
             gemm: GemmChoice::Auto,
             segments: &[],
+            silu_mul: false,
         }
+    }
+    /// The rows are gate rows `[0, O/2)` then up rows `[O/2, O)` of a SwiGLU; write
+    /// `silu(gate_i)·up_i` (the `silu_mul` of `wgsl/elementwise.wgsl`, same f32 expression) as
+    /// pair p's O/2 outputs instead of its O rows. Always the GEMV, whose epilogue pairs the two
+    /// halves in one workgroup; [`GpuWeights::silu_mul_fits`] says when a call can take it (no
+    /// segments, no gamma, every weight chunk holding whole experts, O even).
+    pub fn silu_mul(mut self, on: bool) -> Self {
+        self.silu_mul = on;
+        self
     }
     /// Write the O rows of each pair in up to [`MAX_SEGMENTS`] consecutive segments instead of
     /// one `y` row: segment i (`rows_i` rows, in order, Σ rows_i = O) goes to its buffer as a
@@ -213,10 +229,15 @@ impl GpuWeights {
                 args.x.size()
             )));
         }
+        if args.silu_mul {
+            self.check_silu_mul(args)?;
+        }
+        let o_written = if args.silu_mul { o / 2 } else { o };
         if !args.segments.is_empty() {
             check_segments(args, o)?;
         } else if args.n_pairs > 0 {
-            let need_y = 4 * ((args.n_pairs as u64 - 1) * y_stride + args.y_offset as u64 + o);
+            let need_y =
+                4 * ((args.n_pairs as u64 - 1) * y_stride + args.y_offset as u64 + o_written);
             if args.y.size() < need_y {
                 return Err(DispatchError::Shape(format!(
                     "y buffer has {} bytes, needs {need_y}",
@@ -241,6 +262,35 @@ impl GpuWeights {
             }
         }
         Ok((enc, subgroups))
+    }
+}
+
+impl GpuWeights {
+    /// Whether a call over these weights can take [`GemvArgs::silu_mul`]: O even and every
+    /// weight chunk holding all rows of its experts (the epilogue pairs gate row i with up row
+    /// O/2 + i inside one workgroup).
+    pub fn silu_mul_shape_fits(&self) -> bool {
+        let o = self.rows() as u32;
+        o.is_multiple_of(2) && self.chunks().iter().all(|c| c.r0 == 0 && c.r1 == o)
+    }
+
+    /// [`DispatchError::Shape`] unless `args` can take `silu_mul` here (see
+    /// [`GpuWeights::silu_mul_shape_fits`]; no segments and no gamma).
+    fn check_silu_mul(&self, args: &GemvArgs) -> Result<(), DispatchError> {
+        let bad = |m: &str| Err(DispatchError::Shape(format!("silu_mul epilogue: {m}")));
+        if !args.segments.is_empty() {
+            return bad("no output segments");
+        }
+        if args.gamma.is_some() {
+            return bad("no per-pair gamma (silu(γ·g)·γ·u is not γ·silu(g)·u)");
+        }
+        if !self.silu_mul_shape_fits() {
+            return bad(&format!(
+                "needs an even row count ({}) and weight chunks of whole experts",
+                self.rows()
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -281,10 +331,12 @@ pub(crate) fn strides(w: &GpuWeights, args: &GemvArgs) -> (u64, u64) {
     } else {
         args.x_stride as u64
     };
-    let y = if args.y_stride == 0 {
-        w.rows() as u64
-    } else {
+    let y = if args.y_stride != 0 {
         args.y_stride as u64
+    } else if args.silu_mul {
+        w.rows() as u64 / 2
+    } else {
+        w.rows() as u64
     };
     (x, y)
 }

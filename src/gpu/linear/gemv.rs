@@ -29,6 +29,15 @@
 //! row at the final write, after the reduction: the hot loop is the plain one, and a row block
 //! may straddle two segments. It exists for one-chunk slabs on devices with 9 storage buffers
 //! per stage ([`GpuWeights::segments_fit`]); callers fall back to a packed output otherwise.
+//!
+//! # silu·up epilogue
+//! With [`GemvArgs::silu_mul`] (`SILU` in the WGSL) the rows are a SwiGLU's gate rows `[0, I')`
+//! then its up rows `[I', 2I')`, and the call writes `silu(gate_i)·up_i` instead of the rows: row
+//! block b of a workgroup is gate rows `[b·R/2, (b+1)·R/2)` in its first R/2 rows and the same up
+//! rows in the other half (R = ROWS_PER_WORKGROUP, so a tuning needs two row sets per workgroup,
+//! [`silu_tuning`]). After the reduction the row sums go to workgroup memory and each gate/up pair
+//! is joined by the expression of `silu_mul` in `wgsl/elementwise.wgsl`: the same sums, the same
+//! f32 operations, one dispatch and no `[P, 2I']` intermediate instead of two.
 
 use crate::formats::{Encoding, Format};
 use crate::gpu::call::{dummy, entry, grid_u64, Call, Dispatch, Label};
@@ -36,7 +45,9 @@ use crate::gpu::dispatch::DispatchError;
 use crate::gpu::kernel::{self, Bind, Kernel, KernelSpec};
 use crate::gpu::linear::args::{strides, GemvArgs, MAX_SEGMENTS};
 use crate::gpu::linear::format::{encodings_of, kernel_encodings, row, unit_shape, Tuning};
-use crate::gpu::linear::route::{candidates, direct_candidates, tuning, LinearOptions, Plan};
+use crate::gpu::linear::route::{
+    candidates, direct_candidates, silu_tuning, tuning, LinearOptions, Plan,
+};
 use crate::gpu::linear::slab::{gpu_row_stride, GpuWeights, WeightChunk};
 use crate::gpu::Gpu;
 
@@ -201,6 +212,7 @@ pub fn wgsl_source_key(key: &GemvKey) -> String {
         direct,
         chunks,
         segments,
+        silu,
     } = *key;
     assert!(
         chunks == 1 || chunks == 2,
@@ -208,7 +220,7 @@ pub fn wgsl_source_key(key: &GemvKey) -> String {
     );
     let xt = if direct { 0 } else { xt };
     let header = format!(
-        "{} ({}, {}, {chunks} weight chunk(s){}), threads per row {} rows per thread {} x tile {xt}",
+        "{} ({}, {}, {chunks} weight chunk(s){}{}), threads per row {} rows per thread {} x tile {xt}",
         enc.spelling(),
         if subgroups {
             "subgroup reduction"
@@ -217,6 +229,7 @@ pub fn wgsl_source_key(key: &GemvKey) -> String {
         },
         if direct { "direct x" } else { "staged x" },
         if segments { ", output segments" } else { "" },
+        if silu { ", silu·up epilogue" } else { "" },
         t.tpr,
         t.rpt,
     );
@@ -228,6 +241,7 @@ pub fn wgsl_source_key(key: &GemvKey) -> String {
             ("XDIRECT", direct),
             ("CHUNK1", chunks == 2),
             ("SEGMENTS", segments),
+            ("SILU", silu),
             ("UNIT_ARRAYS", row(enc.format).quantised),
             ("PREFETCH", prefetch(enc.format, t, xt)),
         ],
@@ -237,7 +251,7 @@ pub fn wgsl_source_key(key: &GemvKey) -> String {
 }
 
 /// `gemv:{encoding}:{sg|smem}:{tpr}x{rpt}:{xdirect|xstaged}:{x tile}:c{chunks}`, with `:seg`
-/// appended for the output-segment variant.
+/// appended for the output-segment variant and `:silu` for the silu·up epilogue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct GemvKey {
     pub enc: Encoding,
@@ -252,6 +266,8 @@ pub struct GemvKey {
     pub chunks: u32,
     /// Output segments (`SEGMENTS`: outputs 1-3 at bindings 9-11).
     pub segments: bool,
+    /// The silu·up epilogue (`SILU`, [`GemvArgs::silu_mul`]).
+    pub silu: bool,
 }
 
 impl GemvKey {
@@ -265,7 +281,13 @@ impl GemvKey {
             direct,
             chunks: 1,
             segments: false,
+            silu: false,
         }
+    }
+
+    /// The same instantiation with or without the silu·up epilogue.
+    pub fn with_silu(self, silu: bool) -> GemvKey {
+        GemvKey { silu, ..self }
     }
 
     /// The same instantiation with `chunks` weight chunks bound (1 or 2).
@@ -289,7 +311,7 @@ impl std::fmt::Display for GemvKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "gemv:{}:{}:{}x{}:{}:{}:c{}{}",
+            "gemv:{}:{}:{}x{}:{}:{}:c{}{}{}",
             self.enc.spelling(),
             if self.subgroups { "sg" } else { "smem" },
             self.tuning.tpr,
@@ -297,7 +319,8 @@ impl std::fmt::Display for GemvKey {
             if self.direct { "xdirect" } else { "xstaged" },
             self.xt,
             self.chunks,
-            if self.segments { ":seg" } else { "" }
+            if self.segments { ":seg" } else { "" },
+            if self.silu { ":silu" } else { "" }
         )
     }
 }
@@ -422,7 +445,8 @@ pub fn bind(
         let n_chunks = group.len() as u32;
         let key = GemvKey::new(enc, subgroups, plan.tuning, xt, plan.direct)
             .with_chunks(n_chunks)
-            .with_segments(segmented);
+            .with_segments(segmented)
+            .with_silu(args.silu_mul);
         let pipeline = kernel::pipeline(gpu, &key);
         let layout = pipeline.get_bind_group_layout(0);
         let rpw = plan.tuning.rows_per_workgroup();
@@ -546,19 +570,28 @@ fn kernels_where(
     let mut v = Vec::new();
     for &enc in encs {
         for sg in [false, true].into_iter().filter(|&sg| !sg || subgroups) {
-            for (chunks, segs) in [(1, false), (2, false), (1, true)] {
+            let variants = [
+                (1, false, false),
+                (2, false, false),
+                (1, true, false),
+                (1, false, true),
+                (2, false, true),
+            ];
+            for (chunks, segs, silu) in variants {
                 let key = |t, xt, direct| {
                     GemvKey::new(enc, sg, t, xt, direct)
                         .with_chunks(chunks)
                         .with_segments(segs)
+                        .with_silu(silu)
                 };
-                for &t in candidates(enc.format) {
+                let usable = |t: &&Tuning| !silu || silu_tuning(**t);
+                for &t in candidates(enc.format).iter().filter(usable) {
                     for xt in xts(enc, t) {
                         v.push(KernelSpec::of(&key(t, xt, false)));
                     }
                 }
                 if row(enc.format).direct_x {
-                    for &t in direct_candidates() {
+                    for &t in direct_candidates().iter().filter(usable) {
                         v.push(KernelSpec::of(&key(t, 0, true)));
                     }
                 }

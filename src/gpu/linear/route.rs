@@ -120,14 +120,18 @@ pub fn plan(
     x_stride: u32,
     x_offset: u32,
 ) -> Plan {
-    plan_with(enc, None, n_pairs, rows, cols, x_stride, x_offset)
+    plan_with(enc, None, false, n_pairs, rows, cols, x_stride, x_offset)
 }
 
 /// [`plan`] with `forced` (if any) as the tuning (direct x then when [`direct_aligned`] and its
-/// rows per workgroup ≤ [`DIRECT_MAX_RPW`]).
+/// rows per workgroup ≤ [`DIRECT_MAX_RPW`]). With `silu` ([`GemvArgs::silu_mul`]) only tunings
+/// whose workgroups hold at least two row sets ([`silu_tuning`]) are candidates; a forced tuning
+/// that is not is [`plan`]'s choice instead.
+#[allow(clippy::too_many_arguments)]
 fn plan_with(
     enc: Encoding,
     forced: Option<Tuning>,
+    silu: bool,
     n_pairs: u32,
     rows: u32,
     cols: u32,
@@ -136,11 +140,19 @@ fn plan_with(
 ) -> Plan {
     let aligned = direct_aligned(enc, cols, x_stride, x_offset);
     let pick = |list: &[Tuning], min: &dyn Fn(usize) -> u64| {
-        list.iter()
+        let ok: Vec<(usize, Tuning)> = list
+            .iter()
+            .copied()
             .enumerate()
-            .find(|&(k, t)| n_pairs as u64 * rows.div_ceil(t.rows_per_workgroup()) as u64 >= min(k))
-            .map_or(list[list.len() - 1], |(_, &t)| t)
+            .filter(|&(_, t)| !silu || silu_tuning(t))
+            .collect();
+        ok.iter()
+            .find(|&&(k, t)| n_pairs as u64 * rows.div_ceil(t.rows_per_workgroup()) as u64 >= min(k))
+            .or(ok.last())
+            .map(|&(_, t)| t)
+            .expect("every candidate list has a tuning of several row sets")
     };
+    let forced = forced.filter(|&t| !silu || silu_tuning(t));
     let (tuning, direct) = match forced {
         Some(t) => (t, aligned && t.rows_per_workgroup() <= DIRECT_MAX_RPW),
         None if aligned => (pick(direct_candidates(), &|_| DIRECT_MIN_WORKGROUPS), true),
@@ -150,6 +162,13 @@ fn plan_with(
         }
     };
     Plan { tuning, direct }
+}
+
+/// Whether tuning `t` can run the silu·up epilogue ([`GemvArgs::silu_mul`]): a workgroup holds at
+/// least two row sets (threads per row ≤ 128), so its rows split into a gate half and an up half
+/// of whole row sets.
+pub fn silu_tuning(t: Tuning) -> bool {
+    t.tpr <= 128
 }
 
 impl GpuWeights {
@@ -173,6 +192,7 @@ impl GpuWeights {
                 plan_with(
                     enc,
                     args.tuning.or(opts.tuning),
+                    args.silu_mul,
                     args.n_pairs.max(1),
                     rows,
                     self.cols() as u32,
@@ -181,6 +201,22 @@ impl GpuWeights {
                 )
             })
             .collect()
+    }
+}
+
+impl GpuWeights {
+    /// Whether `args` over these weights under `opts` can take the silu·up epilogue
+    /// ([`GemvArgs::silu_mul`]): the call runs as the GEMV anyway (a GEMM keeps the separate
+    /// silu_mul kernel), has no segments and no gamma, and [`GpuWeights::silu_mul_shape_fits`].
+    pub fn silu_mul_fits(&self, args: &GemvArgs, opts: &LinearOptions) -> bool {
+        let plain = GemvArgs {
+            silu_mul: false,
+            ..*args
+        };
+        select(self, &plain, opts).is_none()
+            && args.segments.is_empty()
+            && args.gamma.is_none()
+            && self.silu_mul_shape_fits()
     }
 }
 
@@ -253,8 +289,13 @@ pub fn route(weights: &GpuWeights, args: &GemvArgs<'_>, opts: &LinearOptions) ->
 fn select(weights: &GpuWeights, args: &GemvArgs<'_>, opts: &LinearOptions) -> Option<Tile> {
     let e = weights.experts() as u32;
     let p = args.n_pairs;
-    // output segments are a GEMV write (`GemvArgs::segments`)
-    if !supported(weights.encoding()) || e > EMAX || p == 0 || !args.segments.is_empty() {
+    // output segments and the silu·up epilogue are GEMV writes
+    if !supported(weights.encoding())
+        || e > EMAX
+        || p == 0
+        || !args.segments.is_empty()
+        || args.silu_mul
+    {
         return None;
     }
     match args.gemm {
@@ -305,7 +346,7 @@ mod tests {
         );
         assert!(!plan(i3, 1, 256, 4096, 0, 0).direct);
         let forced = Some(Tuning { tpr: 16, rpt: 4 });
-        let p = plan_with(bf16, forced, 1, 256, 4096, 0, 0);
+        let p = plan_with(bf16, forced, false, 1, 256, 4096, 0, 0);
         assert_eq!(p.tuning, Tuning { tpr: 16, rpt: 4 });
         assert!(!p.direct, "64 rows per workgroup stage x");
         assert_eq!(

@@ -248,9 +248,10 @@ pub(super) struct FfnIo<'b> {
     pub linear: &'b LinearOptions,
 }
 
-/// `y[p] = down_e(silu(gate_e x_t) · up_e x_t)` for every pair p = (e, t): the gate_up GEMV into
-/// `gu` `[P, 2I]`, silu·up into `act` `[P, I]`, then the down GEMV in which pair p reads
-/// activation row p (`x_per_pair`). Dense, shared, routed and streamed experts all run this; `ops`
+/// `y[p] = down_e(silu(gate_e x_t) · up_e x_t)` for every pair p = (e, t): the gate_up GEMV with
+/// its silu·up epilogue straight into `act` `[P, I]` when the call runs as the GEMV (the decode),
+/// else (a GEMM) into `gu` `[P, 2I]` then silu·up into `act`; then the down GEMV in which pair p
+/// reads activation row p (`x_per_pair`). Dense, shared, routed and streamed experts all run this; `ops`
 /// names the two GEMVs.
 pub(super) fn ffn_calls(
     gpu: &Gpu,
@@ -260,7 +261,21 @@ pub(super) fn ffn_calls(
     ops: [&'static str; 2],
 ) -> Result<Vec<Call>> {
     let np = io.n_pairs;
+    let down = |gpu| {
+        slab.down.call(
+            gpu,
+            GemvArgs::new(io.act, np, io.pairs, np, io.y).x_per_pair(true),
+            io.linear,
+            ops[1],
+        )
+    };
     let args = GemvArgs::new(io.x, io.tokens, io.pairs, np, io.gu);
+    if slab.gate_up.w.silu_mul_fits(&args, io.linear) {
+        // the GEMV's silu·up epilogue writes `act` (BENCHMARKS.md#decision-silu-epilogue)
+        let args = GemvArgs::new(io.x, io.tokens, io.pairs, np, io.act).silu_mul(true);
+        let gate_up = slab.gate_up.call(gpu, args, io.linear, ops[0])?;
+        return Ok(vec![gate_up, down(gpu)?]);
+    }
     let gate_up = slab.gate_up.call(gpu, args, io.linear, ops[0])?;
     Ok(vec![
         gate_up,
@@ -270,12 +285,7 @@ pub(super) fn ffn_calls(
             layout: SiluMulLayout::fused(inter),
         }
         .bind(gpu, io.gu, io.gu, io.act)?,
-        slab.down.call(
-            gpu,
-            GemvArgs::new(io.act, np, io.pairs, np, io.y).x_per_pair(true),
-            io.linear,
-            ops[1],
-        )?,
+        down(gpu)?,
     ])
 }
 

@@ -5,6 +5,7 @@ pub mod gemm_parity;
 pub mod gemv_large;
 pub mod gemv_parity;
 pub mod gemv_segments;
+pub mod gemv_silu;
 pub mod gemv_slots;
 pub mod gemv_tuning;
 pub mod ops_attention;

@@ -139,8 +139,8 @@ fn fused_attention_saves_four_dispatches_per_layer() {
 /// The exact dispatches of each layer of a one-token step with the fused attention: the input
 /// norm, ONE GEMV for the q, k, v and r projections (row segments into four outputs), the fused
 /// attention, o_proj and the attention residual (conv and post-attention norm); then a dense MLP
-/// (gate_up, silu·mul, down, × global_scale and conv) or a MoE (router, top-k, 3 for the shared
-/// experts if any, 3 for the routed ones, and the conv of the combine).
+/// (gate_up with the silu·up epilogue, down, × global_scale and conv) or a MoE (router, top-k, 2
+/// for the shared experts if any, 2 for the routed ones, and the conv of the combine).
 #[test]
 fn decode_step_dispatches_per_layer_are_exact() {
     use inkling_wgpu::model::weights::Mlp;
@@ -156,9 +156,9 @@ fn decode_step_dispatches_per_layer_are_exact() {
         for (li, (l, &got)) in w.layers.iter().zip(&per_layer).enumerate() {
             let attention = 1 + 1 + 1 + 1 + tail;
             let mlp = match &l.mlp {
-                Mlp::Dense(_) => 3 + tail,
+                Mlp::Dense(_) => 2 + tail,
                 // the combine is the conv's input
-                Mlp::Moe(moe) => 2 + if moe.shared.is_empty() { 0 } else { 3 } + 3 + 1,
+                Mlp::Moe(moe) => 2 + if moe.shared.is_empty() { 0 } else { 2 } + 2 + 1,
             };
             eprintln!("{name} layer {li}: {got} dispatches");
             assert_eq!(got, attention + mlp, "{name} layer {li}");

@@ -19,7 +19,7 @@ use inkling_wgpu::gpu::kernel::{Bind, KernelSpec};
 use inkling_wgpu::gpu::limits::LimitProfile;
 use inkling_wgpu::gpu::linear::gemv;
 use inkling_wgpu::gpu::linear::gemv::x_tiles;
-use inkling_wgpu::gpu::linear::route::{candidates, direct_candidates};
+use inkling_wgpu::gpu::linear::route::{candidates, direct_candidates, silu_tuning};
 use inkling_wgpu::gpu::variants;
 use naga::back::{hlsl, msl, spv};
 use naga::valid::{Capabilities, ValidationFlags, Validator};
@@ -208,17 +208,26 @@ fn expected_gemv(smem: u64, subgroups: bool) -> usize {
         } else {
             1
         };
-        let staged: usize = candidates(row.format)
-            .iter()
-            .map(|&t| x_tiles(row.format, t, smem).len())
-            .sum();
-        let direct = if matches!(row.format, Format::F32 | Format::Bf16) {
-            direct_candidates().len()
-        } else {
-            0
+        // (all tunings, silu-capable tunings)
+        let count = |silu: bool| -> usize {
+            let staged: usize = candidates(row.format)
+                .iter()
+                .filter(|&&t| !silu || silu_tuning(t))
+                .map(|&t| x_tiles(row.format, t, smem).len())
+                .sum();
+            let direct = if matches!(row.format, Format::F32 | Format::Bf16) {
+                direct_candidates()
+                    .iter()
+                    .filter(|&&t| !silu || silu_tuning(t))
+                    .count()
+            } else {
+                0
+            };
+            staged + direct
         };
-        // × (one or two weight chunks bound per dispatch, or one chunk with output segments)
-        n += encodings * (1 + subgroups as usize) * (staged + direct) * 3;
+        // × (one or two weight chunks bound per dispatch, or one chunk with output segments), plus
+        // one or two chunks with the silu·up epilogue on the tunings that can run it
+        n += encodings * (1 + subgroups as usize) * (count(false) * 3 + count(true) * 2);
     }
     n
 }
