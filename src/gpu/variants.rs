@@ -9,7 +9,7 @@ use crate::formats::Encoding;
 use crate::gpu::kernel::KernelSpec;
 use crate::gpu::limits::LimitProfile;
 use crate::gpu::linear::format::{encodings_of, kernel_encodings, Tuning};
-use crate::gpu::linear::route::{candidates, silu_tuning, tuning, TILES};
+use crate::gpu::linear::route::{candidates, tuning, TILES};
 use crate::gpu::linear::{gemm, gemv};
 use crate::gpu::{ops, timing, Gpu};
 
@@ -106,7 +106,7 @@ pub fn check_limits(
             .unwrap_or_default(),
     };
     let encs = kernel_encodings();
-    let mut specs = ops::decoder_kernels(fused_attention, ops::conv::combine_norm_fits(limits));
+    let mut specs = ops::decoder_kernels(fused_attention);
     let t = tuning(encs[0].format);
     let gemv_layout = gemv::GemvKey::new(encs[0], false, t, 512, false);
     specs.push(("gemv", KernelSpec::of(&gemv_layout)));
@@ -139,7 +139,7 @@ pub fn check_limits(
     let smem = limits.max_compute_workgroup_storage_size as u64;
     for enc in encs {
         for &t in candidates(enc.format) {
-            let need = gemv::workgroup_bytes(enc.format, t, 512, false, silu_tuning(t));
+            let need = gemv::workgroup_bytes(enc.format, t, 512, false);
             if need > smem {
                 let Tuning { tpr, rpt } = t;
                 return Err(err(

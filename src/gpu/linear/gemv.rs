@@ -94,17 +94,11 @@ fn smem_bytes(f: Format, t: Tuning, xt: u32) -> u64 {
     16 * (v4 + v4 / pad_period(f)) as u64 + 4 * 256 * t.rpt as u64
 }
 
-/// Workgroup-memory bytes the silu·up epilogue adds (`block_sums`, one f32 per row of the
-/// workgroup). The x tile is chosen with them reserved, so one tile serves both variants.
-fn silu_bytes(t: Tuning) -> u64 {
-    4 * t.rows_per_workgroup() as u64
-}
-
 /// The x tile for `cols` columns: the row rounded up to 512 columns, shrunk by 512 until it fits
 /// `smem_limit` bytes of workgroup memory (never below 512).
 fn x_tile(f: Format, t: Tuning, cols: usize, smem_limit: u64) -> u32 {
     let mut xt = (cols.next_multiple_of(512) as u64).min(XT_MAX as u64) as u32;
-    while xt > 512 && smem_bytes(f, t, xt) + silu_bytes(t) > smem_limit {
+    while xt > 512 && smem_bytes(f, t, xt) > smem_limit {
         xt -= 512;
     }
     xt
@@ -525,14 +519,13 @@ pub fn bind(
 pub fn x_tiles(f: Format, t: Tuning, smem_limit: u64) -> Vec<u32> {
     (1..=XT_MAX / 512)
         .map(|k| 512 * k)
-        .filter(|&xt| xt == 512 || smem_bytes(f, t, xt) + silu_bytes(t) <= smem_limit)
+        .filter(|&xt| xt == 512 || smem_bytes(f, t, xt) <= smem_limit)
         .collect()
 }
 
-/// Workgroup-memory bytes of the instantiation of [`GemvKey::new`] (`xt` ignored when `direct`),
-/// with the silu·up epilogue's when `silu`.
-pub fn workgroup_bytes(f: Format, t: Tuning, xt: u32, direct: bool, silu: bool) -> u64 {
-    smem_bytes(f, t, if direct { 0 } else { xt }) + silu as u64 * silu_bytes(t)
+/// Workgroup-memory bytes of the instantiation of [`GemvKey::new`] (`xt` ignored when `direct`).
+pub fn workgroup_bytes(f: Format, t: Tuning, xt: u32, direct: bool) -> u64 {
+    smem_bytes(f, t, if direct { 0 } else { xt })
 }
 
 /// Every GEMV kernel the engine builds without a forced tuning on a device with `smem_limit`

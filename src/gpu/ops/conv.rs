@@ -7,21 +7,16 @@ use crate::gpu::Gpu;
 use std::fmt;
 
 const SRC: &str = include_str!("../../../wgsl/conv.wgsl");
-const NORM_SRC: &str = include_str!("../../../wgsl/conv_norm.wgsl");
 
 /// The single, the `PAIR` or the `COMBINE` kernel of conv.wgsl: per set k, x and w read at
 /// bindings 1 + 4k and 2 + 4k, state and y written at 3 + 4k and 4 + 4k; `COMBINE` (one set) also
-/// reads the routed gammas, the shared experts' rows and their gammas at 5, 6 and 7; `norm`: the
-/// single or combine kernel of conv_norm.wgsl (one token, then the RMSNorm: its weight read at 8,
-/// the normed row written at 9). Label
-/// `conv/short_conv/{single|pair|combine}[+norm]`.
+/// reads the routed gammas, the shared experts' rows and their gammas at 5, 6 and 7. Label
+/// `conv/short_conv/{single|pair|combine}`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ConvKey {
     pub paired: bool,
     /// The input is the MoE combine (never with `paired`).
     pub combine: bool,
-    /// The RMSNorm of the output row follows in the same dispatch (one token; never with `paired`).
-    pub norm: bool,
 }
 
 /// The `Params` of conv.wgsl.
@@ -34,8 +29,7 @@ pub struct ConvParams {
     pub accumulate: u32,
     pub top_k: u32,
     pub n_shared: u32,
-    /// The RMSNorm's epsilon (`NORM` only).
-    pub eps: f32,
+    pub _p0: u32,
     pub _p1: u32,
 }
 
@@ -46,19 +40,14 @@ impl fmt::Display for ConvKey {
             (false, true) => "combine",
             (false, false) => "single",
         };
-        let norm = if self.norm { "+norm" } else { "" };
-        write!(f, "conv/short_conv/{v}{norm}")
+        write!(f, "conv/short_conv/{v}")
     }
 }
 
 impl Kernel for ConvKey {
     type Params = ConvParams;
     fn entry(&self) -> &'static str {
-        if self.norm {
-            "short_conv_norm"
-        } else {
-            "short_conv"
-        }
+        "short_conv"
     }
     fn bindings(&self) -> Vec<(u32, Bind)> {
         let mut binds = vec![(0, Bind::Uniform)];
@@ -74,15 +63,9 @@ impl Kernel for ConvKey {
         if self.combine {
             binds.extend([(5, Bind::Read), (6, Bind::Read), (7, Bind::Read)]);
         }
-        if self.norm {
-            binds.extend([(8, Bind::Read), (9, Bind::Write)]);
-        }
         binds
     }
     fn source(&self) -> String {
-        if self.norm {
-            return crate::gpu::kernel::preprocess(NORM_SRC, &[("COMBINE", self.combine)]);
-        }
         crate::gpu::kernel::preprocess(SRC, &[("PAIR", self.paired), ("COMBINE", self.combine)])
     }
 }
@@ -95,47 +78,11 @@ pub(super) fn assert_kernel_size(k: u32) {
     );
 }
 
-/// The five kernels of conv.wgsl and conv_norm.wgsl (single, pair, combine; single and combine
-/// with the norm).
+/// The three kernels of conv.wgsl (single, pair, combine).
 pub(crate) fn kernels() -> Vec<KernelSpec> {
-    [
-        (false, false, false),
-        (true, false, false),
-        (false, true, false),
-        (false, false, true),
-        (false, true, true),
-    ]
-    .map(|(paired, combine, norm)| {
-        KernelSpec::of(&ConvKey {
-            paired,
-            combine,
-            norm,
-        })
-    })
-    .to_vec()
-}
-
-/// The RMSNorm that follows a one-token convolution in its dispatch ([`ShortConvKernel::bind_norm`],
-/// [`ShortConvKernel::bind_combine`]): `out[c] = weight[c] · (y[c] · rsqrt(mean(y²) + eps))` over
-/// the conv's output row y, as [`crate::gpu::ops::norm::RmsNorm`] computes it (its sum of squares
-/// in another order). `weight` f32 `[C]`, `out` f32 `[C]` (not the conv's x, y or state).
-#[derive(Clone, Copy, Debug)]
-pub struct NormAfter<'a> {
-    pub weight: &'a wgpu::Buffer,
-    pub eps: f32,
-    pub out: &'a wgpu::Buffer,
-}
-
-/// Whether a one-token convolution over `channels` can take the norm after it (conv_norm.wgsl runs
-/// vec4 units: `channels` divisible by 4).
-pub fn norm_fits(channels: u32) -> bool {
-    channels.is_multiple_of(4)
-}
-
-/// Whether a device with `limits` can bind the combine with the norm after it: 9 storage buffers
-/// in one stage (WebGPU's default limit is 8).
-pub fn combine_norm_fits(limits: &wgpu::Limits) -> bool {
-    limits.max_storage_buffers_per_shader_stage >= 9
+    [(false, false), (true, false), (false, true)]
+        .map(|(paired, combine)| KernelSpec::of(&ConvKey { paired, combine }))
+        .to_vec()
 }
 
 /// `out[t,c] = x[t,c] + Σ_k w[c,k]·xin[t−(K−1)+k, c]` over `tokens` new tokens and `channels` channels,
@@ -182,51 +129,6 @@ impl ShortConvKernel {
         self.bind_sets(gpu, &[a, b])
     }
 
-    /// [`ShortConvKernel::bind`] of one token, then `norm` of the row y holds, in one dispatch
-    /// (conv_norm.wgsl; one workgroup): the residual add and the RMSNorm after it. Panics unless
-    /// `tokens == 1` and [`norm_fits`]. Label `"short_conv+rms_norm"`.
-    pub fn bind_norm(
-        &self,
-        gpu: &Gpu,
-        [x, w, state, y]: [&wgpu::Buffer; 4],
-        norm: NormAfter<'_>,
-    ) -> Result<Call, BufferTooSmall> {
-        assert_kernel_size(self.kernel);
-        assert_eq!(self.tokens, 1, "short_conv+rms_norm runs one token");
-        assert!(
-            norm_fits(self.channels),
-            "short_conv+rms_norm runs vec4 units"
-        );
-        let c = self.channels as u64;
-        need(x, c, "short_conv x")?;
-        self.need_conv(w, state, y)?;
-        need(norm.weight, c, "rms_norm w")?;
-        need(norm.out, c, "rms_norm y")?;
-        let params = ConvParams {
-            t: 1,
-            c: self.channels,
-            k: self.kernel,
-            accumulate: self.accumulate as u32,
-            eps: norm.eps,
-            ..Default::default()
-        };
-        let key = ConvKey {
-            paired: false,
-            combine: false,
-            norm: true,
-        };
-        let entries = [
-            (1, x),
-            (2, w),
-            (3, state),
-            (4, y),
-            (8, norm.weight),
-            (9, norm.out),
-        ];
-        let d = dispatch(gpu, &key, &params, &entries, grid(1));
-        Ok(Call::new(Label::op("short_conv+rms_norm"), vec![d]))
-    }
-
     /// The weights `[C, K]`, the state `[K−1, C]` and the output `[T, C]` of one convolution hold
     /// this shape.
     fn need_conv(
@@ -271,7 +173,6 @@ impl ShortConvKernel {
         let key = ConvKey {
             paired,
             combine: false,
-            norm: false,
         };
         let groups = sets.len() as u32 * self.channels.div_ceil(64);
         let d = dispatch(gpu, &key, &params, &entries, grid(groups));
@@ -281,10 +182,7 @@ impl ShortConvKernel {
     /// The convolution of the MoE combine (the `COMBINE` kernel; the weighted sum of the routed and
     /// shared experts' outputs and [`ShortConvKernel::bind`] in one dispatch): the input of token t is `Σ_s gammas[t·k+s]·yr[t·k+s, :] + Σ_j sg[t·S+j]·ys[t·S+j, :]`.
     /// `yr` f32 [T·top_k, C], `gammas` f32 [T·top_k], `shared` = `(ys [T·S, C], sg [T·S], S)` or
-    /// `None`; `w`, `state`, `y` as in [`ShortConvKernel::bind`]. With `norm` (one token,
-    /// [`norm_fits`]; the device must take 9 storage buffers, [`combine_norm_fits`]) the RMSNorm of the row follows in the
-    /// same dispatch, as in [`ShortConvKernel::bind_norm`]. Label `"moe_combine+short_conv"` or
-    /// `"moe_combine+short_conv+rms_norm"`.
+    /// `None`; `w`, `state`, `y` as in [`ShortConvKernel::bind`]. Label `"moe_combine+short_conv"`.
     #[allow(clippy::too_many_arguments)]
     pub fn bind_combine(
         &self,
@@ -296,7 +194,6 @@ impl ShortConvKernel {
         w: &wgpu::Buffer,
         state: &wgpu::Buffer,
         y: &wgpu::Buffer,
-        norm: Option<NormAfter<'_>>,
     ) -> Result<Call, BufferTooSmall> {
         assert_kernel_size(self.kernel);
         let none = dummy(gpu);
@@ -312,18 +209,6 @@ impl ShortConvKernel {
         need(ys, t * nsu * c, "moe_combine+short_conv shared rows")?;
         need(sg, t * nsu, "moe_combine+short_conv shared gammas")?;
         self.need_conv(w, state, y)?;
-        if let Some(n) = &norm {
-            assert_eq!(
-                self.tokens, 1,
-                "moe_combine+short_conv+rms_norm runs one token"
-            );
-            assert!(
-                norm_fits(self.channels),
-                "moe_combine+short_conv+rms_norm runs vec4 units"
-            );
-            need(n.weight, c, "rms_norm w")?;
-            need(n.out, c, "rms_norm y")?;
-        }
         let params = ConvParams {
             t: self.tokens,
             c: self.channels,
@@ -331,15 +216,13 @@ impl ShortConvKernel {
             accumulate: self.accumulate as u32,
             top_k,
             n_shared: ns,
-            eps: norm.map_or(0.0, |n| n.eps),
             ..Default::default()
         };
         let key = ConvKey {
             paired: false,
             combine: true,
-            norm: norm.is_some(),
         };
-        let mut entries = vec![
+        let entries = [
             (1, yr),
             (2, w),
             (3, state),
@@ -348,14 +231,13 @@ impl ShortConvKernel {
             (6, ys),
             (7, sg),
         ];
-        let (groups, label) = match &norm {
-            Some(n) => {
-                entries.extend([(8, n.weight), (9, n.out)]);
-                (1, "moe_combine+short_conv+rms_norm")
-            }
-            None => (self.channels.div_ceil(64), "moe_combine+short_conv"),
-        };
-        let d = dispatch(gpu, &key, &params, &entries, grid(groups));
-        Ok(Call::new(Label::op(label), vec![d]).owning([none]))
+        let d = dispatch(
+            gpu,
+            &key,
+            &params,
+            &entries,
+            grid(self.channels.div_ceil(64)),
+        );
+        Ok(Call::new(Label::op("moe_combine+short_conv"), vec![d]).owning([none]))
     }
 }

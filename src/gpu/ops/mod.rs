@@ -68,13 +68,9 @@ pub fn kernels() -> Vec<KernelSpec> {
 /// The op names are the labels of the calls ([`crate::gpu::Label`]).
 /// `fused_attention`: the attention after the projections as [`FusedAttention`] (the engine);
 /// `false`: its separate kernels (conv pair, in-place q/k norms), the fused kernel's test oracle.
-/// Both run [`AttentionShape`]'s kernels (the fused one for prompt chunks). `combine_norm`: the
-/// device takes the MoE combine + conv + norm kernel ([`conv::combine_norm_fits`]). What
+/// Both run [`AttentionShape`]'s kernels (the fused one for prompt chunks). What
 /// [`crate::gpu::variants::check_device`] checks against a device's limits.
-pub fn decoder_kernels(
-    fused_attention: bool,
-    combine_norm: bool,
-) -> Vec<(&'static str, KernelSpec)> {
+pub fn decoder_kernels(fused_attention: bool) -> Vec<(&'static str, KernelSpec)> {
     use attention::AttentionKey;
     use attention_fused::FusedAttentionKey;
     use conv::ConvKey;
@@ -107,21 +103,11 @@ pub fn decoder_kernels(
         let prologue = KernelSpec::of(&FusedAttentionKey::Prologue);
         push("attention prologue+attention", prologue);
     }
-    let conv = |paired, combine, norm| {
-        KernelSpec::of(&ConvKey {
-            paired,
-            combine,
-            norm,
-        })
-    };
-    push("short_conv", conv(false, false, false));
-    push("moe_combine+short_conv", conv(false, true, false));
-    push("short_conv+rms_norm", conv(false, false, true));
-    if combine_norm {
-        push("moe_combine+short_conv+rms_norm", conv(false, true, true));
-    }
+    let conv = |paired, combine| KernelSpec::of(&ConvKey { paired, combine });
+    push("short_conv", conv(false, false));
+    push("moe_combine+short_conv", conv(false, true));
     if !fused_attention {
-        push("short_conv x2", conv(true, false, false));
+        push("short_conv x2", conv(true, false));
     }
     for (op, entry) in [
         ("silu_mul", "silu_mul"),

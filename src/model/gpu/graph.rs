@@ -10,18 +10,12 @@
 //! [`FusedAttention`] call: one dispatch for a one-token step, a prologue plus the attention for
 //! longer chunks. The separate kernels of that block ([`Fusions::attention`] off) are the fused
 //! kernel's test oracle.
-//!
-//! In a one-token step (the decode) the RMSNorm after each residual add runs in the dispatch of
-//! the short conv that makes the residual (`wgsl/conv_norm.wgsl`): the attention's conv with the
-//! post-attention norm, the MLP's conv with the next layer's input norm (or the final norm for the
-//! head), `BENCHMARKS.md#decision-conv-norm`.
 use super::resident::{
     DenseMlp, FfnSlab, MoeMlp, Projections, Resident, ResidentLayer, ResidentMlp, ATTN_SCONV,
     K_SCONV, MLP_SCONV, V_SCONV,
 };
 use crate::gpu::linear::args::GemvArgs;
 use crate::gpu::linear::route::{self, LinearOptions};
-use crate::gpu::ops::conv::{combine_norm_fits, norm_fits, NormAfter};
 use crate::gpu::ops::{
     Argmax, DivConst, EmbedNorm, FusedAttention, FusedAttentionIo, MulConst, RmsNorm, RouterShape,
     ShortConvKernel, SiluMul, SiluMulLayout, SplitColumns,
@@ -200,35 +194,19 @@ pub(super) fn build_step(
         kernel: cfg.conv_kernel_size as u32,
         head: key.head,
         fuse_attention: fusions.attention,
-        norm_after: key.tokens == 1 && norm_fits(cfg.hidden_size as u32),
     };
-    let a = &res.acts;
     let mut blocks = vec![r.embedding(key.chained)?];
-    // whether xn holds this layer's input norm (the previous MLP block's conv wrote it)
-    let mut normed = false;
     for li in 0..res.layers.len() {
-        blocks.push(r.attention_block(li, normed)?);
-        // the norm after this layer's MLP residual: the next layer's input norm, or the head's
-        let next = match res.layers.get(li + 1) {
-            Some(l) => Some((&l.input_norm, &a.xn)),
-            None => (key.head == Head::Last).then_some((&res.norm, &a.hn)),
-        };
-        let next = next.map(|(weight, out)| NormAfter {
-            weight,
-            eps: r.eps,
-            out,
+        blocks.push(r.attention_block(li)?);
+        blocks.push(match &res.layers[li].mlp {
+            ResidentMlp::Dense(mlp) => r.dense_mlp(li, mlp)?,
+            ResidentMlp::Moe(moe) => r.moe_block(li, moe)?,
         });
-        let (block, did) = match &res.layers[li].mlp {
-            ResidentMlp::Dense(mlp) => r.dense_mlp(li, mlp, next)?,
-            ResidentMlp::Moe(moe) => r.moe_block(li, moe, next)?,
-        };
-        blocks.push(block);
-        normed = did;
     }
-    blocks.push(r.head(normed)?);
+    blocks.push(r.head()?);
     let step = Step::from_blocks(blocks);
     if cfg!(debug_assertions) {
-        assert_checked(gpu, &step, fusions);
+        assert_checked(&step, fusions);
     }
     Ok(step)
 }
@@ -237,9 +215,8 @@ pub(super) fn build_step(
 /// its op ([`crate::gpu::ops::decoder_kernels`]), so no op kernel escapes
 /// [`crate::gpu::variants::check_device`]. The linear layer's kernels (`gemv`, `gemm`) are checked
 /// by their layout.
-fn assert_checked(gpu: &Gpu, step: &Step, fusions: Fusions) {
-    let listed =
-        crate::gpu::ops::decoder_kernels(fusions.attention, combine_norm_fits(&gpu.limits));
+fn assert_checked(step: &Step, fusions: Fusions) {
+    let listed = crate::gpu::ops::decoder_kernels(fusions.attention);
     for c in step.calls() {
         for k in c
             .kernels()
@@ -326,9 +303,6 @@ struct Recipe<'a> {
     head: Head,
     /// Run the attention after the projections as [`FusedAttention`].
     fuse_attention: bool,
-    /// The RMSNorm after a residual runs in the conv's dispatch ([`ShortConvKernel::bind_norm`]):
-    /// one token, a hidden size of whole vec4 units.
-    norm_after: bool,
 }
 
 impl Recipe<'_> {
@@ -355,20 +329,14 @@ impl Recipe<'_> {
         Ok(b)
     }
 
-    /// Layer `li`'s attention block and its residual: input norm (unless `normed`: the previous
-    /// block's conv wrote it); q/k/v/r projections ([`Recipe::projections`]); the attention after the
+    /// Layer `li`'s attention block and its residual: input norm; q/k/v/r projections ([`Recipe::projections`]); the attention after the
     /// projections ([`Recipe::attention`] or [`Recipe::fused_attention`]); o_proj;
-    /// `h += attn_sconv(o)`; the post-attention norm into `xn` (in the conv's dispatch when
-    /// [`Recipe::norm_after`]).
-    fn attention_block(&self, li: usize, normed: bool) -> Result<Block> {
+    /// `h += attn_sconv(o)`; the post-attention norm into `xn`.
+    fn attention_block(&self, li: usize) -> Result<Block> {
         let (gpu, a, t, hid, eps) = (self.gpu, &self.res.acts, self.t, self.hid, self.eps);
         let l: &ResidentLayer = &self.res.layers[li];
         let mut b = Block::new(Phase::Attention, Some(li));
-        let xn = if normed {
-            &a.xn
-        } else {
-            self.normed(&mut b, &l.input_norm)?
-        };
+        let xn = self.normed(&mut b, &l.input_norm)?;
         for c in self.projections(li, xn)? {
             b.push(c);
         }
@@ -380,31 +348,15 @@ impl Recipe<'_> {
             }
         }
         b.push(l.o.call(gpu, self.dense(&a.attn, &a.o), &self.res.linear, "o_proj")?);
-        let post = NormAfter {
-            weight: &l.post_norm,
-            eps,
-            out: &a.xn,
-        };
-        if self.norm_after {
-            b.phase(Phase::Other);
-            b.push(self.conv_norm(li, ATTN_SCONV, &a.o, post)?);
-        } else {
-            b.push(self.conv(li, ATTN_SCONV, hid, true, &a.o, &a.h)?);
-            b.phase(Phase::Other);
-            b.push(RmsNorm::rows(t, hid, eps).bind(gpu, &a.h, post.weight, post.out)?);
-        }
+        b.push(self.conv(li, ATTN_SCONV, hid, true, &a.o, &a.h)?);
+        b.phase(Phase::Other);
+        b.push(RmsNorm::rows(t, hid, eps).bind(gpu, &a.h, &l.post_norm, &a.xn)?);
         Ok(b)
     }
 
     /// Layer `li`'s dense MLP and its residual: one GEMV over gate‖up, silu·up, down,
-    /// × global_scale, `h += mlp_sconv(m)`, then `next` in the conv's dispatch when
-    /// [`Recipe::norm_after`]. Returns the block and whether it ran `next`.
-    fn dense_mlp(
-        &self,
-        li: usize,
-        mlp: &DenseMlp,
-        next: Option<NormAfter<'_>>,
-    ) -> Result<(Block, bool)> {
+    /// × global_scale, `h += mlp_sconv(m)`.
+    fn dense_mlp(&self, li: usize, mlp: &DenseMlp) -> Result<Block> {
         let (gpu, a, t, hid) = (self.gpu, &self.res.acts, self.t, self.hid);
         let DenseMlp {
             ffn,
@@ -433,26 +385,16 @@ impl Recipe<'_> {
             .bind(gpu, &a.m)?,
         );
         b.phase(Phase::Other);
-        if let (true, Some(n)) = (self.norm_after, next) {
-            b.push(self.conv_norm(li, MLP_SCONV, &a.m, n)?);
-            return Ok((b, true));
-        }
         b.push(self.conv(li, MLP_SCONV, hid, true, &a.m, &a.h)?);
-        Ok((b, false))
+        Ok(b)
     }
 
     /// Layer `li`'s MoE block and its residual: router GEMV → router kernel (pairs and gammas on
     /// the GPU); the shared experts first (static pairs, so they do not wait on routing); the
     /// routed experts (one MoE GEMV over the (expert, token) pairs for gate‖up, silu·up, one for
     /// down; or the streaming cut); `h += mlp_sconv(combine)`, the combine with the gammas as the
-    /// conv's input (one dispatch), with `next` in it when [`Recipe::norm_after`] and the device
-    /// binds 9 storage buffers. Returns the block and whether it ran `next`.
-    fn moe_block(
-        &self,
-        li: usize,
-        moe: &MoeMlp,
-        next: Option<NormAfter<'_>>,
-    ) -> Result<(Block, bool)> {
+    /// conv's input (one dispatch).
+    fn moe_block(&self, li: usize, moe: &MoeMlp) -> Result<Block> {
         let (gpu, a, t, hid) = (self.gpu, &self.res.acts, self.t, self.hid);
         let MoeMlp {
             router,
@@ -529,8 +471,6 @@ impl Recipe<'_> {
         let sh = shared.as_ref().map(|_| (&a.y_shared, &a.shared_gammas, ns));
         // the combine is the conv's input: one dispatch
         let l = &self.res.layers[li];
-        let next = next.filter(|_| self.norm_after && combine_norm_fits(&gpu.limits));
-        let did = next.is_some();
         b.push(
             ShortConvKernel {
                 tokens: t,
@@ -547,28 +487,25 @@ impl Recipe<'_> {
                 &l.conv_w[MLP_SCONV],
                 &l.conv_state[MLP_SCONV],
                 &a.h,
-                next,
             )?,
         );
-        Ok((b, did))
+        Ok(b)
     }
 
     /// The head: final norm of the last token (or of every token), ÷ `logits_mup_width_multiplier`,
     /// `lm_head` GEMV over the first `logits_width()` rows, and for the last token the two-pass
     /// argmax (greedy id and the logits' non-finite flag into the status words). Nothing for an
-    /// inner prefill chunk. `normed`: the last layer's conv wrote the final norm into `hn`.
-    fn head(&self, normed: bool) -> Result<Block> {
+    /// inner prefill chunk.
+    fn head(&self) -> Result<Block> {
         let (gpu, a, t, hid, eps) = (self.gpu, &self.res.acts, self.t, self.hid, self.eps);
         let mup = self.cfg.logits_mup_width_multiplier as f32;
         let mut b = Block::new(Phase::Head, None);
         match self.head {
             Head::None => {}
             Head::Last => {
-                if !normed {
-                    let mut n = RmsNorm::rows(1, hid, eps);
-                    n.x_off = (t - 1) * hid;
-                    b.push(n.bind(gpu, &a.h, &self.res.norm, &a.hn)?);
-                }
+                let mut n = RmsNorm::rows(1, hid, eps);
+                n.x_off = (t - 1) * hid;
+                b.push(n.bind(gpu, &a.h, &self.res.norm, &a.hn)?);
                 b.push(DivConst { n: hid, c: mup }.bind(gpu, &a.hn)?);
                 let args = GemvArgs::new(&a.hn, 1, &a.dense_pairs, 1, &a.logits);
                 b.push(
@@ -742,25 +679,5 @@ impl Recipe<'_> {
             accumulate,
         }
         .bind(self.gpu, x, &l.conv_w[wi], &l.conv_state[wi], y)?)
-    }
-
-    /// Layer `li`'s conv `wi` of the one-token step, `h += sconv(x)`, then `norm` of h, in one
-    /// dispatch ([`ShortConvKernel::bind_norm`]).
-    fn conv_norm(
-        &self,
-        li: usize,
-        wi: usize,
-        x: &wgpu::Buffer,
-        norm: NormAfter<'_>,
-    ) -> Result<Call> {
-        let l = &self.res.layers[li];
-        let conv = ShortConvKernel {
-            tokens: 1,
-            channels: self.hid,
-            kernel: self.kernel,
-            accumulate: true,
-        };
-        let bufs = [x, &l.conv_w[wi], &l.conv_state[wi], &self.res.acts.h];
-        Ok(conv.bind_norm(self.gpu, bufs, norm)?)
     }
 }

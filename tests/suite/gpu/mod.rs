@@ -12,7 +12,6 @@ pub mod ops_attention;
 pub mod ops_attention_fused;
 pub mod ops_chain;
 pub mod ops_conv;
-pub mod ops_conv_norm;
 pub mod ops_elementwise;
 pub mod ops_norm;
 pub mod ops_router;

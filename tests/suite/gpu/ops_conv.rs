@@ -206,7 +206,7 @@ fn combine_input_equals_combine_then_conv() {
             let sgb = buf_f32(&gpu, &sg[t0 * ns..(t0 + t) * ns]);
             let hb = buf_f32(&gpu, &h0[t0 * c..(t0 + t) * c]);
             let shared = (ns > 0).then_some((&ysb, &sgb, ns as u32));
-            kern.bind_combine(&gpu, &yrb, &gb, top_k as u32, shared, &w, &st, &hb, None)
+            kern.bind_combine(&gpu, &yrb, &gb, top_k as u32, shared, &w, &st, &hb)
                 .unwrap()
                 .run(&gpu);
             got.extend(read(&gpu, &hb, t * c));

@@ -137,15 +137,12 @@ fn fused_attention_saves_four_dispatches_per_layer() {
 }
 
 /// The exact dispatches of each layer of a one-token step with the fused attention: the input
-/// norm (layer 0 only, or after a MoE layer whose combine could not take the norm), ONE GEMV for
-/// the q, k, v and r projections (row segments into four outputs), the fused attention, o_proj and
-/// the attention residual (the conv with the post-attention norm in its dispatch); then a dense
-/// MLP (gate_up with the silu·up epilogue, down, × global_scale, the conv with the next norm) or a
-/// MoE (router, top-k, 2 for the shared experts if any, 2 for the routed ones, and the conv of the
-/// combine with the next norm where the device binds 9 storage buffers).
+/// norm, ONE GEMV for the q, k, v and r projections (row segments into four outputs), the fused
+/// attention, o_proj and the attention residual (conv and post-attention norm); then a dense MLP
+/// (gate_up with the silu·up epilogue, down, × global_scale and conv) or a MoE (router, top-k, 2
+/// for the shared experts if any, 2 for the routed ones, and the conv of the combine).
 #[test]
 fn decode_step_dispatches_per_layer_are_exact() {
-    use inkling_wgpu::gpu::ops::conv::combine_norm_fits;
     use inkling_wgpu::model::weights::Mlp;
     for name in FIXTURES {
         let ck = Checkpoint::open(&fixture(name)).unwrap();
@@ -153,16 +150,16 @@ fn decode_step_dispatches_per_layer_are_exact() {
         let mut m = model(&w, true);
         m.forward(&[1, 2]).unwrap();
         m.forward(&[3]).unwrap();
-        let combine_norm = combine_norm_fits(&m.gpu().limits);
         let (_, per_layer) = m.dispatches_per_step().unwrap();
-        let mut normed = false;
+        // the residual conv, then the next norm
+        let tail = 2;
         for (li, (l, &got)) in w.layers.iter().zip(&per_layer).enumerate() {
-            let attention = !normed as usize + 4;
+            let attention = 1 + 1 + 1 + 1 + tail;
             let mlp = match &l.mlp {
-                Mlp::Dense(_) => 4,
+                Mlp::Dense(_) => 2 + tail,
+                // the combine is the conv's input
                 Mlp::Moe(moe) => 2 + if moe.shared.is_empty() { 0 } else { 2 } + 2 + 1,
             };
-            normed = matches!(l.mlp, Mlp::Dense(_)) || combine_norm;
             eprintln!("{name} layer {li}: {got} dispatches");
             assert_eq!(got, attention + mlp, "{name} layer {li}");
         }
