@@ -11,6 +11,7 @@ pub mod context;
 pub mod hostile;
 pub mod parser_fuzz;
 pub mod request_errors;
+pub mod request_fields;
 pub mod serve_openai;
 #[cfg(unix)]
 pub mod serve_reference;
