@@ -400,19 +400,20 @@ pub fn completion_request(
     fields::check(Schema::Completion, &map)?;
     let b: CompletionBody = parse(body)?;
     let common: Common = parse(body)?;
-    let logprobs =
-        match &common.logprobs {
-            None | Some(Value::Null) => None,
-            Some(v) => match v.as_u64() {
-                Some(n) if n <= 5 => Some(n as usize),
-                _ => return Err(ApiError::bad_request(
+    let logprobs = match &common.logprobs {
+        None | Some(Value::Null) => None,
+        Some(v) => match v.as_u64() {
+            Some(n) if n <= 5 => Some(n as usize),
+            _ => {
+                return Err(ApiError::bad_request(
                     format!(
                         "logprobs must be an integer in [0, 5] (how many alternatives), got {v}"
                     ),
                     Some("logprobs"),
-                )),
-            },
-        };
+                ))
+            }
+        },
+    };
     let bad = |m: &str| ApiError::bad_request(m.to_string(), Some("prompt"));
     let encode = |s: &str| {
         check_prompt_bytes(s.len(), lim, "prompt")?;

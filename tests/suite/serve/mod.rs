@@ -12,6 +12,8 @@ pub mod hostile;
 pub mod parser_fuzz;
 pub mod request_errors;
 pub mod request_fields;
+#[cfg(unix)]
+pub mod serve_logprobs;
 pub mod serve_openai;
 #[cfg(unix)]
 pub mod serve_reference;
