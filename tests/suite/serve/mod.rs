@@ -18,6 +18,8 @@ pub mod serve_openai;
 #[cfg(unix)]
 pub mod serve_reference;
 #[cfg(unix)]
+pub mod serve_tools;
+#[cfg(unix)]
 mod server;
 #[cfg(unix)]
 pub mod shutdown;
