@@ -13,6 +13,8 @@ pub mod parser_fuzz;
 pub mod request_errors;
 pub mod request_fields;
 #[cfg(unix)]
+pub mod serve_bench;
+#[cfg(unix)]
 pub mod serve_logprobs;
 pub mod serve_openai;
 #[cfg(unix)]
