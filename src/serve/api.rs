@@ -205,6 +205,14 @@ fn text_of(c: Content, i: usize) -> Result<String, ApiError> {
     }
 }
 
+/// The top-level fields of a body that parsed as `schema`'s typed fields, checked by
+/// [`fields::check`] (unknown, refused or unsupported values refused by name).
+fn fields_of(schema: Schema, body: &[u8]) -> Result<serde_json::Map<String, Value>, ApiError> {
+    let map: serde_json::Map<String, Value> = parse(body)?;
+    fields::check(schema, &map)?;
+    Ok(map)
+}
+
 /// Refuses a prompt of `bytes` bytes of text that cannot fit in the context (more than `ctx` ×
 /// [`Limits::longest_token_bytes`]), before it is tokenised; `param` names the field.
 fn check_prompt_bytes(bytes: usize, lim: &Limits<'_>, param: &'static str) -> Result<(), ApiError> {
@@ -231,10 +239,10 @@ fn check_prompt_bytes(bytes: usize, lim: &Limits<'_>, param: &'static str) -> Re
 /// Parse and validate a `/v1/chat/completions` body. Runs the tokenizer: call it off the async
 /// runtime's thread.
 pub fn chat_request(body: &[u8], r: &Renderer, lim: &Limits<'_>) -> Result<Request, ApiError> {
-    let map: serde_json::Map<String, Value> = parse(body)?;
-    fields::check(Schema::Chat, &map)?;
+    // the typed fields first: their errors name paths inside known fields only
     let b: ChatBody = parse(body)?;
     let common: Common = parse(body)?;
+    let map = fields_of(Schema::Chat, body)?;
     let tools = tools::parse(
         map.get("tools"),
         map.get("tool_choice"),
@@ -396,10 +404,9 @@ pub fn completion_request(
     r: &Renderer,
     lim: &Limits<'_>,
 ) -> Result<Request, ApiError> {
-    let map: serde_json::Map<String, Value> = parse(body)?;
-    fields::check(Schema::Completion, &map)?;
     let b: CompletionBody = parse(body)?;
     let common: Common = parse(body)?;
+    fields_of(Schema::Completion, body)?;
     let logprobs = match &common.logprobs {
         None | Some(Value::Null) => None,
         Some(v) => match v.as_u64() {

@@ -181,6 +181,12 @@ pub fn rule(schema: Schema, name: &str) -> Option<Rule> {
 /// values only; `param` names it.
 pub fn check(schema: Schema, body: &Map<String, Value>) -> Result<(), ApiError> {
     for (name, v) in body {
+        if name.is_empty() {
+            return Err(ApiError::bad_request(
+                "the request body has a field with an empty name",
+                None,
+            ));
+        }
         let refuse = |why: &str| Err(ApiError::bad_field(why, name.clone()));
         match rule(schema, name) {
             None => return refuse(&unknown(schema, name)),
