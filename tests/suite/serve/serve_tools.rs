@@ -252,6 +252,7 @@ fn serve_forces_a_named_tool_call_and_the_openai_client_round_trips() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    println!("{v}\n{report}");
     assert!(out.status.success(), "{report}");
     assert!(report.contains("all checks passed"), "{report}");
     let _ = std::fs::remove_dir_all(&model);
