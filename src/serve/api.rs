@@ -1,11 +1,12 @@
 //! The OpenAI API surface: request bodies (`/v1/chat/completions`, `/v1/completions`) parsed and
-//! validated into an engine job, response and chunk bodies, and error envelopes
-//! (`{"error":{"message","type","param","code"}}` with the HTTP status).
+//! validated into an engine job (sampling, logit bias, log-probabilities, tools), and `usage`.
 //!
-//! Bodies are parsed with `serde_path_to_error`, so every refusal names the field it is about as a
-//! JSON path in `param` and the message (`messages[1].role`, `max_tokens`); a body that is not a
-//! JSON object, not valid JSON or not valid UTF-8 says so with its line and column. Prompts are
-//! bounded in bytes before they are tokenised ([`Limits::max_prompt_bytes`]).
+//! Bodies are parsed with `serde_path_to_error` ([`super::error`]), so every refusal names the
+//! field it is about as a JSON path in `param` and the message (`messages[1].role`,
+//! `max_tokens`); a body that is not a JSON object, not valid JSON or not valid UTF-8 says so with
+//! its line and column. Top-level fields an endpoint does not take are refused by name
+//! ([`super::fields`]). Prompts are bounded in bytes before they are tokenised
+//! ([`Limits::longest_token_bytes`]).
 use super::fields::{self, Schema};
 use super::tools::{self, Choice, Tools};
 use crate::chat::render::ToolCall;
