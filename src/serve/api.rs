@@ -288,6 +288,15 @@ pub fn chat_request(body: &[u8], r: &Renderer, lim: &Limits<'_>) -> Result<Reque
                 ))
             }
         };
+        if let Some(obj) = map["messages"].get(i).and_then(Value::as_object) {
+            if obj.keys().any(String::is_empty) {
+                return Err(ApiError::bad_request(
+                    format!("messages[{i}] has a field with an empty name"),
+                    Some("messages"),
+                ));
+            }
+            fields::check_message(i, obj)?;
+        }
         let content = match (m.content, role) {
             (Some(c), _) => text_of(c, i)?,
             // an assistant turn may carry tool calls only

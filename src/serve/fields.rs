@@ -199,6 +199,42 @@ pub fn check(schema: Schema, body: &Map<String, Value>) -> Result<(), ApiError> 
     Ok(())
 }
 
+/// Refuse a field of message `i` (a JSON object whose `role` is valid) that its role does not
+/// take: `function_call` and `audio` of an assistant message (when not null), and any field of
+/// no OpenAI message. `reasoning_content` and `refusal` of an assistant message are taken and
+/// not rendered (the official renderer drops reasoning from history); `name` is the header of a
+/// tool message and not rendered for other roles (Inkling's blocks of those roles carry none).
+pub fn check_message(i: usize, m: &Map<String, Value>) -> Result<(), ApiError> {
+    let role = m.get("role").and_then(Value::as_str).unwrap_or_default();
+    for (k, v) in m {
+        let known = match k.as_str() {
+            "role" | "content" | "name" => true,
+            "tool_calls" | "refusal" | "reasoning_content" => role == "assistant",
+            "tool_call_id" => role == "tool",
+            "function_call" | "audio" if role == "assistant" => {
+                if v.is_null() {
+                    true
+                } else {
+                    let why = if k == "audio" {
+                        "audio is not supported"
+                    } else {
+                        "`function_call` is deprecated and not supported: use `tool_calls`"
+                    };
+                    return Err(ApiError::bad_field(why, format!("messages[{i}].{k}")));
+                }
+            }
+            _ => false,
+        };
+        if !known {
+            return Err(ApiError::bad_field(
+                format!("not a field of a {role:?} message"),
+                format!("messages[{i}].{k}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The message for an unknown field: the nearest known name when one is close.
 fn unknown(schema: Schema, name: &str) -> String {
     let lower = name.to_ascii_lowercase();

@@ -361,3 +361,43 @@ fn metadata_fields_change_nothing() {
         Some(Rule::Metadata)
     ));
 }
+
+#[test]
+fn message_fields_are_taken_or_refused_by_name() {
+    let p = Parser::new();
+    let chat = |m: &str| {
+        p.chat(format!(r#"{{"messages":[{{"role":"user","content":"hi"}},{m}]}}"#).as_bytes())
+    };
+    for ok in [
+        r#"{"role":"assistant","content":"x","refusal":null,"reasoning_content":"r","name":"bot"}"#,
+        r#"{"role":"assistant","content":"x","function_call":null,"audio":null}"#,
+        r#"{"role":"tool","content":"sunny","tool_call_id":"c1","name":"get_weather"}"#,
+        r#"{"role":"system","content":"s","name":"n"}"#,
+    ] {
+        chat(ok).unwrap_or_else(|e| panic!("{ok}: {e:?}"));
+    }
+    for (bad, param) in [
+        (
+            r#"{"role":"assistant","content":"x","function_call":{"name":"f","arguments":"{}"}}"#,
+            "messages[1].function_call",
+        ),
+        (
+            r#"{"role":"assistant","content":"x","audio":{"id":"a"}}"#,
+            "messages[1].audio",
+        ),
+        (
+            r#"{"role":"user","content":"x","tool_calls":[]}"#,
+            "messages[1].tool_calls",
+        ),
+        (
+            r#"{"role":"user","content":"x","tool_call_id":"c"}"#,
+            "messages[1].tool_call_id",
+        ),
+        (
+            r#"{"role":"user","content":"x","contents":"y"}"#,
+            "messages[1].contents",
+        ),
+    ] {
+        refused_naming(chat(bad), param, bad);
+    }
+}
