@@ -4,7 +4,7 @@
 //! (the client disconnected, or the server is shutting down) is skipped when it comes up, or
 //! halted at its next token when running.
 use super::logprobs::{self, TokenLp};
-use super::tools::{CallParser, Choice, ParsedCall, Tools};
+use super::tools::{CallEvent, CallParser, Choice, Tools};
 use crate::chat::parse::{Block, OutputParser};
 use crate::chat::session::{Finish, Halt, Session};
 use crate::chat::specials::Specials;
@@ -52,8 +52,8 @@ pub enum Event {
         text: String,
         logprobs: Vec<TokenLp>,
     },
-    /// A complete tool call the model wrote.
-    ToolCall(ParsedCall),
+    /// A tool call the model writes: its start, pieces of its arguments, its end.
+    Tool(CallEvent),
     /// The end: "stop", "length" or "tool_calls".
     Done {
         finish: &'static str,
@@ -259,12 +259,9 @@ impl Output<'_, '_> {
             }
         }
         if let Some(c) = self.calls.as_mut() {
-            if let Some(call) = c.push(id)? {
-                self.made_calls += 1;
-                let _ = self.events.send(Event::ToolCall(call));
-                if self.one_call {
-                    return Err(Halt::Stop.into());
-                }
+            let events = c.push(id)?;
+            if self.send_calls(events) && self.one_call {
+                return Err(Halt::Stop.into());
             }
         }
         let piece = match self.parser.as_mut() {
@@ -282,15 +279,9 @@ impl Output<'_, '_> {
     }
 
     fn finish(&mut self) -> anyhow::Result<()> {
-        if let Some(call) = self
-            .calls
-            .as_mut()
-            .map(CallParser::finish)
-            .transpose()?
-            .flatten()
-        {
-            self.made_calls += 1;
-            let _ = self.events.send(Event::ToolCall(call));
+        if let Some(c) = self.calls.as_mut() {
+            let events = c.finish()?;
+            self.send_calls(events);
         }
         let tail = match self.parser.as_mut() {
             Some(p) => p.finish()?.map(|pc| (pc.block, pc.text)),
@@ -328,6 +319,19 @@ impl Output<'_, '_> {
                 logprobs,
             });
         }
+    }
+
+    /// Send tool-call events; whether a call ended among them.
+    fn send_calls(&mut self, events: Vec<CallEvent>) -> bool {
+        let mut ended = false;
+        for e in events {
+            if matches!(e, CallEvent::End(_)) {
+                self.made_calls += 1;
+                ended = true;
+            }
+            let _ = self.events.send(Event::Tool(e));
+        }
+        ended
     }
 
     /// Send the log-probabilities still held (of tokens whose text a stop string held back).

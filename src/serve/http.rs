@@ -10,7 +10,7 @@
 use super::api::{self, ApiError, Limits, Request};
 use super::engine::{Event, Job, JobKind, Shared};
 use super::logprobs::{self as lp, Offsets, TokenLp};
-use super::tools::ParsedCall;
+use super::tools::{CallEvent, ParsedCall};
 use crate::chat::parse::Block;
 use crate::chat::Renderer;
 use crate::model::sampling::SamplingParams;
@@ -362,6 +362,7 @@ async fn handle(st: Arc<AppState>, body: Result<Bytes, BytesRejection>, ep: Endp
             pending: VecDeque::new(),
             done: false,
             calls: 0,
+            call_open: false,
             offsets: Offsets::default(),
         };
         Sse::new(chunks)
@@ -488,7 +489,8 @@ async fn collect(mut feed: Feed, meta: Meta) -> Response {
                 }
                 lps.extend(logprobs);
             }
-            Event::ToolCall(c) => calls.push(call_json(&meta, calls.len(), &c)),
+            Event::Tool(CallEvent::End(c)) => calls.push(call_json(&meta, calls.len(), &c)),
+            Event::Tool(_) => {}
             Event::Error(m) => return error_response(&engine_error(m)),
             Event::Done {
                 finish,
@@ -549,6 +551,8 @@ struct Chunks {
     done: bool,
     /// Tool calls streamed so far.
     calls: usize,
+    /// A call's start was streamed and its end not yet.
+    call_open: bool,
     /// Text offsets of completion log-probabilities.
     offsets: Offsets,
 }
@@ -598,10 +602,30 @@ impl Chunks {
                 }
                 self.push(&v);
             }
-            Event::ToolCall(c) => {
-                let mut call = call_json(&self.meta, self.calls, &c);
-                call["index"] = json!(self.calls);
-                self.calls += 1;
+            Event::Tool(e) => {
+                let index = self.calls;
+                let call = match e {
+                    // the id, type and name first, then the arguments piece by piece
+                    CallEvent::Start(name) => {
+                        self.call_open = true;
+                        let c = ParsedCall {
+                            name,
+                            arguments: String::new(),
+                        };
+                        call_json(&self.meta, index, &c)
+                    }
+                    CallEvent::Args(a) => json!({"function": {"arguments": a}}),
+                    CallEvent::End(c) => {
+                        self.calls += 1;
+                        if std::mem::take(&mut self.call_open) {
+                            return;
+                        }
+                        // a call that did not stream: whole in one delta
+                        call_json(&self.meta, index, &c)
+                    }
+                };
+                let mut call = call;
+                call["index"] = json!(index);
                 let v = self.delta(json!({ "tool_calls": [call] }));
                 self.push(&v);
             }

@@ -4,6 +4,7 @@
 //! parsed from the generated ids into OpenAI `tool_calls` (name, arguments as a JSON string).
 use super::error::ApiError;
 use crate::chat::specials::Specials;
+use crate::model::text::TextStream;
 use serde_json::{json, Value};
 use tokenizers::Tokenizer;
 
@@ -209,6 +210,20 @@ pub struct ParsedCall {
     pub arguments: String,
 }
 
+/// What [`CallParser`] reports of the calls, in order: a call's [`CallEvent::Start`] and its
+/// [`CallEvent::Args`] pieces (when its text starts as `{"name":N,"args":`, as the model writes
+/// calls), then its [`CallEvent::End`], whose arguments are then exactly the pieces joined. A
+/// call whose text does not start that way comes as its `End` only.
+#[derive(Clone, Debug, PartialEq)]
+pub enum CallEvent {
+    /// A call began: the function's name.
+    Start(String),
+    /// More of the arguments of the call begun last.
+    Args(String),
+    /// A call is complete.
+    End(ParsedCall),
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
     /// After `<|message_model|>`: ordinary ids are a block header (a tool's name).
@@ -219,16 +234,75 @@ enum State {
     Outside,
 }
 
+/// How far the head `{"name":N,"args":` of a call's JSON text has come.
+#[derive(Debug, PartialEq)]
+enum Head {
+    /// Still a prefix of a head.
+    Wait,
+    /// The head: N and the byte offset where the arguments start.
+    Args(String, usize),
+    /// Not a head: the call comes whole at its end.
+    No,
+}
+
+fn head(full: &str) -> Head {
+    const OPEN: &str = "{\"name\":";
+    const ARGS: &str = ",\"args\":";
+    let prefix_of = |s: &str, of: &str| {
+        if of.starts_with(s) {
+            Head::Wait
+        } else {
+            Head::No
+        }
+    };
+    let Some(rest) = full.strip_prefix(OPEN) else {
+        return prefix_of(full, OPEN);
+    };
+    if !rest.starts_with('"') {
+        return prefix_of(rest, "\"");
+    }
+    let (mut esc, mut close) = (false, None);
+    for (i, b) in rest.bytes().enumerate().skip(1) {
+        match b {
+            _ if esc => esc = false,
+            b'\\' => esc = true,
+            b'"' => {
+                close = Some(i);
+                break;
+            }
+            _ => {}
+        }
+    }
+    let Some(q) = close else { return Head::Wait };
+    let Ok(name) = serde_json::from_str::<String>(&rest[..=q]) else {
+        return Head::No;
+    };
+    let after = &rest[q + 1..];
+    match after.strip_prefix(ARGS) {
+        Some(_) => Head::Args(name, OPEN.len() + q + 1 + ARGS.len()),
+        None => prefix_of(after, ARGS),
+    }
+}
+
 /// Incremental parser of the tool-call blocks of one model turn (over ids).
 pub struct CallParser<'t> {
     tok: &'t Tokenizer,
     sp: Specials,
     state: State,
     header: Vec<u32>,
-    body: Vec<u32>,
-    /// The call's JSON text that the prompt prefilled (a forced call).
-    prefix: String,
+    /// The open call's text: what the prompt prefilled (a forced call), then what was generated.
+    text: String,
+    /// Where the generated text starts in `text`.
+    generated_at: usize,
+    stream: TextStream<'t>,
+    /// The header's name of the open call.
     name: String,
+    /// The open call's head, once read (its name, where its arguments start), or `None`.
+    args: Option<(String, usize)>,
+    /// The open call's head will never be read.
+    no_head: bool,
+    /// Bytes of the arguments sent as [`CallEvent::Args`].
+    sent: usize,
 }
 
 impl<'t> CallParser<'t> {
@@ -250,62 +324,123 @@ impl<'t> CallParser<'t> {
             sp: sp.clone(),
             state,
             header: vec![],
-            body: vec![],
-            prefix,
+            generated_at: prefix.len(),
+            text: prefix,
+            stream: TextStream::new(tok),
             name,
+            args: None,
+            no_head: false,
+            sent: 0,
         }
     }
 
-    /// Feed one generated id: the call it completed, if any.
-    pub fn push(&mut self, id: u32) -> anyhow::Result<Option<ParsedCall>> {
+    /// Feed one generated id: what it made known of the calls.
+    pub fn push(&mut self, id: u32) -> anyhow::Result<Vec<CallEvent>> {
+        let mut out = Vec::new();
         if !self.sp.is_special(id) {
             match self.state {
                 State::Header => self.header.push(id),
-                State::Call => self.body.push(id),
+                State::Call => {
+                    let piece = self.stream.step(id)?;
+                    self.text.push_str(&piece);
+                    self.advance(&mut out);
+                }
                 State::Outside => {}
             }
-            return Ok(None);
+            return Ok(out);
         }
-        let done = self.close()?;
+        self.close(&mut out)?;
         if id == self.sp.message_model {
             self.state = State::Header;
             self.header.clear();
         } else if Some(id) == self.sp.invoke_tool_json {
-            let name = self.decode(&self.header)?;
+            let name = self
+                .tok
+                .decode(&self.header, false)
+                .map_err(|e| anyhow::anyhow!("decoding a tool call: {e}"))?;
             self.name = name.trim().to_string();
             self.header.clear();
             self.state = State::Call;
         } else {
             self.state = State::Outside;
         }
-        Ok(done)
+        Ok(out)
     }
 
     /// At the end of generation: a call left open (cut by the length limit or a stop).
-    pub fn finish(&mut self) -> anyhow::Result<Option<ParsedCall>> {
-        let done = self.close()?;
+    pub fn finish(&mut self) -> anyhow::Result<Vec<CallEvent>> {
+        let mut out = Vec::new();
+        self.close(&mut out)?;
         self.state = State::Outside;
-        Ok(done)
+        Ok(out)
     }
 
-    fn decode(&self, ids: &[u32]) -> anyhow::Result<String> {
-        self.tok
-            .decode(ids, false)
-            .map_err(|e| anyhow::anyhow!("decoding a tool call: {e}"))
-    }
-
-    fn close(&mut self) -> anyhow::Result<Option<ParsedCall>> {
-        if self.state != State::Call {
-            return Ok(None);
+    /// Read the head when it is complete, then send the arguments written so far, holding back
+    /// a tail of `}` and white space (the call object's own closing brace is among it).
+    fn advance(&mut self, out: &mut Vec<CallEvent>) {
+        if self.args.is_none() && !self.no_head {
+            match head(&self.text) {
+                Head::Wait => {}
+                Head::No => self.no_head = true,
+                Head::Args(n, at) => {
+                    let n = if n.is_empty() { self.name.clone() } else { n };
+                    out.push(CallEvent::Start(n.clone()));
+                    self.args = Some((n, at));
+                }
+            }
         }
-        let body = self.decode(&self.body)?;
-        self.body.clear();
-        let prefix = std::mem::take(&mut self.prefix);
-        Ok(Some(call_of(
-            &std::mem::take(&mut self.name),
-            &prefix,
-            &body,
-        )))
+        if let Some((_, at)) = &self.args {
+            let args = &self.text[*at..];
+            let ready = args
+                .trim_end_matches(|c: char| c == '}' || c.is_whitespace())
+                .len();
+            if ready > self.sent {
+                out.push(CallEvent::Args(args[self.sent..ready].to_string()));
+                self.sent = ready;
+            }
+        }
+    }
+
+    fn close(&mut self, out: &mut Vec<CallEvent>) -> anyhow::Result<()> {
+        if self.state != State::Call {
+            return Ok(());
+        }
+        let tail = self.stream.finish()?;
+        self.text.push_str(&tail);
+        self.advance(out);
+        let text = std::mem::take(&mut self.text);
+        let name = std::mem::take(&mut self.name);
+        let call = match self.args.take() {
+            Some((n, at)) => {
+                // the arguments without the call object's closing brace
+                let a = text[at..].trim_end();
+                let inner = a.strip_suffix('}').unwrap_or(a);
+                let parses = |s: &str| serde_json::from_str::<Value>(s).is_ok();
+                let a = if parses(inner) || !parses(a) {
+                    inner
+                } else {
+                    a
+                };
+                if a.len() > self.sent {
+                    out.push(CallEvent::Args(a[self.sent..].to_string()));
+                }
+                ParsedCall {
+                    name: n,
+                    arguments: a.to_string(),
+                }
+            }
+            None => call_of(
+                &name,
+                &text[..self.generated_at],
+                &text[self.generated_at..],
+            ),
+        };
+        out.push(CallEvent::End(call));
+        self.stream = TextStream::new(self.tok);
+        self.generated_at = 0;
+        self.no_head = false;
+        self.sent = 0;
+        Ok(())
     }
 }
 
@@ -351,6 +486,21 @@ pub fn call_of(header: &str, prefix: &str, body: &str) -> ParsedCall {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn call_heads() {
+        assert_eq!(head(""), Head::Wait);
+        assert_eq!(head("{\"na"), Head::Wait);
+        assert_eq!(head("{\"name\":\"get_w"), Head::Wait);
+        assert_eq!(head("{\"name\":\"a\\\"b\",\"ar"), Head::Wait);
+        assert_eq!(
+            head("{\"name\":\"a\\\"b\",\"args\":{"),
+            Head::Args("a\"b".into(), 22)
+        );
+        assert_eq!(head("{\"name\": \"f\""), Head::No);
+        assert_eq!(head("{\"args\":{}}"), Head::No);
+        assert_eq!(head("not json"), Head::No);
+    }
 
     #[test]
     fn calls_from_block_text() {

@@ -104,9 +104,13 @@ for chunk in client.chat.completions.create(
     if d.tool_calls:
         deltas.extend(d.tool_calls)
     finish = chunk.choices[0].finish_reason or finish
-check(len(deltas) == 1 and deltas[0].index == 0 and deltas[0].function.name == "get_weather",
-      "streamed tool call delta")
-check(deltas[0].function.arguments == call.function.arguments, "streamed arguments equal")
+check(len(deltas) >= 1 and all(d.index == 0 for d in deltas), "streamed deltas of call 0")
+check((deltas[0].id or "").startswith("call_") and deltas[0].type == "function"
+      and deltas[0].function.name == "get_weather", "the first delta has id, type and name")
+check(all(d.function.name is None and d.id is None for d in deltas[1:]),
+      f"later deltas carry arguments only ({len(deltas)} deltas)")
+streamed_args = "".join(d.function.arguments or "" for d in deltas)
+check(streamed_args == call.function.arguments, "streamed arguments join to the non-streamed ones")
 check(finish == ch.finish_reason, f"streamed finish_reason {finish}")
 
 # the round trip: the call and its result go back as history

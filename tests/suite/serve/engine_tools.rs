@@ -1,5 +1,5 @@
 //! The engine thread (`serve::engine::run`) on a scripted model that writes exact token sequences
-//! of Inkling's format (o200k with Inkling's specials): tool calls come out as `ToolCall` events
+//! of Inkling's format (o200k with Inkling's specials): tool calls come out as `Tool` events
 //! and `finish: "tool_calls"`, `parallel_tool_calls: false` ends the turn after the first call,
 //! `tool_choice: "none"` bans the tool-call token, and log-probabilities of one-hot logits are
 //! exact.
@@ -8,7 +8,7 @@ use inkling_wgpu::model::generate::{GenerateParams, LogitOptions};
 use inkling_wgpu::model::sampling::SamplingParams;
 use inkling_wgpu::model::Forward;
 use inkling_wgpu::serve::engine::{self, Event, Job, JobKind, Shared};
-use inkling_wgpu::serve::tools::{Choice, ParsedCall, ToolDecl, Tools};
+use inkling_wgpu::serve::tools::{CallEvent, Choice, ParsedCall, ToolDecl, Tools};
 use std::io::Read;
 use tokenizers::Tokenizer;
 
@@ -146,7 +146,7 @@ fn calls(events: &[Event]) -> Vec<ParsedCall> {
     events
         .iter()
         .filter_map(|e| match e {
-            Event::ToolCall(c) => Some(c.clone()),
+            Event::Tool(CallEvent::End(c)) => Some(c.clone()),
             _ => None,
         })
         .collect()

@@ -10,7 +10,7 @@ use crate::model_common::scratch;
 use flate2::read::GzDecoder;
 use inkling_wgpu::chat::render::ToolCall;
 use inkling_wgpu::chat::{Block, Effort, Message, OutputParser, Renderer, Role};
-use inkling_wgpu::serve::tools::{self, CallParser, ToolDecl};
+use inkling_wgpu::serve::tools::{self, CallEvent, CallParser, ParsedCall, ToolDecl};
 use serde_json::json;
 use std::io::Read;
 use std::path::PathBuf;
@@ -27,6 +27,17 @@ fn o200k_inkling() -> (Tokenizer, Renderer) {
     let tok = Tokenizer::from_bytes(&json).unwrap();
     let r = Renderer::new(&tok).unwrap();
     (tok, r)
+}
+
+/// The calls that ended among `events`.
+fn ended(events: &[CallEvent]) -> Vec<ParsedCall> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            CallEvent::End(c) => Some(c.clone()),
+            _ => None,
+        })
+        .collect()
 }
 
 fn weather() -> ToolDecl {
@@ -149,28 +160,62 @@ fn tool_call_blocks_parse_from_the_exact_token_sequence() {
         "the tool names are headers, not answer text"
     );
     assert!(!op.strayed());
-    let got: Vec<(&str, &str)> = calls
+    let ends = ended(&calls);
+    let got: Vec<(&str, &str)> = ends
         .iter()
         .map(|c| (c.name.as_str(), c.arguments.as_str()))
         .collect();
+    // the arguments as the model wrote them
     assert_eq!(
         got,
         [
             ("get_weather", r#"{"city":"SF"}"#),
-            ("get_time", r#"{"n":[1,2],"tz":"PST"}"#)
+            ("get_time", r#"{"tz":"PST","n":[1,2]}"#)
         ]
     );
+    // streamed: each call's start, then its arguments in pieces that join to the end's
+    let mut joined: Vec<(String, String, usize)> = Vec::new();
+    for ev in &calls {
+        match ev {
+            CallEvent::Start(n) => joined.push((n.clone(), String::new(), 0)),
+            CallEvent::Args(a) => {
+                let j = joined.last_mut().expect("arguments before a start");
+                j.1.push_str(a);
+                j.2 += 1;
+            }
+            CallEvent::End(_) => {}
+        }
+    }
+    assert_eq!(joined.len(), 2);
+    for ((n, a, pieces), c) in joined.iter().zip(&ends) {
+        assert_eq!((n, a), (&c.name, &c.arguments));
+        assert!(*pieces >= 2, "{n}: the arguments came in {pieces} piece(s)");
+    }
     // a forced call: the prompt holds the prefix, the model writes the arguments and `}`
     let mut cp = CallParser::new(&tok, &sp, false, Some("get_weather"));
     let mut forced = e(r#"{"city":"Paris"}}"#);
     forced.extend([sp.end_message, sp.model_end_sampling]);
-    let calls: Vec<_> = forced
-        .iter()
-        .filter_map(|&id| cp.push(id).unwrap())
-        .collect();
+    let evs: Vec<CallEvent> = forced.iter().flat_map(|&id| cp.push(id).unwrap()).collect();
+    assert_eq!(evs.first(), Some(&CallEvent::Start("get_weather".into())));
+    let calls = ended(&evs);
     assert_eq!(calls.len(), 1);
     assert_eq!(calls[0].name, "get_weather");
     assert_eq!(calls[0].arguments, r#"{"city":"Paris"}"#);
+    // a call that does not start as {"name":…,"args": comes whole at its end
+    let mut cp = CallParser::new(&tok, &sp, false, None);
+    let mut odd = vec![sp.message_model];
+    odd.extend(e("f"));
+    odd.push(200049);
+    odd.extend(e("[1, 2]"));
+    odd.push(sp.end_message);
+    let evs: Vec<CallEvent> = odd.iter().flat_map(|&id| cp.push(id).unwrap()).collect();
+    assert_eq!(
+        evs,
+        [CallEvent::End(ParsedCall {
+            name: "f".into(),
+            arguments: "[1, 2]".into()
+        })]
+    );
     // text outside any block with tools declared is still the answer (and flagged)
     let mut op = OutputParser::new(&tok, &sp, false).with_tools(false);
     let mut stray = e("Loose");
