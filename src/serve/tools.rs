@@ -71,59 +71,63 @@ pub fn parse(
             ))
         }
     };
-    let choice =
-        match choice {
-            None | Some(Value::Null) => Choice::Auto,
-            Some(Value::String(s)) => match s.as_str() {
-                "none" => Choice::None,
-                "auto" => Choice::Auto,
-                "required" => return Err(bad(
-                    "tool_choice \"required\" is not supported (it needs constrained decoding); \
-                     name the function ({\"type\": \"function\", \"function\": {\"name\": ...}}) \
-                     or use \"auto\""
+    let choice = match choice {
+        None | Some(Value::Null) => Choice::Auto,
+        Some(Value::String(s)) => match s.as_str() {
+            "none" => Choice::None,
+            "auto" => Choice::Auto,
+            // with one function, "required" is that function named
+            "required" if decls.len() == 1 => Choice::Named(decls[0].name.clone()),
+            "required" => {
+                return Err(bad(
+                    "tool_choice \"required\" is supported with one declared function only \
+                         (choosing among several needs constrained decoding); name the function \
+                         ({\"type\": \"function\", \"function\": {\"name\": ...}}) or use \
+                         \"auto\""
                         .into(),
                     "tool_choice".into(),
-                )),
-                other => {
-                    return Err(bad(
-                        format!("unknown tool_choice {other:?} (none, auto, or a named function)"),
-                        "tool_choice".into(),
-                    ))
-                }
-            },
-            Some(v @ Value::Object(_)) => {
-                let name = v
-                    .get("function")
-                    .and_then(|f| f.get("name"))
-                    .and_then(Value::as_str);
-                let Some(name) = name else {
-                    return Err(bad(
+                ))
+            }
+            other => {
+                return Err(bad(
+                    format!("unknown tool_choice {other:?} (none, auto, or a named function)"),
+                    "tool_choice".into(),
+                ))
+            }
+        },
+        Some(v @ Value::Object(_)) => {
+            let name = v
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str);
+            let Some(name) = name else {
+                return Err(bad(
                     "a named tool_choice is {\"type\": \"function\", \"function\": {\"name\": ...}}"
                         .into(),
                     "tool_choice.function.name".into(),
                 ));
-                };
-                if v.get("type").and_then(Value::as_str) != Some("function") {
-                    return Err(bad(
-                        "only tool_choice of type \"function\" is supported".into(),
-                        "tool_choice.type".into(),
-                    ));
-                }
-                if !decls.iter().any(|d| d.name == name) {
-                    return Err(bad(
-                        format!("tool_choice names {name:?}, which `tools` does not declare"),
-                        "tool_choice.function.name".into(),
-                    ));
-                }
-                Choice::Named(name.to_string())
-            }
-            Some(_) => {
+            };
+            if v.get("type").and_then(Value::as_str) != Some("function") {
                 return Err(bad(
-                    "expected \"none\", \"auto\" or a named function".into(),
-                    "tool_choice".into(),
-                ))
+                    "only tool_choice of type \"function\" is supported".into(),
+                    "tool_choice.type".into(),
+                ));
             }
-        };
+            if !decls.iter().any(|d| d.name == name) {
+                return Err(bad(
+                    format!("tool_choice names {name:?}, which `tools` does not declare"),
+                    "tool_choice.function.name".into(),
+                ));
+            }
+            Choice::Named(name.to_string())
+        }
+        Some(_) => {
+            return Err(bad(
+                "expected \"none\", \"auto\" or a named function".into(),
+                "tool_choice".into(),
+            ))
+        }
+    };
     if decls.is_empty() {
         return match choice {
             Choice::Auto | Choice::None => Ok(None),
@@ -522,7 +526,15 @@ mod tests {
     #[test]
     fn tool_choice_required_and_unknown_names_are_refused() {
         let tools = json!([{"type": "function", "function": {"name": "f"}}]);
-        let e = parse(Some(&tools), Some(&json!("required")), None).unwrap_err();
+        let t = parse(Some(&tools), Some(&json!("required")), None)
+            .unwrap()
+            .unwrap();
+        assert_eq!(t.choice, Choice::Named("f".into()));
+        let two = json!([{"type": "function", "function": {"name": "f"}},
+                         {"type": "function", "function": {"name": "g"}}]);
+        let e = parse(Some(&two), Some(&json!("required")), None).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("tool_choice"));
+        let e = parse(None, Some(&json!("required")), None).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("tool_choice"));
         let named = json!({"type": "function", "function": {"name": "g"}});
         let e = parse(Some(&tools), Some(&named), None).unwrap_err();

@@ -130,17 +130,23 @@ check(r.choices[0].finish_reason in ("stop", "length", "tool_calls"), "answer af
 ids = r.choices[0].model_extra["prompt_token_ids"]
 check(isinstance(ids, list) and len(ids) > 20, "prompt ids returned")
 
-# tool_choice none: no call; required: refused by name
+# tool_choice none: no call; required: the one function, or refused by name among several
 r = client.chat.completions.create(
     model=MODEL, messages=[USER], tools=TOOLS, tool_choice="none", max_tokens=6, temperature=0,
 )
 check(not r.choices[0].message.tool_calls, "tool_choice none: no call")
+r = client.chat.completions.create(
+    model=MODEL, messages=[USER], tools=TOOLS, tool_choice="required", max_tokens=6, temperature=0,
+)
+check(r.choices[0].message.tool_calls[0].function.name == "get_weather",
+      "required with one function: that function is called")
+TWO = TOOLS + [{"type": "function", "function": {"name": "get_time"}}]
 try:
-    client.chat.completions.create(model=MODEL, messages=[USER], tools=TOOLS, tool_choice="required")
-    check(False, "required refused")
+    client.chat.completions.create(model=MODEL, messages=[USER], tools=TWO, tool_choice="required")
+    check(False, "required among several refused")
 except openai.BadRequestError as e:
     b = e.body.get("error", e.body)
-    check(b.get("param") == "tool_choice", f"required refused naming tool_choice: {b}")
+    check(b.get("param") == "tool_choice", f"required among several refused naming tool_choice: {b}")
 try:
     client.chat.completions.create(model=MODEL, messages=[USER], response_format={"type": "json_object"})
     check(False, "json mode refused")

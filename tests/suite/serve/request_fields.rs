@@ -178,6 +178,7 @@ fn every_schema_field_is_implemented_or_refused_by_name() {
         ("tools", &tools_v, true),
         ("tools", r#"[{"type":"custom"}]"#, false),
         ("tool_choice", r#""auto""#, true),
+        // no tools declared: nothing to require
         ("tool_choice", r#""required""#, false),
         ("parallel_tool_calls", "false", true),
         ("function_call", r#""auto""#, false),
@@ -234,6 +235,9 @@ fn every_schema_field_is_implemented_or_refused_by_name() {
     let t = r.tools.unwrap();
     assert_eq!(t.choice, Choice::Named("get_weather".into()));
     assert!(!t.parallel);
+    // "required" with one function: that function named
+    let r = chat(&format!(r#""tools":[{TOOL}],"tool_choice":"required""#)).unwrap();
+    assert_eq!(r.tools.unwrap().choice, Choice::Named("get_weather".into()));
     // "none": the tool-call token is banned
     let r = chat(&format!(r#""tools":[{TOOL}],"tool_choice":"none""#)).unwrap();
     assert!(r.tools.is_none());
