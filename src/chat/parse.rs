@@ -39,6 +39,9 @@ pub struct OutputParser<'t> {
     tool: bool,
     /// Text outside any block was seen (and given as answer text).
     stray: bool,
+    /// With tools declared: text outside any block, held until the next special token says
+    /// whether it is a tool call's header (its name, dropped) or stray text.
+    hold: Option<String>,
 }
 
 impl<'t> OutputParser<'t> {
@@ -52,7 +55,21 @@ impl<'t> OutputParser<'t> {
             ended: false,
             tool: false,
             stray: false,
+            hold: None,
         }
+    }
+
+    /// For a turn with tools declared: text right after `<|message_model|>` may be a tool call's
+    /// header (the tool's name before `<|content_invoke_tool_json|>`), so text outside any block
+    /// is held until the next special token and given as answer text only when that is not the
+    /// tool-call token. `in_call`: the prompt ends inside a tool call's JSON (a forced call).
+    pub fn with_tools(mut self, in_call: bool) -> OutputParser<'t> {
+        self.hold = Some(String::new());
+        if in_call {
+            self.block = Block::Other;
+            self.tool = true;
+        }
+        self
     }
 
     /// Feed one generated id; the text it made final (at most one piece).
@@ -79,9 +96,18 @@ impl<'t> OutputParser<'t> {
         if id == sp.model_end_sampling {
             self.ended = true;
         }
-        self.tool = Some(id) == sp.invoke_tool_json;
+        let call = Some(id) == sp.invoke_tool_json;
         let tail = self.stream.finish()?;
-        let piece = self.piece(tail);
+        let mut piece = self.piece(tail);
+        let held = self.hold.as_mut().map(std::mem::take).unwrap_or_default();
+        if !held.is_empty() && !call {
+            self.stray = true;
+            piece = Some(Piece {
+                block: Block::Text,
+                text: held,
+            });
+        }
+        self.tool = call;
         self.block = next;
         self.stream = TextStream::new(self.tok);
         Ok(piece)
@@ -91,7 +117,17 @@ impl<'t> OutputParser<'t> {
     pub fn finish(&mut self) -> anyhow::Result<Option<Piece>> {
         let tail = self.stream.finish()?;
         self.stream = TextStream::new(self.tok);
-        Ok(self.piece(tail))
+        let piece = self.piece(tail);
+        match self.hold.as_mut().map(std::mem::take) {
+            Some(held) if !held.is_empty() => {
+                self.stray = true;
+                Ok(Some(Piece {
+                    block: Block::Text,
+                    text: held,
+                }))
+            }
+            _ => Ok(piece),
+        }
     }
 
     /// The block the next ordinary token belongs to ([`Block::Other`] outside any block).
@@ -115,6 +151,10 @@ impl<'t> OutputParser<'t> {
         }
         let block = match self.block {
             Block::Other if !self.tool => {
+                if let Some(h) = self.hold.as_mut() {
+                    h.push_str(&text);
+                    return None;
+                }
                 self.stray = true;
                 Block::Text
             }

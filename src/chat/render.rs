@@ -173,6 +173,38 @@ impl Renderer {
         Ok(())
     }
 
+    /// The tool declaration block that starts a prompt with tools:
+    /// `<|message_system|>tool_declare<|content_xml|>JSON<|end_message|>`, where `JSON` is the
+    /// declared functions as a sorted-key compact JSON array (`serve::tools::declaration_json`).
+    pub fn tool_declaration(&self, json: &str) -> anyhow::Result<Vec<u32>> {
+        let kind = self
+            .sp
+            .content_xml
+            .context("the tokenizer has no <|content_xml|>, needed to declare tools")?;
+        let mut out = Vec::new();
+        self.block(
+            &mut out,
+            self.sp.message_system,
+            Some("tool_declare"),
+            kind,
+            json,
+        )?;
+        Ok(out)
+    }
+
+    /// The ids of a forced call to `name` after the generation prompt's `<|message_model|>`:
+    /// `NAME<|content_invoke_tool_json|>` and `json_prefix` (the call's JSON up to its arguments).
+    pub fn tool_call_prefix(&self, name: &str, json_prefix: &str) -> anyhow::Result<Vec<u32>> {
+        let kind = self
+            .sp
+            .invoke_tool_json
+            .context("the tokenizer has no <|content_invoke_tool_json|>, needed to call a tool")?;
+        let mut out = self.encode_text(name)?;
+        out.push(kind);
+        out.extend(self.encode_text(json_prefix)?);
+        Ok(out)
+    }
+
     /// `<|message_system|><|content_text|>Thinking effort level: E<|end_message|>`.
     pub fn effort_block(&self, effort: Effort) -> anyhow::Result<Vec<u32>> {
         let mut out = Vec::new();
@@ -293,7 +325,7 @@ impl Renderer {
 
 /// Compact JSON with object keys sorted at every level (Python `json.dumps(sort_keys=True,
 /// separators=(",", ":"))`).
-fn sorted_json(v: &serde_json::Value) -> String {
+pub fn sorted_json(v: &serde_json::Value) -> String {
     use serde_json::Value;
     match v {
         Value::Object(map) => {

@@ -3,7 +3,9 @@
 //! tokens are prefilled; otherwise the state is reset and the whole prompt is prefilled. Both
 //! give the same tokens (the KV cache and conv states of a prefix do not depend on how the prefix
 //! was chunked, up to float rounding).
-use crate::model::generate::{generate_continue, FinishReason, GenStats, GenerateParams};
+use crate::model::generate::{
+    generate_continue_with, FinishReason, GenStats, GenerateParams, LogitOptions, StepLogprobs,
+};
 use crate::model::Forward;
 use std::time::Instant;
 
@@ -77,6 +79,19 @@ impl<'m> Session<'m> {
         params: &GenerateParams,
         on_token: &mut dyn FnMut(u32) -> anyhow::Result<()>,
     ) -> anyhow::Result<Turn> {
+        let none = LogitOptions::default();
+        self.generate_with(prompt, params, &none, &mut |id, _| on_token(id))
+    }
+
+    /// [`Session::generate`] with [`LogitOptions`] (logit bias, log-probabilities, which
+    /// `on_token` gets with each id when asked for).
+    pub fn generate_with(
+        &mut self,
+        prompt: &[u32],
+        params: &GenerateParams,
+        opts: &LogitOptions,
+        on_token: &mut dyn FnMut(u32, Option<&StepLogprobs>) -> anyhow::Result<()>,
+    ) -> anyhow::Result<Turn> {
         anyhow::ensure!(!prompt.is_empty(), "the prompt has no tokens");
         let held = self.held.len();
         let reuse = held > 0
@@ -90,11 +105,12 @@ impl<'m> Session<'m> {
         let mut ids = Vec::new();
         let t0 = Instant::now();
         let mut t_first = None;
-        let res = generate_continue(self.model, &prompt[start..], params, &mut |id| {
-            ids.push(id);
-            t_first.get_or_insert_with(Instant::now);
-            on_token(id)
-        });
+        let res =
+            generate_continue_with(self.model, &prompt[start..], params, opts, &mut |id, lp| {
+                ids.push(id);
+                t_first.get_or_insert_with(Instant::now);
+                on_token(id, lp)
+            });
         let (generated_ids, finish, stats) = match res {
             Ok(out) => {
                 let finish = match out.finish_reason {

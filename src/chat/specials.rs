@@ -20,9 +20,10 @@ pub const REQUIRED: [(&str, u32); 8] = [
 ];
 
 /// Specials used when present: (name, id in Inkling's table).
-pub const OPTIONAL: [(&str, u32); 2] = [
+pub const OPTIONAL: [(&str, u32); 3] = [
     ("<|endoftext|>", 199_999),
     ("<|content_invoke_tool_json|>", 200_049),
+    ("<|content_xml|>", 200_024),
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +58,8 @@ pub struct Specials {
     pub end_message: u32,
     pub endoftext: Option<u32>,
     pub invoke_tool_json: Option<u32>,
+    /// `<|content_xml|>`: the kind of the tool declaration block.
+    pub content_xml: Option<u32>,
     /// Every added special token of the tokenizer and every chat special above, sorted (never
     /// printed as text).
     pub all: Vec<u32>,
@@ -100,6 +103,7 @@ impl Specials {
         let optional = [
             find(OPTIONAL[0].0, OPTIONAL[0].1)?,
             find(OPTIONAL[1].0, OPTIONAL[1].1)?,
+            find(OPTIONAL[2].0, OPTIONAL[2].1)?,
         ];
         all.extend(optional.iter().flatten());
         all.sort_unstable();
@@ -115,6 +119,7 @@ impl Specials {
             end_message: ids[7],
             endoftext: optional[0],
             invoke_tool_json: optional[1],
+            content_xml: optional[2],
             all,
         })
     }

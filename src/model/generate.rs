@@ -88,6 +88,87 @@ pub fn generate_continue(
     params: &GenerateParams,
     on_token: &mut dyn FnMut(u32) -> anyhow::Result<()>,
 ) -> anyhow::Result<GenOutput> {
+    let none = LogitOptions::default();
+    generate_continue_with(model, prompt, params, &none, &mut |id, _| on_token(id))
+}
+
+/// Per-request options on the logits beyond [`SamplingParams`] (the server's `logit_bias` and
+/// `logprobs`). Either one makes the decode read the whole logit row each step (no greedy
+/// pipeline, no argmax-only readback), as the penalties do.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LogitOptions {
+    /// Added to the logit of each id (after the penalties, before temperature and sampling).
+    pub bias: Vec<(u32, f32)>,
+    /// Report the log-probability of each chosen token and of this many most likely ones.
+    pub logprobs: Option<usize>,
+}
+
+impl LogitOptions {
+    pub fn needs_logits(&self) -> bool {
+        !self.bias.is_empty() || self.logprobs.is_some()
+    }
+}
+
+/// The log-probabilities of one step: log-softmax of the model's raw logits (before the
+/// penalties, the bias and the temperature).
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepLogprobs {
+    /// Of the chosen id.
+    pub logprob: f32,
+    /// The most likely ids, most likely first (ties by id).
+    pub top: Vec<(u32, f32)>,
+}
+
+/// [`StepLogprobs`] of `chosen` and the `n` most likely ids in `logits` (NaN logits never rank).
+pub fn step_logprobs(logits: &[f32], chosen: u32, n: usize) -> StepLogprobs {
+    let max = logits
+        .iter()
+        .copied()
+        .filter(|x| !x.is_nan())
+        .fold(f32::NEG_INFINITY, f32::max) as f64;
+    let sum: f64 = logits
+        .iter()
+        .filter(|x| !x.is_nan())
+        .map(|&x| (x as f64 - max).exp())
+        .sum();
+    let lse = max + sum.ln();
+    let lp = |id: u32| {
+        logits
+            .get(id as usize)
+            .map_or(f32::NEG_INFINITY, |&x| (x as f64 - lse) as f32)
+    };
+    let mut top: Vec<u32> = Vec::with_capacity(n + 1);
+    if n > 0 {
+        let mut idx: Vec<u32> = (0..logits.len() as u32)
+            .filter(|&i| !logits[i as usize].is_nan())
+            .collect();
+        let by = |a: &u32, b: &u32| {
+            logits[*b as usize]
+                .total_cmp(&logits[*a as usize])
+                .then(a.cmp(b))
+        };
+        if idx.len() > n {
+            idx.select_nth_unstable_by(n - 1, by);
+            idx.truncate(n);
+        }
+        idx.sort_by(by);
+        top = idx;
+    }
+    StepLogprobs {
+        logprob: lp(chosen),
+        top: top.into_iter().map(|i| (i, lp(i))).collect(),
+    }
+}
+
+/// [`generate_continue`] with [`LogitOptions`]: `on_token` also gets the step's log-probabilities
+/// when `opts.logprobs` asks for them.
+pub fn generate_continue_with(
+    model: &mut dyn Forward,
+    prompt: &[u32],
+    params: &GenerateParams,
+    opts: &LogitOptions,
+    on_token: &mut dyn FnMut(u32, Option<&StepLogprobs>) -> anyhow::Result<()>,
+) -> anyhow::Result<GenOutput> {
     anyhow::ensure!(!prompt.is_empty(), "the prompt has no tokens");
     let mut rng = Rng::new(params.seed);
     let mut stats = GenStats {
@@ -107,7 +188,8 @@ pub fn generate_continue(
     // steps).
     let greedy = params.sampling.temperature <= 0.0;
     let penalties = params.sampling.has_penalties();
-    if greedy && !penalties {
+    let full = penalties || opts.needs_logits();
+    if greedy && !full {
         let t0 = Instant::now();
         let mut finish = FinishReason::Length;
         let mut t_first = None;
@@ -126,7 +208,7 @@ pub fn generate_continue(
                     finish = FinishReason::Eos;
                     return Ok(false);
                 }
-                on_token(id)?;
+                on_token(id, None)?;
                 Ok(out.len() < params.max_new_tokens)
             })?;
             stats.prefill_s = prefill_s;
@@ -137,8 +219,9 @@ pub fn generate_continue(
     // the ids the penalties look at: this call's prompt, then the generated ones
     let mut history: Vec<u32> = if penalties { prompt.to_vec() } else { vec![] };
     let (mut generated, mut first) = (0usize, true);
-    let mut next = |model: &mut dyn Forward, tokens: &[u32]| -> anyhow::Result<u32> {
-        if penalties {
+    type Step = (u32, Option<StepLogprobs>);
+    let mut next = |model: &mut dyn Forward, tokens: &[u32]| -> anyhow::Result<Step> {
+        if full {
             // after the prompt, `tokens` is the id generated last
             if !first {
                 history.extend_from_slice(tokens);
@@ -146,21 +229,30 @@ pub fn generate_continue(
             }
             first = false;
             let mut logits = model.forward(tokens)?;
+            let raw = opts.logprobs.map(|_| logits.clone());
             penalize(&mut logits, &history, generated, &params.sampling);
-            return Ok(if greedy {
+            for &(id, b) in &opts.bias {
+                if let Some(l) = logits.get_mut(id as usize) {
+                    *l += b;
+                }
+            }
+            let id = if greedy {
                 argmax(&logits)
             } else {
                 sample(&logits, &params.sampling, &mut rng)
-            });
+            };
+            let lp = raw.map(|r| step_logprobs(&r, id, opts.logprobs.unwrap_or(0)));
+            return Ok((id, lp));
         }
         if greedy {
-            model.forward_greedy(tokens)
+            Ok((model.forward_greedy(tokens)?, None))
         } else {
-            Ok(sample(&model.forward(tokens)?, &params.sampling, &mut rng))
+            let id = sample(&model.forward(tokens)?, &params.sampling, &mut rng);
+            Ok((id, None))
         }
     };
     let t0 = Instant::now();
-    let mut id = next(model, prompt)?;
+    let (mut id, mut lp) = next(model, prompt)?;
     stats.prefill_s = t0.elapsed().as_secs_f64();
     let mut finish = FinishReason::Length;
     let mut t_first = None;
@@ -174,11 +266,11 @@ pub fn generate_continue(
             finish = FinishReason::Eos;
             break;
         }
-        on_token(id)?;
+        on_token(id, lp.as_ref())?;
         if out.len() >= params.max_new_tokens {
             break;
         }
-        id = next(model, &[id])?;
+        (id, lp) = next(model, &[id])?;
     }
     Ok(finish_output(out, finish, stats, t_first))
 }

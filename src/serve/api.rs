@@ -1,70 +1,24 @@
 //! The OpenAI API surface: request bodies (`/v1/chat/completions`, `/v1/completions`) parsed and
-//! validated into an engine job, response and chunk bodies, and error envelopes
-//! (`{"error":{"message","type","param","code"}}` with the HTTP status).
+//! validated into an engine job (sampling, logit bias, log-probabilities, tools), and `usage`.
 //!
-//! Bodies are parsed with `serde_path_to_error`, so every refusal names the field it is about as a
-//! JSON path in `param` and the message (`messages[1].role`, `max_tokens`); a body that is not a
-//! JSON object, not valid JSON or not valid UTF-8 says so with its line and column. Prompts are
-//! bounded in bytes before they are tokenised ([`Limits::max_prompt_bytes`]).
+//! Bodies are parsed with `serde_path_to_error` ([`super::error`]), so every refusal names the
+//! field it is about as a JSON path in `param` and the message (`messages[1].role`,
+//! `max_tokens`); a body that is not a JSON object, not valid JSON or not valid UTF-8 says so with
+//! its line and column. Top-level fields an endpoint does not take are refused by name
+//! ([`super::fields`]). Prompts are bounded in bytes before they are tokenised
+//! ([`Limits::longest_token_bytes`]).
+use super::fields::{self, Schema};
+use super::tools::{self, Choice, Tools};
 use crate::chat::render::ToolCall;
 use crate::chat::{Effort, Message, Renderer, Role};
-use crate::model::generate::GenerateParams;
+use crate::model::generate::{GenerateParams, LogitOptions};
 use crate::model::sampling::SamplingParams;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::borrow::Cow;
 
-/// An error response: HTTP status and the envelope's fields.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ApiError {
-    pub status: u16,
-    pub message: String,
-    pub kind: &'static str,
-    /// The JSON path of the field the error is about (`messages[0].content`), if any.
-    pub param: Option<Cow<'static, str>>,
-    pub code: Option<&'static str>,
-}
-
-impl ApiError {
-    pub fn bad_request(message: impl Into<String>, param: Option<&'static str>) -> ApiError {
-        ApiError {
-            status: 400,
-            message: message.into(),
-            kind: "invalid_request_error",
-            param: param.map(Cow::Borrowed),
-            code: None,
-        }
-    }
-
-    /// A 400 about the field at JSON path `path` (built at run time: `messages[3].role`); the
-    /// message starts with the path.
-    pub fn bad_field(message: impl std::fmt::Display, path: String) -> ApiError {
-        ApiError {
-            message: format!("`{path}`: {message}"),
-            param: Some(Cow::Owned(path)),
-            ..ApiError::bad_request("", None)
-        }
-    }
-
-    pub fn new(status: u16, kind: &'static str, code: &'static str, message: String) -> ApiError {
-        ApiError {
-            status,
-            message,
-            kind,
-            param: None,
-            code: Some(code),
-        }
-    }
-
-    pub fn body(&self) -> Value {
-        json!({"error": {
-            "message": self.message,
-            "type": self.kind,
-            "param": self.param,
-            "code": self.code,
-        }})
-    }
-}
+use super::error::parse;
+pub use super::error::ApiError;
 
 /// `stop`: one string or up to 4.
 #[derive(Deserialize, Debug)]
@@ -109,10 +63,12 @@ struct Common {
     /// OpenAI's, in [-2, 2], over the tokens generated so far.
     presence_penalty: Option<f64>,
     frequency_penalty: Option<f64>,
-    /// Not implemented: refused when set (never ignored).
-    logit_bias: Option<Value>,
+    /// Token id (as a string) → bias in [-100, 100] added to its logit.
+    logit_bias: Option<std::collections::BTreeMap<String, f64>>,
+    /// Chat: a boolean; completions: how many top alternatives, 0 to 5.
     logprobs: Option<Value>,
-    top_logprobs: Option<Value>,
+    /// Chat: how many top alternatives, 0 to 20 (needs `logprobs: true`).
+    top_logprobs: Option<u64>,
     seed: Option<u64>,
     stop: Option<Stop>,
     #[serde(default)]
@@ -167,7 +123,6 @@ struct ChatMessage {
 struct ChatBody {
     messages: Vec<ChatMessage>,
     reasoning_effort: Option<EffortField>,
-    tools: Option<Vec<Value>>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -199,6 +154,11 @@ pub struct Request {
     pub return_token_ids: bool,
     /// Chat: the prompt ends with `<|content_text|>` (no thinking block).
     pub in_text: bool,
+    /// Logit bias and log-probabilities (`logit.logprobs`: how many top alternatives).
+    pub logit: LogitOptions,
+    /// Chat with tools declared (and `tool_choice` not "none"): tool calls are parsed from the
+    /// output.
+    pub tools: Option<Tools>,
 }
 
 /// What validation needs to know about the server.
@@ -217,79 +177,6 @@ pub struct Limits<'a> {
 }
 
 pub use crate::model::text::longest_token_bytes;
-
-/// `T` from a request body that must be a JSON object. Errors name the JSON path of the field
-/// (`param` and the message); a body that is not UTF-8, not JSON or not an object says so, with
-/// the byte, or line and column, where it goes wrong.
-fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    if let Err(e) = std::str::from_utf8(body) {
-        return Err(ApiError::bad_request(
-            format!(
-                "the request body is not valid UTF-8 (at byte {})",
-                e.valid_up_to()
-            ),
-            None,
-        ));
-    }
-    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
-        return Err(ApiError::bad_request(
-            "the request body must be a JSON object ({...})",
-            None,
-        ));
-    }
-    let mut de = serde_json::Deserializer::from_slice(body);
-    let v = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        // `?` stands for a segment serde_path_to_error could not name (a key that is not a string)
-        let path = e.path().to_string();
-        let path = path.trim_end_matches(".?").trim_end_matches('?');
-        let known = !matches!(path, "" | ".");
-        json_error(known.then(|| path.to_string()), e.into_inner())
-    })?;
-    de.end().map_err(|e| json_error(None, e))?;
-    Ok(v)
-}
-
-/// A serde_json error at JSON path `field` → a 400 naming the field (type and value errors) or
-/// saying that the body is not valid JSON (syntax errors, with line and column).
-fn json_error(field: Option<String>, e: serde_json::Error) -> ApiError {
-    let at = format!("line {} column {}", e.line(), e.column());
-    let full = e.to_string();
-    let what = full.strip_suffix(&format!(" at {at}")).unwrap_or(&full);
-    // serde reports a missing field at the object holding it: name the field itself
-    let missing = what
-        .strip_prefix("missing field `")
-        .and_then(|m| m.strip_suffix('`'));
-    let field = match (missing, field) {
-        (Some(m), Some(p)) => Some(format!("{p}.{m}")),
-        (Some(m), None) => Some(m.to_string()),
-        (None, f) => f,
-    };
-    let in_field = field
-        .as_ref()
-        .map_or(String::new(), |p| format!(" (in `{p}`)"));
-    // a number beyond f64 (`1e400`) is a syntax error to serde_json, but the field is what is wrong
-    let data = e.classify() == serde_json::error::Category::Data || what == "number out of range";
-    let message = if data {
-        match &field {
-            Some(p) => format!("invalid `{p}`: {what} (at {at})"),
-            None => format!("invalid request body: {what} (at {at})"),
-        }
-    } else if what.contains("surrogate") || what.contains("hex escape") {
-        // serde_json's words for a `\u` escape of a lone UTF-16 surrogate (`"\ud800"`), which
-        // no UTF-8 string can hold
-        format!(
-            "the request body is not valid JSON text at {at}{in_field}: a \\u escape is a lone \
-             UTF-16 surrogate (such as \\ud800), which is not a character and cannot be UTF-8 \
-             ({what})"
-        )
-    } else {
-        format!("the request body is not valid JSON at {at}{in_field}: {what}")
-    };
-    ApiError {
-        param: field.map(Cow::Owned),
-        ..ApiError::bad_request(message, None)
-    }
-}
 
 /// The text of message `i`'s content (text parts joined).
 fn text_of(c: Content, i: usize) -> Result<String, ApiError> {
@@ -319,6 +206,14 @@ fn text_of(c: Content, i: usize) -> Result<String, ApiError> {
     }
 }
 
+/// The top-level fields of a body that parsed as `schema`'s typed fields, checked by
+/// [`fields::check`] (unknown, refused or unsupported values refused by name).
+fn fields_of(schema: Schema, body: &[u8]) -> Result<serde_json::Map<String, Value>, ApiError> {
+    let map: serde_json::Map<String, Value> = parse(body)?;
+    fields::check(schema, &map)?;
+    Ok(map)
+}
+
 /// Refuses a prompt of `bytes` bytes of text that cannot fit in the context (more than `ctx` ×
 /// [`Limits::longest_token_bytes`]), before it is tokenised; `param` names the field.
 fn check_prompt_bytes(bytes: usize, lim: &Limits<'_>, param: &'static str) -> Result<(), ApiError> {
@@ -345,11 +240,21 @@ fn check_prompt_bytes(bytes: usize, lim: &Limits<'_>, param: &'static str) -> Re
 /// Parse and validate a `/v1/chat/completions` body. Runs the tokenizer: call it off the async
 /// runtime's thread.
 pub fn chat_request(body: &[u8], r: &Renderer, lim: &Limits<'_>) -> Result<Request, ApiError> {
+    // the typed fields first: their errors name paths inside known fields only
     let b: ChatBody = parse(body)?;
     let common: Common = parse(body)?;
-    if b.tools.as_ref().is_some_and(|t| !t.is_empty()) {
+    let map = fields_of(Schema::Chat, body)?;
+    let tools = tools::parse(
+        map.get("tools"),
+        map.get("tool_choice"),
+        map.get("parallel_tool_calls"),
+    )?;
+    if tools.is_some()
+        && (r.specials().content_xml.is_none() || r.specials().invoke_tool_json.is_none())
+    {
         return Err(ApiError::bad_request(
-            "tool declarations (`tools`) are not supported by this server",
+            "`tools`: this model's tokenizer has no <|content_xml|> or \
+             <|content_invoke_tool_json|> token, so it cannot take tool declarations",
             Some("tools"),
         ));
     }
@@ -383,6 +288,15 @@ pub fn chat_request(body: &[u8], r: &Renderer, lim: &Limits<'_>) -> Result<Reque
                 ))
             }
         };
+        if let Some(obj) = map["messages"].get(i).and_then(Value::as_object) {
+            if obj.keys().any(String::is_empty) {
+                return Err(ApiError::bad_request(
+                    format!("messages[{i}] has a field with an empty name"),
+                    Some("messages"),
+                ));
+            }
+            fields::check_message(i, obj)?;
+        }
         let content = match (m.content, role) {
             (Some(c), _) => text_of(c, i)?,
             // an assistant turn may carry tool calls only
@@ -430,13 +344,67 @@ pub fn chat_request(body: &[u8], r: &Renderer, lim: &Limits<'_>) -> Result<Reque
         };
         messages.push(msg);
     }
-    check_prompt_bytes(text_bytes, lim, "messages")?;
-    let mut prompt = r
-        .render_for_generation(&messages, Some(effort))
-        .map_err(|e| ApiError::bad_request(format!("{e:#}"), Some("messages")))?;
-    let in_text = prompt.last() == Some(&r.specials().content_text);
-    let req = finish(common, std::mem::take(&mut prompt), "messages", None, lim)?;
-    Ok(Request { in_text, ..req })
+    let decl_json = tools.as_ref().map(|t| tools::declaration_json(&t.decls));
+    let decl_bytes = decl_json.as_ref().map_or(0, String::len);
+    check_prompt_bytes(text_bytes.saturating_add(decl_bytes), lim, "messages")?;
+    let rendered = (|| {
+        let mut prompt = match &decl_json {
+            Some(j) => r.tool_declaration(j)?,
+            None => vec![],
+        };
+        match tools.as_ref().map(|t| &t.choice) {
+            Some(Choice::Named(name)) => {
+                prompt.extend(r.render(&messages, Some(effort))?);
+                prompt.push(r.specials().message_model);
+                prompt.extend(r.tool_call_prefix(name, &tools::forced_json_prefix(name))?);
+            }
+            _ => prompt.extend(r.render_for_generation(&messages, Some(effort))?),
+        }
+        anyhow::Ok(prompt)
+    })();
+    let prompt = rendered.map_err(|e| ApiError::bad_request(format!("{e:#}"), Some("messages")))?;
+    let forced = matches!(tools.as_ref().map(|t| &t.choice), Some(Choice::Named(_)));
+    let in_text = !forced && prompt.last() == Some(&r.specials().content_text);
+    let logprobs =
+        match (&common.logprobs, common.top_logprobs) {
+            (None | Some(Value::Null) | Some(Value::Bool(false)), None) => None,
+            (None | Some(Value::Null) | Some(Value::Bool(false)), Some(_)) => {
+                return Err(ApiError::bad_request(
+                    "top_logprobs needs logprobs: true",
+                    Some("top_logprobs"),
+                ))
+            }
+            (Some(Value::Bool(true)), n) => match n {
+                Some(n) if n > 20 => {
+                    return Err(ApiError::bad_request(
+                        format!("top_logprobs must be in [0, 20], got {n}"),
+                        Some("top_logprobs"),
+                    ))
+                }
+                n => Some(n.unwrap_or(0) as usize),
+            },
+            (Some(_), _) => return Err(ApiError::bad_request(
+                "logprobs must be true or false (give the number of alternatives in top_logprobs)",
+                Some("logprobs"),
+            )),
+        };
+    let mut req = finish(common, prompt, "messages", None, lim)?;
+    req.logit.logprobs = logprobs;
+    match &tools {
+        // "none": the tool-call token can never be sampled
+        Some(t) if t.choice == Choice::None => req.logit.bias.extend(
+            r.specials()
+                .invoke_tool_json
+                .map(|id| (id, f32::NEG_INFINITY)),
+        ),
+        _ => {}
+    }
+    let tools = tools.filter(|t| t.choice != Choice::None);
+    Ok(Request {
+        in_text,
+        tools,
+        ..req
+    })
 }
 
 /// Parse and validate a `/v1/completions` body (prompt text is encoded without chat format).
@@ -448,6 +416,21 @@ pub fn completion_request(
 ) -> Result<Request, ApiError> {
     let b: CompletionBody = parse(body)?;
     let common: Common = parse(body)?;
+    fields_of(Schema::Completion, body)?;
+    let logprobs = match &common.logprobs {
+        None | Some(Value::Null) => None,
+        Some(v) => match v.as_u64() {
+            Some(n) if n <= 5 => Some(n as usize),
+            _ => {
+                return Err(ApiError::bad_request(
+                    format!(
+                        "logprobs must be an integer in [0, 5] (how many alternatives), got {v}"
+                    ),
+                    Some("logprobs"),
+                ))
+            }
+        },
+    };
     let bad = |m: &str| ApiError::bad_request(m.to_string(), Some("prompt"));
     let encode = |s: &str| {
         check_prompt_bytes(s.len(), lim, "prompt")?;
@@ -467,7 +450,9 @@ pub fn completion_request(
         )));
     }
     // the legacy endpoint's default is 16 tokens
-    finish(common, prompt, "prompt", Some(16), lim)
+    let mut req = finish(common, prompt, "prompt", Some(16), lim)?;
+    req.logit.logprobs = logprobs;
+    Ok(req)
 }
 
 /// The shared fields: model, sampling, lengths (context check), stop strings. `prompt_param` is
@@ -521,19 +506,28 @@ fn finish(
             Some("top_p"),
         ));
     }
-    for (name, v) in [
-        ("logit_bias", &c.logit_bias),
-        ("logprobs", &c.logprobs),
-        ("top_logprobs", &c.top_logprobs),
-    ] {
-        if v.as_ref()
-            .is_some_and(|v| !v.is_null() && *v != Value::Bool(false))
-        {
-            return Err(ApiError::bad_request(
-                format!("{name} is not supported by this server"),
-                Some(name),
+    let mut bias = Vec::new();
+    for (k, &b) in c.logit_bias.iter().flatten() {
+        let id = k
+            .parse::<u32>()
+            .ok()
+            .filter(|&id| (id as usize) < lim.vocab);
+        let Some(id) = id else {
+            return Err(ApiError::bad_field(
+                format!(
+                    "the key {k:?} is not a token id of this model's vocabulary (0 to {})",
+                    lim.vocab.saturating_sub(1)
+                ),
+                "logit_bias".into(),
+            ));
+        };
+        if !(-100.0..=100.0).contains(&b) {
+            return Err(ApiError::bad_field(
+                format!("the bias of token {id} must be in [-100, 100], got {b}"),
+                "logit_bias".into(),
             ));
         }
+        bias.push((id, b as f32));
     }
     let min_p = c.min_p.unwrap_or(d.min_p as f64);
     if !(0.0..=1.0).contains(&min_p) {
@@ -650,6 +644,11 @@ fn finish(
         include_usage: include_usage && c.stream,
         return_token_ids: c.return_token_ids,
         in_text: false,
+        logit: LogitOptions {
+            bias,
+            logprobs: None,
+        },
+        tools: None,
     })
 }
 

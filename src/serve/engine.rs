@@ -3,11 +3,13 @@
 //! queue one at a time and streams [`Event`]s back. A job whose event receiver is gone or closed
 //! (the client disconnected, or the server is shutting down) is skipped when it comes up, or
 //! halted at its next token when running.
+use super::logprobs::{self, TokenLp};
+use super::tools::{CallEvent, CallParser, Choice, Tools};
 use crate::chat::parse::{Block, OutputParser};
 use crate::chat::session::{Finish, Halt, Session};
 use crate::chat::specials::Specials;
 use crate::chat::stop::StopMatcher;
-use crate::model::generate::GenerateParams;
+use crate::model::generate::{GenerateParams, LogitOptions, StepLogprobs};
 use crate::model::text::TextStream;
 use crate::model::Forward;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -32,6 +34,10 @@ pub struct Job {
     /// Stop strings, matched on the answer text.
     pub stop: Vec<String>,
     pub kind: JobKind,
+    /// Logit bias and log-probabilities.
+    pub logit: LogitOptions,
+    /// Chat with tools: tool calls are parsed from the output.
+    pub tools: Option<Tools>,
     pub events: UnboundedSender<Event>,
 }
 
@@ -39,12 +45,16 @@ pub struct Job {
 pub enum Event {
     /// The job left the queue; its prefill starts.
     Started,
-    /// Text made final (after stop-string matching for the answer).
+    /// Text made final (after stop-string matching for the answer), with the log-probabilities
+    /// of the answer tokens since the last delta (when asked for; the text may be empty then).
     Delta {
         block: Block,
         text: String,
+        logprobs: Vec<TokenLp>,
     },
-    /// The end: "stop" or "length".
+    /// A tool call the model writes: its start, pieces of its arguments, its end.
+    Tool(CallEvent),
+    /// The end: "stop", "length" or "tool_calls".
     Done {
         finish: &'static str,
         prompt_tokens: usize,
@@ -151,30 +161,57 @@ fn run_job(
     job: &Job,
 ) -> anyhow::Result<Option<Event>> {
     let _ = job.events.send(Event::Started);
+    let forced = job.tools.as_ref().and_then(|t| match &t.choice {
+        Choice::Named(n) => Some(n.as_str()),
+        _ => None,
+    });
     let mut out = Output {
         parser: match job.kind {
-            JobKind::Chat { in_text } => Some(OutputParser::new(tok, sp, in_text)),
+            JobKind::Chat { in_text } => {
+                let p = OutputParser::new(tok, sp, in_text);
+                Some(if job.tools.is_some() {
+                    p.with_tools(forced.is_some())
+                } else {
+                    p
+                })
+            }
             JobKind::Completion => None,
         },
+        calls: match (job.kind, &job.tools) {
+            (JobKind::Chat { in_text }, Some(_)) => Some(CallParser::new(tok, sp, in_text, forced)),
+            _ => None,
+        },
+        // one call only: a named choice, or parallel_tool_calls false
+        one_call: forced.is_some() || job.tools.as_ref().is_some_and(|t| !t.parallel),
+        made_calls: 0,
         plain: TextStream::new(tok),
         stop: StopMatcher::new(&job.stop),
         sp,
+        tok,
+        lps: Vec::new(),
         events: &job.events,
     };
-    let turn = session.generate(&job.prompt, &job.params, &mut |id| {
+    let turn = session.generate_with(&job.prompt, &job.params, &job.logit, &mut |id, lp| {
         if job.events.is_closed() {
             return Err(Halt::Cancelled.into());
         }
-        out.push(id)
+        out.push(id, lp)
     })?;
     let finish = match turn.finish {
         Finish::Halted(Halt::Cancelled) => return Ok(None),
         Finish::Halted(Halt::Stop) | Finish::Eos => "stop",
         Finish::Length => "length",
     };
+    // a stop string's own tokens get no log-probabilities
     if turn.finish != Finish::Halted(Halt::Stop) {
         out.finish()?;
+        out.flush_logprobs();
     }
+    let finish = if out.made_calls > 0 && finish == "stop" {
+        "tool_calls"
+    } else {
+        finish
+    };
     if out.parser.as_ref().is_some_and(|p| p.strayed()) {
         static WARNED: std::sync::Once = std::sync::Once::new();
         WARNED.call_once(|| {
@@ -192,17 +229,41 @@ fn run_job(
     }))
 }
 
-/// Generated ids → text events.
+/// Generated ids → text, tool-call and log-probability events.
 struct Output<'a, 't> {
     parser: Option<OutputParser<'t>>,
+    calls: Option<CallParser<'t>>,
+    /// End the turn after the first tool call.
+    one_call: bool,
+    made_calls: usize,
     plain: TextStream<'t>,
     stop: StopMatcher,
     sp: &'a Specials,
+    tok: &'t Tokenizer,
+    /// Log-probabilities of answer tokens not yet sent.
+    lps: Vec<TokenLp>,
     events: &'a UnboundedSender<Event>,
 }
 
 impl Output<'_, '_> {
-    fn push(&mut self, id: u32) -> anyhow::Result<()> {
+    fn push(&mut self, id: u32, lp: Option<&StepLogprobs>) -> anyhow::Result<()> {
+        if let Some(lp) = lp {
+            // answer tokens only: ordinary ids of a text block (or of a completion)
+            let answer = !self.sp.is_special(id)
+                && self
+                    .parser
+                    .as_ref()
+                    .is_none_or(|p| p.block() == Block::Text);
+            if answer {
+                self.lps.push(logprobs::entry(self.tok, id, lp));
+            }
+        }
+        if let Some(c) = self.calls.as_mut() {
+            let events = c.push(id)?;
+            if self.send_calls(events) && self.one_call {
+                return Err(Halt::Stop.into());
+            }
+        }
         let piece = match self.parser.as_mut() {
             Some(p) => p.push(id)?.map(|pc| (pc.block, pc.text)),
             None if self.sp.is_special(id) => None,
@@ -218,6 +279,10 @@ impl Output<'_, '_> {
     }
 
     fn finish(&mut self) -> anyhow::Result<()> {
+        if let Some(c) = self.calls.as_mut() {
+            let events = c.finish()?;
+            self.send_calls(events);
+        }
         let tail = match self.parser.as_mut() {
             Some(p) => p.finish()?.map(|pc| (pc.block, pc.text)),
             None => Some((Block::Text, self.plain.finish()?)),
@@ -241,9 +306,38 @@ impl Output<'_, '_> {
         }
     }
 
-    fn send(&self, block: Block, text: String) {
-        if !text.is_empty() {
-            let _ = self.events.send(Event::Delta { block, text });
+    fn send(&mut self, block: Block, text: String) {
+        let logprobs = if block == Block::Text {
+            std::mem::take(&mut self.lps)
+        } else {
+            vec![]
+        };
+        if !text.is_empty() || !logprobs.is_empty() {
+            let _ = self.events.send(Event::Delta {
+                block,
+                text,
+                logprobs,
+            });
+        }
+    }
+
+    /// Send tool-call events; whether a call ended among them.
+    fn send_calls(&mut self, events: Vec<CallEvent>) -> bool {
+        let mut ended = false;
+        for e in events {
+            if matches!(e, CallEvent::End(_)) {
+                self.made_calls += 1;
+                ended = true;
+            }
+            let _ = self.events.send(Event::Tool(e));
+        }
+        ended
+    }
+
+    /// Send the log-probabilities still held (of tokens whose text a stop string held back).
+    fn flush_logprobs(&mut self) {
+        if !self.lps.is_empty() {
+            self.send(Block::Text, String::new());
         }
     }
 }

@@ -9,6 +9,8 @@
 //! SSE error event and `data: [DONE]`), new ones get 503 and `/health` answers 503.
 use super::api::{self, ApiError, Limits, Request};
 use super::engine::{Event, Job, JobKind, Shared};
+use super::logprobs::{self as lp, Offsets, TokenLp};
+use super::tools::{CallEvent, ParsedCall};
 use crate::chat::parse::Block;
 use crate::chat::Renderer;
 use crate::model::sampling::SamplingParams;
@@ -235,6 +237,8 @@ struct Meta {
     include_usage: bool,
     return_token_ids: bool,
     prompt: Vec<u32>,
+    /// Log-probabilities were asked for.
+    logprobs: bool,
 }
 
 impl Meta {
@@ -308,6 +312,8 @@ async fn handle(st: Arc<AppState>, body: Result<Bytes, BytesRejection>, ep: Endp
             },
             Endpoint::Completion => JobKind::Completion,
         },
+        logit: req.logit.clone(),
+        tools: req.tools.clone(),
         events: tx,
     };
     match st.jobs.try_send(job) {
@@ -342,6 +348,7 @@ async fn handle(st: Arc<AppState>, body: Result<Bytes, BytesRejection>, ep: Endp
         include_usage: req.include_usage,
         return_token_ids: req.return_token_ids,
         prompt: req.prompt,
+        logprobs: req.logit.logprobs.is_some(),
     };
     let feed = Feed {
         rx,
@@ -354,6 +361,9 @@ async fn handle(st: Arc<AppState>, body: Result<Bytes, BytesRejection>, ep: Endp
             meta,
             pending: VecDeque::new(),
             done: false,
+            calls: 0,
+            call_open: false,
+            offsets: Offsets::default(),
         };
         Sse::new(chunks)
             .keep_alive(KeepAlive::new().interval(st.ping).text("ping"))
@@ -458,6 +468,8 @@ fn engine_error(msg: String) -> ApiError {
 /// Dropped with its connection, which drops the receiver and so cancels the job.
 async fn collect(mut feed: Feed, meta: Meta) -> Response {
     let (mut text, mut thinking) = (String::new(), String::new());
+    let mut lps: Vec<TokenLp> = Vec::new();
+    let mut calls: Vec<Value> = Vec::new();
     loop {
         let ev = match feed.next().await {
             Next::Event(ev) => ev,
@@ -466,10 +478,19 @@ async fn collect(mut feed: Feed, meta: Meta) -> Response {
         };
         match ev {
             Event::Started => {}
-            Event::Delta { block, text: t } => match block {
-                Block::Thinking => thinking.push_str(&t),
-                _ => text.push_str(&t),
-            },
+            Event::Delta {
+                block,
+                text: t,
+                logprobs,
+            } => {
+                match block {
+                    Block::Thinking => thinking.push_str(&t),
+                    _ => text.push_str(&t),
+                }
+                lps.extend(logprobs);
+            }
+            Event::Tool(CallEvent::End(c)) => calls.push(call_json(&meta, calls.len(), &c)),
+            Event::Tool(_) => {}
             Event::Error(m) => return error_response(&engine_error(m)),
             Event::Done {
                 finish,
@@ -483,9 +504,21 @@ async fn collect(mut feed: Feed, meta: Meta) -> Response {
                         if !thinking.is_empty() {
                             m["reasoning_content"] = json!(thinking);
                         }
-                        json!({"index": 0, "message": m})
+                        if !calls.is_empty() {
+                            if text.is_empty() {
+                                m["content"] = Value::Null;
+                            }
+                            m["tool_calls"] = json!(calls);
+                        }
+                        let l = meta.logprobs.then(|| lp::chat_json(&lps));
+                        json!({"index": 0, "message": m, "logprobs": l})
                     }
-                    Endpoint::Completion => json!({"index": 0, "text": text, "logprobs": null}),
+                    Endpoint::Completion => {
+                        let l = meta
+                            .logprobs
+                            .then(|| lp::completion_json(&lps, &mut Offsets::default()));
+                        json!({"index": 0, "text": text, "logprobs": l})
+                    }
                 };
                 finish_fields(&meta, &mut choice, finish, &generated_ids);
                 let mut v = meta.envelope(false, json!([choice]));
@@ -499,6 +532,15 @@ async fn collect(mut feed: Feed, meta: Meta) -> Response {
     ))
 }
 
+/// A tool call of choice 0 as OpenAI gives it (`index`-th of the answer).
+fn call_json(meta: &Meta, index: usize, c: &ParsedCall) -> Value {
+    json!({
+        "id": format!("call_{}_{index}", meta.id),
+        "type": "function",
+        "function": {"name": c.name, "arguments": c.arguments},
+    })
+}
+
 /// A streamed response: engine events → SSE chunks, then `data: [DONE]` (after an error event
 /// when the shutdown ends it). Dropped with its connection, which drops the receiver and so
 /// cancels the job.
@@ -507,6 +549,12 @@ struct Chunks {
     meta: Meta,
     pending: VecDeque<SseEvent>,
     done: bool,
+    /// Tool calls streamed so far.
+    calls: usize,
+    /// A call's start was streamed and its end not yet.
+    call_open: bool,
+    /// Text offsets of completion log-probabilities.
+    offsets: Offsets,
 }
 
 impl Chunks {
@@ -517,7 +565,9 @@ impl Chunks {
 
     fn delta(&self, delta: Value) -> Value {
         let choice = match self.meta.endpoint {
-            Endpoint::Chat => json!({"index": 0, "delta": delta, "finish_reason": null}),
+            Endpoint::Chat => {
+                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": null})
+            }
             Endpoint::Completion => {
                 json!({"index": 0, "text": delta["content"], "logprobs": null, "finish_reason": null})
             }
@@ -533,13 +583,50 @@ impl Chunks {
                     self.push(&v);
                 }
             }
-            Event::Delta { block, text } => {
+            Event::Delta {
+                block,
+                text,
+                logprobs,
+            } => {
                 let key = match (block, self.meta.endpoint) {
                     (Block::Thinking, Endpoint::Chat) => "reasoning_content",
                     (Block::Thinking, Endpoint::Completion) => return,
                     _ => "content",
                 };
-                let v = self.delta(json!({ key: text }));
+                let mut v = self.delta(json!({ key: text }));
+                if self.meta.logprobs && block == Block::Text {
+                    v["choices"][0]["logprobs"] = match self.meta.endpoint {
+                        Endpoint::Chat => lp::chat_json(&logprobs),
+                        Endpoint::Completion => lp::completion_json(&logprobs, &mut self.offsets),
+                    };
+                }
+                self.push(&v);
+            }
+            Event::Tool(e) => {
+                let index = self.calls;
+                let call = match e {
+                    // the id, type and name first, then the arguments piece by piece
+                    CallEvent::Start(name) => {
+                        self.call_open = true;
+                        let c = ParsedCall {
+                            name,
+                            arguments: String::new(),
+                        };
+                        call_json(&self.meta, index, &c)
+                    }
+                    CallEvent::Args(a) => json!({"function": {"arguments": a}}),
+                    CallEvent::End(c) => {
+                        self.calls += 1;
+                        if std::mem::take(&mut self.call_open) {
+                            return;
+                        }
+                        // a call that did not stream: whole in one delta
+                        call_json(&self.meta, index, &c)
+                    }
+                };
+                let mut call = call;
+                call["index"] = json!(index);
+                let v = self.delta(json!({ "tool_calls": [call] }));
                 self.push(&v);
             }
             Event::Done {

@@ -2,11 +2,19 @@
 //!
 //! - [`engine`]: one thread owns the model; requests wait in a bounded queue and run one at a
 //!   time, each cancelled when its client goes away or the server shuts down (queued or running).
-//! - [`api`]: request parsing and validation, response bodies, OpenAI error envelopes.
+//! - [`api`]: request parsing and validation into an engine job, `usage`.
+//! - [`error`]: OpenAI error envelopes; bodies parsed with errors naming the field's JSON path.
+//! - [`fields`]: which request fields each endpoint implements, takes as metadata or refuses.
+//! - [`logprobs`]: log-probabilities in OpenAI's chat and completions schemas.
+//! - [`tools`]: tool declarations and `tool_choice`, tool-call blocks parsed into `tool_calls`.
 //! - [`http`]: the axum routes, SSE streaming with comment pings, the body size limit, the
 //!   graceful shutdown ([`http::Shutdown`]: queued and running requests end at once).
 //! - [`timeout`]: the request-head read timeout (a listener wrapper for `axum::serve`).
 pub mod api;
 pub mod engine;
+pub mod error;
+pub mod fields;
 pub mod http;
+pub mod logprobs;
 pub mod timeout;
+pub mod tools;

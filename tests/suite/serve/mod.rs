@@ -7,13 +7,21 @@
 pub mod chat_page;
 #[cfg(unix)]
 pub mod context;
+pub mod engine_tools;
 #[cfg(unix)]
 pub mod hostile;
 pub mod parser_fuzz;
 pub mod request_errors;
+pub mod request_fields;
+#[cfg(unix)]
+pub mod serve_bench;
+#[cfg(unix)]
+pub mod serve_logprobs;
 pub mod serve_openai;
 #[cfg(unix)]
 pub mod serve_reference;
+#[cfg(unix)]
+pub mod serve_tools;
 #[cfg(unix)]
 mod server;
 #[cfg(unix)]

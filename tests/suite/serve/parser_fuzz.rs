@@ -199,7 +199,13 @@ fn fuzz(seed: u64, iterations: usize) {
                     );
                     assert!((400..500).contains(&e.status), "{shown}: {env}");
                     if let Some(param) = env["error"]["param"].as_str() {
-                        assert!(!param.is_empty() && !param.contains('?'), "{shown}: {env}");
+                        // `?` stands for a segment serde_path_to_error could not name, unless a
+                        // key of the body holds it
+                        let named = param.split('.').all(|seg| {
+                            let key = seg.split('[').next().unwrap_or_default();
+                            !key.contains('?') || shown.contains(&format!("\"{key}\""))
+                        });
+                        assert!(!param.is_empty() && named, "{shown}: {env}");
                     }
                 }
             }

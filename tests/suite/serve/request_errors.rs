@@ -255,7 +255,7 @@ fn conflicting_limits_and_empty_stops_are_refused_by_name() {
 /// server does not implement (`logit_bias`, `logprobs`, `top_logprobs`) are refused by name,
 /// never ignored.
 #[test]
-fn penalties_are_taken_and_unimplemented_fields_refused_by_name() {
+fn penalties_are_taken_and_bad_values_refused_by_name() {
     let p = Parser::new();
     let body = format!(
         r#"{{"messages":[{USER}],"presence_penalty":0.5,"frequency_penalty":-1,"repetition_penalty":1.2,"repeat_last_n":8,"min_p":0.1}}"#
@@ -276,8 +276,9 @@ fn penalties_are_taken_and_unimplemented_fields_refused_by_name() {
         ("frequency_penalty", "-3"),
         ("repetition_penalty", "0"),
         ("min_p", "1.5"),
-        ("logit_bias", r#"{"5":10}"#),
-        ("logprobs", "true"),
+        ("logit_bias", r#"{"5":101}"#),
+        ("logit_bias", r#"{"x":1}"#),
+        ("logprobs", "2"),
         ("top_logprobs", "2"),
     ] {
         let body = format!(r#"{{"messages":[{USER}],"{field}":{bad}}}"#);

@@ -28,9 +28,14 @@ impl Server {
     /// Start `serve --port 0 EXTRA…` (with `--device cpu` unless EXTRA names a device) and return
     /// once it takes requests.
     pub fn start(extra: &[&str]) -> Server {
+        Server::start_model(&chat_model(), extra)
+    }
+
+    /// [`Server::start`] of the model in directory `model`.
+    pub fn start_model(model: &std::path::Path, extra: &[&str]) -> Server {
         let mut child = Command::new(BIN)
             .args(["serve", "--port", "0", "--model"])
-            .arg(chat_model())
+            .arg(model)
             // the CPU unless `extra` names a device
             .args(if extra.contains(&"--device") {
                 &[][..]
