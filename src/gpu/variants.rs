@@ -9,7 +9,7 @@ use crate::formats::Encoding;
 use crate::gpu::kernel::KernelSpec;
 use crate::gpu::limits::LimitProfile;
 use crate::gpu::linear::format::{encodings_of, kernel_encodings, Tuning};
-use crate::gpu::linear::route::{candidates, tuning, TILES};
+use crate::gpu::linear::route::{candidates, silu_tuning, tuning, TILES};
 use crate::gpu::linear::{gemm, gemv};
 use crate::gpu::{ops, timing, Gpu};
 
@@ -139,7 +139,7 @@ pub fn check_limits(
     let smem = limits.max_compute_workgroup_storage_size as u64;
     for enc in encs {
         for &t in candidates(enc.format) {
-            let need = gemv::workgroup_bytes(enc.format, t, 512, false);
+            let need = gemv::workgroup_bytes(enc.format, t, 512, false, silu_tuning(t));
             if need > smem {
                 let Tuning { tpr, rpt } = t;
                 return Err(err(

@@ -94,11 +94,18 @@ fn smem_bytes(f: Format, t: Tuning, xt: u32) -> u64 {
     16 * (v4 + v4 / pad_period(f)) as u64 + 4 * 256 * t.rpt as u64
 }
 
+/// Workgroup-memory bytes of a staged instantiation with x tile `xt`, with the silu·up
+/// epilogue's `block_sums` (one f32 per row of the workgroup) when `silu`.
+fn staged_bytes(f: Format, t: Tuning, xt: u32, silu: bool) -> u64 {
+    smem_bytes(f, t, xt) + silu as u64 * 4 * t.rows_per_workgroup() as u64
+}
+
 /// The x tile for `cols` columns: the row rounded up to 512 columns, shrunk by 512 until it fits
-/// `smem_limit` bytes of workgroup memory (never below 512).
-fn x_tile(f: Format, t: Tuning, cols: usize, smem_limit: u64) -> u32 {
+/// `smem_limit` bytes of workgroup memory (never below 512), the silu·up epilogue's bytes
+/// included when `silu`.
+fn x_tile(f: Format, t: Tuning, cols: usize, smem_limit: u64, silu: bool) -> u32 {
     let mut xt = (cols.next_multiple_of(512) as u64).min(XT_MAX as u64) as u32;
-    while xt > 512 && smem_bytes(f, t, xt) > smem_limit {
+    while xt > 512 && staged_bytes(f, t, xt, silu) > smem_limit {
         xt -= 512;
     }
     xt
@@ -441,7 +448,7 @@ pub fn bind(
     let mut dispatches = Vec::new();
     for (k, (group, plan)) in groups.iter().zip(plans).enumerate() {
         let rows_of = |c: &WeightChunk| c.r1 - c.r0;
-        let xt = x_tile(enc.format, plan.tuning, w.cols(), smem);
+        let xt = x_tile(enc.format, plan.tuning, w.cols(), smem, args.silu_mul);
         let n_chunks = group.len() as u32;
         let key = GemvKey::new(enc, subgroups, plan.tuning, xt, plan.direct)
             .with_chunks(n_chunks)
@@ -514,18 +521,19 @@ pub fn bind(
 }
 
 /// Every x tile [`GpuWeights::bind`] can pick for tuning `t` of `f` on a device with
-/// `smem_limit` bytes of workgroup memory: 512 columns (taken even when it does not fit), then
-/// every multiple of 512 up to 16384 that fits.
-pub fn x_tiles(f: Format, t: Tuning, smem_limit: u64) -> Vec<u32> {
+/// `smem_limit` bytes of workgroup memory, with the silu·up epilogue when `silu`: 512 columns
+/// (taken even when it does not fit), then every multiple of 512 up to 16384 that fits.
+pub fn x_tiles(f: Format, t: Tuning, smem_limit: u64, silu: bool) -> Vec<u32> {
     (1..=XT_MAX / 512)
         .map(|k| 512 * k)
-        .filter(|&xt| xt == 512 || smem_bytes(f, t, xt) <= smem_limit)
+        .filter(|&xt| xt == 512 || staged_bytes(f, t, xt, silu) <= smem_limit)
         .collect()
 }
 
-/// Workgroup-memory bytes of the instantiation of [`GemvKey::new`] (`xt` ignored when `direct`).
-pub fn workgroup_bytes(f: Format, t: Tuning, xt: u32, direct: bool) -> u64 {
-    smem_bytes(f, t, if direct { 0 } else { xt })
+/// Workgroup-memory bytes of the instantiation of [`GemvKey::new`] (`xt` ignored when `direct`),
+/// with the silu·up epilogue's when `silu` ([`GemvKey::with_silu`]).
+pub fn workgroup_bytes(f: Format, t: Tuning, xt: u32, direct: bool, silu: bool) -> u64 {
+    staged_bytes(f, t, if direct { 0 } else { xt }, silu)
 }
 
 /// Every GEMV kernel the engine builds without a forced tuning on a device with `smem_limit`
@@ -535,8 +543,8 @@ pub fn workgroup_bytes(f: Format, t: Tuning, xt: u32, direct: bool) -> u64 {
 /// output segments).
 pub fn kernels(smem_limit: u64, subgroups: bool) -> Vec<KernelSpec> {
     let encs = kernel_encodings();
-    kernels_where(&encs, subgroups, |enc, t| {
-        x_tiles(enc.format, t, smem_limit)
+    kernels_where(&encs, subgroups, |enc, t, silu| {
+        x_tiles(enc.format, t, smem_limit, silu)
     })
 }
 
@@ -548,10 +556,10 @@ pub fn kernels_for(
     smem_limit: u64,
     subgroups: bool,
 ) -> Vec<KernelSpec> {
-    kernels_where(&encodings_of(shapes), subgroups, |enc, t| {
+    kernels_where(&encodings_of(shapes), subgroups, |enc, t, silu| {
         let mut xts: Vec<u32> = Vec::new();
         for &(e, cols) in shapes.iter().filter(|(e, _)| *e == enc) {
-            let xt = x_tile(e.format, t, cols, smem_limit);
+            let xt = x_tile(e.format, t, cols, smem_limit, silu);
             if !xts.contains(&xt) {
                 xts.push(xt);
             }
@@ -561,11 +569,11 @@ pub fn kernels_for(
     })
 }
 
-/// The GEMV variants of `encs` with the staged x tiles `xts(encoding, tuning)` gives.
+/// The GEMV variants of `encs` with the staged x tiles `xts(encoding, tuning, silu)` gives.
 fn kernels_where(
     encs: &[Encoding],
     subgroups: bool,
-    xts: impl Fn(Encoding, Tuning) -> Vec<u32>,
+    xts: impl Fn(Encoding, Tuning, bool) -> Vec<u32>,
 ) -> Vec<KernelSpec> {
     let mut v = Vec::new();
     for &enc in encs {
@@ -586,7 +594,7 @@ fn kernels_where(
                 };
                 let usable = |t: &&Tuning| !silu || silu_tuning(**t);
                 for &t in candidates(enc.format).iter().filter(usable) {
-                    for xt in xts(enc, t) {
+                    for xt in xts(enc, t, silu) {
                         v.push(KernelSpec::of(&key(t, xt, false)));
                     }
                 }

@@ -147,7 +147,9 @@ fn plan_with(
             .filter(|&(_, t)| !silu || silu_tuning(t))
             .collect();
         ok.iter()
-            .find(|&&(k, t)| n_pairs as u64 * rows.div_ceil(t.rows_per_workgroup()) as u64 >= min(k))
+            .find(|&&(k, t)| {
+                n_pairs as u64 * rows.div_ceil(t.rows_per_workgroup()) as u64 >= min(k)
+            })
             .or(ok.last())
             .map(|&(_, t)| t)
             .expect("every candidate list has a tuning of several row sets")

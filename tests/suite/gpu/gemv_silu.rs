@@ -80,7 +80,11 @@ fn check_case(
     let gu = poisoned(gpu, np * o);
     let act2 = poisoned(gpu, np * n);
     let plain = w
-        .bind(gpu, ord, with(GemvArgs::new(&xb, tokens, &pbuf, np as u32, &gu)))
+        .bind(
+            gpu,
+            ord,
+            with(GemvArgs::new(&xb, tokens, &pbuf, np as u32, &gu)),
+        )
         .unwrap();
     let silu = SiluMul {
         rows: np as u32,
@@ -207,14 +211,22 @@ fn silu_epilogue_refusals() {
     .unwrap();
     assert!(split.chunks().len() > 1 && !split.silu_mul_shape_fits());
     shape(
-        split.bind(&gpu, ord, GemvArgs::new(&x, 1, &pairs, 1, &y).silu_mul(true)),
+        split.bind(
+            &gpu,
+            ord,
+            GemvArgs::new(&x, 1, &pairs, 1, &y).silu_mul(true),
+        ),
         "rows split over chunks",
     );
     // an odd row count
     let odd = quantize(enc, &rng.vec(39 * i, 1.0), 39, i).unwrap();
     let w_odd = GpuWeights::upload(&gpu, std::slice::from_ref(&odd)).unwrap();
     shape(
-        w_odd.bind(&gpu, ord, GemvArgs::new(&x, 1, &pairs, 1, &y).silu_mul(true)),
+        w_odd.bind(
+            &gpu,
+            ord,
+            GemvArgs::new(&x, 1, &pairs, 1, &y).silu_mul(true),
+        ),
         "odd rows",
     );
     let w = GpuWeights::upload(&gpu, std::slice::from_ref(&m)).unwrap();
@@ -233,7 +245,11 @@ fn silu_epilogue_refusals() {
     // the output holds [P, O/2]: one float short is refused
     let small = gpu.storage("small", 4 * (o as u64 / 2 - 1));
     assert!(matches!(
-        w.bind(&gpu, ord, GemvArgs::new(&x, 1, &pairs, 1, &small).silu_mul(true)),
+        w.bind(
+            &gpu,
+            ord,
+            GemvArgs::new(&x, 1, &pairs, 1, &small).silu_mul(true)
+        ),
         Err(DispatchError::Shape(_))
     ));
     // one pair fits; 64 tokens of one expert are a GEMM, which keeps the separate silu_mul

@@ -213,7 +213,7 @@ fn expected_gemv(smem: u64, subgroups: bool) -> usize {
             let staged: usize = candidates(row.format)
                 .iter()
                 .filter(|&&t| !silu || silu_tuning(t))
-                .map(|&t| x_tiles(row.format, t, smem).len())
+                .map(|&t| x_tiles(row.format, t, smem, silu).len())
                 .sum();
             let direct = if matches!(row.format, Format::F32 | Format::Bf16) {
                 direct_candidates()
@@ -430,7 +430,7 @@ fn every_kernel_of_a_profile_fits_its_limits_or_the_device_check_names_the_limit
                 let direct = parts[3] == "xdirect";
                 let xt: u32 = parts[4].parse().unwrap();
                 assert_eq!(
-                    gemv::workgroup_bytes(enc.format, t, xt, direct),
+                    gemv::workgroup_bytes(enc.format, t, xt, direct, s.key.ends_with(":silu")),
                     wg,
                     "{}",
                     s.key
