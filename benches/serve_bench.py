@@ -59,12 +59,14 @@ def one_request(url, model, endpoint, tokens, prompt):
         ttft = None
         usage = None
         chunks = 0
+        done = False
         for raw in r:
             line = raw.decode("utf-8", "replace").strip()
             if not line.startswith("data: "):
                 continue
             data = line[6:]
             if data == "[DONE]":
+                done = True
                 break
             v = json.loads(data)
             if "error" in v:
@@ -78,10 +80,12 @@ def one_request(url, model, endpoint, tokens, prompt):
                     chunks += 1
                     if ttft is None:
                         ttft = time.perf_counter() - t0
+        if not done:
+            return "the stream ended without [DONE] (connection closed early)"
         total = time.perf_counter() - t0
         n = usage["completion_tokens"] if usage else chunks
         return (ttft if ttft is not None else total, total, n)
-    except OSError as e:
+    except (OSError, ValueError, http.client.HTTPException) as e:
         return f"{type(e).__name__}: {e}"
     finally:
         conn.close()
@@ -144,6 +148,9 @@ def main():
     p.add_argument("--endpoint", choices=["chat", "completions"], default="chat")
     p.add_argument("--prompt", default=PROMPT)
     args = p.parse_args()
+    u = urllib.parse.urlsplit(args.url)
+    if u.scheme != "http" or not u.hostname:
+        p.error(f"--url: expected http://HOST:PORT, got {args.url!r}")
     try:
         levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
     except ValueError:

@@ -316,16 +316,14 @@ pub fn chat_request(body: &[u8], r: &Renderer, lim: &Limits<'_>) -> Result<Reque
         };
         text_bytes = text_bytes.saturating_add(content.len());
         let mut msg = Message::new(role, content);
-        for (j, c) in m.tool_calls.unwrap_or_default().into_iter().enumerate() {
+        for c in m.tool_calls.unwrap_or_default() {
             text_bytes = text_bytes
                 .saturating_add(c.function.arguments.len())
                 .saturating_add(c.function.name.len());
-            let arguments: Value = serde_json::from_str(&c.function.arguments).map_err(|e| {
-                ApiError::bad_field(
-                    format!("tool call arguments are not JSON: {e}"),
-                    format!("messages[{i}].tool_calls[{j}].function.arguments"),
-                )
-            })?;
+            // arguments that are not JSON (a call cut off by max_tokens, or text the model wrote
+            // that way, which this server hands out as they are) are rendered as a JSON string
+            let arguments: Value = serde_json::from_str(&c.function.arguments)
+                .unwrap_or_else(|_| Value::String(c.function.arguments.clone()));
             if let Some(id) = c.id {
                 call_names.push((id, c.function.name.clone()));
             }

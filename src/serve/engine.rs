@@ -307,11 +307,27 @@ impl Output<'_, '_> {
     }
 
     fn send(&mut self, block: Block, text: String) {
-        let logprobs = if block == Block::Text {
+        let mut logprobs = if block == Block::Text {
             std::mem::take(&mut self.lps)
         } else {
             vec![]
         };
+        if block == Block::Text && self.stop.stopped() {
+            // the text before the matched stop string: the held tokens it covers keep their
+            // log-probabilities, the ones inside the stop string get none
+            let mut room = text.len();
+            let keep = logprobs
+                .iter()
+                .take_while(|e| match room.checked_sub(e.bytes.len()) {
+                    Some(r) => {
+                        room = r;
+                        true
+                    }
+                    None => false,
+                })
+                .count();
+            logprobs.truncate(keep);
+        }
         if !text.is_empty() || !logprobs.is_empty() {
             let _ = self.events.send(Event::Delta {
                 block,

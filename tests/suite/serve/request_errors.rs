@@ -98,7 +98,7 @@ fn every_field_error_names_its_json_path() {
             "messages[0].content[0].type",
         ),
         (
-            r#"{"messages":[{"role":"assistant","content":"","tool_calls":[{"function":{"name":"f","arguments":"{"}}]}]}"#.into(),
+            r#"{"messages":[{"role":"assistant","content":"","tool_calls":[{"function":{"name":"f","arguments":5}}]}]}"#.into(),
             "messages[0].tool_calls[0].function.arguments",
         ),
         (chat(r#""n":2"#), "n"),

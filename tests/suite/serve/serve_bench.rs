@@ -52,3 +52,35 @@ fn serve_bench_reports_throughput_and_ttft_per_concurrency() {
         assert!(lv["decode_tok_s"].get("median").is_some(), "{lv}");
     }
 }
+
+/// A URL without `http://` is refused before any request (exit 2, naming `--url`), and a server
+/// that is not there counts as errors with a non-zero exit, never as a clean run.
+#[test]
+fn serve_bench_refuses_a_bad_url_and_counts_a_missing_server_as_errors() {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("benches/serve_bench.py");
+    let run = |url: &str| {
+        Command::new(super::test_python::python())
+            .arg(&script)
+            .args([
+                "--url",
+                url,
+                "--model",
+                "m",
+                "--tokens",
+                "2",
+                "--concurrency",
+                "1",
+            ])
+            .output()
+            .unwrap()
+    };
+    let out = run("127.0.0.1:9");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--url"));
+    // port 9 (discard) on loopback: nothing listens there in the test machines
+    let out = run("http://127.0.0.1:9");
+    assert_eq!(out.status.code(), Some(1));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["levels"][0]["errors"], 1, "{v}");
+    assert_eq!(v["levels"][0]["requests"], 1, "{v}");
+}

@@ -284,3 +284,62 @@ fn chat_logprobs_are_the_log_softmax_of_the_cpu_logits() {
         .collect();
     assert_eq!(&streamed, content);
 }
+
+/// A stop string that starts at token k: the answer is the text before it, and its tokens (and
+/// only they) carry log-probabilities, streamed and not.
+#[test]
+fn a_stop_strings_tokens_get_no_logprobs() {
+    let server = Server::start(&[]);
+    let prompt: Vec<u32> = vec![50, 51, 57, 60, 61];
+    let body = json!({"prompt": prompt, "max_tokens": 12, "temperature": 0, "logprobs": 1});
+    let (code, v) = post_json(&server.addr, "/v1/completions", &body);
+    assert_eq!(code, 200, "{v}");
+    let text0 = v["choices"][0]["text"].as_str().unwrap().to_string();
+    let tokens0: Vec<String> = v["choices"][0]["logprobs"]["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap().to_string())
+        .collect();
+    // the first token k ≥ 1 whose text first occurs where it starts, after whole-character tokens
+    let (k, off) = (1..tokens0.len())
+        .map(|k| (k, tokens0[..k].concat().len()))
+        .find(|&(k, off)| {
+            let upto = tokens0[..=k].concat();
+            let t = &tokens0[k];
+            !t.trim().is_empty()
+                && !upto.contains('\u{fffd}')
+                && text0.starts_with(&upto)
+                && text0.find(t.as_str()) == Some(off)
+        })
+        .unwrap_or_else(|| panic!("no usable stop token in {tokens0:?} ({text0:?})"));
+    let stop = tokens0[k].clone();
+    let body = json!({"prompt": prompt, "max_tokens": 12, "temperature": 0, "logprobs": 1, "stop": [stop]});
+    let (code, v) = post_json(&server.addr, "/v1/completions", &body);
+    assert_eq!(code, 200, "{v}");
+    let c = &v["choices"][0];
+    assert_eq!(c["finish_reason"], "stop", "{v}");
+    assert_eq!(c["text"].as_str().unwrap(), &text0[..off], "{v}");
+    let tokens: Vec<&str> = c["logprobs"]["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    assert_eq!(tokens, tokens0[..k].to_vec(), "stop {stop:?}: {v}");
+    assert_eq!(c["logprobs"]["token_logprobs"].as_array().unwrap().len(), k);
+    // streamed: the same tokens
+    let mut body = body;
+    body["stream"] = json!(true);
+    let streamed: Vec<String> = stream_choices(&server.addr, "/v1/completions", &body)
+        .iter()
+        .flat_map(|c| {
+            c["logprobs"]["tokens"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .map(|t| t.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(streamed, tokens0[..k].to_vec(), "streamed, stop {stop:?}");
+}

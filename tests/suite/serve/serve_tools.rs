@@ -302,3 +302,25 @@ fn serve_forces_a_named_tool_call_and_the_openai_client_round_trips() {
     assert!(report.contains("all checks passed"), "{report}");
     let _ = std::fs::remove_dir_all(&model);
 }
+
+/// A call cut off by `max_tokens` (arguments that are not JSON) sent back in the next turn, as
+/// agent loops do, is taken (rendered as a JSON string), not refused.
+#[test]
+fn a_cut_off_calls_arguments_come_back_without_an_error() {
+    let model = tool_model();
+    let server = Server::start_model(&model, &[]);
+    let body = json!({
+        "messages": [
+            {"role": "user", "content": "Weather?"},
+            {"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function",
+                "function": {"name": "get_weather", "arguments": "{\"city\": \"S"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+        ],
+        "tools": [{"type": "function", "function": {"name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}],
+        "max_tokens": 3, "temperature": 0,
+    });
+    let (code, v) = post_json(&server.addr, "/v1/chat/completions", &body);
+    assert_eq!(code, 200, "{v}");
+    assert!(v["choices"][0]["finish_reason"].is_string(), "{v}");
+}
