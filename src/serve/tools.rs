@@ -155,6 +155,33 @@ fn decl(t: &Value, i: usize) -> Result<ToolDecl, ApiError> {
             ".function",
         ));
     };
+    if let Some(k) = t.as_object().and_then(|o| {
+        o.keys()
+            .find(|k| !["type", "function"].contains(&k.as_str()))
+    }) {
+        return Err(bad("not a field of a function tool", &format!(".{k}")));
+    }
+    let known = ["name", "description", "parameters", "strict"];
+    if let Some(k) = f
+        .as_object()
+        .and_then(|o| o.keys().find(|k| !known.contains(&k.as_str())))
+    {
+        return Err(bad(
+            "not a field of a function tool's `function`",
+            &format!(".function.{k}"),
+        ));
+    }
+    match f.get("strict") {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => {}
+        Some(Value::Bool(true)) => {
+            return Err(bad(
+                "strict: true needs arguments constrained to the schema, which this server \
+                 cannot do (no constrained decoding); leave it out or set it to false",
+                ".function.strict",
+            ))
+        }
+        Some(_) => return Err(bad("expected a boolean", ".function.strict")),
+    }
     let name = match f.get("name").and_then(Value::as_str) {
         Some(n) if !n.is_empty() && n.len() <= 64 => n.to_string(),
         _ => {
@@ -521,6 +548,30 @@ mod tests {
         assert_eq!((c.name.as_str(), c.arguments.as_str()), ("g", "{\"a\":1"));
         let c = call_of("h", "", "not json");
         assert_eq!((c.name.as_str(), c.arguments.as_str()), ("h", "not json"));
+    }
+
+    #[test]
+    fn strict_and_unknown_keys_of_a_declaration_are_refused_by_name() {
+        let with = |f: Value| json!([{"type": "function", "function": f}]);
+        let ok = with(json!({"name": "f", "strict": false}));
+        assert!(parse(Some(&ok), None, None).is_ok());
+        for (f, param) in [
+            (
+                json!({"name": "f", "strict": true}),
+                "tools[0].function.strict",
+            ),
+            (
+                json!({"name": "f", "strict": 1}),
+                "tools[0].function.strict",
+            ),
+            (json!({"name": "f", "foo": 1}), "tools[0].function.foo"),
+        ] {
+            let e = parse(Some(&with(f)), None, None).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param));
+        }
+        let extra = json!([{"type": "function", "function": {"name": "f"}, "x": 1}]);
+        let e = parse(Some(&extra), None, None).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("tools[0].x"));
     }
 
     #[test]
