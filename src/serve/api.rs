@@ -332,14 +332,25 @@ pub fn chat_request(body: &[u8], r: &Renderer, lim: &Limits<'_>) -> Result<Reque
                 arguments,
             });
         }
-        msg.name = match (role, m.name, m.tool_call_id) {
-            (Role::Tool, Some(n), _) => Some(n),
-            (Role::Tool, None, Some(id)) => call_names
-                .iter()
-                .find(|(i, _)| *i == id)
-                .map(|(_, n)| n.clone()),
-            _ => None,
-        };
+        msg.name =
+            match (role, m.name, m.tool_call_id) {
+                (Role::Tool, Some(n), _) => Some(n),
+                (Role::Tool, None, Some(id)) => {
+                    let name = call_names.iter().find(|(i, _)| *i == id);
+                    let Some((_, n)) = name else {
+                        return Err(ApiError::bad_field(
+                            format!("no earlier assistant tool call has the id {id:?}"),
+                            format!("messages[{i}].tool_call_id"),
+                        ));
+                    };
+                    Some(n.clone())
+                }
+                (Role::Tool, None, None) => return Err(ApiError::bad_field(
+                    "a tool message needs `tool_call_id` (the id of the call it answers) or `name`",
+                    format!("messages[{i}].tool_call_id"),
+                )),
+                _ => None,
+            };
         messages.push(msg);
     }
     let decl_json = tools.as_ref().map(|t| tools::declaration_json(&t.decls));

@@ -232,6 +232,50 @@ pub fn check_message(i: usize, m: &Map<String, Value>) -> Result<(), ApiError> {
             ));
         }
     }
+    if let Some(Value::Array(calls)) = m.get("tool_calls") {
+        for (j, c) in calls.iter().enumerate() {
+            check_tool_call(c, &format!("messages[{i}].tool_calls[{j}]"))?;
+        }
+    }
+    Ok(())
+}
+
+/// The keys of an assistant message's tool call (`id`, `type` "function", `function` with `name`
+/// and `arguments`): any other key is refused by its path `at.…`.
+fn check_tool_call(c: &Value, at: &str) -> Result<(), ApiError> {
+    let Some(o) = c.as_object() else {
+        return Ok(()); // the typed parse names a call that is not an object
+    };
+    if let Some(k) = o
+        .keys()
+        .find(|k| !["id", "type", "function"].contains(&k.as_str()))
+    {
+        return Err(ApiError::bad_field(
+            "not a field of a tool call",
+            format!("{at}.{k}"),
+        ));
+    }
+    match o.get("type") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(t)) if t == "function" => {}
+        Some(_) => {
+            return Err(ApiError::bad_field(
+                "only tool calls of type \"function\" are supported",
+                format!("{at}.type"),
+            ))
+        }
+    }
+    if let Some(f) = o.get("function").and_then(Value::as_object) {
+        if let Some(k) = f
+            .keys()
+            .find(|k| !["name", "arguments"].contains(&k.as_str()))
+        {
+            return Err(ApiError::bad_field(
+                "not a field of a tool call's `function`",
+                format!("{at}.function.{k}"),
+            ));
+        }
+    }
     Ok(())
 }
 

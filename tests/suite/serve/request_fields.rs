@@ -401,6 +401,27 @@ fn message_fields_are_taken_or_refused_by_name() {
             r#"{"role":"user","content":"x","contents":"y"}"#,
             "messages[1].contents",
         ),
+        (
+            r#"{"role":"assistant","tool_calls":[{"id":"c","function":{"name":"f","arguments":"{}"},"qqq":1}]}"#,
+            "messages[1].tool_calls[0].qqq",
+        ),
+        (
+            r#"{"role":"assistant","tool_calls":[{"id":"c","function":{"name":"f","arguments":"{}","zzz":1}}]}"#,
+            "messages[1].tool_calls[0].function.zzz",
+        ),
+        (
+            r#"{"role":"assistant","tool_calls":[{"id":"c","type":"custom","function":{"name":"f","arguments":"{}"}}]}"#,
+            "messages[1].tool_calls[0].type",
+        ),
+        // a tool result must answer a call (by its id) or name its function
+        (
+            r#"{"role":"tool","content":"sunny","tool_call_id":"call_zzz"}"#,
+            "messages[1].tool_call_id",
+        ),
+        (
+            r#"{"role":"tool","content":"sunny"}"#,
+            "messages[1].tool_call_id",
+        ),
     ] {
         refused_naming(chat(bad), param, bad);
     }
