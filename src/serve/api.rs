@@ -40,6 +40,7 @@ enum EffortField {
 }
 
 #[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
 struct StreamOptions {
     include_usage: Option<bool>,
 }

@@ -190,7 +190,16 @@ pub fn check(schema: Schema, body: &Map<String, Value>) -> Result<(), ApiError> 
         let refuse = |why: &str| Err(ApiError::bad_field(why, name.clone()));
         match rule(schema, name) {
             None => return refuse(&unknown(schema, name)),
-            Some(Rule::Implemented | Rule::Metadata) => {}
+            Some(Rule::Implemented) => {}
+            Some(Rule::Metadata) => match (name.as_str(), v) {
+                (_, Value::Null) => {}
+                ("metadata", v) if !v.is_object() => {
+                    return refuse("expected an object of string values")
+                }
+                ("metadata", _) => {}
+                (_, v) if !v.is_string() => return refuse("expected a string"),
+                _ => {}
+            },
             Some(_) if v.is_null() => {}
             Some(Rule::Only(ok, _)) if ok(v) => {}
             Some(Rule::Only(_, why) | Rule::Refused(why)) => return refuse(why),

@@ -426,3 +426,32 @@ fn message_fields_are_taken_or_refused_by_name() {
         refused_naming(chat(bad), param, bad);
     }
 }
+
+/// Metadata fields are taken only with the schema's types, and `stream_options` only with its
+/// own keys.
+#[test]
+fn metadata_types_and_stream_options_keys_are_checked() {
+    let p = Parser::new();
+    let chat = |f: &str| {
+        p.chat(format!(r#"{{"messages":[{{"role":"user","content":"hi"}}],{f}}}"#).as_bytes())
+    };
+    for ok in [
+        r#""user":"u""#,
+        r#""metadata":{"k":"v"}"#,
+        r#""safety_identifier":"s""#,
+        r#""stream":true,"stream_options":{"include_usage":true}"#,
+    ] {
+        chat(ok).unwrap_or_else(|e| panic!("{ok}: {e:?}"));
+    }
+    for (bad, field) in [
+        (r#""user":5"#, "user"),
+        (r#""metadata":5"#, "metadata"),
+        (r#""safety_identifier":{}"#, "safety_identifier"),
+        (
+            r#""stream":true,"stream_options":{"foo":1}"#,
+            "stream_options",
+        ),
+    ] {
+        refused_naming(chat(bad), field, bad);
+    }
+}
