@@ -276,7 +276,7 @@ impl GpuWeights {
 
     /// [`DispatchError::Shape`] unless `args` can take `silu_mul` here (see
     /// [`GpuWeights::silu_mul_shape_fits`]; no segments and no gamma).
-    fn check_silu_mul(&self, args: &GemvArgs) -> Result<(), DispatchError> {
+    pub(crate) fn check_silu_mul(&self, args: &GemvArgs) -> Result<(), DispatchError> {
         let bad = |m: &str| Err(DispatchError::Shape(format!("silu_mul epilogue: {m}")));
         if !args.segments.is_empty() {
             return bad("no output segments");

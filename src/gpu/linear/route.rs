@@ -140,19 +140,15 @@ fn plan_with(
 ) -> Plan {
     let aligned = direct_aligned(enc, cols, x_stride, x_offset);
     let pick = |list: &[Tuning], min: &dyn Fn(usize) -> u64| {
-        let ok: Vec<(usize, Tuning)> = list
-            .iter()
-            .copied()
-            .enumerate()
-            .filter(|&(_, t)| !silu || silu_tuning(t))
-            .collect();
-        ok.iter()
-            .find(|&&(k, t)| {
-                n_pairs as u64 * rows.div_ceil(t.rows_per_workgroup()) as u64 >= min(k)
-            })
-            .or(ok.last())
-            .map(|&(_, t)| t)
-            .expect("every candidate list has a tuning of several row sets")
+        let usable = list.iter().copied().enumerate();
+        let mut last = None;
+        for (k, t) in usable.filter(|&(_, t)| !silu || silu_tuning(t)) {
+            if n_pairs as u64 * rows.div_ceil(t.rows_per_workgroup()) as u64 >= min(k) {
+                return t;
+            }
+            last = Some(t);
+        }
+        last.expect("every candidate list has a tuning of several row sets")
     };
     let forced = forced.filter(|&t| !silu || silu_tuning(t));
     let (tuning, direct) = match forced {
@@ -215,10 +211,7 @@ impl GpuWeights {
             silu_mul: false,
             ..*args
         };
-        select(self, &plain, opts).is_none()
-            && args.segments.is_empty()
-            && args.gamma.is_none()
-            && self.silu_mul_shape_fits()
+        select(self, &plain, opts).is_none() && self.check_silu_mul(args).is_ok()
     }
 }
 
