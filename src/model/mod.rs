@@ -3,6 +3,7 @@
 //! - [`config`]: `config.json` / `generation_config.json` → [`TextConfig`], [`GenerationConfig`].
 //! - [`weights`]: [`Checkpoint`] (mapped safetensors, or a converted container verified through
 //!   [`crate::container::Container`]) → [`Weights`] (shared by CPU and GPU paths).
+//! - [`batch`]: sequence slots decoded together ([`BatchForward`], [`CpuSlots`]).
 //! - [`cache`]: KV ring buffers and short-conv states ([`Cache`]).
 //! - [`expert_cache`]: slot bookkeeping of a GPU expert cache (which routed experts are resident).
 //! - [`usage`]: the per-model routing-count file that ranks the expert cache's pinned hot set.
@@ -15,6 +16,7 @@
 //! - [`sampling`], [`generate`], [`text`]: the decode loop, sampling and streamed detokenisation.
 //! - [`status`]: the run-time non-finite checks' status words and their errors.
 //! - [`eval`]: perplexity and KL divergence to a base model over strided windows.
+pub mod batch;
 pub mod cache;
 pub mod config;
 pub mod cpu;
@@ -32,6 +34,7 @@ pub mod text;
 pub mod usage;
 pub mod weights;
 
+pub use batch::{BatchForward, CpuSlots};
 pub use cache::Cache;
 pub use config::{AttnGeom, AttnKind, GenerationConfig, MlpKind, TextConfig};
 pub use cpu::CpuModel;

@@ -65,6 +65,9 @@ pub struct GpuModelOptions {
     pub fusions: Fusions,
     /// How the linears' calls are built (GEMV tuning, GEMM tile); default: the engine's choice.
     pub linear: LinearOptions,
+    /// Sequence slots ([`super::BatchForward`]): each has its own KV caches and conv states,
+    /// `max_seq` tokens each. Default 1.
+    pub slots: usize,
 }
 
 impl GpuModelOptions {
@@ -79,6 +82,7 @@ impl GpuModelOptions {
             usage: None,
             fusions: Fusions::default(),
             linear: LinearOptions::default(),
+            slots: 1,
         }
     }
 }
@@ -184,6 +188,7 @@ impl<'w> GpuModel<'w> {
         );
         ensure!(opts.max_chunk >= 1, "max_chunk must be at least 1");
         let max_chunk = opts.max_chunk.min(max_seq);
+        ensure!(opts.slots == 1, "sequence slots > 1: not built yet");
         let kk = cfg.conv_kernel_size;
         ensure!(
             (1..=8).contains(&kk),
@@ -748,5 +753,25 @@ impl super::GreedyPipeline for GpuModel<'_> {
         on_id: &mut dyn FnMut(u32) -> Result<bool>,
     ) -> Result<()> {
         GpuModel::greedy_stream(self, prompt, max_new, on_id)
+    }
+}
+
+impl super::BatchForward for GpuModel<'_> {
+    fn slots(&self) -> usize {
+        1
+    }
+    fn select(&mut self, slot: usize) {
+        assert!(slot < 1, "slot {slot} out of range");
+    }
+    fn selected(&self) -> usize {
+        0
+    }
+    fn position_of(&self, slot: usize) -> usize {
+        assert!(slot < 1, "slot {slot} out of range");
+        self.pos
+    }
+    fn decode_batch(&mut self, batch: &[(usize, u32)]) -> Result<Vec<Vec<f32>>> {
+        super::batch::check_batch(batch, 1, |_| self.pos)?;
+        Ok(vec![GpuModel::forward(self, &[batch[0].1])?])
     }
 }
