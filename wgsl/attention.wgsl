@@ -8,6 +8,8 @@
 //
 // Layouts (f32): q [T, H, D], k_new/v_new [T, KVH, D], r [T, H, d_rel], proj [d_rel, extent],
 // caches [cap, KVH, D], out [T, H * D]. pos.x = pos0 = absolute position of the first new token.
+// Sequence slots: the caches hold one block of `slot_rows` rows per slot; pos.y names the slot of
+// this call's tokens (its rows start at row pos.y * slot_rows).
 //
 // Two variants (`//!IF VEC4` lines, chosen by the host): D % 4 == 0 binds q/k/v/caches/out as vec4 arrays
 // (one 16-byte load per 4 elements); otherwise they are f32 arrays read four at a time with the tail
@@ -24,6 +26,9 @@
 // are the conv ring: ring row p % K holds the raw input of position p (zeros before the sequence),
 // so the K - 1 rows a step reads are never the row it writes and no workgroup races another.
 // `fp` (binding 12) holds eps and the conv kernel size K. No `attn_append` in this variant.
+// Its `//!IF BATCH` form runs a decode batch: T tokens of T different slots, token t at position
+// seq[t].x of slot seq[t].y (binding 13, `[pos, slot, 0, 0]` per token); each workgroup runs the
+// prologue of its own token.
 //
 // One workgroup of 256 invocations per (token, head); keys in blocks of BK = 64 with an online softmax:
 //   scores: LPK = 4 lanes per key, each a strided share of the q.k columns (two accumulators) and of
@@ -44,7 +49,7 @@ struct Params {
     use_tau: u32,
     alpha: f32,
     n_floor: f32,
-    _pad: u32,
+    slot_rows: u32, // cache rows per sequence slot: slot s's rows start at row s * slot_rows
 }
 
 const WG: u32 = 256u;
@@ -174,6 +179,9 @@ struct FusedParams {
     _p1: u32,
 }
 @group(0) @binding(12) var<uniform> fp: FusedParams;
+//!IF BATCH
+@group(0) @binding(13) var<storage, read> seq: array<vec4<u32>>;
+//!END
 
 const MAX_CK: u32 = 8u;
 
@@ -207,12 +215,13 @@ fn wg_sum2(tid: u32, a: f32, b: f32) -> vec2<f32> {
     return s;
 }
 
-// The prologue of the one token (see the header): q_sh, k_sh and v_sh for head hh of KV group g;
-// the group's first head writes the cache slot and the conv ring.
-fn prologue(tid: u32, hh: u32, g: u32, pos0: u32) {
+// The prologue of token t (see the header): q_sh, k_sh and v_sh for head hh of KV group g;
+// the group's first head writes the cache slot and the conv ring (of the slot whose rows start at
+// float `cb`).
+fn prologue(tid: u32, t: u32, hh: u32, g: u32, pos0: u32, cb: u32) {
     let d = p.d;
     let row = p.kvh * d;              // C: floats per cache row
-    let ring0 = p.cap * row;          // first float of the conv ring
+    let ring0 = cb + p.cap * row;     // first float of the conv ring
     let kk = fp.conv_k;
     let km1 = kk - 1u;
     let off_qn = p.d_rel * p.extent;  // q_norm in the constants
@@ -227,9 +236,9 @@ fn prologue(tid: u32, hh: u32, g: u32, pos0: u32) {
     var sk = 0.0;
     var sv = 0.0;
     if (live) {
-        qv = ld_q1(hh * d + tid);
-        kx = ld_kn1(c);
-        vx = ld_vn1(c);
+        qv = ld_q1((t * p.h + hh) * d + tid);
+        kx = ld_kn1(t * row + c);
+        vx = ld_vn1(t * row + c);
         // as conv.wgsl: s = sum_k w[c, k] * xin[k], window oldest first, then out = x + s
         for (var k = 0u; k < MAX_CK; k++) {
             if (k < km1) {
@@ -267,8 +276,8 @@ fn prologue(tid: u32, hh: u32, g: u32, pos0: u32) {
             keep = pos0 < p.cap;
         }
         if (keep) {
-            st_kc1(slot * row + c, kn);
-            st_vc1(slot * row + c, vv);
+            st_kc1(cb + slot * row + c, kn);
+            st_vc1(cb + slot * row + c, vv);
         }
         st_kc1(ring0 + (pos0 % kk) * row + c, kx);
         st_vc1(ring0 + (pos0 % kk) * row + c, vx);
@@ -310,14 +319,23 @@ fn attn(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let t = item / p.h;
     let hh = item % p.h;
     let g = hh / (p.h / p.kvh);
-    let pos0 = pos.x;
-    let i = pos0 + t;
+    var pos0 = pos.x;
+    var slot = pos.y;
+    var i = pos0 + t;
+//!IF BATCH
+    pos0 = seq[t].x;
+    slot = seq[t].y;
+    i = pos0;
+//!END
+    // first float of the slot's cache rows, and the same in array elements
+    let cb = slot * p.slot_rows * p.kvh * p.d;
+    let cbu = cb / UNIT;
     let d4 = (p.d + 3u) / 4u;
 
     // q row (normalised by the prologue in the fused variant) and r row into workgroup memory.
     let qb = row_base(t * p.h + hh);
 //!IF FUSED
-    prologue(tid, hh, g, pos0);
+    prologue(tid, t, hh, g, pos0, cb);
 //!ELSE
     if (tid < d4) {
         q_sh[tid] = ld_q(qb, tid);
@@ -372,7 +390,7 @@ fn attn(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
                     kb_sh[key] = b | NEW;
                 }
             } else {
-                let b = row_base(cache_slot(j) * p.kvh + g);
+                let b = cbu + row_base(cache_slot(j) * p.kvh + g);
                 for (; c + LPK < d4; c += 2u * LPK) {
                     a0 += dot(q_sh[c], ld_kc(b, c));
                     a1 += dot(q_sh[c + LPK], ld_kc(b, c + LPK));
@@ -485,7 +503,8 @@ fn attn_append(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
     } else if (ppos >= p.cap) {
         return;
     }
-    k_cache_w[slot * row + rest] = k_new[idx];
-    v_cache_w[slot * row + rest] = v_new[idx];
+    let base = pos.y * p.slot_rows * row;
+    k_cache_w[base + slot * row + rest] = k_new[idx];
+    v_cache_w[base + slot * row + rest] = v_new[idx];
 }
 //!END

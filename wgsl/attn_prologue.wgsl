@@ -11,7 +11,8 @@
 // attention constants [rel_proj (d_rel * extent) | q_norm D | k_norm D | k conv w [C, K] | v conv w
 // [C, K]], caches [cap + K, C] of which only the conv ring (the last K rows) is touched here: ring row
 // p % K holds the raw input of absolute position p (zeros before the sequence: the host clears the ring
-// with the conv states). pos.x = pos0.
+// with the conv states). pos.x = pos0; pos.y = the sequence slot, whose cache rows start at row
+// pos.y * slot_rows.
 //
 // Workgroups [0, KVH): KV head g, invocation e < D owns channel g * D + e and runs the T tokens in
 // order (the ring is read before it is written, by the same invocation); [KVH, KVH + T * H): one q row
@@ -29,7 +30,7 @@ struct Params {
     use_tau: u32,
     alpha: f32,
     n_floor: f32,
-    _pad: u32,
+    slot_rows: u32, // cache rows per sequence slot: slot s's rows start at row s * slot_rows
 }
 
 struct FusedParams {
@@ -101,7 +102,7 @@ fn attn_prologue(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     }
     let row = p.kvh * d;
     let c = item * d + e;
-    let ring0 = p.cap * row;
+    let ring0 = (pos.y * p.slot_rows + p.cap) * row;
     let kk = fp.conv_k;
     let km1 = kk - 1u;
     let off_kw = off_kn + d;

@@ -9,6 +9,11 @@
 //   xin[t, c] = sum_{s<top_k} gammas[t*top_k + s] * yr[t*top_k + s, c]
 //             + sum_{j<n_shared} sgammas[t*n_shared + j] * ys[t*n_shared + j, c]
 // with yr at binding 1 (in place of x), gammas at 5, ys at 6 and sgammas at 7.
+//
+// Sequence slots: `state` holds one [K-1, C] block per slot; pos.y (binding 9) names the slot of
+// the chunk. The `//!IF BATCH` variant runs T tokens of T different slots (a decode batch): token
+// t's slot is seq[t].y (binding 10), and its window comes from and goes back to that slot's block
+// (T = 1 per slot, so no two tokens share a block).
 
 struct Params {
     t: u32,
@@ -28,6 +33,19 @@ const MAX_K: u32 = 8u;
 @group(0) @binding(2) var<storage, read> w: array<f32>;
 @group(0) @binding(3) var<storage, read_write> state: array<f32>;
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
+//!IF BATCH
+@group(0) @binding(10) var<storage, read> seq: array<vec4<u32>>;
+const BATCHED: bool = true;
+fn slot_of(t: u32) -> u32 {
+    return seq[t].y;
+}
+//!ELSE
+@group(0) @binding(9) var<uniform> pos: vec4<u32>;
+const BATCHED: bool = false;
+fn slot_of(t: u32) -> u32 {
+    return pos.y;
+}
+//!END
 
 // The `//!IF PAIR` variant runs two independent convolutions of the same shape (the attention's k
 // and v convs) in one dispatch: workgroups [0, G) run (x, w, state, y), workgroups [G, 2G) run
@@ -132,6 +150,7 @@ fn short_conv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
         return;
     }
     let km1 = p.k - 1u;
+    let blk = km1 * p.c;              // floats of one slot's state
     // Loops run to the constant MAX_K with the runtime size as a guard, so they unroll and the window
     // and weights stay in registers (no dynamically indexed private arrays); all loads are independent.
     // win[0..km1) = previous K-1 inputs, oldest first.
@@ -140,14 +159,19 @@ fn short_conv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     for (var k = 0u; k < MAX_K; k++) {
         win[k] = 0.0;
         wk[k] = 0.0;
-        if (k < km1) {
-            win[k] = ld_state(second, k * p.c + c);
-        }
         if (k < p.k) {
             wk[k] = ld_w(second, c * p.k + k);
         }
     }
     for (var t = 0u; t < p.t; t++) {
+        let sb = slot_of(t) * blk;
+        if (BATCHED || t == 0u) {
+            for (var k = 0u; k < MAX_K; k++) {
+                if (k < km1) {
+                    win[k] = ld_state(second, sb + k * p.c + c);
+                }
+            }
+        }
         let xv = ld_in(second, t, c);
         var s = 0.0;
         for (var k = 0u; k < MAX_K; k++) {
@@ -165,10 +189,12 @@ fn short_conv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
                 win[k] = xv;
             }
         }
-    }
-    for (var k = 0u; k < MAX_K; k++) {
-        if (k < km1) {
-            st_state(second, k * p.c + c, win[k]);
+        if (BATCHED || t + 1u == p.t) {
+            for (var k = 0u; k < MAX_K; k++) {
+                if (k < km1) {
+                    st_state(second, sb + k * p.c + c, win[k]);
+                }
+            }
         }
     }
 }

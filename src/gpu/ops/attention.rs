@@ -38,7 +38,8 @@ pub struct AttentionParams {
     pub use_tau: u32,
     pub alpha: f32,
     pub n_floor: f32,
-    pub _pad: u32,
+    /// Cache rows per sequence slot (slot `pos.y`'s rows start at `pos.y · slot_rows`).
+    pub slot_rows: u32,
 }
 
 impl fmt::Display for AttentionKey {
@@ -75,7 +76,12 @@ impl Kernel for AttentionKey {
 /// attention.wgsl in its `VEC4` (head_dim % 4 == 0) and `FUSED` (the one-token kernel with the
 /// prologue inside, [`super::attention_fused`]) variant.
 pub(crate) fn attention_source(vec4: bool, fused: bool) -> String {
-    crate::gpu::kernel::preprocess(SRC, &[("VEC4", vec4), ("FUSED", fused)])
+    attention_source_batch(vec4, fused, false)
+}
+
+/// attention.wgsl with `BATCH` too (only with `fused`: the one-token kernel over a decode batch).
+pub(crate) fn attention_source_batch(vec4: bool, fused: bool, batch: bool) -> String {
+    crate::gpu::kernel::preprocess(SRC, &[("VEC4", vec4), ("FUSED", fused), ("BATCH", batch)])
 }
 
 /// Both entry points of attention.wgsl, each in the f32 and vec4 variant.
@@ -137,7 +143,7 @@ impl AttentionShape {
             use_tau,
             alpha,
             n_floor,
-            _pad: 0,
+            slot_rows: s.cache_capacity,
         }
     }
 
@@ -203,7 +209,12 @@ impl AttentionShape {
         need(out, t * h * d, "attention out")?;
         Ok(Call::new(
             Label::op("attention"),
-            self.dispatches(gpu, pos, [q, k_new, v_new, r, proj, k_cache, v_cache, out]),
+            self.dispatches(
+                gpu,
+                pos,
+                [q, k_new, v_new, r, proj, k_cache, v_cache, out],
+                self.cache_capacity,
+            ),
         ))
     }
 
@@ -214,10 +225,14 @@ impl AttentionShape {
         gpu: &Gpu,
         pos: &PosBuffer,
         b: [&wgpu::Buffer; 8],
+        slot_rows: u32,
     ) -> Vec<Dispatch> {
         let s = self;
         let [q, k_new, v_new, r, proj, k_cache, v_cache, out] = b;
-        let params = s.params();
+        let params = AttentionParams {
+            slot_rows,
+            ..s.params()
+        };
         // D % 4 == 0: every row is 16-byte aligned and every buffer a whole number of vec4s.
         let vec4 = s.head_dim.is_multiple_of(4);
         let attn = dispatch(

@@ -10,7 +10,7 @@
 //! never race on it. A sequence must therefore run every chunk through [`FusedAttention`] (any mix of
 //! chunk lengths), starting from a cleared ring ([`FusedAttention::ring_range`]).
 
-use super::attention::{attention_source, AttentionParams};
+use super::attention::{attention_source_batch, AttentionParams};
 use super::{dispatch, vec4_tag, AttentionShape, PosBuffer};
 use crate::gpu::call::{self, grid, need, BufferTooSmall, Call, Label};
 use crate::gpu::kernel::{Bind, Kernel, KernelSpec};
@@ -23,11 +23,12 @@ const PROLOGUE_SRC: &str = include_str!("../../../wgsl/attn_prologue.wgsl");
 pub const MAX_CONV_KERNEL: u32 = 8;
 
 /// A pipeline of the fused attention: the one-token attention with its prologue inside
-/// (`attention.wgsl` `FUSED`, f32 or vec4; label `attention/fused/{f32|vec4}`) or the chunk
+/// (`attention.wgsl` `FUSED`, f32 or vec4; label `attention/fused/{f32|vec4}`, with `+batch` for
+/// the decode batch's `BATCH` form, which reads the per-token slots at binding 13) or the chunk
 /// prologue (`attn_prologue.wgsl`; label `attention/prologue`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum FusedAttentionKey {
-    Decode { vec4: bool },
+    Decode { vec4: bool, batch: bool },
     Prologue,
 }
 
@@ -43,7 +44,12 @@ pub struct FusedParams {
 impl fmt::Display for FusedAttentionKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            FusedAttentionKey::Decode { vec4 } => write!(f, "attention/fused/{}", vec4_tag(*vec4)),
+            FusedAttentionKey::Decode { vec4, batch } => write!(
+                f,
+                "attention/fused/{}{}",
+                vec4_tag(*vec4),
+                if *batch { "+batch" } else { "" }
+            ),
             FusedAttentionKey::Prologue => f.write_str("attention/prologue"),
         }
     }
@@ -60,19 +66,25 @@ impl Kernel for FusedAttentionKey {
     fn bindings(&self) -> Vec<(u32, Bind)> {
         let (u, r, w) = (Bind::Uniform, Bind::Read, Bind::Write);
         match self {
-            FusedAttentionKey::Decode { .. } => vec![
-                (0, u),
-                (1, u),
-                (2, r),
-                (3, r),
-                (4, r),
-                (5, r),
-                (6, r),
-                (7, w),
-                (8, w),
-                (9, w),
-                (12, u),
-            ],
+            FusedAttentionKey::Decode { batch, .. } => {
+                let mut v = vec![
+                    (0, u),
+                    (1, u),
+                    (2, r),
+                    (3, r),
+                    (4, r),
+                    (5, r),
+                    (6, r),
+                    (7, w),
+                    (8, w),
+                    (9, w),
+                    (12, u),
+                ];
+                if *batch {
+                    v.push((13, r));
+                }
+                v
+            }
             FusedAttentionKey::Prologue => vec![
                 (0, u),
                 (1, u),
@@ -90,19 +102,24 @@ impl Kernel for FusedAttentionKey {
     }
     fn source(&self) -> String {
         match self {
-            FusedAttentionKey::Decode { vec4 } => attention_source(*vec4, true),
+            FusedAttentionKey::Decode { vec4, batch } => {
+                attention_source_batch(*vec4, true, *batch)
+            }
             FusedAttentionKey::Prologue => PROLOGUE_SRC.to_string(),
         }
     }
 }
 
-/// Every pipeline of the fused attention (both decode variants, the prologue).
+/// Every pipeline of the fused attention (the decode variants, alone and batched; the prologue).
 pub(crate) fn kernels() -> Vec<KernelSpec> {
-    vec![
-        KernelSpec::of(&FusedAttentionKey::Decode { vec4: false }),
-        KernelSpec::of(&FusedAttentionKey::Decode { vec4: true }),
-        KernelSpec::of(&FusedAttentionKey::Prologue),
-    ]
+    let mut v = Vec::new();
+    for batch in [false, true] {
+        for vec4 in [false, true] {
+            v.push(KernelSpec::of(&FusedAttentionKey::Decode { vec4, batch }));
+        }
+    }
+    v.push(KernelSpec::of(&FusedAttentionKey::Prologue));
+    v
 }
 
 /// The layer's attention constants as the fused kernels read them, one f32 buffer:
@@ -216,7 +233,10 @@ impl FusedAttention {
         need(io.k_cache, cache, "fused attention k_cache")?;
         need(io.v_cache, cache, "fused attention v_cache")?;
         need(io.out, t * h * d, "fused attention out")?;
-        let params = s.params();
+        let params = AttentionParams {
+            slot_rows: self.cache_rows(),
+            ..s.params()
+        };
         let fp = call::uniform(
             gpu,
             "fused attention eps/K",
@@ -230,7 +250,7 @@ impl FusedAttention {
             let vec4 = s.head_dim.is_multiple_of(4);
             let one = dispatch(
                 gpu,
-                &FusedAttentionKey::Decode { vec4 },
+                &FusedAttentionKey::Decode { vec4, batch: false },
                 &params,
                 &[
                     (1, &pos.buffer),
@@ -274,9 +294,77 @@ impl FusedAttention {
             [
                 io.q, io.k_new, io.v_new, io.r, io.consts, io.k_cache, io.v_cache, io.out,
             ],
+            self.cache_rows(),
         );
         let mut all = vec![prologue];
         all.extend(attn);
         Ok(Call::new(Label::op("attention prologue+attention"), all).owning([fp]))
+    }
+
+    /// Bind the decode batch: `shape.tokens` tokens of as many different sequence slots, token t
+    /// at position `seq[t].x` of slot `seq[t].y` (`seq` [T] of `[pos, slot, 0, 0]` u32), each
+    /// computed exactly as a one-token [`FusedAttention::bind`] of its slot; the caches hold one
+    /// block of [`FusedAttention::cache_rows`] rows per slot. One dispatch, label
+    /// `"attention fused"`. `pos` is bound but not read.
+    pub fn bind_batch(
+        &self,
+        gpu: &Gpu,
+        pos: &PosBuffer,
+        seq: &wgpu::Buffer,
+        io: &FusedAttentionIo<'_>,
+    ) -> Result<Call, BufferTooSmall> {
+        let s = &self.shape;
+        let (t, h, kvh, d) = (
+            s.tokens as u64,
+            s.heads as u64,
+            s.kv_heads as u64,
+            s.head_dim as u64,
+        );
+        let c = kvh * d;
+        let consts = (s.d_rel * s.extent) as u64 + 2 * d + 2 * c * self.conv_kernel as u64;
+        need(io.q, t * h * d, "fused attention q")?;
+        need(io.k_raw, t * c, "fused attention k_raw")?;
+        need(io.v_raw, t * c, "fused attention v_raw")?;
+        need(io.r, t * h * s.d_rel as u64, "fused attention r")?;
+        need(io.consts, consts, "fused attention constants")?;
+        let cache = self.cache_rows() as u64 * c;
+        need(io.k_cache, cache, "fused attention k_cache")?;
+        need(io.v_cache, cache, "fused attention v_cache")?;
+        need(io.out, t * h * d, "fused attention out")?;
+        need(seq, 4 * t, "fused attention slot table")?;
+        let params = AttentionParams {
+            slot_rows: self.cache_rows(),
+            ..s.params()
+        };
+        let fp = call::uniform(
+            gpu,
+            "fused attention eps/K",
+            &FusedParams {
+                eps: self.eps,
+                conv_k: self.conv_kernel,
+                _p: [0; 2],
+            },
+        );
+        let vec4 = s.head_dim.is_multiple_of(4);
+        let one = dispatch(
+            gpu,
+            &FusedAttentionKey::Decode { vec4, batch: true },
+            &params,
+            &[
+                (1, &pos.buffer),
+                (2, io.q),
+                (3, io.k_raw),
+                (4, io.v_raw),
+                (5, io.r),
+                (6, io.consts),
+                (7, io.k_cache),
+                (8, io.v_cache),
+                (9, io.out),
+                (12, &fp),
+                (13, seq),
+            ],
+            grid(s.tokens * s.heads),
+        );
+        Ok(Call::new(Label::op("attention fused"), vec![one]).owning([fp]))
     }
 }

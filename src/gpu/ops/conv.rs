@@ -1,6 +1,6 @@
 //! Causal depthwise short convolution with the residual inside (`wgsl/conv.wgsl`).
 
-use super::dispatch;
+use super::{dispatch, SlotOf};
 use crate::gpu::call::{dummy, grid, need, BufferTooSmall, Call, Label};
 use crate::gpu::kernel::{Bind, Kernel, KernelSpec};
 use crate::gpu::Gpu;
@@ -11,12 +11,15 @@ const SRC: &str = include_str!("../../../wgsl/conv.wgsl");
 /// The single, the `PAIR` or the `COMBINE` kernel of conv.wgsl: per set k, x and w read at
 /// bindings 1 + 4k and 2 + 4k, state and y written at 3 + 4k and 4 + 4k; `COMBINE` (one set) also
 /// reads the routed gammas, the shared experts' rows and their gammas at 5, 6 and 7. Label
-/// `conv/short_conv/{single|pair|combine}`.
+/// `conv/short_conv/{single|pair|combine}[+batch]`. Each variant reads the slot uniform at
+/// binding 9, except `batch` (never with `paired`), which reads the per-token slots at 10.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ConvKey {
     pub paired: bool,
     /// The input is the MoE combine (never with `paired`).
     pub combine: bool,
+    /// A decode batch: token t in its own slot ([`super::SlotOf::Batch`]).
+    pub batch: bool,
 }
 
 /// The `Params` of conv.wgsl.
@@ -40,7 +43,8 @@ impl fmt::Display for ConvKey {
             (false, true) => "combine",
             (false, false) => "single",
         };
-        write!(f, "conv/short_conv/{v}")
+        let b = if self.batch { "+batch" } else { "" };
+        write!(f, "conv/short_conv/{v}{b}")
     }
 }
 
@@ -63,10 +67,22 @@ impl Kernel for ConvKey {
         if self.combine {
             binds.extend([(5, Bind::Read), (6, Bind::Read), (7, Bind::Read)]);
         }
+        binds.push(if self.batch {
+            (10, Bind::Read)
+        } else {
+            (9, Bind::Uniform)
+        });
         binds
     }
     fn source(&self) -> String {
-        crate::gpu::kernel::preprocess(SRC, &[("PAIR", self.paired), ("COMBINE", self.combine)])
+        crate::gpu::kernel::preprocess(
+            SRC,
+            &[
+                ("PAIR", self.paired),
+                ("COMBINE", self.combine),
+                ("BATCH", self.batch),
+            ],
+        )
     }
 }
 
@@ -78,11 +94,23 @@ pub(super) fn assert_kernel_size(k: u32) {
     );
 }
 
-/// The three kernels of conv.wgsl (single, pair, combine).
+/// The five kernels of conv.wgsl (single, pair, combine; single and combine batched).
 pub(crate) fn kernels() -> Vec<KernelSpec> {
-    [(false, false), (true, false), (false, true)]
-        .map(|(paired, combine)| KernelSpec::of(&ConvKey { paired, combine }))
-        .to_vec()
+    [
+        (false, false, false),
+        (true, false, false),
+        (false, true, false),
+        (false, false, true),
+        (false, true, true),
+    ]
+    .map(|(paired, combine, batch)| {
+        KernelSpec::of(&ConvKey {
+            paired,
+            combine,
+            batch,
+        })
+    })
+    .to_vec()
 }
 
 /// `out[t,c] = x[t,c] + Σ_k w[c,k]·xin[t−(K−1)+k, c]` over `tokens` new tokens and `channels` channels,
@@ -113,7 +141,21 @@ impl ShortConvKernel {
         state: &wgpu::Buffer,
         y: &wgpu::Buffer,
     ) -> Result<Call, BufferTooSmall> {
-        self.bind_sets(gpu, &[[x, w, state, y]])
+        self.bind_sets(gpu, None, &[[x, w, state, y]])
+    }
+
+    /// [`ShortConvKernel::bind`] over a state of one `[K−1, C]` block per sequence slot, the
+    /// slot(s) of the tokens given by `at`.
+    pub fn bind_at(
+        &self,
+        gpu: &Gpu,
+        at: SlotOf<'_>,
+        x: &wgpu::Buffer,
+        w: &wgpu::Buffer,
+        state: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+    ) -> Result<Call, BufferTooSmall> {
+        self.bind_sets(gpu, Some(at), &[[x, w, state, y]])
     }
 
     /// Two convolutions of this shape in one dispatch (the attention's k and v convs), each exactly
@@ -126,7 +168,7 @@ impl ShortConvKernel {
         a: [&wgpu::Buffer; 4],
         b: [&wgpu::Buffer; 4],
     ) -> Result<Call, BufferTooSmall> {
-        self.bind_sets(gpu, &[a, b])
+        self.bind_sets(gpu, None, &[a, b])
     }
 
     /// The weights `[C, K]`, the state `[K−1, C]` and the output `[T, C]` of one convolution hold
@@ -143,8 +185,14 @@ impl ShortConvKernel {
         need(y, t * c, "short_conv y")
     }
 
-    /// One convolution per `(x, w, state, y)` set (one or two) in one dispatch.
-    fn bind_sets(&self, gpu: &Gpu, sets: &[[&wgpu::Buffer; 4]]) -> Result<Call, BufferTooSmall> {
+    /// One convolution per `(x, w, state, y)` set (one or two) in one dispatch; slot 0 when `at`
+    /// is `None`.
+    fn bind_sets(
+        &self,
+        gpu: &Gpu,
+        at: Option<SlotOf<'_>>,
+        sets: &[[&wgpu::Buffer; 4]],
+    ) -> Result<Call, BufferTooSmall> {
         assert_kernel_size(self.kernel);
         let paired = sets.len() == 2;
         assert!(sets.len() == 1 || paired, "one or two convolutions");
@@ -170,13 +218,17 @@ impl ShortConvKernel {
             accumulate: self.accumulate as u32,
             ..Default::default()
         };
+        let slot0 = at.is_none().then(|| slot_zero(gpu));
+        let batch = slot_entries(at, slot0.as_ref(), &mut entries, self.tokens);
+        assert!(!(paired && batch), "the paired conv has no batched variant");
         let key = ConvKey {
             paired,
             combine: false,
+            batch,
         };
         let groups = sets.len() as u32 * self.channels.div_ceil(64);
         let d = dispatch(gpu, &key, &params, &entries, grid(groups));
-        Ok(Call::new(Label::op(label), vec![d]))
+        Ok(Call::new(Label::op(label), vec![d]).owning(slot0))
     }
 
     /// The convolution of the MoE combine (the `COMBINE` kernel; the weighted sum of the routed and
@@ -195,6 +247,23 @@ impl ShortConvKernel {
         state: &wgpu::Buffer,
         y: &wgpu::Buffer,
     ) -> Result<Call, BufferTooSmall> {
+        self.bind_combine_at(gpu, None, yr, gammas, top_k, shared, [w, state, y])
+    }
+
+    /// [`ShortConvKernel::bind_combine`] over slotted states (see [`ShortConvKernel::bind_at`]);
+    /// `wsy` = `(w, state, y)`, slot 0 when `at` is `None`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn bind_combine_at(
+        &self,
+        gpu: &Gpu,
+        at: Option<SlotOf<'_>>,
+        yr: &wgpu::Buffer,
+        gammas: &wgpu::Buffer,
+        top_k: u32,
+        shared: Option<(&wgpu::Buffer, &wgpu::Buffer, u32)>,
+        wsy: [&wgpu::Buffer; 3],
+    ) -> Result<Call, BufferTooSmall> {
+        let [w, state, y] = wsy;
         assert_kernel_size(self.kernel);
         let none = dummy(gpu);
         let (ys, sg, ns) = shared.unwrap_or((&none, &none, 0));
@@ -218,11 +287,7 @@ impl ShortConvKernel {
             n_shared: ns,
             ..Default::default()
         };
-        let key = ConvKey {
-            paired: false,
-            combine: true,
-        };
-        let entries = [
+        let mut entries = vec![
             (1, yr),
             (2, w),
             (3, state),
@@ -231,6 +296,13 @@ impl ShortConvKernel {
             (6, ys),
             (7, sg),
         ];
+        let slot0 = at.is_none().then(|| slot_zero(gpu));
+        let batch = slot_entries(at, slot0.as_ref(), &mut entries, self.tokens);
+        let key = ConvKey {
+            paired: false,
+            combine: true,
+            batch,
+        };
         let d = dispatch(
             gpu,
             &key,
@@ -238,6 +310,39 @@ impl ShortConvKernel {
             &entries,
             grid(self.channels.div_ceil(64)),
         );
-        Ok(Call::new(Label::op("moe_combine+short_conv"), vec![d]).owning([none]))
+        Ok(Call::new(Label::op("moe_combine+short_conv"), vec![d])
+            .owning(std::iter::once(none).chain(slot0)))
+    }
+}
+
+/// The uniform of slot 0 at position 0 (calls bound without a [`SlotOf`]).
+fn slot_zero(gpu: &Gpu) -> wgpu::Buffer {
+    crate::gpu::call::uniform(gpu, "conv slot 0", &[0u32; 4])
+}
+
+/// Add the slot bindings of `at` (or of `slot0`) to `entries`; whether the call is batched.
+fn slot_entries<'b>(
+    at: Option<SlotOf<'b>>,
+    slot0: Option<&'b wgpu::Buffer>,
+    entries: &mut Vec<(u32, &'b wgpu::Buffer)>,
+    tokens: u32,
+) -> bool {
+    match at {
+        Some(SlotOf::Pos(p)) => {
+            entries.push((9, &p.buffer));
+            false
+        }
+        Some(SlotOf::Batch(seq)) => {
+            assert!(
+                seq.size() >= 16 * tokens as u64,
+                "a decode batch's slot table holds fewer than {tokens} entries"
+            );
+            entries.push((10, seq));
+            true
+        }
+        None => {
+            entries.push((9, slot0.expect("slot 0 uniform")));
+            false
+        }
     }
 }

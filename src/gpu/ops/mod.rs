@@ -95,19 +95,31 @@ pub fn decoder_kernels(fused_attention: bool) -> Vec<(&'static str, KernelSpec)>
             push(attention, KernelSpec::of(&AttentionKey { append, vec4 }));
         }
         if fused_attention {
-            let fused = FusedAttentionKey::Decode { vec4 };
-            push("attention fused", KernelSpec::of(&fused));
+            for batch in [false, true] {
+                let fused = FusedAttentionKey::Decode { vec4, batch };
+                push("attention fused", KernelSpec::of(&fused));
+            }
         }
     }
     if fused_attention {
         let prologue = KernelSpec::of(&FusedAttentionKey::Prologue);
         push("attention prologue+attention", prologue);
     }
-    let conv = |paired, combine| KernelSpec::of(&ConvKey { paired, combine });
-    push("short_conv", conv(false, false));
-    push("moe_combine+short_conv", conv(false, true));
+    let conv = |paired, combine, batch| {
+        KernelSpec::of(&ConvKey {
+            paired,
+            combine,
+            batch,
+        })
+    };
+    push("short_conv", conv(false, false, false));
+    push("moe_combine+short_conv", conv(false, true, false));
+    if fused_attention {
+        push("short_conv", conv(false, false, true));
+        push("moe_combine+short_conv", conv(false, true, true));
+    }
     if !fused_attention {
-        push("short_conv x2", conv(true, false));
+        push("short_conv x2", conv(true, false, false));
     }
     for (op, entry) in [
         ("silu_mul", "silu_mul"),
@@ -124,7 +136,8 @@ pub fn decoder_kernels(fused_attention: bool) -> Vec<(&'static str, KernelSpec)>
 }
 
 /// The per-step position uniform: `vec4<u32>` whose `.x` is the absolute position of the first token of
-/// the current call (= number of tokens already in the caches). Shared by all attention calls of a step.
+/// the current call (= number of tokens already in the caches) and `.y` the sequence slot whose KV
+/// cache and conv states the call reads and writes. Shared by all stateful calls of a step.
 pub struct PosBuffer {
     pub buffer: wgpu::Buffer,
 }
@@ -136,10 +149,20 @@ impl PosBuffer {
         }
     }
 
-    /// Queue an update of the position (takes effect for the next submission).
-    pub fn set(&self, queue: &wgpu::Queue, pos0: u32) {
-        queue.write_buffer(&self.buffer, 0, bytemuck::cast_slice(&[pos0, 0u32, 0, 0]));
+    /// Queue an update of the position and slot (takes effect for the next submission).
+    pub fn set(&self, queue: &wgpu::Queue, pos0: u32, slot: u32) {
+        queue.write_buffer(&self.buffer, 0, bytemuck::cast_slice(&[pos0, slot, 0, 0]));
     }
+}
+
+/// Where a stateful kernel (short conv, attention) finds the sequence slot of its tokens.
+#[derive(Clone, Copy)]
+pub enum SlotOf<'b> {
+    /// Every token of the chunk belongs to the slot `pos.y` names (and sits at `pos.x + t`).
+    Pos(&'b PosBuffer),
+    /// A decode batch: token t belongs to slot `seq[t].y` at position `seq[t].x` (`seq` a storage
+    /// buffer of `[pos, slot, 0, 0]` u32 per token; slots distinct).
+    Batch(&'b wgpu::Buffer),
 }
 
 /// The VEC4 variant of a kernel file (`//!IF VEC4` / `//!ELSE` / `//!END`, see

@@ -18,7 +18,7 @@ use crate::gpu::linear::args::GemvArgs;
 use crate::gpu::linear::route::{self, LinearOptions};
 use crate::gpu::ops::{
     Argmax, DivConst, EmbedNorm, FusedAttention, FusedAttentionIo, MulConst, RmsNorm, RouterShape,
-    ShortConvKernel, SiluMul, SiluMulLayout, SplitColumns,
+    ShortConvKernel, SiluMul, SiluMulLayout, SlotOf, SplitColumns,
 };
 use crate::gpu::{Call, Gpu};
 use crate::model::config::TextConfig;
@@ -46,6 +46,9 @@ pub(super) struct StepKey {
     /// The embedding reads its id from the previous step's argmax on the device (the pipelined
     /// greedy decode) instead of `ids`.
     pub chained: bool,
+    /// A decode batch: token t is one token of sequence slot `seq[t].y` at its position
+    /// `seq[t].x` (the activations' slot table), every slot different.
+    pub batch: bool,
 }
 
 /// One entry of a step.
@@ -194,7 +197,12 @@ pub(super) fn build_step(
         kernel: cfg.conv_kernel_size as u32,
         head: key.head,
         fuse_attention: fusions.attention,
+        batch: key.batch,
     };
+    anyhow::ensure!(
+        !key.batch || fusions.attention,
+        "a decode batch needs the fused attention"
+    );
     let mut blocks = vec![r.embedding(key.chained)?];
     for li in 0..res.layers.len() {
         blocks.push(r.attention_block(li)?);
@@ -303,6 +311,8 @@ struct Recipe<'a> {
     head: Head,
     /// Run the attention after the projections as [`FusedAttention`].
     fuse_attention: bool,
+    /// A decode batch ([`StepKey::batch`]).
+    batch: bool,
 }
 
 impl Recipe<'_> {
@@ -478,15 +488,14 @@ impl Recipe<'_> {
                 kernel: self.kernel,
                 accumulate: true,
             }
-            .bind_combine(
+            .bind_combine_at(
                 gpu,
+                Some(self.slot_of()),
                 &a.y_routed,
                 &a.gammas,
                 *top_k,
                 sh,
-                &l.conv_w[MLP_SCONV],
-                &l.conv_state[MLP_SCONV],
-                &a.h,
+                [&l.conv_w[MLP_SCONV], &l.conv_state[MLP_SCONV], &a.h],
             )?,
         );
         Ok(b)
@@ -658,7 +667,19 @@ impl Recipe<'_> {
             v_new: &a.v_new,
         };
         let fused = FusedAttention::new(l.attn_shape(self.t), self.kernel, self.eps);
+        if self.batch {
+            return Ok(fused.bind_batch(self.gpu, &self.res.pos, &a.seq, &io)?);
+        }
         Ok(fused.bind(self.gpu, &self.res.pos, &io)?)
+    }
+
+    /// Where the stateful kernels of this step find their tokens' sequence slots.
+    fn slot_of(&self) -> SlotOf<'_> {
+        if self.batch {
+            SlotOf::Batch(&self.res.acts.seq)
+        } else {
+            SlotOf::Pos(&self.res.pos)
+        }
     }
 
     /// `y (+)= sconv(x)` with layer `li`'s conv `wi` over `ch` channels.
@@ -678,6 +699,13 @@ impl Recipe<'_> {
             kernel: self.kernel,
             accumulate,
         }
-        .bind(self.gpu, x, &l.conv_w[wi], &l.conv_state[wi], y)?)
+        .bind_at(
+            self.gpu,
+            self.slot_of(),
+            x,
+            &l.conv_w[wi],
+            &l.conv_state[wi],
+            y,
+        )?)
     }
 }

@@ -65,9 +65,9 @@ pub struct GpuModelOptions {
     pub fusions: Fusions,
     /// How the linears' calls are built (GEMV tuning, GEMM tile); default: the engine's choice.
     pub linear: LinearOptions,
-    /// Sequence slots ([`super::BatchForward`]): each has its own KV caches and conv states,
-    /// `max_seq` tokens each. Default 1.
-    pub slots: usize,
+    /// Sequence slots ([`super::BatchForward`]; not the expert slots of streaming): each has its
+    /// own KV caches and conv states of `max_seq` tokens. Default 1.
+    pub seq_slots: usize,
 }
 
 impl GpuModelOptions {
@@ -82,7 +82,7 @@ impl GpuModelOptions {
             usage: None,
             fusions: Fusions::default(),
             linear: LinearOptions::default(),
-            slots: 1,
+            seq_slots: 1,
         }
     }
 }
@@ -95,9 +95,14 @@ pub struct GpuModel<'w> {
     cfg: TextConfig,
     max_seq: usize,
     max_chunk: usize,
+    /// Tokens the selected sequence slot holds.
     pos: usize,
-    /// Conv states may hold a previous sequence's inputs.
+    /// The selected slot's conv states may hold a previous sequence's inputs.
     dirty: bool,
+    /// The selected sequence slot ([`super::BatchForward::select`]).
+    seq_slot: usize,
+    /// `(pos, dirty)` of every sequence slot (the selected one's entry is stale).
+    parked: Vec<(usize, bool)>,
     res: Resident,
     steps: HashMap<StepKey, Step>,
     rec: Recorder,
@@ -156,6 +161,7 @@ impl<'w> GpuModel<'w> {
                 tokens: 1,
                 head: Head::Last,
                 chained,
+                batch: false,
             };
             if !self.steps.contains_key(&key) {
                 let step = graph::build_step(&self.gpu, &self.cfg, &self.res, key, self.fusions)?;
@@ -188,7 +194,19 @@ impl<'w> GpuModel<'w> {
         );
         ensure!(opts.max_chunk >= 1, "max_chunk must be at least 1");
         let max_chunk = opts.max_chunk.min(max_seq);
-        ensure!(opts.slots == 1, "sequence slots > 1: not built yet");
+        ensure!(
+            opts.seq_slots >= 1,
+            "a model needs at least one sequence slot"
+        );
+        ensure!(
+            opts.seq_slots == 1 || opts.fusions.attention,
+            "sequence slots need the fused attention"
+        );
+        ensure!(
+            opts.seq_slots <= max_chunk,
+            "{} sequence slots are more than a chunk of {max_chunk} tokens can batch",
+            opts.seq_slots
+        );
         let kk = cfg.conv_kernel_size;
         ensure!(
             (1..=8).contains(&kk),
@@ -196,7 +214,14 @@ impl<'w> GpuModel<'w> {
         );
         let limit = crate::gpu::linear::slab::default_limit(gpu)
             .min(opts.binding_limit.unwrap_or(u64::MAX));
-        let mut res = Resident::upload(gpu, w, max_seq, max_chunk, limit, slots.is_some())?;
+        let sizes = resident::Sizes {
+            max_seq,
+            max_chunk,
+            limit,
+            stream_routed: slots.is_some(),
+            seq_slots: opts.seq_slots,
+        };
+        let mut res = Resident::upload(gpu, w, sizes)?;
         res.linear = opts.linear;
         let stream = match slots {
             None => None,
@@ -219,6 +244,8 @@ impl<'w> GpuModel<'w> {
             max_chunk,
             pos: 0,
             dirty: false,
+            seq_slot: 0,
+            parked: vec![(0, false); opts.seq_slots],
             res,
             steps: HashMap::new(),
             stream,
@@ -303,6 +330,7 @@ impl<'w> GpuModel<'w> {
             tokens: 1,
             head: Head::Last,
             chained,
+            batch: false,
         };
         let step = self.steps.get(&key(true)).or(self.steps.get(&key(false)))?;
         let mut per_layer = vec![0; self.res.layers.len()];
@@ -430,7 +458,7 @@ impl<'w> GpuModel<'w> {
     pub fn reset(&mut self) {
         self.pos = 0;
         if self.dirty {
-            self.res.clear_conv_states(&self.gpu);
+            self.res.clear_slot(&self.gpu, self.seq_slot);
             self.dirty = false;
         }
     }
@@ -610,6 +638,119 @@ impl<'w> GpuModel<'w> {
         Ok(out)
     }
 
+    /// One token for each `(slot, token)` of `batch` (sequence slots distinct, each holding a
+    /// sequence), decoded in one step: every linear reads its weights once for all of them, the
+    /// attention and the short convs read and write each token's own slot. The logits after each
+    /// token, in `batch` order; the selected slot stays selected. A batch of one runs the
+    /// one-token step of its slot.
+    ///
+    /// Errors: as [`super::batch::check_batch`], a slot at `max_seq`, a token past the
+    /// vocabulary, and non-finite router logits or logits (the slots of the batch must then be
+    /// reset).
+    pub fn decode_batch(&mut self, batch: &[(usize, u32)]) -> Result<Vec<Vec<f32>>> {
+        use super::BatchForward;
+        super::batch::check_batch(batch, self.parked.len(), |s| self.position_of(s))?;
+        if batch.len() == 1 {
+            let keep = self.seq_slot;
+            let (slot, id) = batch[0];
+            self.select(slot);
+            let r = self.forward(&[id]);
+            self.select(keep);
+            return Ok(vec![r?]);
+        }
+        for &(s, id) in batch {
+            if id as usize >= self.cfg.vocab_size {
+                return Err(super::ModelError::TokenOutOfRange {
+                    id,
+                    vocab: self.cfg.vocab_size,
+                }
+                .into());
+            }
+            let p = self.position_of(s);
+            ensure!(
+                p < self.max_seq,
+                "sequence slot {s}: a sequence of {} tokens exceeds the GPU model's max_seq {}",
+                p + 1,
+                self.max_seq
+            );
+        }
+        ensure!(
+            batch.len() <= self.max_chunk,
+            "a decode batch of {} tokens is more than a chunk of {}",
+            batch.len(),
+            self.max_chunk
+        );
+        self.clear_status();
+        let n = batch.len();
+        let key = StepKey {
+            tokens: n as u32,
+            head: Head::All,
+            chained: false,
+            batch: true,
+        };
+        if !self.steps.contains_key(&key) {
+            let step = graph::build_step(&self.gpu, &self.cfg, &self.res, key, self.fusions)?;
+            self.steps.insert(key, step);
+        }
+        let ids: Vec<u32> = batch.iter().map(|&(_, id)| id).collect();
+        let table: Vec<u32> = batch
+            .iter()
+            .flat_map(|&(s, _)| [self.position_of(s) as u32, s as u32, 0, 0])
+            .collect();
+        let first = self.position_of(batch[0].0);
+        let width = self.cfg.logits_width();
+        let bytes = (n * width * 4) as u64;
+        {
+            let GpuModel {
+                gpu,
+                res,
+                steps,
+                rec,
+                stream,
+                ..
+            } = self;
+            let q = &gpu.queue;
+            q.write_buffer(&res.acts.ids, 0, bytemuck::cast_slice(&ids));
+            q.write_buffer(&res.acts.seq, 0, bytemuck::cast_slice(&table));
+            // the router's status words name the first token's position
+            res.pos.set(q, first as u32, batch[0].0 as u32);
+            let enc = gpu
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("inkling decode batch"),
+                });
+            let t_record = Instant::now();
+            let step = &steps[&key];
+            let mut cut = |layer, enc| match stream.as_mut() {
+                Some(s) => s.cut(gpu, res, (layer, key.tokens, first), enc),
+                None => unreachable!("a routed cut in a resident model"),
+            };
+            let mut enc = rec.record(enc, step, PassLayout::Single, None, &mut cut)?;
+            rec.copy_readback(&mut enc, &res.acts, Readback::Logits(bytes));
+            rec.submit(gpu, enc, t_record, false);
+        }
+        for &(s, _) in batch {
+            if s == self.seq_slot {
+                self.pos += 1;
+                self.dirty = true;
+            } else {
+                let p = &mut self.parked[s];
+                *p = (p.0 + 1, true);
+            }
+        }
+        let b = self.rec.read_back(&self.gpu, bytes + STATUS_BYTES)?;
+        status::check(&words(&b[bytes as usize..]), first)?;
+        let v: Vec<f32> = b[..bytes as usize]
+            .chunks_exact(4)
+            .map(|x| f32::from_le_bytes([x[0], x[1], x[2], x[3]]))
+            .collect();
+        let rows: Vec<Vec<f32>> = v.chunks_exact(width).map(|r| r.to_vec()).collect();
+        for (row, &(s, _)) in rows.iter().zip(batch) {
+            status::check_logits(row, width, self.position_of(s) - 1)?;
+        }
+        Ok(rows)
+    }
+
     /// Record and submit one chunk (≤ max_chunk tokens): the ids and position writes, the step's
     /// passes, and the copy of `copy` for the host, in one submission (several when experts
     /// stream). `tokens == None` is a chained one-token step: its id is the previous step's
@@ -626,6 +767,7 @@ impl<'w> GpuModel<'w> {
             tokens: n_tok as u32,
             head,
             chained: tokens.is_none(),
+            batch: false,
         };
         if !self.steps.contains_key(&key) {
             let step = graph::build_step(&self.gpu, &self.cfg, &self.res, key, self.fusions)?;
@@ -643,6 +785,7 @@ impl<'w> GpuModel<'w> {
             spans,
             pos,
             dirty,
+            seq_slot,
             ..
         } = self;
         let mut enc = gpu
@@ -654,14 +797,15 @@ impl<'w> GpuModel<'w> {
             Some(tokens) => {
                 gpu.queue
                     .write_buffer(&res.acts.ids, 0, bytemuck::cast_slice(tokens));
-                res.pos.set(&gpu.queue, *pos as u32);
+                res.pos.set(&gpu.queue, *pos as u32, *seq_slot as u32);
             }
+            // the position only: `.y` keeps the slot the host wrote
             None => enc.copy_buffer_to_buffer(
                 &res.acts.positions,
                 16 * *pos as u64,
                 &res.pos.buffer,
                 0,
-                16,
+                4,
             ),
         }
         let t_record = Instant::now();
@@ -758,20 +902,30 @@ impl super::GreedyPipeline for GpuModel<'_> {
 
 impl super::BatchForward for GpuModel<'_> {
     fn slots(&self) -> usize {
-        1
+        self.parked.len()
     }
     fn select(&mut self, slot: usize) {
-        assert!(slot < 1, "slot {slot} out of range");
+        assert!(
+            slot < self.parked.len(),
+            "sequence slot {slot} out of range"
+        );
+        if slot != self.seq_slot {
+            self.parked[self.seq_slot] = (self.pos, self.dirty);
+            (self.pos, self.dirty) = self.parked[slot];
+            self.seq_slot = slot;
+        }
     }
     fn selected(&self) -> usize {
-        0
+        self.seq_slot
     }
     fn position_of(&self, slot: usize) -> usize {
-        assert!(slot < 1, "slot {slot} out of range");
-        self.pos
+        if slot == self.seq_slot {
+            self.pos
+        } else {
+            self.parked[slot].0
+        }
     }
     fn decode_batch(&mut self, batch: &[(usize, u32)]) -> Result<Vec<Vec<f32>>> {
-        super::batch::check_batch(batch, 1, |_| self.pos)?;
-        Ok(vec![GpuModel::forward(self, &[batch[0].1])?])
+        GpuModel::decode_batch(self, batch)
     }
 }

@@ -212,14 +212,19 @@ pub(super) struct ResidentLayer {
     pub rel_proj: wgpu::Buffer,
     /// k_sconv, v_sconv, attn_sconv, mlp_sconv weights `[C, K]`.
     pub conv_w: [wgpu::Buffer; 4],
-    /// Their states `[K−1, C]`.
+    /// Their states: `[K−1, C]` for k and v (the unfused attention's, one sequence slot), `[slots,
+    /// K−1, C]` for attn and mlp.
     pub conv_state: [wgpu::Buffer; 4],
-    /// `[cache_capacity + K, KVH·D]` each: the KV cache, then the k/v conv ring of
-    /// [`FusedAttention`] (byte range `conv_ring`).
+    /// `[slots, cache_capacity + K, KVH·D]` each: per sequence slot the KV cache, then the k/v
+    /// conv ring of [`FusedAttention`] (byte range `conv_ring` of the slot's block).
     pub k_cache: wgpu::Buffer,
     pub v_cache: wgpu::Buffer,
     pub cache_capacity: u32,
     pub conv_ring: Range<u64>,
+    /// Bytes of one slot's block of `k_cache` / `v_cache`.
+    pub cache_slot_bytes: u64,
+    /// Bytes of one slot's block of the attn and mlp conv states.
+    pub conv_slot_bytes: u64,
     /// rel_proj, q_norm, k_norm and the k/v conv weights as one buffer ([`attention_consts`]).
     pub attn_consts: wgpu::Buffer,
     pub mlp: ResidentMlp,
@@ -296,6 +301,8 @@ pub(super) struct Activations {
     /// `[p, 0, 0, 0]` for every position p < max_seq: a chained step copies its position from here
     /// into the position uniform on the device (no host write per step).
     pub positions: wgpu::Buffer,
+    /// The slot table of a decode batch: `[pos, slot, 0, 0]` u32 per token (max_chunk entries).
+    pub seq: wgpu::Buffer,
 }
 
 /// One embedding shard on the GPU (see [`EmbedShard`]).
@@ -335,17 +342,32 @@ pub(super) fn zeroed(gpu: &Gpu, label: &str, floats: usize) -> wgpu::Buffer {
     gpu.storage(label, 4 * floats.max(1) as u64)
 }
 
+/// What [`Resident::upload`] sizes the buffers for.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Sizes {
+    /// Tokens per sequence (the full layers' KV capacity).
+    pub max_seq: usize,
+    /// Tokens per submission.
+    pub max_chunk: usize,
+    /// Largest weight buffer in bytes.
+    pub limit: u64,
+    /// Leave the routed experts on the host.
+    pub stream_routed: bool,
+    /// Sequence slots: KV caches and conv states hold one block per slot.
+    pub seq_slots: usize,
+}
+
 impl Resident {
-    /// Upload `w` for sequences of `max_seq` tokens and chunks of `max_chunk`, with weight buffers
-    /// of at most `limit` bytes; `stream_routed` leaves the routed experts on the host.
-    pub fn upload(
-        gpu: &Gpu,
-        w: &Weights<'_>,
-        max_seq: usize,
-        max_chunk: usize,
-        limit: u64,
-        stream_routed: bool,
-    ) -> Result<Resident> {
+    /// Upload `w` for `sz.seq_slots` sequences of `sz.max_seq` tokens and chunks of
+    /// `sz.max_chunk`, with weight buffers of at most `sz.limit` bytes; `sz.stream_routed`
+    /// leaves the routed experts on the host.
+    pub fn upload(gpu: &Gpu, w: &Weights<'_>, sz: Sizes) -> Result<Resident> {
+        let Sizes {
+            max_seq,
+            max_chunk,
+            limit,
+            ..
+        } = sz;
         let cfg = &w.config;
         let hid = cfg.hidden_size;
 
@@ -390,8 +412,7 @@ impl Resident {
         let mut widest = Widest::default();
         let mut layers = Vec::with_capacity(w.layers.len());
         for i in 0..w.layers.len() {
-            let sizes = (max_seq, limit, stream_routed);
-            layers.push(upload_layer(gpu, cfg, w, i, sizes, &mut widest)?);
+            layers.push(upload_layer(gpu, cfg, w, i, sz, &mut widest)?);
         }
         let acts = Activations::new(gpu, cfg, max_seq, max_chunk, &widest);
         Ok(Resident {
@@ -422,17 +443,25 @@ impl Resident {
             .collect()
     }
 
-    /// Queue the clearing of every conv state and of the fused attention's conv rings (a new
-    /// sequence).
-    pub fn clear_conv_states(&self, gpu: &Gpu) {
+    /// Queue the clearing of sequence slot `slot`'s conv states and fused-attention conv rings
+    /// (a new sequence in that slot).
+    pub fn clear_slot(&self, gpu: &Gpu, slot: usize) {
         let mut enc = gpu.device.create_command_encoder(&Default::default());
+        let slot = slot as u64;
         for l in &self.layers {
-            for s in &l.conv_state {
+            for s in &l.conv_state[..ATTN_SCONV] {
                 enc.clear_buffer(s, 0, None);
             }
+            let n = l.conv_slot_bytes;
+            if n > 0 {
+                for s in &l.conv_state[ATTN_SCONV..] {
+                    enc.clear_buffer(s, slot * n, Some(n));
+                }
+            }
             let ring = &l.conv_ring;
+            let at = slot * l.cache_slot_bytes;
             for c in [&l.k_cache, &l.v_cache] {
-                enc.clear_buffer(c, ring.start, Some(ring.end - ring.start));
+                enc.clear_buffer(c, at + ring.start, Some(ring.end - ring.start));
             }
         }
         gpu.queue.submit([enc.finish()]);
@@ -464,16 +493,23 @@ impl Default for Widest {
     }
 }
 
-/// Upload layer `i` of `w` (`(max_seq, limit, stream_routed)` as in [`Resident::upload`]),
-/// widening `widest` to its activations.
+/// Upload layer `i` of `w` (sizes as in [`Resident::upload`]), widening `widest` to its
+/// activations.
 fn upload_layer(
     gpu: &Gpu,
     cfg: &TextConfig,
     w: &Weights<'_>,
     i: usize,
-    (max_seq, limit, stream_routed): (usize, u64, bool),
+    sz: Sizes,
     widest: &mut Widest,
 ) -> Result<ResidentLayer> {
+    let Sizes {
+        max_seq,
+        limit,
+        stream_routed,
+        seq_slots,
+        ..
+    } = sz;
     let lw = &w.layers[i];
     let hid = cfg.hidden_size;
     let kk = cfg.conv_kernel_size;
@@ -494,12 +530,13 @@ fn upload_layer(
         Some(win) => win,
         None => max_seq,
     } as u32;
-    // the cache rows, then the K rows of the fused attention's conv ring
-    let kv_floats = (cache_capacity as usize + kk) * g.kv_dim();
+    // per sequence slot: the cache rows, then the K rows of the fused attention's conv ring
+    let kv_floats = seq_slots * (cache_capacity as usize + kk) * g.kv_dim();
     ensure!(
         (4 * kv_floats as u64) <= gpu.max_binding(),
-        "layer {i}: a KV cache of {cache_capacity} tokens (+ {kk} rows of conv history) × {} \
-         floats needs {} bytes, more than this adapter's largest storage binding ({} bytes); use a shorter max_seq (prompt + --max-tokens)",
+        "layer {i}: {seq_slots} KV cache(s) of {cache_capacity} tokens (+ {kk} rows of conv \
+         history) × {} floats need {} bytes, more than this adapter's largest storage binding ({} \
+         bytes); use a shorter context (prompt + --max-tokens) or fewer sequence slots",
         g.kv_dim(),
         4 * kv_floats as u64,
         gpu.max_binding()
@@ -513,8 +550,8 @@ fn upload_layer(
     let conv_state = [
         zeroed(gpu, "k_sconv state", (kk - 1) * g.kv_dim()),
         zeroed(gpu, "v_sconv state", (kk - 1) * g.kv_dim()),
-        zeroed(gpu, "attn_sconv state", (kk - 1) * hid),
-        zeroed(gpu, "mlp_sconv state", (kk - 1) * hid),
+        zeroed(gpu, "attn_sconv state", seq_slots * (kk - 1) * hid),
+        zeroed(gpu, "mlp_sconv state", seq_slots * (kk - 1) * hid),
     ];
     let eps = cfg.rms_norm_eps as f32;
     let fused = FusedAttention::new(attn_shape(g, 1, cache_capacity), kk as u32, eps);
@@ -601,6 +638,8 @@ fn upload_layer(
         v_cache: zeroed(gpu, "v cache", kv_floats),
         cache_capacity,
         conv_ring: fused.ring_range(),
+        cache_slot_bytes: fused.cache_bytes(),
+        conv_slot_bytes: 4 * ((kk - 1) * hid) as u64,
         attn_consts: f32_buf(gpu, "attention constants", &attn_consts),
         mlp,
     })
@@ -653,6 +692,7 @@ impl Activations {
                 let v: Vec<u32> = (0..max_seq as u32).flat_map(|p| [p, 0, 0, 0]).collect();
                 gpu.storage_init("positions", bytemuck::cast_slice(&v))
             },
+            seq: gpu.storage("decode batch slots", 16 * t as u64),
         }
     }
 }

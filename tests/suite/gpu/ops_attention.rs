@@ -120,7 +120,7 @@ fn run_chunks(gpu: &Gpu, c: &Cfg, s: &Seq, chunks: &[usize]) -> Vec<f32> {
         let v = buf_f32(gpu, rows(&s.v, p0, t, c.kvh * c.d));
         let r = buf_f32(gpu, rows(&s.r, p0, t, c.h * c.d_rel));
         let o = poisoned(gpu, t * c.h * c.d);
-        pos.set(&gpu.queue, p0 as u32);
+        pos.set(&gpu.queue, p0 as u32, 0);
         kern.bind(gpu, &pos, &q, &k, &v, &r, &proj, &k_cache, &v_cache, &o)
             .unwrap()
             .run(gpu);
@@ -161,7 +161,7 @@ fn run_decode_reused(gpu: &Gpu, c: &Cfg, s: &Seq, prefill: usize) -> Vec<f32> {
             .write_buffer(&r, 0, bytemuck::cast_slice(rows(&s.r, i, 1, c.h * c.d_rel)));
         gpu.queue
             .write_buffer(&o, 0, bytemuck::cast_slice(&vec![f32::NAN; c.h * c.d]));
-        pos.set(&gpu.queue, i as u32);
+        pos.set(&gpu.queue, i as u32, 0);
         call.run(gpu);
         out.extend(read(gpu, &o, c.h * c.d));
     }
@@ -185,7 +185,7 @@ fn run_prefix(
     let v = buf_f32(gpu, rows(&s.v, 0, t, c.kvh * c.d));
     let r = buf_f32(gpu, rows(&s.r, 0, t, c.h * c.d_rel));
     let o = poisoned(gpu, t * c.h * c.d);
-    pos.set(&gpu.queue, 0);
+    pos.set(&gpu.queue, 0, 0);
     kern.bind(gpu, pos, &q, &k, &v, &r, proj, kc, vc, &o)
         .unwrap()
         .run(gpu);

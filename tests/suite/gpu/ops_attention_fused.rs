@@ -152,7 +152,7 @@ fn run_fused(gpu: &Gpu, c: &Cfg, raw: &Raw, chunks: &[usize]) -> Vec<f32> {
     let mut out = Vec::new();
     let mut p0 = 0;
     for &t in chunks {
-        pos.set(&gpu.queue, p0 as u32);
+        pos.set(&gpu.queue, p0 as u32, 0);
         if t == 1 {
             let q = &gpu.queue;
             q.write_buffer(
@@ -233,7 +233,7 @@ fn run_unfused(gpu: &Gpu, c: &Cfg, raw: &Raw, chunks: &[usize]) -> Vec<f32> {
         let x = chunk_in(gpu, c, raw, p0, t);
         let (k_new, v_new) = (poisoned(gpu, t * ch), poisoned(gpu, t * ch));
         let o = poisoned(gpu, t * c.h * c.d);
-        pos.set(&gpu.queue, p0 as u32);
+        pos.set(&gpu.queue, p0 as u32, 0);
         let conv = ShortConvKernel {
             tokens: t as u32,
             channels: ch as u32,

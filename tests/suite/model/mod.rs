@@ -4,6 +4,7 @@ pub mod decode_profile;
 pub mod expert_cache;
 pub mod limit_profiles;
 pub mod model_bad_inputs;
+pub mod model_batch;
 pub mod model_config;
 pub mod model_container;
 pub mod model_cpu_reference;
