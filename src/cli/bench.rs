@@ -33,6 +33,8 @@ pub enum What {
     Copy(CopyArgs),
     /// Decode probe: tok/s, per-phase GPU time per token, bytes per token and roofline.
     Decode(crate::cli::bench_decode::DecodeArgs),
+    /// Decode batches (continuous batching's step): aggregate and per-sequence tok/s per batch size.
+    Batch(crate::cli::bench_batch::BatchArgs),
     /// Prefill GEMM against the GEMV at prefill shapes: µs per call, TFLOP/s.
     Gemm(crate::cli::bench_gemm::GemmArgs),
     /// Prefill probe: prefill tok/s and time to first token for prompts of random ids.
@@ -100,6 +102,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         What::Kernels(a) => kernels(a),
         What::Copy(a) => copy(a),
         What::Decode(a) => crate::cli::bench_decode::run(a),
+        What::Batch(a) => crate::cli::bench_batch::run(a),
         What::Compare(a) => compare(a),
         What::Gemm(a) => crate::cli::bench_gemm::run(a),
         What::Prefill(a) => crate::cli::bench_prefill::run(a),

@@ -3,6 +3,7 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 pub mod bench;
+pub mod bench_batch;
 pub mod bench_calls;
 pub mod bench_decode;
 pub mod bench_gemm;

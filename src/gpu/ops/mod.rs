@@ -95,10 +95,8 @@ pub fn decoder_kernels(fused_attention: bool) -> Vec<(&'static str, KernelSpec)>
             push(attention, KernelSpec::of(&AttentionKey { append, vec4 }));
         }
         if fused_attention {
-            for batch in [false, true] {
-                let fused = FusedAttentionKey::Decode { vec4, batch };
-                push("attention fused", KernelSpec::of(&fused));
-            }
+            let fused = FusedAttentionKey::Decode { vec4, batch: false };
+            push("attention fused", KernelSpec::of(&fused));
         }
     }
     if fused_attention {
@@ -114,10 +112,6 @@ pub fn decoder_kernels(fused_attention: bool) -> Vec<(&'static str, KernelSpec)>
     };
     push("short_conv", conv(false, false, false));
     push("moe_combine+short_conv", conv(false, true, false));
-    if fused_attention {
-        push("short_conv", conv(false, false, true));
-        push("moe_combine+short_conv", conv(false, true, true));
-    }
     if !fused_attention {
         push("short_conv x2", conv(true, false, false));
     }

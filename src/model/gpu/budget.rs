@@ -8,10 +8,33 @@ use crate::model::stream::Placement;
 use crate::model::weights::{Ffn, Mlp, Weights};
 use anyhow::{ensure, Result};
 
+/// GPU bytes of the per-sequence state of `seq_slots` sequences of `max_seq` tokens: per layer
+/// the k and v caches with the fused attention's conv ring, and the attn and mlp conv states
+/// (f32; sliding layers hold their window).
+pub(super) fn state_bytes(w: &Weights<'_>, max_seq: usize, seq_slots: usize) -> u64 {
+    let cfg = &w.config;
+    let kk = cfg.conv_kernel_size as u64;
+    let hid = cfg.hidden_size as u64;
+    let per_slot: u64 = (0..w.layers.len())
+        .map(|i| {
+            let g = cfg.attn(i);
+            let cap = g.window.unwrap_or(max_seq) as u64;
+            2 * 4 * (cap + kk) * g.kv_dim() as u64 + 2 * 4 * kk.saturating_sub(1) * hid
+        })
+        .sum();
+    seq_slots as u64 * per_slot
+}
+
 /// An estimate of the GPU bytes of everything but the routed experts: dense linears, shared
 /// experts, router, embedding table, head, norms and conv weights as stored, the KV caches and
-/// conv states for `max_seq`, and the activations of a `max_chunk` chunk.
-pub(super) fn resident_bytes_estimate(w: &Weights<'_>, max_seq: usize, max_chunk: usize) -> u64 {
+/// conv states of `seq_slots` sequences of `max_seq` tokens ([`state_bytes`]), and the
+/// activations of a `max_chunk` chunk.
+pub(super) fn resident_bytes_estimate(
+    w: &Weights<'_>,
+    max_seq: usize,
+    max_chunk: usize,
+    seq_slots: usize,
+) -> u64 {
     let cfg = &w.config;
     let q = |m: &QMatrix<'_>| (m.data.len() + m.scales.len()) as u64;
     let ffn = |f: &Ffn<'_>| q(&f.gate) + q(&f.up) + q(&f.down);
@@ -22,19 +45,16 @@ pub(super) fn resident_bytes_estimate(w: &Weights<'_>, max_seq: usize, max_chunk
         _ => 4 * hid * cfg.vocab_size as u64,
     };
     let mut b = embed + q(&w.lm_head) + v(&w.embed_norm) + v(&w.norm);
+    b += state_bytes(w, max_seq, seq_slots);
     for (i, l) in w.layers.iter().enumerate() {
         let a = &l.attn;
         b += q(&a.q) + q(&a.k) + q(&a.v) + q(&a.r) + q(&a.o);
         b += v(&a.q_norm) + v(&a.k_norm) + v(&a.rel_proj) + v(&l.input_norm);
         b += v(&l.post_attn_norm) + v(&a.k_sconv.w) + v(&a.v_sconv.w);
         b += v(&l.attn_sconv.w) + v(&l.mlp_sconv.w);
-        let g = cfg.attn(i);
-        let cap = g.window.unwrap_or(max_seq) as u64;
-        // the KV caches with the fused attention's conv ring, and its constants buffer
-        let kk = cfg.conv_kernel_size as u64;
-        b += 2 * 4 * (cap + kk) * g.kv_dim() as u64;
+        // the fused attention's constants buffer, the unfused k/v conv states
         b += v(&a.rel_proj) + v(&a.q_norm) + v(&a.k_norm) + v(&a.k_sconv.w) + v(&a.v_sconv.w);
-        b += 4 * (cfg.conv_kernel_size as u64) * (2 * g.kv_dim() as u64 + 2 * hid);
+        b += 4 * (cfg.conv_kernel_size as u64) * 2 * cfg.attn(i).kv_dim() as u64;
         b += match &l.mlp {
             Mlp::Dense(d) => ffn(&d.ffn),
             Mlp::Moe(m) => q(&m.router) + m.shared.iter().map(ffn).sum::<u64>(),
@@ -72,12 +92,11 @@ pub(super) fn slot_bytes(w: &Weights<'_>) -> u64 {
 
 /// How many expert slots `placement` gives: `None` = fully resident (every routed expert fits,
 /// or no budget was given). Errors: zero slots asked for, or a budget below the resident part
-/// ([`resident_bytes_estimate`] for `max_seq`, `max_chunk`) plus one slot.
+/// ([`resident_bytes_estimate`] for `max_seq`, `max_chunk`, `seq_slots`) plus one slot.
 pub(super) fn plan_slots(
     w: &Weights<'_>,
     placement: Placement,
-    max_seq: usize,
-    max_chunk: usize,
+    (max_seq, max_chunk, seq_slots): (usize, usize, usize),
 ) -> Result<Option<usize>> {
     let sparse = w
         .layers
@@ -93,7 +112,7 @@ pub(super) fn plan_slots(
             (n < total).then_some(n)
         }
         Placement::GpuMem(b) => {
-            let est = resident_bytes_estimate(w, max_seq, max_chunk);
+            let est = resident_bytes_estimate(w, max_seq, max_chunk, seq_slots);
             let free = b.saturating_sub(est);
             let n = (free / slot.max(1)) as usize;
             ensure!(

@@ -228,7 +228,8 @@ fn assert_checked(step: &Step, fusions: Fusions) {
     for c in step.calls() {
         for k in c
             .kernels()
-            .filter(|k| !k.starts_with("gemv") && !k.starts_with("gemm"))
+            // the decode batch's kernels are checked by `GpuModel::new` (BATCH_STORAGE_BUFFERS)
+            .filter(|k| !k.starts_with("gemv") && !k.starts_with("gemm") && !k.contains("+batch"))
         {
             assert!(
                 listed.iter().any(|(op, s)| *op == c.label.op && s.key == k),

@@ -44,6 +44,9 @@ use timing::{OpTimer, PhaseTimer, SpanTimer, StepTimer};
 /// 0.8 GB for a 201k vocabulary.
 pub const DEFAULT_MAX_CHUNK: usize = 512;
 
+/// Storage buffers the decode batch's fused attention (`attention/fused/*+batch`) binds.
+pub const BATCH_STORAGE_BUFFERS: u32 = 9;
+
 /// Settings of a [`GpuModel`]; [`GpuModelOptions::new`] gives the defaults for a sequence length.
 #[derive(Clone, Debug)]
 pub struct GpuModelOptions {
@@ -202,6 +205,14 @@ impl<'w> GpuModel<'w> {
             opts.seq_slots == 1 || opts.fusions.attention,
             "sequence slots need the fused attention"
         );
+        let sb = gpu.limits.max_storage_buffers_per_shader_stage;
+        ensure!(
+            opts.seq_slots == 1 || sb >= BATCH_STORAGE_BUFFERS,
+            "{} sequence slots: the decode batch's attention kernel binds {BATCH_STORAGE_BUFFERS} \
+             storage buffers, but this device allows {sb} per shader stage (wgpu limit \
+             `max_storage_buffers_per_shader_stage`); use one sequence slot",
+            opts.seq_slots
+        );
         ensure!(
             opts.seq_slots <= max_chunk,
             "{} sequence slots are more than a chunk of {max_chunk} tokens can batch",
@@ -260,7 +271,8 @@ impl<'w> GpuModel<'w> {
     /// routed expert fits, or no budget was given). Errors: zero slots asked for, or a budget
     /// below the resident part plus one slot.
     pub fn plan_slots(w: &Weights<'_>, opts: &GpuModelOptions) -> Result<Option<usize>> {
-        budget::plan_slots(w, opts.placement, opts.max_seq, opts.max_chunk)
+        let sizes = (opts.max_seq, opts.max_chunk, opts.seq_slots);
+        budget::plan_slots(w, opts.placement, sizes)
     }
 
     /// GPU bytes of one expert slot (gate‖up and down, padded rows, scales).
@@ -270,9 +282,16 @@ impl<'w> GpuModel<'w> {
 
     /// An estimate of the GPU bytes of everything but the routed experts: dense linears, shared
     /// experts, router, embedding table, head, norms and conv weights as stored, the KV caches
-    /// and conv states for `opts.max_seq`, and the activations of a `max_chunk` chunk.
+    /// and conv states of `opts.seq_slots` sequences of `opts.max_seq` tokens, and the
+    /// activations of a `max_chunk` chunk.
     pub fn resident_bytes_estimate(w: &Weights<'_>, opts: &GpuModelOptions) -> u64 {
-        budget::resident_bytes_estimate(w, opts.max_seq, opts.max_chunk)
+        budget::resident_bytes_estimate(w, opts.max_seq, opts.max_chunk, opts.seq_slots)
+    }
+
+    /// GPU bytes of the sequence state `opts` asks for: KV caches (with the fused attention's
+    /// conv rings) and conv states of `opts.seq_slots` sequences of `opts.max_seq` tokens.
+    pub fn state_bytes(w: &Weights<'_>, opts: &GpuModelOptions) -> u64 {
+        budget::state_bytes(w, opts.max_seq, opts.seq_slots)
     }
 
     /// Counters of expert streaming (`None` when the routed experts are resident).

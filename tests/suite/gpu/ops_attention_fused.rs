@@ -409,3 +409,152 @@ fn fused_attention_refuses_caches_without_the_ring() {
         .expect("a cache of cap rows has no room for the conv ring");
     assert!(e.to_string().contains("fused attention k_cache"), "{e}");
 }
+
+/// Sequences of `lens` tokens in the slots of one pair of caches: each prefilled with its first
+/// half as one chunk (slot in `pos.y`), then decoded one token per sequence per step in decode
+/// batches (`bind_batch`, slot table in a storage buffer; sequences leave as they end, so the
+/// batches shrink and mix positions). Each sequence's outputs against its own f64 chain (≤ 1e-5)
+/// and against the one-token kernel alone (≤ 1e-6).
+fn check_batch(gpu: &Gpu, c: Cfg, kk: usize, lens: &[usize], seed: u64) {
+    let ch = c.kvh * c.d;
+    let w0 = make_raw(&c, kk, 1, seed);
+    let raws: Vec<Raw> = lens
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| Raw {
+            // one layer: the same constants for every sequence
+            proj: w0.proj.clone(),
+            q_norm: w0.q_norm.clone(),
+            k_norm: w0.k_norm.clone(),
+            kw: w0.kw.clone(),
+            vw: w0.vw.clone(),
+            ..make_raw(&c, kk, n, seed + 1 + i as u64)
+        })
+        .collect();
+    let fa = |t: usize| FusedAttention::new(shape(&c, t), kk as u32, EPS);
+    let rows_per_slot = fa(1).cache_rows() as usize;
+    let mut one = vec![f32::NAN; c.cap * ch];
+    one.resize(rows_per_slot * ch, 0.0);
+    let all: Vec<f32> = one.repeat(lens.len());
+    let (kc, vc) = (buf_f32(gpu, &all), buf_f32(gpu, &all));
+    let cb = consts(gpu, &c, &w0);
+    let pos = PosBuffer::new(gpu, 0);
+    let mut outs: Vec<Vec<f32>> = vec![vec![]; lens.len()];
+    for (s, raw) in raws.iter().enumerate() {
+        let t = raw.n / 2;
+        let x = chunk_in(gpu, &c, raw, 0, t);
+        let o = poisoned(gpu, t * c.h * c.d);
+        let (kn, vn) = (poisoned(gpu, t * ch), poisoned(gpu, t * ch));
+        let io = FusedAttentionIo {
+            q: &x.q,
+            k_raw: &x.k,
+            v_raw: &x.v,
+            r: &x.r,
+            consts: &cb,
+            k_cache: &kc,
+            v_cache: &vc,
+            out: &o,
+            k_new: &kn,
+            v_new: &vn,
+        };
+        pos.set(&gpu.queue, 0, s as u32);
+        let call = fa(t).bind(gpu, &pos, &io).unwrap();
+        call.run(gpu);
+        outs[s] = read(gpu, &o, t * c.h * c.d);
+    }
+    let mut at: Vec<usize> = raws.iter().map(|r| r.n / 2).collect();
+    // the slots of the first step in reverse order: table order is not slot order
+    let mut step = 0;
+    loop {
+        let mut live: Vec<usize> = (0..lens.len()).filter(|&s| at[s] < lens[s]).collect();
+        if live.is_empty() {
+            break;
+        }
+        if step == 0 {
+            live.reverse();
+        }
+        step += 1;
+        let b = live.len();
+        let pick = |f: &dyn Fn(&Raw) -> &Vec<f32>, width: usize| -> Vec<f32> {
+            live.iter()
+                .flat_map(|&s| rows(f(&raws[s]), at[s], 1, width).to_vec())
+                .collect()
+        };
+        let q = buf_f32(gpu, &pick(&|r| &r.q, c.h * c.d));
+        let k = buf_f32(gpu, &pick(&|r| &r.k, ch));
+        let v = buf_f32(gpu, &pick(&|r| &r.v, ch));
+        let r = buf_f32(gpu, &pick(&|r| &r.r, c.h * c.d_rel));
+        let table: Vec<u32> = live
+            .iter()
+            .flat_map(|&s| [at[s] as u32, s as u32, 0, 0])
+            .collect();
+        let seq = gpu.storage_init("slot table", bytemuck::cast_slice(&table));
+        let o = poisoned(gpu, b * c.h * c.d);
+        let scratch = poisoned(gpu, b * ch);
+        let io = FusedAttentionIo {
+            q: &q,
+            k_raw: &k,
+            v_raw: &v,
+            r: &r,
+            consts: &cb,
+            k_cache: &kc,
+            v_cache: &vc,
+            out: &o,
+            k_new: &scratch,
+            v_new: &scratch,
+        };
+        // the uniform names another slot and position: the batch must not read it
+        pos.set(&gpu.queue, 1, (lens.len() - 1) as u32);
+        let call = fa(b).bind_batch(gpu, &pos, &seq, &io).unwrap();
+        assert_eq!(call.dispatches(), 1, "one dispatch per decode batch");
+        call.run(gpu);
+        let got = read(gpu, &o, b * c.h * c.d);
+        for (i, &s) in live.iter().enumerate() {
+            outs[s].extend_from_slice(&got[i * c.h * c.d..(i + 1) * c.h * c.d]);
+            at[s] += 1;
+        }
+    }
+    for (s, raw) in raws.iter().enumerate() {
+        let tag = format!("{c:?} K={kk} slot {s} of {lens:?}");
+        assert_close(
+            &format!("{tag}: batch vs f64"),
+            &outs[s],
+            &chain_reference(&c, raw),
+            1e-5,
+        );
+        let mut chunks = vec![raw.n / 2];
+        chunks.resize(raw.n - raw.n / 2 + 1, 1);
+        let alone = run_fused(gpu, &c, raw, &chunks);
+        let alone64: Vec<f64> = alone.iter().map(|&x| x as f64).collect();
+        assert_close(&format!("{tag}: batch vs alone"), &outs[s], &alone64, 1e-6);
+    }
+}
+
+#[test]
+fn fused_decode_batch_over_sequence_slots() {
+    let gpu = gpu();
+    // vec4, full layer, GQA 2, tau, sequences across a 64-key block
+    let full = Cfg {
+        h: 4,
+        kvh: 2,
+        d: 32,
+        d_rel: 5,
+        extent: 9,
+        window: None,
+        cap: 72,
+        tau: Some((0.2, 3.0)),
+    };
+    check_batch(&gpu, full, 4, &[70, 9, 33, 4], 40);
+    // f32 variant, sliding ring, K = 3, a sequence past its window
+    let sliding = Cfg {
+        h: 6,
+        kvh: 3,
+        d: 6,
+        d_rel: 3,
+        extent: 5,
+        window: Some(5),
+        cap: 5,
+        tau: None,
+    };
+    check_batch(&gpu, sliding, 3, &[13, 2, 8], 50);
+}

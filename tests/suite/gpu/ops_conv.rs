@@ -1,7 +1,9 @@
 //! Short convolution: chunked (1, 2, 3 tokens, K = 4 and 3) equals the full sequence; reset does not leak;
-//! the MoE-combine input (`bind_combine`) equals the combine then the conv in f64.
+//! the MoE-combine input (`bind_combine`) equals the combine then the conv in f64; sequence slots
+//! (a chunk in the slot `pos.y` names, decode batches over a slot table) keep each sequence's
+//! state apart.
 use crate::ops_util;
-use inkling_wgpu::gpu::ops::ShortConvKernel;
+use inkling_wgpu::gpu::ops::{PosBuffer, ShortConvKernel, SlotOf};
 use inkling_wgpu::gpu::Gpu;
 use ops_util::*;
 
@@ -214,5 +216,155 @@ fn combine_input_equals_combine_then_conv() {
         }
         let what = format!("K={k} C={c} T={n} top-{top_k} shared {ns}");
         assert_close(&what, &got, &want, 1e-5);
+    }
+}
+
+/// Sequences of `lens` tokens in the slots of one state buffer (`[slots, K−1, C]`, poisoned then
+/// cleared): each prefilled with its first half in its slot (`SlotOf::Pos`), then one token per
+/// sequence per step in decode batches (`SlotOf::Batch`; sequences leave as they end, the first
+/// batch in reverse slot order), `y +=` on random `y`; with `combine` the input is the MoE
+/// combine of two routed rows and one shared row. Each sequence against its own f64 conv.
+fn check_slots(gpu: &Gpu, k: usize, c: usize, lens: &[usize], combine: bool, seed: u64) {
+    let mut rng = Rng(seed);
+    let (top_k, ns) = (2usize, 1usize);
+    let width = if combine { top_k + ns } else { 1 };
+    // per sequence: its input rows (the combine's parts when `combine`), gammas, start y
+    let xs: Vec<Vec<f32>> = lens.iter().map(|&n| rng.vec(n * width * c, 1.0)).collect();
+    let gs: Vec<Vec<f32>> = lens.iter().map(|&n| rng.vec(n * width, 1.0)).collect();
+    let h0: Vec<Vec<f32>> = lens.iter().map(|&n| rng.vec(n * c, 1.0)).collect();
+    let wv = rng.vec(c * k, 1.0);
+    let w = buf_f32(gpu, &wv);
+    let st = poisoned(gpu, lens.len() * ((k - 1) * c).max(1));
+    let mut enc = gpu.device.create_command_encoder(&Default::default());
+    enc.clear_buffer(&st, 0, None);
+    gpu.queue.submit([enc.finish()]);
+    // token t of sequence s: (its x rows, its gammas) as the kernel reads them
+    let tok = |s: usize, t: usize| -> (Vec<f32>, Vec<f32>) {
+        (
+            xs[s][t * width * c..(t + 1) * width * c].to_vec(),
+            gs[s][t * width..(t + 1) * width].to_vec(),
+        )
+    };
+    let pos = PosBuffer::new(gpu, 0);
+    let run = |rows: &[(usize, usize)], at: SlotOf<'_>| -> Vec<f32> {
+        let n = rows.len();
+        let kern = ShortConvKernel {
+            tokens: n as u32,
+            channels: c as u32,
+            kernel: k as u32,
+            accumulate: true,
+        };
+        let hb = buf_f32(
+            gpu,
+            &rows
+                .iter()
+                .flat_map(|&(s, t)| h0[s][t * c..(t + 1) * c].to_vec())
+                .collect::<Vec<_>>(),
+        );
+        if combine {
+            let (mut yr, mut g, mut ys, mut sg) = (vec![], vec![], vec![], vec![]);
+            for &(s, t) in rows {
+                let (x, gm) = tok(s, t);
+                yr.extend_from_slice(&x[..top_k * c]);
+                ys.extend_from_slice(&x[top_k * c..]);
+                g.extend_from_slice(&gm[..top_k]);
+                sg.extend_from_slice(&gm[top_k..]);
+            }
+            let (yrb, gb, ysb, sgb) = (
+                buf_f32(gpu, &yr),
+                buf_f32(gpu, &g),
+                buf_f32(gpu, &ys),
+                buf_f32(gpu, &sg),
+            );
+            kern.bind_combine_at(
+                gpu,
+                Some(at),
+                &yrb,
+                &gb,
+                top_k as u32,
+                Some((&ysb, &sgb, ns as u32)),
+                [&w, &st, &hb],
+            )
+            .unwrap()
+            .run(gpu);
+        } else {
+            let xb = buf_f32(
+                gpu,
+                &rows
+                    .iter()
+                    .flat_map(|&(s, t)| tok(s, t).0)
+                    .collect::<Vec<_>>(),
+            );
+            kern.bind_at(gpu, at, &xb, &w, &st, &hb).unwrap().run(gpu);
+        }
+        read(gpu, &hb, n * c)
+    };
+    let mut got: Vec<Vec<f32>> = vec![vec![]; lens.len()];
+    for (s, &n) in lens.iter().enumerate() {
+        pos.set(&gpu.queue, 0, s as u32);
+        let rows: Vec<(usize, usize)> = (0..n / 2).map(|t| (s, t)).collect();
+        if !rows.is_empty() {
+            got[s] = run(&rows, SlotOf::Pos(&pos));
+        }
+    }
+    // the uniform names the last slot: batches must not read it
+    pos.set(&gpu.queue, 0, (lens.len() - 1) as u32);
+    let mut at: Vec<usize> = lens.iter().map(|n| n / 2).collect();
+    let mut first = true;
+    loop {
+        let mut live: Vec<usize> = (0..lens.len()).filter(|&s| at[s] < lens[s]).collect();
+        if live.is_empty() {
+            break;
+        }
+        if first {
+            live.reverse();
+            first = false;
+        }
+        let table: Vec<u32> = live
+            .iter()
+            .flat_map(|&s| [at[s] as u32, s as u32, 0, 0])
+            .collect();
+        let seq = gpu.storage_init("slot table", bytemuck::cast_slice(&table));
+        let rows: Vec<(usize, usize)> = live.iter().map(|&s| (s, at[s])).collect();
+        let out = run(&rows, SlotOf::Batch(&seq));
+        for (i, &s) in live.iter().enumerate() {
+            got[s].extend_from_slice(&out[i * c..(i + 1) * c]);
+            at[s] += 1;
+        }
+    }
+    for (s, &n) in lens.iter().enumerate() {
+        // the conv's input in f32 (the combine in f64, rounded), then the f64 conv + y
+        let input: Vec<f32> = (0..n * c)
+            .map(|i| {
+                let (t, ch) = (i / c, i % c);
+                if !combine {
+                    return xs[s][i];
+                }
+                (0..width)
+                    .map(|q| xs[s][(t * width + q) * c + ch] as f64 * gs[s][t * width + q] as f64)
+                    .sum::<f64>() as f32
+            })
+            .collect();
+        let want: Vec<f64> = reference(&input, &wv, c, k)
+            .iter()
+            .zip(&h0[s])
+            .map(|(a, &b)| a + b as f64)
+            .collect();
+        let what = format!("K={k} C={c} combine {combine} slot {s} of {lens:?}");
+        assert_close(&what, &got[s], &want, 1e-5);
+    }
+}
+
+#[test]
+fn sequence_slots_and_decode_batches_keep_states_apart() {
+    let gpu = gpu();
+    for (k, c, lens, combine) in [
+        (4usize, 37usize, vec![7usize, 2, 5, 1], false),
+        (3, 130, vec![4, 9], false),
+        (1, 5, vec![3, 3], false),
+        (8, 65, vec![12, 3, 6], false),
+        (4, 70, vec![5, 2, 4], true),
+    ] {
+        check_slots(&gpu, k, c, &lens, combine, 7 * k as u64 + c as u64);
     }
 }

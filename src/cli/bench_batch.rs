@@ -1,0 +1,178 @@
+//! `inkling-wgpu bench batch`: the decode batch (continuous batching's step) on the GPU forward.
+//! For each batch size B of `--batch`, B sequence slots are filled with B different 16-token
+//! probe prompts and decoded together for `--tokens` greedy steps (one
+//! [`crate::model::BatchForward::decode_batch`] per step, logits read back, argmax on the host,
+//! as `serve` does), after [`super::bench_decode::WARMUP_S`] seconds of warm-up; printed: step ms,
+//! aggregate and per-sequence tok/s, the speedup over B = 1 of the same path, and the plain
+//! one-sequence greedy decode (`bench decode`'s pipelined path) measured in the same process.
+use super::bench_decode::{probe_prompt, PROBE_PROMPT, WARMUP_S};
+use super::output::outln;
+use crate::gpu::Gpu;
+use crate::model::sampling::argmax;
+use crate::model::{BatchForward, Checkpoint, Forward, GpuModel, GpuModelOptions, Weights};
+use anyhow::{ensure, Context};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+#[derive(clap::Args, Debug)]
+pub struct BatchArgs {
+    /// Checkpoint or container directory (default: the bundled demo model).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Batch sizes to time, comma-separated (each at least 1).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+    pub batch: Vec<usize>,
+    /// Decode steps timed per sequence after its prompt (at least 1).
+    #[arg(long, default_value_t = 64)]
+    pub tokens: usize,
+    /// Print one JSON object on stdout (the text report goes to stderr).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The probe prompt of slot `s`: the 16 fixed ids of `bench decode`, shifted by `s`.
+fn prompt_of(s: usize, width: usize) -> Vec<u32> {
+    probe_prompt(width)
+        .into_iter()
+        .map(|id| ((id as usize + 7919 * s) % width.max(1)) as u32)
+        .collect()
+}
+
+/// `tokens` batched greedy steps over slots `0..b` (each refilled with its prompt first);
+/// seconds of the steps, and every slot's ids.
+fn run_batch(
+    m: &mut GpuModel<'_>,
+    b: usize,
+    tokens: usize,
+    width: usize,
+) -> anyhow::Result<(f64, Vec<Vec<u32>>)> {
+    let mut next = Vec::with_capacity(b);
+    for s in 0..b {
+        m.select(s);
+        m.reset();
+        next.push(argmax(&m.forward(&prompt_of(s, width))?));
+    }
+    m.select(0);
+    let mut ids = vec![Vec::with_capacity(tokens); b];
+    let t0 = Instant::now();
+    for _ in 0..tokens {
+        let batch: Vec<(usize, u32)> = next.iter().copied().enumerate().collect();
+        for (s, &(_, id)) in batch.iter().enumerate() {
+            ids[s].push(id);
+        }
+        let rows = m.decode_batch(&batch)?;
+        next = rows.iter().map(|r| argmax(r)).collect();
+    }
+    Ok((t0.elapsed().as_secs_f64(), ids))
+}
+
+pub fn run(a: BatchArgs) -> anyhow::Result<ExitCode> {
+    ensure!(a.tokens >= 1, "--tokens must be at least 1");
+    ensure!(
+        a.batch.iter().all(|&b| b >= 1),
+        "--batch: every batch size must be at least 1"
+    );
+    let slots = a.batch.iter().copied().max().context("--batch is empty")?;
+    let dir = match &a.model {
+        Some(d) => d.clone(),
+        None => crate::bundled::materialize()?,
+    };
+    let ck = Checkpoint::open(&dir)?;
+    if let Some(max) = ck.config.max_position_embeddings {
+        ensure!(
+            PROBE_PROMPT + a.tokens < max,
+            "--tokens {}: the probe's {PROBE_PROMPT}-token prompt and {} steps pass the model's \
+             context of {max} positions; use --tokens {} or fewer",
+            a.tokens,
+            a.tokens,
+            max.saturating_sub(PROBE_PROMPT + 1)
+        );
+    }
+    let w = Weights::load(&ck)?;
+    let gpu = Gpu::new()?;
+    let width = w.config.logits_width();
+    let opts = GpuModelOptions {
+        seq_slots: slots,
+        ..GpuModelOptions::new(PROBE_PROMPT + a.tokens + 1)
+    };
+    let mut m = GpuModel::new(&gpu, &w, opts)
+        .with_context(|| format!("building the GPU model on {}", gpu.describe()))?;
+    // warm-up: every batch size once, then the largest until WARMUP_S has passed
+    let warm = Instant::now();
+    for &b in &a.batch {
+        run_batch(&mut m, b, a.tokens.min(8), width)?;
+    }
+    while warm.elapsed().as_secs_f64() < WARMUP_S {
+        run_batch(&mut m, slots, a.tokens.min(8), width)?;
+    }
+    // the pipelined one-sequence greedy decode of slot 0 (`bench decode`'s timed path)
+    m.select(0);
+    m.reset();
+    let p0 = prompt_of(0, width);
+    let first = m.forward_greedy(&p0)?;
+    let mut solo = Vec::new();
+    let t1 = Instant::now();
+    match Forward::greedy_pipeline(&mut m) {
+        Some(p) => p.greedy_stream(&[first], a.tokens, &mut |id| {
+            solo.push(id);
+            Ok(true)
+        })?,
+        None => {
+            let mut id = first;
+            for _ in 0..a.tokens {
+                id = m.forward_greedy(&[id])?;
+                solo.push(id);
+            }
+        }
+    }
+    let solo_s = t1.elapsed().as_secs_f64();
+    let solo_tok_s = a.tokens as f64 / solo_s;
+    eprintln!(
+        "bench batch: {} on {}; {PROBE_PROMPT}-token prompts, {} greedy steps per sequence",
+        dir.display(),
+        gpu.describe(),
+        a.tokens
+    );
+    eprintln!("  one sequence, pipelined greedy (bench decode's path): {solo_tok_s:.1} tok/s");
+    eprintln!("  batch   step ms   aggregate tok/s   per-sequence tok/s   × batch 1");
+    let mut rows = Vec::new();
+    let mut base = None;
+    for &b in &a.batch {
+        let (secs, ids) = run_batch(&mut m, b, a.tokens, width)?;
+        // every slot's tokens equal its prompt decoded alone in slot 0 of this model
+        if b > 1 {
+            let (_, alone) = run_batch(&mut m, 1, a.tokens, width)?;
+            ensure!(
+                ids[0] == alone[0],
+                "batch {b}: slot 0 chose different tokens than alone"
+            );
+        }
+        let agg = (b * a.tokens) as f64 / secs;
+        let step_ms = 1e3 * secs / a.tokens as f64;
+        let base_agg = *base.get_or_insert(if b == 1 { agg } else { f64::NAN });
+        let x = agg / base_agg;
+        eprintln!(
+            "  {b:>5}   {step_ms:>7.3}   {agg:>15.1}   {:>18.1}   {x:>9.2}",
+            agg / b as f64
+        );
+        rows.push(serde_json::json!({
+            "batch": b,
+            "step_ms": step_ms,
+            "aggregate_tok_s": agg,
+            "per_sequence_tok_s": agg / b as f64,
+            "vs_batch_1": if x.is_finite() { serde_json::json!(x) } else { serde_json::Value::Null },
+        }));
+    }
+    if a.json {
+        let v = serde_json::json!({
+            "model": dir.display().to_string(),
+            "adapter": gpu.describe(),
+            "tokens": a.tokens,
+            "solo_pipelined_tok_s": solo_tok_s,
+            "batches": rows,
+        });
+        outln!("{}", serde_json::to_string_pretty(&v)?)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
