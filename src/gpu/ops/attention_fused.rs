@@ -206,23 +206,11 @@ impl FusedAttention {
         self.shape.cache_capacity as u64 * row..self.cache_bytes()
     }
 
-    /// Bind one call. One-token shapes: one dispatch (label `"attention fused"`); longer chunks:
-    /// the prologue, then the attention and the KV append of [`AttentionShape::bind`] (three
-    /// dispatches). `pos.x` = absolute position of the first token, as for [`AttentionShape::bind`].
-    pub fn bind(
-        &self,
-        gpu: &Gpu,
-        pos: &PosBuffer,
-        io: &FusedAttentionIo<'_>,
-    ) -> Result<Call, BufferTooSmall> {
+    /// The buffers every form reads and writes hold this shape; `(T, C)` as u64.
+    fn check_io(&self, io: &FusedAttentionIo<'_>) -> Result<(u64, u64), BufferTooSmall> {
         let s = &self.shape;
-        let (t, h, kvh, d) = (
-            s.tokens as u64,
-            s.heads as u64,
-            s.kv_heads as u64,
-            s.head_dim as u64,
-        );
-        let c = kvh * d;
+        let (t, h, d) = (s.tokens as u64, s.heads as u64, s.head_dim as u64);
+        let c = s.kv_heads as u64 * d;
         let consts = (s.d_rel * s.extent) as u64 + 2 * d + 2 * c * self.conv_kernel as u64;
         need(io.q, t * h * d, "fused attention q")?;
         need(io.k_raw, t * c, "fused attention k_raw")?;
@@ -233,9 +221,15 @@ impl FusedAttention {
         need(io.k_cache, cache, "fused attention k_cache")?;
         need(io.v_cache, cache, "fused attention v_cache")?;
         need(io.out, t * h * d, "fused attention out")?;
+        Ok((t, c))
+    }
+
+    /// Both uniforms of the kernels: the attention's params (slot blocks of `cache_rows` rows)
+    /// and eps/K.
+    fn uniforms(&self, gpu: &Gpu) -> (AttentionParams, wgpu::Buffer) {
         let params = AttentionParams {
             slot_rows: self.cache_rows(),
-            ..s.params()
+            ..self.shape.params()
         };
         let fp = call::uniform(
             gpu,
@@ -246,6 +240,21 @@ impl FusedAttention {
                 _p: [0; 2],
             },
         );
+        (params, fp)
+    }
+
+    /// Bind one call. One-token shapes: one dispatch (label `"attention fused"`); longer chunks:
+    /// the prologue, then the attention and the KV append of [`AttentionShape::bind`] (three
+    /// dispatches). `pos.x` = absolute position of the first token, as for [`AttentionShape::bind`].
+    pub fn bind(
+        &self,
+        gpu: &Gpu,
+        pos: &PosBuffer,
+        io: &FusedAttentionIo<'_>,
+    ) -> Result<Call, BufferTooSmall> {
+        let s = &self.shape;
+        let (t, c) = self.check_io(io)?;
+        let (params, fp) = self.uniforms(gpu);
         if s.tokens == 1 {
             let vec4 = s.head_dim.is_multiple_of(4);
             let one = dispatch(
@@ -314,37 +323,9 @@ impl FusedAttention {
         io: &FusedAttentionIo<'_>,
     ) -> Result<Call, BufferTooSmall> {
         let s = &self.shape;
-        let (t, h, kvh, d) = (
-            s.tokens as u64,
-            s.heads as u64,
-            s.kv_heads as u64,
-            s.head_dim as u64,
-        );
-        let c = kvh * d;
-        let consts = (s.d_rel * s.extent) as u64 + 2 * d + 2 * c * self.conv_kernel as u64;
-        need(io.q, t * h * d, "fused attention q")?;
-        need(io.k_raw, t * c, "fused attention k_raw")?;
-        need(io.v_raw, t * c, "fused attention v_raw")?;
-        need(io.r, t * h * s.d_rel as u64, "fused attention r")?;
-        need(io.consts, consts, "fused attention constants")?;
-        let cache = self.cache_rows() as u64 * c;
-        need(io.k_cache, cache, "fused attention k_cache")?;
-        need(io.v_cache, cache, "fused attention v_cache")?;
-        need(io.out, t * h * d, "fused attention out")?;
+        let (t, _) = self.check_io(io)?;
         need(seq, 4 * t, "fused attention slot table")?;
-        let params = AttentionParams {
-            slot_rows: self.cache_rows(),
-            ..s.params()
-        };
-        let fp = call::uniform(
-            gpu,
-            "fused attention eps/K",
-            &FusedParams {
-                eps: self.eps,
-                conv_k: self.conv_kernel,
-                _p: [0; 2],
-            },
-        );
+        let (params, fp) = self.uniforms(gpu);
         let vec4 = s.head_dim.is_multiple_of(4);
         let one = dispatch(
             gpu,
