@@ -158,7 +158,7 @@ pub fn read_input_line(r: &mut impl BufRead) -> std::io::Result<Option<Result<St
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let (tok, renderer) = open_tokenizer(&args.model.dir()?)?;
-    with_chat_model(&args.model, &tok, &renderer, |cm| chat(&args, cm))
+    with_chat_model(&args.model, 1, &tok, &renderer, |cm| chat(&args, cm))
 }
 
 fn chat(args: &Args, cm: ChatModel<'_>) -> anyhow::Result<ExitCode> {

@@ -12,7 +12,8 @@ use crate::model::config::reachable_eos;
 use crate::model::sampling::SamplingParams;
 use crate::model::text::{load_tokenizer, tokenizer_eos_ids};
 use crate::model::{
-    Checkpoint, CpuModel, Forward, GenerationConfig, GpuModel, GpuModelOptions, TextConfig, Weights,
+    BatchForward, Checkpoint, CpuModel, CpuSlots, GenerationConfig, GpuModel, GpuModelOptions,
+    TextConfig, Weights,
 };
 use anyhow::{bail, Context};
 use std::path::PathBuf;
@@ -131,7 +132,8 @@ pub struct ChatModel<'a> {
     pub dir: PathBuf,
     pub tok: &'a Tokenizer,
     pub renderer: &'a Renderer,
-    pub model: &'a mut dyn Forward,
+    /// The forward with its sequence slots (one for `chat`).
+    pub model: &'a mut dyn BatchForward,
     /// `<|content_model_end_sampling|>` and the model's own EOS ids.
     pub stop_ids: Vec<u32>,
     pub generation: GenerationConfig,
@@ -158,10 +160,13 @@ pub fn open_tokenizer(dir: &std::path::Path) -> anyhow::Result<(Tokenizer, Rende
     Ok((tok, renderer))
 }
 
-/// Open the model of `args` (whose tokenizer and renderer [`open_tokenizer`] gave) and run `f`
-/// with it.
+/// Open the model of `args` (whose tokenizer and renderer [`open_tokenizer`] gave) with `slots`
+/// sequence slots (`serve --parallel`; 1 for `chat`) and run `f` with it. Errors: what loading
+/// the checkpoint and the backend give; with several slots, a KV cache that the device cannot
+/// hold is refused with an error naming `--parallel` and `--ctx`.
 pub fn with_chat_model<R>(
     args: &ModelArgs,
+    slots: usize,
     tok: &Tokenizer,
     renderer: &Renderer,
     f: impl FnOnce(ChatModel<'_>) -> anyhow::Result<R>,
@@ -180,6 +185,7 @@ pub fn with_chat_model<R>(
     let placement = args.placement.placement(args.device)?;
     let opts = GpuModelOptions {
         placement,
+        seq_slots: slots,
         ..GpuModelOptions::new(ctx)
     };
     // only a run that really streams reads or writes the usage file
@@ -187,9 +193,9 @@ pub fn with_chat_model<R>(
     let usage = args.placement.usage_file(&ck, streams)?;
     let mut cpu;
     let mut gpu = None;
-    let model: &mut dyn Forward = match args.device {
+    let model: &mut dyn BatchForward = match args.device {
         Device::Cpu => {
-            cpu = CpuModel::new(&weights);
+            cpu = CpuSlots::new(CpuModel::new(&weights), slots)?;
             &mut cpu
         }
         Device::Gpu => {
@@ -198,7 +204,18 @@ pub fn with_chat_model<R>(
                 usage: usage.seed.clone(),
                 ..opts
             };
-            gpu.insert(gpu_backend(&weights, opts, &hidden)?)
+            let m = gpu_backend(&weights, opts, &hidden);
+            let m = if slots > 1 {
+                m.with_context(|| {
+                    format!(
+                        "{slots} sequence slots (--parallel) of {ctx} tokens of context (--ctx) \
+                         do not fit the device: lower --parallel or --ctx"
+                    )
+                })
+            } else {
+                m
+            };
+            gpu.insert(m?)
         }
     };
     let r = f(ChatModel {

@@ -31,7 +31,11 @@ pub struct Args {
     /// TCP port (0 = any free port; the bound address is printed).
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
-    /// Requests that may wait behind the running one; past that, 429 with Retry-After.
+    /// Requests decoded together (sequence slots, each with its own KV cache of --ctx tokens;
+    /// llama.cpp's server `--parallel`). Requests past them wait in the queue.
+    #[arg(long, default_value_t = 4, value_parser = super::values::parse_slots)]
+    pub parallel: usize,
+    /// Requests that may wait for a free slot; past that, 429 with Retry-After.
     #[arg(long, default_value_t = 8)]
     pub queue: usize,
     /// Largest request body in bytes (413 past it).
@@ -108,19 +112,23 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     {
         let (tok, renderer, shared) = (tok.clone(), renderer.clone(), shared.clone());
         let margs = args.model.clone();
+        let parallel = args.parallel;
         std::thread::Builder::new()
             .name("engine".into())
             .spawn(move || {
                 let _alive = engine_alive;
-                let res = with_chat_model(&margs, &tok, &renderer, |cm| {
+                let res = with_chat_model(&margs, parallel, &tok, &renderer, |cm| {
                     let _ = shared.stop_ids.set(cm.stop_ids.clone());
                     let _ = shared.ctx.set(cm.ctx);
                     let experts = cm.model.stream_stats().map_or(String::new(), |x| {
                         format!(", routed experts streamed through {} slots", x.slots)
                     });
+                    let n = cm.model.slots();
                     eprintln!(
-                        "inkling-wgpu serve: model loaded ({}{experts}, {} tokens of context)",
+                        "inkling-wgpu serve: model loaded ({}{experts}, {n} sequence slot{}, {} \
+                         tokens of context)",
                         cm.model.adapter(),
+                        if n == 1 { "" } else { "s" },
                         cm.ctx
                     );
                     engine::run(cm.model, cm.tok, renderer.specials(), jobs_rx, &shared);

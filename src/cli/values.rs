@@ -27,6 +27,14 @@ pub fn parse_positive(s: &str) -> Result<u64, String> {
     }
 }
 
+/// A number of sequence slots (`serve --parallel`): a whole number from 1 to 256.
+pub fn parse_slots(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(v) if (1..=256).contains(&v) => Ok(v),
+        _ => Err(format!("expected a whole number from 1 to 256, got {s:?}")),
+    }
+}
+
 /// A token count of at least 1 (`chat --max-tokens`).
 pub fn parse_tokens(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {

@@ -138,3 +138,56 @@ impl BatchForward for CpuSlots<'_, '_> {
         Ok(out)
     }
 }
+
+/// Any [`Forward`] as a [`BatchForward`] of one slot (a batch is at most one token).
+pub struct OneSlot<'m>(pub &'m mut dyn Forward);
+
+impl Forward for OneSlot<'_> {
+    fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.0.forward(tokens)
+    }
+    fn forward_all(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+        self.0.forward_all(tokens)
+    }
+    fn forward_greedy(&mut self, tokens: &[u32]) -> Result<u32> {
+        self.0.forward_greedy(tokens)
+    }
+    fn greedy_pipeline(&mut self) -> Option<&mut dyn super::GreedyPipeline> {
+        self.0.greedy_pipeline()
+    }
+    fn reset(&mut self) {
+        self.0.reset()
+    }
+    fn position(&self) -> usize {
+        self.0.position()
+    }
+    fn backend(&self) -> &'static str {
+        self.0.backend()
+    }
+    fn adapter(&self) -> String {
+        self.0.adapter()
+    }
+    fn stream_stats(&self) -> Option<super::stream::StreamStats> {
+        self.0.stream_stats()
+    }
+}
+
+impl BatchForward for OneSlot<'_> {
+    fn slots(&self) -> usize {
+        1
+    }
+    fn select(&mut self, slot: usize) {
+        assert_eq!(slot, 0, "slot {slot} of a model with one slot");
+    }
+    fn selected(&self) -> usize {
+        0
+    }
+    fn position_of(&self, slot: usize) -> usize {
+        assert_eq!(slot, 0, "slot {slot} of a model with one slot");
+        self.0.position()
+    }
+    fn decode_batch(&mut self, batch: &[(usize, u32)]) -> Result<Vec<Vec<f32>>> {
+        check_batch(batch, 1, |_| self.0.position())?;
+        Ok(vec![self.0.forward(&[batch[0].1])?])
+    }
+}

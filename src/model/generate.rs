@@ -216,33 +216,17 @@ pub fn generate_continue_with(
             return Ok(finish_output(out, finish, stats, t_first));
         }
     }
-    // the ids the penalties look at: this call's prompt, then the generated ones
-    let mut history: Vec<u32> = if penalties { prompt.to_vec() } else { vec![] };
-    let (mut generated, mut first) = (0usize, true);
+    let mut sampler = Sampler::new(params, opts, prompt);
+    let mut first = true;
     type Step = (u32, Option<StepLogprobs>);
     let mut next = |model: &mut dyn Forward, tokens: &[u32]| -> anyhow::Result<Step> {
         if full {
             // after the prompt, `tokens` is the id generated last
             if !first {
-                history.extend_from_slice(tokens);
-                generated += tokens.len();
+                tokens.iter().for_each(|&id| sampler.fed(id));
             }
             first = false;
-            let mut logits = model.forward(tokens)?;
-            let raw = opts.logprobs.map(|_| logits.clone());
-            penalize(&mut logits, &history, generated, &params.sampling);
-            for &(id, b) in &opts.bias {
-                if let Some(l) = logits.get_mut(id as usize) {
-                    *l += b;
-                }
-            }
-            let id = if greedy {
-                argmax(&logits)
-            } else {
-                sample(&logits, &params.sampling, &mut rng)
-            };
-            let lp = raw.map(|r| step_logprobs(&r, id, opts.logprobs.unwrap_or(0)));
-            return Ok((id, lp));
+            return Ok(sampler.pick(model.forward(tokens)?));
         }
         if greedy {
             Ok((model.forward_greedy(tokens)?, None))
@@ -273,6 +257,63 @@ pub fn generate_continue_with(
         (id, lp) = next(model, &[id])?;
     }
     Ok(finish_output(out, finish, stats, t_first))
+}
+
+/// The choice of each generated id of one sequence from its logits, as [`generate_continue_with`]
+/// makes it when it reads whole logit rows: the penalties over the history (the prompt, then the
+/// ids fed back), the logit bias, then the argmax (temperature 0) or a draw from the sampling
+/// distribution with the sequence's own [`Rng`]; and the log-probabilities of the raw logits when
+/// asked for. The server runs one per request, so requests decoded in one batch never share a
+/// random stream.
+pub struct Sampler {
+    sampling: SamplingParams,
+    opts: LogitOptions,
+    rng: Rng,
+    /// The prompt (when there are penalties), then every id fed back.
+    history: Vec<u32>,
+    /// Ids fed back so far.
+    generated: usize,
+}
+
+impl Sampler {
+    /// A sampler for a sequence that starts with `prompt` (the penalties' window reaches into it).
+    pub fn new(params: &GenerateParams, opts: &LogitOptions, prompt: &[u32]) -> Sampler {
+        let penalties = params.sampling.has_penalties();
+        Sampler {
+            sampling: params.sampling,
+            opts: opts.clone(),
+            rng: Rng::new(params.seed),
+            history: if penalties { prompt.to_vec() } else { vec![] },
+            generated: 0,
+        }
+    }
+
+    /// The next id after a step whose logits (`config.logits_width()` values) are `logits`, and
+    /// its log-probabilities when `opts.logprobs` asks for them.
+    pub fn pick(&mut self, mut logits: Vec<f32>) -> (u32, Option<StepLogprobs>) {
+        let raw = self.opts.logprobs.map(|_| logits.clone());
+        penalize(&mut logits, &self.history, self.generated, &self.sampling);
+        for &(id, b) in &self.opts.bias {
+            if let Some(l) = logits.get_mut(id as usize) {
+                *l += b;
+            }
+        }
+        let id = if self.sampling.temperature <= 0.0 {
+            argmax(&logits)
+        } else {
+            sample(&logits, &self.sampling, &mut self.rng)
+        };
+        let lp = raw.map(|r| step_logprobs(&r, id, self.opts.logprobs.unwrap_or(0)));
+        (id, lp)
+    }
+
+    /// `id`, picked last, was fed to the model: it joins the history the penalties look at.
+    pub fn fed(&mut self, id: u32) {
+        if self.sampling.has_penalties() {
+            self.history.push(id);
+        }
+        self.generated += 1;
+    }
 }
 
 fn finish_output(

@@ -1,218 +1,265 @@
-//! The engine thread: owns the forward backend and a [`Session`] (so a request that extends the
-//! previous sequence exactly reuses its KV cache and conv states), takes [`Job`]s from a bounded
-//! queue one at a time and streams [`Event`]s back. A job whose event receiver is gone or closed
-//! (the client disconnected, or the server is shutting down) is skipped when it comes up, or
-//! halted at its next token when running.
-use super::logprobs::{self, TokenLp};
-use super::tools::{CallEvent, CallParser, Choice, Tools};
-use crate::chat::parse::{Block, OutputParser};
-use crate::chat::session::{Finish, Halt, Session};
+//! The engine thread: owns a forward backend with `slots()` sequence slots ([`BatchForward`])
+//! and decodes the running requests together (continuous batching):
+//! 1. **admit**: while a slot is free, the next queued [`Job`] takes the free slot whose held
+//!    sequence is the longest prefix of its prompt (only the rest is prefilled; a request that
+//!    extends a previous conversation reuses its KV cache and conv states), else the least
+//!    recently used one (reset first); its prompt is prefilled and its first id chosen;
+//! 2. **step**: one [`BatchForward::decode_batch`] feeds every running job its last id, so the
+//!    weights are read once per step for all of them; each job then chooses its next id with its
+//!    own [`Sampler`] (sampling, penalties, logit bias, log-probabilities) and sends its events;
+//! 3. a job that ends (an EOS id, `max_tokens`, a stop string, a tool call that ends the turn)
+//!    leaves its slot, which keeps the sequence for a later request's prefix.
+//!
+//! A job whose event receiver is gone or closed (the client disconnected, or the server is
+//! shutting down) is skipped when it comes up, or dropped before the next step when running.
+//! A failed step fails the jobs it ran (their slots are reset); the engine goes on.
+use super::output::Output;
+use crate::chat::session::Halt;
 use crate::chat::specials::Specials;
-use crate::chat::stop::StopMatcher;
-use crate::model::generate::{GenerateParams, LogitOptions, StepLogprobs};
-use crate::model::text::TextStream;
-use crate::model::Forward;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::Receiver;
-use std::sync::OnceLock;
+use crate::model::batch::BatchForward;
+use crate::model::generate::{Sampler, StepLogprobs};
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, TryRecvError};
 use tokenizers::Tokenizer;
-use tokio::sync::mpsc::UnboundedSender;
 
-/// How the generated ids become text.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum JobKind {
-    /// A chat turn: TMLv0 blocks; `in_text` when the prompt ended with `<|content_text|>`.
-    Chat { in_text: bool },
-    /// Plain text: every non-special id detokenised.
-    Completion,
-}
+pub use super::job::{Counters, Event, Job, JobKind, Shared};
 
-pub struct Job {
-    /// The whole prompt.
-    pub prompt: Vec<u32>,
-    pub params: GenerateParams,
-    /// Stop strings, matched on the answer text.
-    pub stop: Vec<String>,
-    pub kind: JobKind,
-    /// Logit bias and log-probabilities.
-    pub logit: LogitOptions,
-    /// Chat with tools: tool calls are parsed from the output.
-    pub tools: Option<Tools>,
-    pub events: UnboundedSender<Event>,
-}
-
-#[derive(Clone, Debug, PartialEq)]
-pub enum Event {
-    /// The job left the queue; its prefill starts.
-    Started,
-    /// Text made final (after stop-string matching for the answer), with the log-probabilities
-    /// of the answer tokens since the last delta (when asked for; the text may be empty then).
-    Delta {
-        block: Block,
-        text: String,
-        logprobs: Vec<TokenLp>,
-    },
-    /// A tool call the model writes: its start, pieces of its arguments, its end.
-    Tool(CallEvent),
-    /// The end: "stop", "length" or "tool_calls".
-    Done {
-        finish: &'static str,
-        prompt_tokens: usize,
-        /// Prompt tokens whose state was reused from the previous request.
-        cached_tokens: usize,
-        generated_ids: Vec<u32>,
-    },
-    Error(String),
-}
-
-/// What the engine shares with the HTTP side.
+/// A sequence slot's bookkeeping.
 #[derive(Default)]
-pub struct Shared {
-    /// Set once the model is loaded.
-    pub ready: AtomicBool,
-    /// Stop ids of the loaded model (`<|content_model_end_sampling|>` and its EOS ids).
-    pub stop_ids: OnceLock<Vec<u32>>,
-    /// Context length in tokens that the loaded model runs with (`cli::load::ChatModel::ctx`):
-    /// the bound of prompt + completion, and the number the context-length errors give.
-    pub ctx: OnceLock<usize>,
-    pub counters: Counters,
-    /// How expert streaming went so far, after the last finished job (`None`: resident).
-    pub experts: std::sync::Mutex<Option<crate::model::StreamStats>>,
+struct Slot {
+    /// The ids whose KV and conv state the slot holds, in order.
+    held: Vec<u32>,
+    /// Step count when it was last used (least recently used: smallest).
+    used: u64,
+    busy: bool,
 }
 
-/// Request counts since start (shown by `/health`).
-#[derive(Default)]
-pub struct Counters {
-    /// Generation requests received (accepted or not).
-    pub requests: AtomicU64,
-    /// Finished with "stop" or "length".
-    pub completed: AtomicU64,
-    /// Refused with 429 (queue full).
-    pub rejected: AtomicU64,
-    /// Dropped by their client while queued or running.
-    pub cancelled: AtomicU64,
-    /// Failed in the engine.
-    pub failed: AtomicU64,
-    /// Prompt tokens reused from the previous request's state.
-    pub cached_tokens: AtomicU64,
+/// A job holding a slot.
+struct Running<'a, 't> {
+    job: Job,
+    slot: usize,
+    sampler: Sampler,
+    out: Output<'a, 't>,
+    /// Ids chosen so far (the last one not yet fed).
+    generated: Vec<u32>,
+    /// Prompt tokens whose state the slot already held.
+    reused: usize,
 }
 
-impl Counters {
-    pub fn to_json(&self) -> serde_json::Value {
-        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        serde_json::json!({
-            "requests": g(&self.requests),
-            "completed": g(&self.completed),
-            "rejected_429": g(&self.rejected),
-            "cancelled": g(&self.cancelled),
-            "failed": g(&self.failed),
-            "cached_tokens": g(&self.cached_tokens),
-        })
-    }
+/// How a job's last chosen id left it.
+enum After {
+    /// Feed the id and go on.
+    Continue,
+    /// Done: its last event (`None`: cancelled, nothing more to send).
+    Done(Option<Event>),
+    Failed(anyhow::Error),
 }
 
-/// Run jobs until every sender is gone.
+/// Run jobs until every sender is gone and no job runs.
 pub fn run(
-    model: &mut dyn Forward,
+    model: &mut dyn BatchForward,
     tok: &Tokenizer,
     sp: &Specials,
     jobs: Receiver<Job>,
     shared: &Shared,
 ) {
-    let mut session = Session::new(model);
-    let note_experts = |session: &mut Session<'_>| {
-        *shared.experts.lock().unwrap_or_else(|e| e.into_inner()) = session.model().stream_stats();
+    let n = model.slots();
+    let mut slots: Vec<Slot> = (0..n).map(|_| Slot::default()).collect();
+    for s in 0..n {
+        model.select(s);
+        model.reset();
+    }
+    let note_experts = |model: &dyn BatchForward| {
+        *shared.experts.lock().unwrap_or_else(|e| e.into_inner()) = model.stream_stats();
     };
-    note_experts(&mut session);
+    note_experts(model);
+    let _ = shared.slots.set(n);
     shared.ready.store(true, Ordering::SeqCst);
     let c = &shared.counters;
-    for job in jobs {
-        if job.events.is_closed() {
-            c.cancelled.fetch_add(1, Ordering::Relaxed);
+    let mut running: Vec<Running<'_, '_>> = Vec::new();
+    let mut open = true;
+    let mut step = 0u64;
+    loop {
+        // 1. admit queued jobs into free slots (block for one when nothing runs)
+        while open && running.len() < n {
+            let job = if running.is_empty() {
+                match jobs.recv() {
+                    Ok(j) => j,
+                    Err(_) => {
+                        open = false;
+                        break;
+                    }
+                }
+            } else {
+                match jobs.try_recv() {
+                    Ok(j) => j,
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        open = false;
+                        break;
+                    }
+                }
+            };
+            if job.events.is_closed() {
+                c.cancelled.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            let slot = choose_slot(&slots, &job.prompt);
+            slots[slot].busy = true;
+            slots[slot].used = step;
+            shared.busy_slots.fetch_add(1, Ordering::Relaxed);
+            let mut r = Running {
+                sampler: Sampler::new(&job.params, &job.logit, &job.prompt),
+                out: Output::new(&job, tok, sp),
+                job,
+                slot,
+                generated: Vec::new(),
+                reused: 0,
+            };
+            let _ = r.job.events.send(Event::Started);
+            let after = prefill(model, &mut slots[slot], &mut r);
+            if let Some(r) = settle(model, &mut slots, r, after, shared) {
+                running.push(r);
+            }
+        }
+        if running.is_empty() {
+            if open {
+                continue;
+            }
+            break;
+        }
+        // 2. drop the jobs whose clients went away, then one decode step for the others
+        running.retain(|r| {
+            let gone = r.job.events.is_closed();
+            if gone {
+                c.cancelled.fetch_add(1, Ordering::Relaxed);
+                release(&mut slots[r.slot], shared);
+            }
+            !gone
+        });
+        if running.is_empty() {
             continue;
         }
-        let r = run_job(&mut session, tok, sp, &job);
-        note_experts(&mut session);
-        match r {
-            Ok(Some(done)) => {
-                if let Event::Done { cached_tokens, .. } = &done {
-                    c.cached_tokens
-                        .fetch_add(*cached_tokens as u64, Ordering::Relaxed);
-                }
-                c.completed.fetch_add(1, Ordering::Relaxed);
-                let _ = job.events.send(done);
-            }
-            Ok(None) => {
-                c.cancelled.fetch_add(1, Ordering::Relaxed);
-            }
+        step += 1;
+        let batch: Vec<(usize, u32)> = running
+            .iter()
+            .map(|r| {
+                (
+                    r.slot,
+                    *r.generated.last().expect("a running job has an id"),
+                )
+            })
+            .collect();
+        let rows = model.decode_batch(&batch);
+        let rows = match rows {
+            Ok(rows) => rows,
             Err(e) => {
-                c.failed.fetch_add(1, Ordering::Relaxed);
-                let _ = job.events.send(Event::Error(format!("{e:#}")));
+                for r in running.drain(..) {
+                    fail(model, &mut slots, r.slot, &r.job, &e, shared);
+                }
+                continue;
+            }
+        };
+        let mut next = Vec::with_capacity(running.len());
+        for (mut r, logits) in running.drain(..).zip(rows) {
+            let fed = *r.generated.last().expect("a running job has an id");
+            r.sampler.fed(fed);
+            let slot = &mut slots[r.slot];
+            slot.held.push(fed);
+            slot.used = step;
+            let (id, lp) = r.sampler.pick(logits);
+            let after = choose(&mut r, id, lp.as_ref());
+            if let Some(r) = settle(model, &mut slots, r, after, shared) {
+                next.push(r);
             }
         }
+        running = next;
+        note_experts(model);
     }
 }
 
-/// One job; `Ok(None)` when its client went away.
-fn run_job(
-    session: &mut Session<'_>,
-    tok: &Tokenizer,
-    sp: &Specials,
-    job: &Job,
-) -> anyhow::Result<Option<Event>> {
-    let _ = job.events.send(Event::Started);
-    let forced = job.tools.as_ref().and_then(|t| match &t.choice {
-        Choice::Named(n) => Some(n.as_str()),
-        _ => None,
-    });
-    let mut out = Output {
-        parser: match job.kind {
-            JobKind::Chat { in_text } => {
-                let p = OutputParser::new(tok, sp, in_text);
-                Some(if job.tools.is_some() {
-                    p.with_tools(forced.is_some())
-                } else {
-                    p
-                })
-            }
-            JobKind::Completion => None,
-        },
-        calls: match (job.kind, &job.tools) {
-            (JobKind::Chat { in_text }, Some(_)) => Some(CallParser::new(tok, sp, in_text, forced)),
-            _ => None,
-        },
-        // one call only: a named choice, or parallel_tool_calls false
-        one_call: forced.is_some() || job.tools.as_ref().is_some_and(|t| !t.parallel),
-        made_calls: 0,
-        plain: TextStream::new(tok),
-        stop: StopMatcher::new(&job.stop),
-        sp,
-        tok,
-        lps: Vec::new(),
-        events: &job.events,
-    };
-    let turn = session.generate_with(&job.prompt, &job.params, &job.logit, &mut |id, lp| {
-        if job.events.is_closed() {
-            return Err(Halt::Cancelled.into());
-        }
-        out.push(id, lp)
-    })?;
-    let finish = match turn.finish {
-        Finish::Halted(Halt::Cancelled) => return Ok(None),
-        Finish::Halted(Halt::Stop) | Finish::Eos => "stop",
-        Finish::Length => "length",
-    };
-    // a stop string's own tokens get no log-probabilities
-    if turn.finish != Finish::Halted(Halt::Stop) {
-        out.finish()?;
-        out.flush_logprobs();
+/// The free slot for `prompt`: the one holding the longest proper prefix of it, else the least
+/// recently used. There is one: the caller admits only while a slot is free.
+fn choose_slot(slots: &[Slot], prompt: &[u32]) -> usize {
+    let free = || slots.iter().enumerate().filter(|(_, s)| !s.busy);
+    let prefix = free()
+        .filter(|(_, s)| !s.held.is_empty() && s.held.len() < prompt.len())
+        .filter(|(_, s)| prompt[..s.held.len()] == s.held[..])
+        .max_by_key(|(i, s)| (s.held.len(), std::cmp::Reverse(*i)));
+    prefix
+        .or_else(|| free().min_by_key(|(i, s)| (s.used, *i)))
+        .map(|(i, _)| i)
+        .expect("a free slot")
+}
+
+/// Prefill `r`'s prompt into its slot (after the prefix the slot holds) and choose its first id.
+fn prefill(model: &mut dyn BatchForward, slot: &mut Slot, r: &mut Running<'_, '_>) -> After {
+    let prompt = &r.job.prompt;
+    if prompt.is_empty() {
+        return After::Failed(anyhow::anyhow!("the prompt has no tokens"));
     }
-    let finish = if out.made_calls > 0 && finish == "stop" {
+    model.select(r.slot);
+    let k = slot.held.len();
+    let reuse = k > 0 && model.position() == k && k < prompt.len() && prompt[..k] == slot.held[..];
+    if !reuse {
+        model.reset();
+        slot.held.clear();
+    }
+    r.reused = slot.held.len();
+    if r.job.params.max_new_tokens == 0 {
+        return After::Done(Some(done(r, "length")));
+    }
+    match model.forward(&prompt[r.reused..]) {
+        Ok(logits) => {
+            slot.held = prompt.clone();
+            let (id, lp) = r.sampler.pick(logits);
+            choose(r, id, lp.as_ref())
+        }
+        Err(e) => After::Failed(e),
+    }
+}
+
+/// Take `id` (with its log-probabilities) as `r`'s next id: send its text, and say whether the
+/// job goes on.
+fn choose(r: &mut Running<'_, '_>, id: u32, lp: Option<&StepLogprobs>) -> After {
+    r.generated.push(id);
+    if r.job.params.eos_ids.contains(&id) {
+        return end(r, "stop");
+    }
+    if r.job.events.is_closed() {
+        return After::Done(None);
+    }
+    match r.out.push(id, lp) {
+        Ok(()) => {}
+        Err(e) => match e.downcast_ref::<Halt>() {
+            Some(Halt::Stop) => return After::Done(Some(finish(r, "stop"))),
+            Some(Halt::Cancelled) => return After::Done(None),
+            None => return After::Failed(e),
+        },
+    }
+    if r.generated.len() >= r.job.params.max_new_tokens {
+        return end(r, "length");
+    }
+    After::Continue
+}
+
+/// The end of a job that stopped on an EOS id or at its length: the text held back is sent.
+fn end(r: &mut Running<'_, '_>, reason: &'static str) -> After {
+    if let Err(e) = r.out.finish() {
+        return After::Failed(e);
+    }
+    r.out.flush_logprobs();
+    After::Done(Some(finish(r, reason)))
+}
+
+/// The job's `Done` event ("tool_calls" when it made calls and stopped).
+fn finish(r: &Running<'_, '_>, reason: &'static str) -> Event {
+    let reason = if r.out.made_calls() > 0 && reason == "stop" {
         "tool_calls"
     } else {
-        finish
+        reason
     };
-    if out.parser.as_ref().is_some_and(|p| p.strayed()) {
+    if r.out.strayed() {
         static WARNED: std::sync::Once = std::sync::Once::new();
         WARNED.call_once(|| {
             eprintln!(
@@ -221,139 +268,64 @@ fn run_job(
             )
         });
     }
-    Ok(Some(Event::Done {
-        finish,
-        prompt_tokens: job.prompt.len(),
-        cached_tokens: turn.reused,
-        generated_ids: turn.generated_ids,
-    }))
+    done(r, reason)
 }
 
-/// Generated ids → text, tool-call and log-probability events.
-struct Output<'a, 't> {
-    parser: Option<OutputParser<'t>>,
-    calls: Option<CallParser<'t>>,
-    /// End the turn after the first tool call.
-    one_call: bool,
-    made_calls: usize,
-    plain: TextStream<'t>,
-    stop: StopMatcher,
-    sp: &'a Specials,
-    tok: &'t Tokenizer,
-    /// Log-probabilities of answer tokens not yet sent.
-    lps: Vec<TokenLp>,
-    events: &'a UnboundedSender<Event>,
+fn done(r: &Running<'_, '_>, reason: &'static str) -> Event {
+    Event::Done {
+        finish: reason,
+        prompt_tokens: r.job.prompt.len(),
+        cached_tokens: r.reused,
+        generated_ids: r.generated.clone(),
+    }
 }
 
-impl Output<'_, '_> {
-    fn push(&mut self, id: u32, lp: Option<&StepLogprobs>) -> anyhow::Result<()> {
-        if let Some(lp) = lp {
-            // answer tokens only: ordinary ids of a text block (or of a completion)
-            let answer = !self.sp.is_special(id)
-                && self
-                    .parser
-                    .as_ref()
-                    .is_none_or(|p| p.block() == Block::Text);
-            if answer {
-                self.lps.push(logprobs::entry(self.tok, id, lp));
-            }
+/// Act on how `r` came out of a step: keep it running (returned), or end it and free its slot.
+fn settle<'a, 't>(
+    model: &mut dyn BatchForward,
+    slots: &mut [Slot],
+    r: Running<'a, 't>,
+    after: After,
+    shared: &Shared,
+) -> Option<Running<'a, 't>> {
+    let c = &shared.counters;
+    match after {
+        After::Continue => return Some(r),
+        After::Done(Some(ev)) => {
+            c.cached_tokens
+                .fetch_add(r.reused as u64, Ordering::Relaxed);
+            c.completed.fetch_add(1, Ordering::Relaxed);
+            let _ = r.job.events.send(ev);
+            release(&mut slots[r.slot], shared);
         }
-        if let Some(c) = self.calls.as_mut() {
-            let events = c.push(id)?;
-            if self.send_calls(events) && self.one_call {
-                return Err(Halt::Stop.into());
-            }
+        After::Done(None) => {
+            c.cancelled.fetch_add(1, Ordering::Relaxed);
+            release(&mut slots[r.slot], shared);
         }
-        let piece = match self.parser.as_mut() {
-            Some(p) => p.push(id)?.map(|pc| (pc.block, pc.text)),
-            None if self.sp.is_special(id) => None,
-            None => Some((Block::Text, self.plain.step(id)?)),
-        };
-        if let Some((block, text)) = piece {
-            self.emit(block, &text);
-            if self.stop.stopped() {
-                return Err(Halt::Stop.into());
-            }
-        }
-        Ok(())
+        After::Failed(e) => fail(model, slots, r.slot, &r.job, &e, shared),
     }
+    *shared.experts.lock().unwrap_or_else(|e| e.into_inner()) = model.stream_stats();
+    None
+}
 
-    fn finish(&mut self) -> anyhow::Result<()> {
-        if let Some(c) = self.calls.as_mut() {
-            let events = c.finish()?;
-            self.send_calls(events);
-        }
-        let tail = match self.parser.as_mut() {
-            Some(p) => p.finish()?.map(|pc| (pc.block, pc.text)),
-            None => Some((Block::Text, self.plain.finish()?)),
-        };
-        if let Some((block, text)) = tail {
-            self.emit(block, &text);
-        }
-        let held = self.stop.finish();
-        self.send(Block::Text, held);
-        Ok(())
-    }
+fn release(slot: &mut Slot, shared: &Shared) {
+    slot.busy = false;
+    shared.busy_slots.fetch_sub(1, Ordering::Relaxed);
+}
 
-    fn emit(&mut self, block: Block, text: &str) {
-        match block {
-            Block::Text => {
-                let t = self.stop.push(text);
-                self.send(block, t);
-            }
-            Block::Thinking => self.send(block, text.to_string()),
-            Block::Other => {}
-        }
-    }
-
-    fn send(&mut self, block: Block, text: String) {
-        let mut logprobs = if block == Block::Text {
-            std::mem::take(&mut self.lps)
-        } else {
-            vec![]
-        };
-        if block == Block::Text && self.stop.stopped() {
-            // the text before the matched stop string: the held tokens it covers keep their
-            // log-probabilities, the ones inside the stop string get none
-            let mut room = text.len();
-            let keep = logprobs
-                .iter()
-                .take_while(|e| match room.checked_sub(e.bytes.len()) {
-                    Some(r) => {
-                        room = r;
-                        true
-                    }
-                    None => false,
-                })
-                .count();
-            logprobs.truncate(keep);
-        }
-        if !text.is_empty() || !logprobs.is_empty() {
-            let _ = self.events.send(Event::Delta {
-                block,
-                text,
-                logprobs,
-            });
-        }
-    }
-
-    /// Send tool-call events; whether a call ended among them.
-    fn send_calls(&mut self, events: Vec<CallEvent>) -> bool {
-        let mut ended = false;
-        for e in events {
-            if matches!(e, CallEvent::End(_)) {
-                self.made_calls += 1;
-                ended = true;
-            }
-            let _ = self.events.send(Event::Tool(e));
-        }
-        ended
-    }
-
-    /// Send the log-probabilities still held (of tokens whose text a stop string held back).
-    fn flush_logprobs(&mut self) {
-        if !self.lps.is_empty() {
-            self.send(Block::Text, String::new());
-        }
-    }
+/// `job` failed with `e`: its client gets the error; slot `s` is reset and freed.
+fn fail(
+    model: &mut dyn BatchForward,
+    slots: &mut [Slot],
+    s: usize,
+    job: &Job,
+    e: &anyhow::Error,
+    shared: &Shared,
+) {
+    shared.counters.failed.fetch_add(1, Ordering::Relaxed);
+    let _ = job.events.send(Event::Error(format!("{e:#}")));
+    model.select(s);
+    model.reset();
+    slots[s].held.clear();
+    release(&mut slots[s], shared);
 }

@@ -8,7 +8,7 @@
 //! Once the server's [`Shutdown`] starts, every request queued or running ends at once (503, or an
 //! SSE error event and `data: [DONE]`), new ones get 503 and `/health` answers 503.
 use super::api::{self, ApiError, Limits, Request};
-use super::engine::{Event, Job, JobKind, Shared};
+use super::job::{Event, Job, JobKind, Shared};
 use super::logprobs::{self as lp, Offsets, TokenLp};
 use super::tools::{CallEvent, ParsedCall};
 use crate::chat::parse::Block;
@@ -172,6 +172,7 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
     }
     let mut v = json!({"status": "ok"});
     v["counts"] = st.shared.counters.to_json();
+    v["slots"] = st.shared.slots_json();
     let experts = *st.shared.experts.lock().unwrap_or_else(|e| e.into_inner());
     v["experts"] = match experts {
         Some(x) => x.to_json(),

@@ -1,7 +1,10 @@
 //! The OpenAI-compatible HTTP server behind `inkling-wgpu serve`.
 //!
-//! - [`engine`]: one thread owns the model; requests wait in a bounded queue and run one at a
-//!   time, each cancelled when its client goes away or the server shuts down (queued or running).
+//! - [`engine`]: one thread owns the model; requests wait in a bounded queue and run together
+//!   in sequence slots (continuous batching: one decode step for all running requests), each
+//!   cancelled when its client goes away or the server shuts down (queued or running).
+//! - [`job`]: the request jobs, their events, the state `/health` shows.
+//! - [`output`]: one request's generated ids → text, tool-call and log-probability events.
 //! - [`api`]: request parsing and validation into an engine job, `usage`.
 //! - [`error`]: OpenAI error envelopes; bodies parsed with errors naming the field's JSON path.
 //! - [`fields`]: which request fields each endpoint implements, takes as metadata or refuses.
@@ -15,6 +18,8 @@ pub mod engine;
 pub mod error;
 pub mod fields;
 pub mod http;
+pub mod job;
 pub mod logprobs;
+pub mod output;
 pub mod timeout;
 pub mod tools;

@@ -209,7 +209,7 @@ fn generate_and_chat_stop_on_the_same_ids() {
         ctx: Some(64),
         placement: Default::default(),
     };
-    let chat_ids = with_chat_model(&args, &tok, &renderer, |cm| Ok(cm.stop_ids)).unwrap();
+    let chat_ids = with_chat_model(&args, 1, &tok, &renderer, |cm| Ok(cm.stop_ids)).unwrap();
     assert_eq!(chat_ids[0], end);
     let mut a = chat_ids[1..].to_vec();
     let mut b: Vec<u32> = generate_ids.into_iter().filter(|&id| id != end).collect();

@@ -4,6 +4,7 @@
 //! `tool_choice: "none"` bans the tool-call token, and log-probabilities of one-hot logits are
 //! exact.
 use inkling_wgpu::chat::{Block, Renderer, Specials};
+use inkling_wgpu::model::batch::OneSlot;
 use inkling_wgpu::model::generate::{GenerateParams, LogitOptions};
 use inkling_wgpu::model::sampling::SamplingParams;
 use inkling_wgpu::model::Forward;
@@ -134,7 +135,7 @@ fn run(
         })
         .unwrap();
     drop(jobs_tx);
-    engine::run(&mut model, tok, sp, jobs_rx, &shared);
+    engine::run(&mut OneSlot(&mut model), tok, sp, jobs_rx, &shared);
     let mut events = Vec::new();
     while let Ok(ev) = rx.try_recv() {
         events.push(ev);

@@ -7,6 +7,7 @@
 pub mod chat_page;
 #[cfg(unix)]
 pub mod context;
+pub mod engine_batch;
 pub mod engine_tools;
 #[cfg(unix)]
 pub mod hostile;
