@@ -4,12 +4,16 @@
 //! [`crate::model::BatchForward::decode_batch`] per step, logits read back, argmax on the host,
 //! as `serve` does), after [`super::bench_decode::WARMUP_S`] seconds of warm-up; printed: step ms,
 //! aggregate and per-sequence tok/s, the speedup over B = 1 of the same path, and the plain
-//! one-sequence greedy decode (`bench decode`'s pipelined path) measured in the same process.
+//! one-sequence greedy decode (`bench decode`'s pipelined path) measured in the same process;
+//! with `--expert-slots`, the distinct routed experts a step reads per MoE layer.
 use super::bench_decode::{probe_prompt, PROBE_PROMPT, WARMUP_S};
 use super::output::outln;
 use crate::gpu::Gpu;
 use crate::model::sampling::argmax;
-use crate::model::{BatchForward, Checkpoint, Forward, GpuModel, GpuModelOptions, Weights};
+use crate::model::weights::Mlp;
+use crate::model::{
+    BatchForward, Checkpoint, Forward, GpuModel, GpuModelOptions, Placement, Weights,
+};
 use anyhow::{ensure, Context};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -26,9 +30,18 @@ pub struct BatchArgs {
     /// Decode steps timed per sequence after its prompt (at least 1).
     #[arg(long, default_value_t = 64)]
     pub tokens: usize,
+    /// Stream the routed experts through this many GPU slots (as `generate --expert-slots`):
+    /// the report then also gives the distinct routed experts a step reads per MoE layer.
+    #[arg(long, value_parser = super::values::parse_positive)]
+    pub expert_slots: Option<u64>,
     /// Print one JSON object on stdout (the text report goes to stderr).
     #[arg(long)]
     pub json: bool,
+}
+
+/// Distinct (layer, expert) pairs the streamed model has looked up so far (`None`: resident).
+fn lookups(m: &GpuModel<'_>) -> Option<u64> {
+    Forward::stream_stats(m).map(|s| s.hits + s.misses)
 }
 
 /// The probe prompt of slot `s`: the 16 fixed ids of `bench decode`, shifted by `s`.
@@ -40,13 +53,14 @@ fn prompt_of(s: usize, width: usize) -> Vec<u32> {
 }
 
 /// `tokens` batched greedy steps over slots `0..b` (each refilled with its prompt first);
-/// seconds of the steps, and every slot's ids.
+/// seconds of the steps, every slot's ids, and the distinct (layer, expert) pairs the steps
+/// looked up when the experts stream.
 fn run_batch(
     m: &mut GpuModel<'_>,
     b: usize,
     tokens: usize,
     width: usize,
-) -> anyhow::Result<(f64, Vec<Vec<u32>>)> {
+) -> anyhow::Result<(f64, Vec<Vec<u32>>, Option<u64>)> {
     let mut next = Vec::with_capacity(b);
     for s in 0..b {
         m.select(s);
@@ -55,6 +69,7 @@ fn run_batch(
     }
     m.select(0);
     let mut ids = vec![Vec::with_capacity(tokens); b];
+    let before = lookups(m);
     let t0 = Instant::now();
     for _ in 0..tokens {
         let batch: Vec<(usize, u32)> = next.iter().copied().enumerate().collect();
@@ -64,7 +79,9 @@ fn run_batch(
         let rows = m.decode_batch(&batch)?;
         next = rows.iter().map(|r| argmax(r)).collect();
     }
-    Ok((t0.elapsed().as_secs_f64(), ids))
+    let secs = t0.elapsed().as_secs_f64();
+    let looked = lookups(m).zip(before).map(|(a, b)| a - b);
+    Ok((secs, ids, looked))
 }
 
 pub fn run(a: BatchArgs) -> anyhow::Result<ExitCode> {
@@ -94,8 +111,17 @@ pub fn run(a: BatchArgs) -> anyhow::Result<ExitCode> {
     let width = w.config.logits_width();
     let opts = GpuModelOptions {
         seq_slots: slots,
+        placement: a
+            .expert_slots
+            .map_or(Placement::Resident, |n| Placement::Slots(n as usize)),
         ..GpuModelOptions::new(PROBE_PROMPT + a.tokens + 1)
     };
+    let moe_layers = w
+        .layers
+        .iter()
+        .filter(|l| matches!(l.mlp, Mlp::Moe(_)))
+        .count()
+        .max(1);
     let mut m = GpuModel::new(&gpu, &w, opts)
         .with_context(|| format!("building the GPU model on {}", gpu.describe()))?;
     // warm-up: every batch size once, then the largest until WARMUP_S has passed
@@ -135,14 +161,20 @@ pub fn run(a: BatchArgs) -> anyhow::Result<ExitCode> {
         a.tokens
     );
     eprintln!("  one sequence, pipelined greedy (bench decode's path): {solo_tok_s:.1} tok/s");
-    eprintln!("  batch   step ms   aggregate tok/s   per-sequence tok/s   × batch 1");
+    let streams = lookups(&m).is_some();
+    eprintln!(
+        "  batch   step ms   aggregate tok/s   per-sequence tok/s   × batch 1{}",
+        if streams { "   experts/layer/step" } else { "" }
+    );
     let mut rows = Vec::new();
     let mut base = None;
     for &b in &a.batch {
-        let (secs, ids) = run_batch(&mut m, b, a.tokens, width)?;
+        let (secs, ids, looked) = run_batch(&mut m, b, a.tokens, width)?;
+        // distinct routed experts one step reads per MoE layer (all slots together)
+        let experts = looked.map(|n| n as f64 / (a.tokens * moe_layers) as f64);
         // every slot's tokens equal its prompt decoded alone in slot 0 of this model
         if b > 1 {
-            let (_, alone) = run_batch(&mut m, 1, a.tokens, width)?;
+            let (_, alone, _) = run_batch(&mut m, 1, a.tokens, width)?;
             ensure!(
                 ids[0] == alone[0],
                 "batch {b}: slot 0 chose different tokens than alone"
@@ -153,8 +185,9 @@ pub fn run(a: BatchArgs) -> anyhow::Result<ExitCode> {
         let base_agg = *base.get_or_insert(if b == 1 { agg } else { f64::NAN });
         let x = agg / base_agg;
         eprintln!(
-            "  {b:>5}   {step_ms:>7.3}   {agg:>15.1}   {:>18.1}   {x:>9.2}",
-            agg / b as f64
+            "  {b:>5}   {step_ms:>7.3}   {agg:>15.1}   {:>18.1}   {x:>9.2}{}",
+            agg / b as f64,
+            experts.map_or(String::new(), |e| format!("   {e:>18.2}"))
         );
         rows.push(serde_json::json!({
             "batch": b,
@@ -162,6 +195,7 @@ pub fn run(a: BatchArgs) -> anyhow::Result<ExitCode> {
             "aggregate_tok_s": agg,
             "per_sequence_tok_s": agg / b as f64,
             "vs_batch_1": if x.is_finite() { serde_json::json!(x) } else { serde_json::Value::Null },
+            "experts_per_layer_step": experts,
         }));
     }
     if a.json {

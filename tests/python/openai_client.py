@@ -5,7 +5,7 @@ comment pings, disconnects).
 
     python tests/python/openai_client.py BASE_URL EXPECTED_JSON
 
-BASE_URL is the server (http://127.0.0.1:PORT), started with `--queue 3 --ping-ms 20`.
+BASE_URL is the server (http://127.0.0.1:PORT), started with `--parallel 1 --queue 3 --ping-ms 20` (one slot: later requests queue).
 EXPECTED_JSON holds `generate --json` outputs ({prompt_ids, generated_ids, text, finish_reason,
 max_tokens}) for the same model. Prints one line per check and the server's counts at the end;
 exits non-zero on the first failed check. Run by tests/suite/serve/serve_openai.rs.

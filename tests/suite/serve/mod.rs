@@ -17,6 +17,8 @@ pub mod request_fields;
 #[cfg(unix)]
 pub mod serve_bench;
 #[cfg(unix)]
+pub mod serve_concurrent;
+#[cfg(unix)]
 pub mod serve_logprobs;
 pub mod serve_openai;
 #[cfg(unix)]

@@ -94,6 +94,8 @@ fn serve_with_the_openai_client() {
             model,
             "--port",
             "0",
+            "--parallel",
+            "1",
             "--queue",
             "3",
             "--ping-ms",

@@ -22,7 +22,7 @@ fn is_shutdown_error(v: &Value) -> bool {
 
 #[test]
 fn sigint_ends_the_running_stream_and_the_queued_request_then_exits_0() {
-    let mut server = Server::start(&[]);
+    let mut server = Server::start(&["--parallel", "1"]);
     let addr = server.addr.clone();
     let mut a = request(
         &addr,
@@ -72,7 +72,7 @@ fn sigint_ends_the_running_stream_and_the_queued_request_then_exits_0() {
 
 #[test]
 fn sigterm_with_no_request_in_flight_exits_0() {
-    let mut server = Server::start(&[]);
+    let mut server = Server::start(&["--parallel", "1"]);
     server.signal(libc::SIGTERM);
     let (st, log) = server.wait_exit(EXIT_LIMIT);
     assert_eq!(st.code(), Some(0), "{st}: {log:#?}");
