@@ -7,7 +7,7 @@
 #   BINS="base=.dev/base.gz new=.dev/new.gz" bash tools/device_bench.sh STEP...
 #   bash tools/device_bench.sh --dry-run STEP...         print the commands, run nothing (works anywhere)
 #   bash tools/device_bench.sh --summary KIND FILE [LABEL]  print the summary line of one output file
-#                                                        (KIND: decode, prefill, kernels, peer, stream)
+#                                                        (KIND: decode, prefill, kernels, peer, stream, batch, serve)
 #
 # BINS   space-separated NAME=PATH: release binaries (`cargo build --release`, stripped, gzipped when the
 #        name ends in .gz) carried in .dev/ (ignored by git: name `.dev` in the device call's carry).
@@ -28,6 +28,11 @@
 #              with every binary at 100%, 50% and 25% of the routed experts as slots (page cache warm);
 #              STREAM_COLD=1 adds 25% with the container's pages dropped first
 #   model-peer llama.cpp's model-level peer (MODEL_PEER/run.sh MODEL_PEER_WHICH), its RESULT lines
+#   batch      for each probe of PROBES and then (BATCH_FULL=1, the default) an 8-layer inkling-small with all
+#              256 routed experts per layer (int4-g64): `bench batch --batch BATCHES --tokens TOKENS` with every
+#              binary (the full container also once with every expert streamed through slots, which counts
+#              the distinct experts a step reads), then `serve --parallel MAX(BATCHES)` and
+#              benches/serve_bench.py (completions, SERVE_TOKENS-token greedy answers) at BATCHES clients
 # Probes (PROBES, PREFILL_PROBE): each keeps every shape and the expert bytes a decode token reads of
 # the full model (`synth --routed-experts 6`: top-6 of 6 routed experts per layer):
 #   small42       synth --preset inkling-small --layers 42 --experts int4-g64 --routed-experts 6  (13.8 GiB)
@@ -35,7 +40,7 @@
 #   inkling66     synth --preset inkling --layers 66 --experts int4-g64 --routed-experts 6        (46.3 GiB)
 # Environment (defaults): PROBES (small42), PREFILL_PROBE (small42), ROUNDS (2), TOKENS (64), PEROP (0), TORCH (0),
 #   PEAK_GBS (measured by `bench copy`), SYNTH_BIN (the first binary's NAME: it writes every container),
-#   PROMPTS (512,2048), STREAM_FORMATS (int4-g64), STREAM_LAYERS (8), STREAM_COLD (0),
+#   PROMPTS (512,2048), BATCHES (1,2,4,8), SERVE_TOKENS (128), BATCH_FULL (1), STREAM_FORMATS (int4-g64), STREAM_LAYERS (8), STREAM_COLD (0),
 #   PEER (.dev/peer, else shared/peers/llamacpp: a copy of ../shared/peers/llamacpp, which does not
 #   travel by itself), MODEL_PEER (.dev/peer-model, else shared/peers/llamacpp-model), MODEL_PEER_WHICH
 #   (small), SHM (/dev/shm: the machine's 64 GB disk takes writes at about 1.2 GB/s, tmpfs does not),
@@ -144,8 +149,26 @@ elif kind == "stream":
         parts.append("%s %.1f tok/s%s, ids %s" % (tag, s["decode_tok_s"], extra,
                                                  "= first" if ids == ref else "DIFFER"))
     print("summary: stream %s: %s" % (label, " | ".join(parts)))
+elif kind == "batch":
+    d = json.load(open(path))
+    parts = ["B=%d %.2f ms/step %.1f tok/s (x%s)%s" % (
+        r["batch"], r["step_ms"], r["aggregate_tok_s"], fmt(r.get("vs_batch_1"), ".2f"),
+        "" if r.get("experts_per_layer_step") is None else ", %.1f experts/layer/step" % r["experts_per_layer_step"])
+        for r in d["batches"]]
+    print("summary: batch %s: solo pipelined %.1f tok/s | %s" % (label, d["solo_pipelined_tok_s"], " | ".join(parts)))
+elif kind == "serve":
+    d = json.load(open(path))
+    base = None
+    parts = []
+    for lv in d["levels"]:
+        agg, ttft = lv["aggregate_tok_s"], lv["ttft_s"]["median"]
+        base = base or (agg, ttft)
+        parts.append("%d clients: %.1f tok/s aggregate (x%.2f), per request %.1f, TTFT median %.1f ms (x%.2f) max %.1f ms, errors %d"
+                     % (lv["concurrency"], agg, agg / base[0], lv["per_request_tok_s"]["median"], 1000 * ttft,
+                        ttft / base[1], 1000 * lv["ttft_s"]["max"], lv["errors"]))
+    print("summary: serve %s: %s" % (label, " | ".join(parts)))
 else:
-    sys.exit("unknown summary kind %s (decode, prefill, kernels, peer, stream)" % kind)
+    sys.exit("unknown summary kind %s (decode, prefill, kernels, peer, stream, batch, serve)" % kind)
 PY
 }
 
@@ -156,8 +179,8 @@ fi
 
 [ $# -ge 1 ] || { sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 2; }
 for step in "$@"; do
-  case $step in copy|smoke|kernels|decode|prefill|stream|model-peer) ;;
-    *) echo "unknown step '$step' (copy smoke kernels decode prefill stream model-peer)" >&2; exit 2 ;;
+  case $step in copy|smoke|kernels|decode|prefill|stream|model-peer|batch) ;;
+    *) echo "unknown step '$step' (copy smoke kernels decode prefill stream model-peer batch)" >&2; exit 2 ;;
   esac
 done
 probe_args() { # probe -> synth arguments
@@ -174,6 +197,7 @@ for p in $PROBES $PREFILL_PROBE; do
 done
 ROUNDS=${ROUNDS:-2}; TOKENS=${TOKENS:-64}; PROMPTS=${PROMPTS:-512,2048}
 STREAM_FORMATS=${STREAM_FORMATS:-int4-g64}; STREAM_LAYERS=${STREAM_LAYERS:-8}
+BATCHES=${BATCHES:-1,2,4,8}; SERVE_TOKENS=${SERVE_TOKENS:-128}; BATCH_FULL=${BATCH_FULL:-1}
 SHM=${SHM:-/dev/shm}; OUT=${OUT:-/tmp/out}
 W=/tmp/device_bench; [ "$DRY" = 1 ] && W=$(mktemp -d); SUMMARY=$W/summary.txt
 
@@ -354,6 +378,46 @@ for f in os.listdir(sys.argv[1]):
           sum stream "$f" "$fmt $STREAM_LAYERS layers $n"
         done
         x rm -rf "$DIR"
+      done ;;
+    batch)
+      conts=$PROBES; [ "$BATCH_FULL" = 1 ] && conts="$conts full"
+      maxb=$(echo "$BATCHES" | tr , '\n' | sort -n | tail -1)
+      for p in $conts; do
+        if [ "$p" = full ]; then
+          tag=full-int4-g64-$STREAM_LAYERS
+          ensure_probe "stream-int4-g64" --preset inkling-small --layers "$STREAM_LAYERS" --experts int4-g64 || continue
+        else
+          tag=$p; ensure_probe "$p" $(probe_args "$p") || continue
+        fi
+        for n in "${NAMES[@]}"; do
+          f=$W/batch-$tag-$n
+          x "${BIN[$n]}" bench batch --model "$DIR" --batch "$BATCHES" --tokens "$TOKENS" --json > "$f.json" 2> "$f.txt" \
+            || { echo "bench batch ($tag, $n) failed: rc $?"; cat "$f.txt"; }
+          [ "$DRY" = 0 ] && { cat "$f.txt"; sum batch "$f.json" "$tag $n"; }
+          if [ "$p" = full ]; then
+            x "${BIN[$n]}" bench batch --model "$DIR" --batch "$BATCHES" --tokens 16 --expert-slots $((STREAM_LAYERS * 256)) \
+              --json > "$f-streamed.json" 2> "$f-streamed.txt" || { echo "bench batch streamed failed: rc $?"; cat "$f-streamed.txt"; }
+            [ "$DRY" = 0 ] && { cat "$f-streamed.txt"; sum batch "$f-streamed.json" "$tag $n, every expert streamed"; }
+          fi
+          port=18080
+          if [ "$DRY" = 1 ]; then
+            x "${BIN[$n]}" serve --model "$DIR" --port $port --parallel "$maxb" --ctx 2048 --model-id probe
+          else
+            "${BIN[$n]}" serve --model "$DIR" --port $port --parallel "$maxb" --ctx 2048 --model-id probe > "$f-serve.log" 2>&1 &
+            pid=$!
+            for _ in $(seq 600); do
+              python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$port/health', timeout=2)" 2>/dev/null && break
+              kill -0 $pid 2>/dev/null || break; sleep 0.5
+            done
+          fi
+          x python3 benches/serve_bench.py --url "http://127.0.0.1:$port" --model probe --tokens "$SERVE_TOKENS" \
+            --concurrency "$BATCHES" --endpoint completions --prompt "Once upon a time there was" > "$f-serve.json" 2> "$f-serve-bench.txt" \
+            || { echo "serve_bench ($tag, $n) failed: rc $?"; cat "$f-serve-bench.txt" "$f-serve.log"; }
+          if [ "$DRY" = 0 ]; then
+            kill -INT $pid 2>/dev/null; wait $pid 2>/dev/null
+            cat "$f-serve.log"; cat "$f-serve.json"; sum serve "$f-serve.json" "$tag $n"
+          fi
+        done
       done ;;
     model-peer)
       if [ -f "$MODEL_PEER/run.sh" ] || [ "$DRY" = 1 ]; then

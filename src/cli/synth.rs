@@ -79,8 +79,9 @@ token reads the same expert bytes as with the preset's count, from a far smaller
 Layer i is sliding unless (i+1) % 6 == 0. Weights are random, drawn directly in their stored format
 (values about N(0, 0.02), positive scales, norms about 1, router spread over all experts); the same
 seed writes the same bytes. The written container is laid out exactly like `convert` output.
-The tokenizer is the bundled tiny BPE (a few hundred tokens): ids beyond its vocabulary have no
-text. That is fine for benchmarks, not for reading output.";
+The tokenizer is the bundled tiny BPE (a few hundred tokens, with Inkling's chat specials, so
+`serve` and `chat` run on the container): ids beyond its vocabulary have no text. That is fine
+for benchmarks, not for reading output.";
 
 fn enc(s: &str, what: &str) -> anyhow::Result<Encoding> {
     parse_encoding(what, s)?.ok_or_else(|| {

@@ -36,12 +36,13 @@ use safetensors::Dtype;
 use std::borrow::Cow;
 use std::path::Path;
 
-/// The bundled tokenizer written into every synthetic container (the tiny fixture's BPE; ids past
-/// its vocabulary decode to nothing, which is fine for benchmarks).
+/// The bundled tokenizer written into every synthetic container (the tiny chat fixture's BPE with
+/// Inkling's chat specials, so `serve` and `chat` run on a probe; ids past its vocabulary decode
+/// to nothing, which is fine for benchmarks).
 pub const TOKENIZER_JSON: &[u8] =
-    include_bytes!("../../tests/fixtures/tiny-causal-f32/tokenizer.json");
+    include_bytes!("../../tests/fixtures/tiny-chat-f32/tokenizer.json");
 const TOKENIZER_CONFIG_JSON: &[u8] =
-    include_bytes!("../../tests/fixtures/tiny-causal-f32/tokenizer_config.json");
+    include_bytes!("../../tests/fixtures/tiny-chat-f32/tokenizer_config.json");
 
 /// Standard deviation of the values of every projection matrix.
 pub const WEIGHT_STD: f32 = 0.02;

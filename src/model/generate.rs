@@ -307,6 +307,15 @@ impl Sampler {
         (id, lp)
     }
 
+    /// Whether [`Sampler::pick`] is the plain argmax of the logits (temperature 0, no penalties,
+    /// no bias, no log-probabilities): then the backend's [`Forward::forward_greedy`] gives the
+    /// same id without handing back the logits.
+    pub fn argmax_only(&self) -> bool {
+        self.sampling.temperature <= 0.0
+            && !self.sampling.has_penalties()
+            && !self.opts.needs_logits()
+    }
+
     /// `id`, picked last, was fed to the model: it joins the history the penalties look at.
     pub fn fed(&mut self, id: u32) {
         if self.sampling.has_penalties() {

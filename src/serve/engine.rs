@@ -46,6 +46,13 @@ struct Running<'a, 't> {
     reused: usize,
 }
 
+/// What a step gives one job: the id its backend chose (argmax only), or the logits its own
+/// sampler chooses from.
+enum Pick {
+    Id(u32),
+    Logits(Vec<f32>),
+}
+
 /// How a job's last chosen id left it.
 enum After {
     /// Feed the id and go on.
@@ -150,7 +157,25 @@ pub fn run(
                 )
             })
             .collect();
-        let rows = model.decode_batch(&batch);
+        // one request alone that needs only the argmax: the backend picks it (the GPU reads back
+        // 4 bytes, not the logits)
+        let rows = if let [r] = &running[..] {
+            if r.sampler.argmax_only() {
+                model.select(r.slot);
+                model
+                    .forward_greedy(&[batch[0].1])
+                    .map(Pick::Id)
+                    .map(|p| vec![p])
+            } else {
+                model
+                    .decode_batch(&batch)
+                    .map(|rows| rows.into_iter().map(Pick::Logits).collect())
+            }
+        } else {
+            model
+                .decode_batch(&batch)
+                .map(|rows| rows.into_iter().map(Pick::Logits).collect())
+        };
         let rows = match rows {
             Ok(rows) => rows,
             Err(e) => {
@@ -161,13 +186,16 @@ pub fn run(
             }
         };
         let mut next = Vec::with_capacity(running.len());
-        for (mut r, logits) in running.drain(..).zip(rows) {
+        for (mut r, pick) in running.drain(..).zip(rows) {
             let fed = *r.generated.last().expect("a running job has an id");
             r.sampler.fed(fed);
             let slot = &mut slots[r.slot];
             slot.held.push(fed);
             slot.used = step;
-            let (id, lp) = r.sampler.pick(logits);
+            let (id, lp) = match pick {
+                Pick::Id(id) => (id, None),
+                Pick::Logits(l) => r.sampler.pick(l),
+            };
             let after = choose(&mut r, id, lp.as_ref());
             if let Some(r) = settle(model, &mut slots, r, after, shared) {
                 next.push(r);
@@ -209,10 +237,15 @@ fn prefill(model: &mut dyn BatchForward, slot: &mut Slot, r: &mut Running<'_, '_
     if r.job.params.max_new_tokens == 0 {
         return After::Done(Some(done(r, "length")));
     }
-    match model.forward(&prompt[r.reused..]) {
-        Ok(logits) => {
+    let rest = &prompt[r.reused..];
+    let picked = if r.sampler.argmax_only() {
+        model.forward_greedy(rest).map(|id| (id, None))
+    } else {
+        model.forward(rest).map(|logits| r.sampler.pick(logits))
+    };
+    match picked {
+        Ok((id, lp)) => {
             slot.held = prompt.clone();
-            let (id, lp) = r.sampler.pick(logits);
             choose(r, id, lp.as_ref())
         }
         Err(e) => After::Failed(e),

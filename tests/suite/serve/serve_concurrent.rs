@@ -10,7 +10,9 @@ use serde_json::{json, Value};
 fn requests() -> Vec<(&'static str, Value)> {
     let mut v = Vec::new();
     for i in 0..6u32 {
-        let prompt: Vec<u32> = (0..2 + 3 * i).map(|j| (40 + 17 * j + 29 * i) % 400).collect();
+        let prompt: Vec<u32> = (0..2 + 3 * i)
+            .map(|j| (40 + 17 * j + 29 * i) % 400)
+            .collect();
         let mut body = json!({
             "prompt": prompt, "max_tokens": 8 + 4 * i, "temperature": 0,
             "return_token_ids": true,
