@@ -176,6 +176,9 @@ pub fn run(
                 .decode_batch(&batch)
                 .map(|rows| rows.into_iter().map(Pick::Logits).collect())
         };
+        c.decode_steps.fetch_add(1, Ordering::Relaxed);
+        c.decode_tokens
+            .fetch_add(batch.len() as u64, Ordering::Relaxed);
         let rows = match rows {
             Ok(rows) => rows,
             Err(e) => {

@@ -99,6 +99,10 @@ pub struct Counters {
     pub failed: AtomicU64,
     /// Prompt tokens reused from the previous request's state.
     pub cached_tokens: AtomicU64,
+    /// Decode steps run (each feeds one token to every running request).
+    pub decode_steps: AtomicU64,
+    /// Tokens fed by those steps: `decode_tokens / decode_steps` is the mean batch size.
+    pub decode_tokens: AtomicU64,
 }
 
 impl Counters {
@@ -111,6 +115,8 @@ impl Counters {
             "cancelled": g(&self.cancelled),
             "failed": g(&self.failed),
             "cached_tokens": g(&self.cached_tokens),
+            "decode_steps": g(&self.decode_steps),
+            "decode_tokens": g(&self.decode_tokens),
         })
     }
 }

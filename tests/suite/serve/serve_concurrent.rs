@@ -1,7 +1,8 @@
 //! Concurrent requests to `serve --parallel 4` (continuous batching), on the CPU and the GPU:
 //! six completions and two chat turns sent at once, greedy and seeded-sampled, streamed and not,
 //! each answer identical (ids, text, finish reason, usage) to the same request served alone
-//! afterwards; `/health` reports 4 slots, several of them in use while the burst runs.
+//! afterwards; `/health` reports 4 slots and more tokens than decode steps (shared steps); the same
+//! through the official `openai` client.
 use super::server::{next_data, post_json, request, status, Server};
 use serde_json::{json, Value};
 
@@ -116,4 +117,26 @@ fn cpu_concurrent_requests_equal_each_alone() {
 #[test]
 fn gpu_concurrent_requests_equal_each_alone() {
     check(&["--device", "gpu"]);
+}
+
+/// The official `openai` client: eight concurrent requests (chat and completions, streamed and
+/// not, greedy, sampled with a seed, with logprobs) equal each alone (tests/python/concurrency.py).
+#[test]
+fn openai_client_concurrent_requests_equal_each_alone() {
+    let server = Server::start(&["--parallel", "4"]);
+    let out = std::process::Command::new(super::test_python::python())
+        .arg(
+            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/python/concurrency.py"),
+        )
+        .arg(format!("http://{}", server.addr))
+        .output()
+        .unwrap();
+    let report = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{report}");
+    assert!(report.contains("all checks passed"), "{report}");
 }
