@@ -3,7 +3,7 @@
 under concurrent streaming clients. Standard library only.
 
     python3 benches/serve_bench.py --url http://127.0.0.1:8080 --model MODEL \
-        [--tokens 128] [--concurrency 1,2,4,8] [--rounds 1] [--endpoint chat|completions]
+        [--tokens 128] [--concurrency 1,2,4,8] [--rounds 1] [--endpoint chat|completions] [--logprobs]
 
 For each concurrency N, N clients start together, each streaming --rounds greedy answers
 (temperature 0) of --tokens tokens (`max_tokens`; an answer may end earlier at the model's stop
@@ -33,7 +33,7 @@ import urllib.parse
 PROMPT = "Write a long story about a lighthouse keeper and the sea."
 
 
-def one_request(url, model, endpoint, tokens, prompt):
+def one_request(url, model, endpoint, tokens, prompt, logprobs=False):
     """Stream one answer: (ttft_s, total_s, completion_tokens) or an error string."""
     u = urllib.parse.urlparse(url)
     body = {
@@ -46,9 +46,13 @@ def one_request(url, model, endpoint, tokens, prompt):
     if endpoint == "chat":
         path = "/v1/chat/completions"
         body["messages"] = [{"role": "user", "content": prompt}]
+        if logprobs:
+            body["logprobs"] = True
     else:
         path = "/v1/completions"
         body["prompt"] = prompt
+        if logprobs:
+            body["logprobs"] = 0
     conn = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=3600)
     t0 = time.perf_counter()
     try:
@@ -76,7 +80,9 @@ def one_request(url, model, endpoint, tokens, prompt):
             for c in v.get("choices", []):
                 d = c.get("delta", {}) if endpoint == "chat" else c
                 piece = d.get("content") or d.get("reasoning_content") or d.get("text") or ""
-                if piece:
+                # a token without text (an id past a synth probe's tiny tokenizer) streams a chunk
+                # only with its log-probability
+                if piece or (c.get("logprobs") or {}).get("tokens") or (c.get("logprobs") or {}).get("content"):
                     chunks += 1
                     if ttft is None:
                         ttft = time.perf_counter() - t0
@@ -99,7 +105,8 @@ def level(args, n):
     def client():
         start.wait()
         for _ in range(args.rounds):
-            r = one_request(args.url, args.model, args.endpoint, args.tokens, args.prompt)
+            r = one_request(args.url, args.model, args.endpoint, args.tokens, args.prompt,
+                                args.logprobs)
             with lock:
                 results.append(r)
 
@@ -147,6 +154,11 @@ def main():
     p.add_argument("--rounds", type=int, default=1, help="answers per client per level (1)")
     p.add_argument("--endpoint", choices=["chat", "completions"], default="chat")
     p.add_argument("--prompt", default=PROMPT)
+    p.add_argument("--logprobs", action="store_true",
+                   help="ask for the chosen token's log-probability, so that every token streams a "
+                        "chunk, also those without text (a synth probe's ids past its tokenizer): "
+                        "TTFT and decode rate then count every token; the server then reads back "
+                        "whole logit rows, also for one request alone")
     args = p.parse_args()
     u = urllib.parse.urlsplit(args.url)
     if u.scheme != "http" or not u.hostname:

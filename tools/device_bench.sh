@@ -411,7 +411,7 @@ for f in os.listdir(sys.argv[1]):
             done
           fi
           x python3 benches/serve_bench.py --url "http://127.0.0.1:$port" --model probe --tokens "$SERVE_TOKENS" \
-            --concurrency "$BATCHES" --endpoint completions --prompt "Once upon a time there was" > "$f-serve.json" 2> "$f-serve-bench.txt" \
+            --concurrency "$BATCHES" --endpoint completions --logprobs --prompt "Once upon a time there was" > "$f-serve.json" 2> "$f-serve-bench.txt" \
             || { echo "serve_bench ($tag, $n) failed: rc $?"; cat "$f-serve-bench.txt" "$f-serve.log"; }
           if [ "$DRY" = 0 ]; then
             kill -INT $pid 2>/dev/null; wait $pid 2>/dev/null

@@ -72,6 +72,9 @@ pub fn run(
 ) {
     let n = model.slots();
     let mut slots: Vec<Slot> = (0..n).map(|_| Slot::default()).collect();
+    if let Err(e) = warm_up(model) {
+        eprintln!("inkling-wgpu serve: warning: the warm-up step failed: {e:#}");
+    }
     for s in 0..n {
         model.select(s);
         model.reset();
@@ -209,6 +212,27 @@ pub fn run(
     }
 }
 
+/// Run every kind of step a request can meet once before the first request, so that none of
+/// them waits for its pipelines to be compiled and its commands recorded (the GPU builds both on
+/// first use): a 2-token prefill in every slot, the one-token step with and without the logits,
+/// and the decode batch of every size from 2 to `slots()`. The slots are reset by the caller.
+fn warm_up(model: &mut dyn BatchForward) -> anyhow::Result<()> {
+    let n = model.slots();
+    for s in 0..n {
+        model.select(s);
+        model.reset();
+        model.forward(&[0, 0])?;
+    }
+    model.select(0);
+    model.forward(&[0])?;
+    model.forward_greedy(&[0])?;
+    for b in (2..=n).rev() {
+        let batch: Vec<(usize, u32)> = (0..b).map(|s| (s, 0)).collect();
+        model.decode_batch(&batch)?;
+    }
+    Ok(())
+}
+
 /// The free slot for `prompt`: the one holding the longest proper prefix of it, else the least
 /// recently used. There is one: the caller admits only while a slot is free.
 fn choose_slot(slots: &[Slot], prompt: &[u32]) -> usize {
@@ -331,8 +355,9 @@ fn settle<'a, 't>(
             c.cached_tokens
                 .fetch_add(r.reused as u64, Ordering::Relaxed);
             c.completed.fetch_add(1, Ordering::Relaxed);
-            let _ = r.job.events.send(ev);
+            // the slot is free before the client hears of the end (`/health` agrees with it)
             release(&mut slots[r.slot], shared);
+            let _ = r.job.events.send(ev);
         }
         After::Done(None) => {
             c.cancelled.fetch_add(1, Ordering::Relaxed);
@@ -359,9 +384,9 @@ fn fail(
     shared: &Shared,
 ) {
     shared.counters.failed.fetch_add(1, Ordering::Relaxed);
-    let _ = job.events.send(Event::Error(format!("{e:#}")));
     model.select(s);
     model.reset();
     slots[s].held.clear();
     release(&mut slots[s], shared);
+    let _ = job.events.send(Event::Error(format!("{e:#}")));
 }

@@ -275,7 +275,12 @@ fn check(
     );
     // four requests decode together; each finished one is replaced by the next queued one
     // before the next step; the extending request then decodes alone
-    let mut want_sizes = schedule(cs.iter().map(|c| c.params.max_new_tokens - 1), SLOTS);
+    // after the warm-up (a one-token greedy step, then every batch size from SLOTS down to 2)
+    let mut want_sizes: Vec<usize> = std::iter::once(1).chain((2..=SLOTS).rev()).collect();
+    want_sizes.extend(schedule(
+        cs.iter().map(|c| c.params.max_new_tokens - 1),
+        SLOTS,
+    ));
     want_sizes.extend(std::iter::repeat_n(1, want_ext.0.len() - 1));
     assert_eq!(sizes, want_sizes, "{name}: decode batch sizes");
     assert_eq!(sizes.iter().max(), Some(&SLOTS), "{name}");
