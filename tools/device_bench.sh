@@ -30,7 +30,7 @@
 #   model-peer llama.cpp's model-level peer (MODEL_PEER/run.sh MODEL_PEER_WHICH), its RESULT lines
 #   batch      for each probe of PROBES and then (BATCH_FULL=1, the default) an 8-layer inkling-small with all
 #              256 routed experts per layer (int4-g64): `bench batch --batch BATCHES --tokens TOKENS` with every
-#              binary (the full container also once with every expert streamed through slots, which counts
+#              binary (the full container also once streamed through all expert slots but one, which counts
 #              the distinct experts a step reads), then `serve --parallel MAX(BATCHES)` and
 #              benches/serve_bench.py (completions, SERVE_TOKENS-token greedy answers) at BATCHES clients
 # Probes (PROBES, PREFILL_PROBE): each keeps every shape and the expert bytes a decode token reads of
@@ -395,9 +395,9 @@ for f in os.listdir(sys.argv[1]):
             || { echo "bench batch ($tag, $n) failed: rc $?"; cat "$f.txt"; }
           [ "$DRY" = 0 ] && { cat "$f.txt"; sum batch "$f.json" "$tag $n"; }
           if [ "$p" = full ]; then
-            x "${BIN[$n]}" bench batch --model "$DIR" --batch "$BATCHES" --tokens 16 --expert-slots $((STREAM_LAYERS * 256)) \
+            x "${BIN[$n]}" bench batch --model "$DIR" --batch "$BATCHES" --tokens 16 --expert-slots $((STREAM_LAYERS * 256 - 1)) \
               --json > "$f-streamed.json" 2> "$f-streamed.txt" || { echo "bench batch streamed failed: rc $?"; cat "$f-streamed.txt"; }
-            [ "$DRY" = 0 ] && { cat "$f-streamed.txt"; sum batch "$f-streamed.json" "$tag $n, every expert streamed"; }
+            [ "$DRY" = 0 ] && { cat "$f-streamed.txt"; sum batch "$f-streamed.json" "$tag $n, experts streamed through all slots but one"; }
           fi
           port=18080
           if [ "$DRY" = 1 ]; then

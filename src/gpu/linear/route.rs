@@ -216,8 +216,9 @@ impl GpuWeights {
 }
 
 /// Fewest pairs per used expert (`P / min(E, P)`; the tokens of a dense linear) for which
-/// [`select`] picks the GEMM.
-pub const MIN_PAIRS_PER_EXPERT: u32 = 4;
+/// [`select`] picks the GEMM: below it (decode batches of up to 8 sequences, prompts of up to 8
+/// tokens) the GEMV was measured faster (BENCHMARKS.md#decision-min-pairs).
+pub const MIN_PAIRS_PER_EXPERT: u32 = 9;
 
 /// Most experts of a slab the grouping pass handles (two u32 per expert of workgroup memory);
 /// larger slabs keep the GEMV.
