@@ -212,10 +212,14 @@ pub fn run(
     }
 }
 
+/// Tokens of the warm-up's long prefill: past `MIN_PAIRS_PER_EXPERT`, so the prefill GEMM runs.
+const WARM_UP_PROMPT: usize = 2 * crate::gpu::linear::route::MIN_PAIRS_PER_EXPERT as usize;
+
 /// Run every kind of step a request can meet once before the first request, so that none of
 /// them waits for its pipelines to be compiled and its commands recorded (the GPU builds both on
-/// first use): a 2-token prefill in every slot, the one-token step with and without the logits,
-/// and the decode batch of every size from 2 to `slots()`. The slots are reset by the caller.
+/// first use): a 2-token prefill in every slot, a [`WARM_UP_PROMPT`]-token one (the GEMM), the
+/// one-token step with and without the logits, and the decode batch of every size from 2 to
+/// `slots()`. The slots are reset by the caller.
 fn warm_up(model: &mut dyn BatchForward) -> anyhow::Result<()> {
     let n = model.slots();
     for s in 0..n {
@@ -223,7 +227,10 @@ fn warm_up(model: &mut dyn BatchForward) -> anyhow::Result<()> {
         model.reset();
         model.forward(&[0, 0])?;
     }
+    // a prompt long enough for the prefill GEMM (`MIN_PAIRS_PER_EXPERT` tokens and more)
     model.select(0);
+    model.reset();
+    model.forward(&[0; WARM_UP_PROMPT])?;
     model.forward(&[0])?;
     model.forward_greedy(&[0])?;
     for b in (2..=n).rev() {
