@@ -161,8 +161,13 @@ def main():
                         "whole logit rows, also for one request alone")
     args = p.parse_args()
     u = urllib.parse.urlsplit(args.url)
-    if u.scheme != "http" or not u.hostname:
-        p.error(f"--url: expected http://HOST:PORT, got {args.url!r}")
+    try:
+        port = u.port  # raises ValueError past 65535
+    except ValueError:
+        port = -1
+    if u.scheme != "http" or not u.hostname or port == -1 or u.path not in ("", "/") \
+            or u.query or u.fragment:
+        p.error(f"--url: expected http://HOST[:PORT] (port 1-65535, no path), got {args.url!r}")
     try:
         levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
     except ValueError:

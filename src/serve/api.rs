@@ -624,6 +624,13 @@ fn finish(
         None if room == 0 => return Err(too_long(1)),
         None => default_max.map_or(room, |d| d.min(room)),
     };
+    if c.stream_options.is_some() && !c.stream {
+        // OpenAI's answer too: stream_options has no meaning without a stream
+        return Err(ApiError::bad_request(
+            "stream_options is only allowed when stream is true",
+            Some("stream_options"),
+        ));
+    }
     let include_usage = c
         .stream_options
         .unwrap_or_default()

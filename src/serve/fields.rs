@@ -193,16 +193,41 @@ pub fn check(schema: Schema, body: &Map<String, Value>) -> Result<(), ApiError> 
             Some(Rule::Implemented) => {}
             Some(Rule::Metadata) => match (name.as_str(), v) {
                 (_, Value::Null) => {}
-                ("metadata", v) if !v.is_object() => {
-                    return refuse("expected an object of string values")
+                ("metadata", v) => {
+                    if let Err(why) = check_metadata(v) {
+                        return refuse(&why);
+                    }
                 }
-                ("metadata", _) => {}
                 (_, v) if !v.is_string() => return refuse("expected a string"),
                 _ => {}
             },
             Some(_) if v.is_null() => {}
             Some(Rule::Only(ok, _)) if ok(v) => {}
             Some(Rule::Only(_, why) | Rule::Refused(why)) => return refuse(why),
+        }
+    }
+    Ok(())
+}
+
+/// OpenAI's `metadata`: an object of at most 16 pairs, keys of at most 64 characters, string
+/// values of at most 512; what is wrong, in words.
+fn check_metadata(v: &Value) -> Result<(), String> {
+    let Some(m) = v.as_object() else {
+        return Err("expected an object of string values".into());
+    };
+    if m.len() > 16 {
+        return Err(format!("at most 16 key-value pairs, got {}", m.len()));
+    }
+    for (k, v) in m {
+        if k.chars().count() > 64 {
+            return Err(format!("key {k:?} is longer than 64 characters"));
+        }
+        match v.as_str() {
+            Some(s) if s.chars().count() > 512 => {
+                return Err(format!("the value of {k:?} is longer than 512 characters"))
+            }
+            Some(_) => {}
+            None => return Err(format!("the value of {k:?} is not a string")),
         }
     }
     Ok(())

@@ -293,8 +293,8 @@ fn selection_rule() {
     let one = GpuWeights::upload(&gpu, &mats(&mut rng, enc, 1, 8, 16)).unwrap();
     let eight = GpuWeights::upload(&gpu, &mats(&mut rng, enc, 8, 8, 16)).unwrap();
     let x = gpu.storage_init("x", &[0u8; 4 * 16 * 64]);
-    let pb = gpu.storage_init("p", &[0u8; 16 * 64]);
-    let y = gpu.storage_init("y", &[0u8; 4 * 8 * 64]);
+    let pb = gpu.storage_init("p", &[0u8; 16 * 128]);
+    let y = gpu.storage_init("y", &[0u8; 4 * 8 * 128]);
     let min = MIN_PAIRS_PER_EXPERT;
     let pick = |w: &GpuWeights, n: u32| select(w, &GemvArgs::new(&x, 64, &pb, n, &y));
     assert_eq!(pick(&one, min - 1), None);
@@ -309,7 +309,9 @@ fn selection_rule() {
     let t = Tile { rm: 2, nq: 4 };
     let forced = a.reduction(Reduction::Shared).gemm(GemmChoice::Always(t));
     assert_eq!(select(&one, &forced), Some(t));
-    assert_eq!(select(&eight, &a), Some(TILES[0]));
+    // eight experts: the GEMM once each has `min` pairs
+    let a8 = GemvArgs::new(&x, 64, &pb, 8 * min, &y);
+    assert_eq!(select(&eight, &a8), Some(TILES[0]));
     // engine-wide options: no GEMM tile keeps the GEMV, a forced tuning too, another tile wins
     let opts = |tuning, gemm| LinearOptions { tuning, gemm };
     let t2 = Tile { rm: 2, nq: 2 };
@@ -320,7 +322,7 @@ fn selection_rule() {
         None
     );
     assert_eq!(route(&one, &a, &opts(None, Some(t2))).gemm_tile(), Some(t2));
-    let call = eight.bind(&gpu, enc.format.ordinal(), a).unwrap();
+    let call = eight.bind(&gpu, enc.format.ordinal(), a8).unwrap();
     assert_eq!(call.label.op, "gemm");
     // the grouping pass, then the GEMM
     assert_eq!(call.dispatches(), 2);

@@ -174,7 +174,8 @@ fn every_schema_field_is_implemented_or_refused_by_name() {
         ("n", "2", false),
         ("prediction", r#"{"type":"content","content":"x"}"#, false),
         ("seed", "7", true),
-        ("stream_options", r#"{"include_usage":true}"#, true),
+        // only with "stream": true (as OpenAI answers)
+        ("stream_options", r#"{"include_usage":true}"#, false),
         ("tools", &tools_v, true),
         ("tools", r#"[{"type":"custom"}]"#, false),
         ("tool_choice", r#""auto""#, true),
@@ -274,7 +275,8 @@ fn every_schema_field_is_implemented_or_refused_by_name() {
         ("seed", "7", true),
         ("stop", r#"["x","y"]"#, true),
         ("stream", "true", true),
-        ("stream_options", r#"{"include_usage":true}"#, true),
+        // only with "stream": true (as OpenAI answers)
+        ("stream_options", r#"{"include_usage":true}"#, false),
         ("suffix", r#""""#, true),
         ("suffix", r#"" end""#, false),
         ("temperature", "0.5", true),
@@ -435,9 +437,23 @@ fn metadata_types_and_stream_options_keys_are_checked() {
     let chat = |f: &str| {
         p.chat(format!(r#"{{"messages":[{{"role":"user","content":"hi"}}],{f}}}"#).as_bytes())
     };
+    let long_key = format!(r#""metadata":{{"{}":"v"}}"#, "k".repeat(65));
+    let long_value = format!(r#""metadata":{{"k":"{}"}}"#, "v".repeat(513));
+    let pairs = |n: usize| {
+        let kv: Vec<String> = (0..n).map(|i| format!(r#""k{i}":"v""#)).collect();
+        format!(r#""metadata":{{{}}}"#, kv.join(","))
+    };
+    let (sixteen, seventeen) = (pairs(16), pairs(17));
+    let edge = format!(
+        r#""metadata":{{"{}":"{}"}}"#,
+        "k".repeat(64),
+        "v".repeat(512)
+    );
     for ok in [
         r#""user":"u""#,
         r#""metadata":{"k":"v"}"#,
+        sixteen.as_str(),
+        edge.as_str(),
         r#""safety_identifier":"s""#,
         r#""stream":true,"stream_options":{"include_usage":true}"#,
     ] {
@@ -446,9 +462,21 @@ fn metadata_types_and_stream_options_keys_are_checked() {
     for (bad, field) in [
         (r#""user":5"#, "user"),
         (r#""metadata":5"#, "metadata"),
+        (r#""metadata":{"k":5}"#, "metadata"),
+        (long_key.as_str(), "metadata"),
+        (long_value.as_str(), "metadata"),
+        (seventeen.as_str(), "metadata"),
         (r#""safety_identifier":{}"#, "safety_identifier"),
         (
             r#""stream":true,"stream_options":{"foo":1}"#,
+            "stream_options",
+        ),
+        (
+            r#""stream_options":{"include_usage":true}"#,
+            "stream_options",
+        ),
+        (
+            r#""stream":false,"stream_options":{"include_usage":true}"#,
             "stream_options",
         ),
     ] {
