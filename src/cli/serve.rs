@@ -106,7 +106,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     // the first line, before the model loads (clients and tests read the address from it)
     eprintln!("inkling-wgpu serve: listening on http://{addr} ({scope}); model id {model_id:?}");
-    let (jobs, jobs_rx) = std::sync::mpsc::sync_channel(args.queue);
+    // the HTTP side admits at most `capacity` jobs (`Shared::admitted`), so the channel never fills
+    let capacity = args.parallel + args.queue;
+    let (jobs, jobs_rx) = std::sync::mpsc::sync_channel(capacity);
     // disconnected when the engine thread ends
     let (engine_alive, engine_ended) = std::sync::mpsc::channel::<()>();
     {
@@ -145,6 +147,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         shared: shared.clone(),
         renderer,
         jobs,
+        capacity,
         shutdown: shutdown.clone(),
         model_id: model_id.clone(),
         vocab: config.vocab_size,

@@ -112,6 +112,7 @@ pub fn run(
             };
             if job.events.is_closed() {
                 c.cancelled.fetch_add(1, Ordering::Relaxed);
+                shared.job_ended();
                 continue;
             }
             let slot = choose_slot(&slots, &job.prompt);
@@ -218,8 +219,8 @@ const WARM_UP_PROMPT: usize = 2 * crate::gpu::linear::route::MIN_PAIRS_PER_EXPER
 /// Run every kind of step a request can meet once before the first request, so that none of
 /// them waits for its pipelines to be compiled and its commands recorded (the GPU builds both on
 /// first use): a 2-token prefill in every slot, a [`WARM_UP_PROMPT`]-token one (the GEMM), the
-/// one-token step with and without the logits, and the decode batch of every size from 2 to
-/// `slots()`. The slots are reset by the caller.
+/// one-token step with and without the logits, and the decode batch of `slots()` and of 2
+/// sequences. The slots are reset by the caller.
 fn warm_up(model: &mut dyn BatchForward) -> anyhow::Result<()> {
     let n = model.slots();
     for s in 0..n {
@@ -233,7 +234,10 @@ fn warm_up(model: &mut dyn BatchForward) -> anyhow::Result<()> {
     model.forward(&[0; WARM_UP_PROMPT])?;
     model.forward(&[0])?;
     model.forward_greedy(&[0])?;
-    for b in (2..=n).rev() {
+    // the batch kernels' pipelines (other sizes record their commands on first use)
+    let mut sizes = vec![n, 2];
+    sizes.dedup();
+    for b in sizes.into_iter().filter(|b| (2..=n).contains(b)) {
         let batch: Vec<(usize, u32)> = (0..b).map(|s| (s, 0)).collect();
         model.decode_batch(&batch)?;
     }
@@ -376,9 +380,11 @@ fn settle<'a, 't>(
     None
 }
 
+/// The slot's job ended: the slot is free, and the job no longer counts against the capacity.
 fn release(slot: &mut Slot, shared: &Shared) {
     slot.busy = false;
     shared.busy_slots.fetch_sub(1, Ordering::Relaxed);
+    shared.job_ended();
 }
 
 /// `job` failed with `e`: its client gets the error; slot `s` is reset and freed.

@@ -40,6 +40,8 @@ pub struct AppState {
     pub shared: Arc<Shared>,
     pub renderer: Arc<Renderer>,
     pub jobs: SyncSender<Job>,
+    /// Requests that may be queued or running at once (`--parallel` + `--queue`); past it, 429.
+    pub capacity: usize,
     pub shutdown: Arc<Shutdown>,
     pub model_id: String,
     /// The model's vocabulary size (prompt ids must be below it).
@@ -317,7 +319,17 @@ async fn handle(st: Arc<AppState>, body: Result<Bytes, BytesRejection>, ep: Endp
         tools: req.tools.clone(),
         events: tx,
     };
-    match st.jobs.try_send(job) {
+    // counted here, uncounted by the engine when the job ends (`Shared::admitted`)
+    let full = st.shared.admitted.fetch_add(1, Ordering::SeqCst) >= st.capacity;
+    let sent = if full {
+        Err(TrySendError::Full(job))
+    } else {
+        st.jobs.try_send(job)
+    };
+    if sent.is_err() {
+        st.shared.job_ended();
+    }
+    match sent {
         Ok(()) => {}
         Err(TrySendError::Full(_)) => {
             c.rejected.fetch_add(1, Ordering::Relaxed);

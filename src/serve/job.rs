@@ -72,9 +72,21 @@ pub struct Shared {
     pub slots: OnceLock<usize>,
     /// Slots running a request now.
     pub busy_slots: AtomicUsize,
+    /// Requests accepted and not yet ended, queued or running (the HTTP side counts one up
+    /// before it queues a job, [`Shared::job_ended`] counts it down).
+    pub admitted: AtomicUsize,
 }
 
 impl Shared {
+    /// A job accepted by the HTTP side ended (finished, cancelled, failed, skipped or refused).
+    pub fn job_ended(&self) {
+        let _ = self
+            .admitted
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                Some(n.saturating_sub(1))
+            });
+    }
+
     /// `/health`'s `slots` object: `total` (0 until the model is loaded) and `in_use`.
     pub fn slots_json(&self) -> serde_json::Value {
         serde_json::json!({

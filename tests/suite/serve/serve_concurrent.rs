@@ -140,3 +140,24 @@ fn openai_client_concurrent_requests_equal_each_alone() {
     assert!(out.status.success(), "{report}");
     assert!(report.contains("all checks passed"), "{report}");
 }
+
+/// `--parallel 2 --queue 1`, six long requests at once on an idle server: exactly three are taken
+/// (two run, one waits for a slot) and three get 429, however fast the engine drains its queue:
+/// the capacity is `--parallel` + `--queue`.
+#[test]
+fn a_burst_past_the_slots_and_the_queue_gets_429() {
+    let server = Server::start(&["--parallel", "2", "--queue", "1"]);
+    let long = json!({"prompt": [100], "max_tokens": 4000, "temperature": 0});
+    let burst: Vec<_> = (0..6)
+        .map(|_| {
+            let (addr, b) = (server.addr.clone(), long.clone());
+            std::thread::spawn(move || post_json(&addr, "/v1/completions", &b).0)
+        })
+        .collect();
+    let mut codes: Vec<u16> = burst.into_iter().map(|h| h.join().unwrap()).collect();
+    codes.sort();
+    assert_eq!(codes, [200, 200, 200, 429, 429, 429]);
+    let h = server.health();
+    assert_eq!(h["counts"]["rejected_429"], 3, "{h}");
+    assert_eq!(h["counts"]["completed"], 3, "{h}");
+}
