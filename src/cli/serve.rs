@@ -31,8 +31,8 @@ pub struct Args {
     /// TCP port (0 = any free port; the bound address is printed).
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
-    /// Requests decoded together (sequence slots, each with its own KV cache of --ctx tokens;
-    /// llama.cpp's server `--parallel`). Requests past them wait in the queue.
+    /// Requests decoded together, 1 to 256 (sequence slots, each with its own KV cache of --ctx
+    /// tokens; llama.cpp's server `--parallel`). Requests past them wait in the queue.
     #[arg(long, default_value_t = 4, value_parser = super::values::parse_slots)]
     pub parallel: usize,
     /// Requests that may wait for a free slot; past that, 429 with Retry-After.
