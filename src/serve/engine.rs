@@ -79,10 +79,7 @@ pub fn run(
         model.select(s);
         model.reset();
     }
-    let note_experts = |model: &dyn BatchForward| {
-        *shared.experts.lock().unwrap_or_else(|e| e.into_inner()) = model.stream_stats();
-    };
-    note_experts(model);
+    note_experts(model, shared);
     let _ = shared.slots.set(n);
     shared.ready.store(true, Ordering::SeqCst);
     let c = &shared.counters;
@@ -163,22 +160,20 @@ pub fn run(
             .collect();
         // one request alone that needs only the argmax: the backend picks it (the GPU reads back
         // 4 bytes, not the logits)
-        let rows = if let [r] = &running[..] {
-            if r.sampler.argmax_only() {
-                model.select(r.slot);
+        let alone = match &running[..] {
+            [r] if r.sampler.argmax_only() => Some(r.slot),
+            _ => None,
+        };
+        let rows = match alone {
+            Some(slot) => {
+                model.select(slot);
                 model
                     .forward_greedy(&[batch[0].1])
-                    .map(Pick::Id)
-                    .map(|p| vec![p])
-            } else {
-                model
-                    .decode_batch(&batch)
-                    .map(|rows| rows.into_iter().map(Pick::Logits).collect())
+                    .map(|id| vec![Pick::Id(id)])
             }
-        } else {
-            model
+            None => model
                 .decode_batch(&batch)
-                .map(|rows| rows.into_iter().map(Pick::Logits).collect())
+                .map(|rows| rows.into_iter().map(Pick::Logits).collect()),
         };
         c.decode_steps.fetch_add(1, Ordering::Relaxed);
         c.decode_tokens
@@ -209,7 +204,6 @@ pub fn run(
             }
         }
         running = next;
-        note_experts(model);
     }
 }
 
@@ -376,8 +370,13 @@ fn settle<'a, 't>(
         }
         After::Failed(e) => fail(model, slots, r.slot, &r.job, &e, shared),
     }
-    *shared.experts.lock().unwrap_or_else(|e| e.into_inner()) = model.stream_stats();
+    note_experts(model, shared);
     None
+}
+
+/// How expert streaming went so far, for `/health` (after start-up and after each ended job).
+fn note_experts(model: &dyn BatchForward, shared: &Shared) {
+    *shared.experts.lock().unwrap_or_else(|e| e.into_inner()) = model.stream_stats();
 }
 
 /// The slot's job ended: the slot is free, and the job no longer counts against the capacity.

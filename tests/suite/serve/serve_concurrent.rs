@@ -124,20 +124,8 @@ fn gpu_concurrent_requests_equal_each_alone() {
 #[test]
 fn openai_client_concurrent_requests_equal_each_alone() {
     let server = Server::start(&["--parallel", "4"]);
-    let out = std::process::Command::new(super::test_python::python())
-        .arg(
-            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("tests/python/concurrency.py"),
-        )
-        .arg(format!("http://{}", server.addr))
-        .output()
-        .unwrap();
-    let report = format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "{report}");
+    let (ok, report) = super::test_python::run_script("concurrency.py", &server.addr);
+    assert!(ok, "{report}");
     assert!(report.contains("all checks passed"), "{report}");
 }
 

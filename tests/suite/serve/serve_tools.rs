@@ -14,7 +14,6 @@ use inkling_wgpu::serve::tools::{self, CallEvent, CallParser, ParsedCall, ToolDe
 use serde_json::json;
 use std::io::Read;
 use std::path::PathBuf;
-use std::process::Command;
 use tokenizers::{AddedToken, Tokenizer};
 
 fn o200k_inkling() -> (Tokenizer, Renderer) {
@@ -286,19 +285,9 @@ fn serve_forces_a_named_tool_call_and_the_openai_client_round_trips() {
     let finish = c["finish_reason"].as_str().unwrap();
     assert!(["tool_calls", "length"].contains(&finish), "{finish}");
     // the official client
-    let py = super::test_python::python();
-    let out = Command::new(&py)
-        .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/tools_logprobs.py"))
-        .arg(format!("http://{}", server.addr))
-        .output()
-        .unwrap();
-    let report = format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (ok, report) = super::test_python::run_script("tools_logprobs.py", &server.addr);
     println!("{v}\n{report}");
-    assert!(out.status.success(), "{report}");
+    assert!(ok, "{report}");
     assert!(report.contains("all checks passed"), "{report}");
     let _ = std::fs::remove_dir_all(&model);
 }

@@ -14,3 +14,23 @@ pub fn python() -> PathBuf {
         "python3".into()
     }
 }
+
+/// Run `tests/python/SCRIPT` with [`python`] against the server at `addr` (`HOST:PORT`); whether
+/// it exited 0, and its stdout and stderr together.
+pub fn run_script(script: &str, addr: &str) -> (bool, String) {
+    let out = std::process::Command::new(python())
+        .arg(
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/python")
+                .join(script),
+        )
+        .arg(format!("http://{addr}"))
+        .output()
+        .unwrap();
+    let report = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), report)
+}
