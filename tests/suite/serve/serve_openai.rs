@@ -57,18 +57,7 @@ fn generate_json(model: &str, prompt: &[u32]) -> serde_json::Value {
 
 #[test]
 fn serve_with_the_openai_client() {
-    let py = crate::serve::test_python::python();
-    let probe = Command::new(&py)
-        .args(["-c", "import openai; print(openai.__version__)"])
-        .output();
-    match probe {
-        Ok(o) if o.status.success() => {}
-        other => panic!(
-            "{} with the `openai` package is needed (pip install -r tests/python/requirements.txt, \
-             into .ci/.venv or the interpreter named by INKLING_TEST_PYTHON): {other:?}",
-            py.display()
-        ),
-    }
+    let py = crate::serve::test_python::python_with_openai();
     let model = chat_model();
     let model = model.to_str().unwrap();
 

@@ -15,10 +15,27 @@ pub fn python() -> PathBuf {
     }
 }
 
-/// Run `tests/python/SCRIPT` with [`python`] against the server at `addr` (`HOST:PORT`); whether
+/// [`python`], after checking that it has the `openai` package (a clear panic when not).
+pub fn python_with_openai() -> PathBuf {
+    let py = python();
+    let probe = std::process::Command::new(&py)
+        .args(["-c", "import openai; print(openai.__version__)"])
+        .output();
+    match probe {
+        Ok(o) if o.status.success() => py,
+        other => panic!(
+            "{} with the `openai` package is needed (pip install -r tests/python/requirements.txt, \
+             into .ci/.venv or the interpreter named by INKLING_TEST_PYTHON): {other:?}",
+            py.display()
+        ),
+    }
+}
+
+/// Run `tests/python/SCRIPT` (which uses the official `openai` client) with
+/// [`python_with_openai`] against the server at `addr` (`HOST:PORT`); whether
 /// it exited 0, and its stdout and stderr together.
 pub fn run_script(script: &str, addr: &str) -> (bool, String) {
-    let out = std::process::Command::new(python())
+    let out = std::process::Command::new(python_with_openai())
         .arg(
             PathBuf::from(env!("CARGO_MANIFEST_DIR"))
                 .join("tests/python")
