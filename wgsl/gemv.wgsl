@@ -326,6 +326,7 @@ fn unit_dot(acc: vec4<f32>, w0: vec4<u32>, w1: vec4<u32>, w2: vec4<u32>, s: vec2
 //!END
 //!END DEFINE
 
+//!IF ENTRY
 @compute @workgroup_size(256)
 fn main(
     @builtin(local_invocation_index) li: u32,
@@ -337,7 +338,20 @@ fn main(
     @builtin(subgroup_size) sg_size: u32,
 //!END
 ) {
-    let lin = wid.x + wid.y * nwg.x;
+//!IF SUBGROUP
+    // Work is assigned by subgroup lane, so no layout of subgroups over local_invocation_index is
+    // assumed; any power-of-two subgroup size (8 lavapipe, 32 NVIDIA/Apple, 64 AMD) works.
+    gemv_body(wid.x + wid.y * nwg.x, li, sg_id * sg_size + sg_inv, sg_size);
+//!ELSE
+    gemv_body(wid.x + wid.y * nwg.x, li, li, 0u);
+//!END
+}
+//!END
+
+// The workgroup of linear index `lin` (workgroup-uniform): thread `li`, working as thread `v`
+// (its subgroup lane order under SUBGROUP, else `li`) of subgroups of `sg_size` lanes (unused
+// without SUBGROUP). The entry point `main`, or a pair's (`gemv_pair.rs`), calls it.
+fn gemv_body(lin: u32, li: u32, v: u32, sg_size: u32) {
     let n_blocks = prm.row_blocks.x + prm.row_blocks.y;
     if (lin >= prm.n_pairs * n_blocks) {
         return; // whole workgroup: lin is workgroup-uniform
@@ -348,13 +362,6 @@ fn main(
     let in1 = blk >= prm.row_blocks.x;
     let ch = select(prm.chunk0, prm.chunk1, in1);
     let cblk = select(blk, blk - prm.row_blocks.x, in1);
-//!IF SUBGROUP
-    // Work is assigned by subgroup lane, so no layout of subgroups over local_invocation_index is
-    // assumed; any power-of-two subgroup size (8 lavapipe, 32 NVIDIA/Apple, 64 AMD) works.
-    let v = sg_id * sg_size + sg_inv;
-//!ELSE
-    let v = li;
-//!END
     let lane = v % THREADS_PER_ROW;
     // this thread's group of THREADS_PER_ROW threads handles rows r_first .. r_first + ROWS_PER_THREAD
     // (block-local rows w_first ..)

@@ -10,7 +10,7 @@ use crate::gpu::kernel::KernelSpec;
 use crate::gpu::limits::LimitProfile;
 use crate::gpu::linear::format::{encodings_of, kernel_encodings, Tuning};
 use crate::gpu::linear::route::{candidates, silu_tuning, tuning, TILES};
-use crate::gpu::linear::{gemm, gemv};
+use crate::gpu::linear::{gemm, gemv, gemv_pair};
 use crate::gpu::{ops, timing, Gpu};
 
 /// `bench copy`'s kernel (its pipeline uses the layout wgpu derives from the WGSL).
@@ -19,16 +19,22 @@ pub fn bench_copy() -> KernelSpec {
 }
 
 /// Every kernel the engine can build on a device of `profile` (`None`: any device, i.e. every
-/// x tile up to 16384 columns and both reductions), GEMV first, in a fixed order. Keys are unique.
+/// x tile up to 16384 columns and both reductions), GEMV first, then GEMV pairs (a sample: a
+/// pair is two listed GEMVs, [`gemv_pair`], and every format's decode is in one), in a fixed
+/// order. Keys are unique.
 pub fn all(profile: Option<LimitProfile>) -> Vec<KernelSpec> {
     let (smem, subgroups) = device_limits(profile);
-    with_ops(gemv::kernels(smem, subgroups), gemm::kernels())
+    let mut v = gemv::kernels(smem, subgroups);
+    v.extend(gemv_pair::kernels(subgroups));
+    with_ops(v, gemm::kernels())
 }
 
 /// The kernels of [`all`] that a model whose matrices have these (encoding, columns) `shapes`
 /// (`crate::model::Weights::linear_shapes`) can build on a device of `profile`: the GEMV variants
 /// of [`gemv::kernels_for`], the GEMM of its encodings, the op kernels of both attention paths
-/// and `bench copy`'s kernel. Every kernel such a model builds is in it (tested).
+/// and `bench copy`'s kernel. Every kernel such a model builds is in it, a GEMV pair as its two
+/// halves (tested); a device without room for a pair runs the halves apart, so pairs are never
+/// a requirement of the device check.
 pub fn for_model(shapes: &[(Encoding, usize)], profile: Option<LimitProfile>) -> Vec<KernelSpec> {
     let (smem, subgroups) = device_limits(profile);
     with_ops(

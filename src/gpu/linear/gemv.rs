@@ -81,7 +81,7 @@ pub struct GemvParams {
 }
 
 /// Size of the uniform block.
-const PARAMS_BYTES: u64 = std::mem::size_of::<GemvParams>() as u64;
+pub const PARAMS_BYTES: u64 = std::mem::size_of::<GemvParams>() as u64;
 
 /// Pad period of the x tile in vec4: one pad vec4 per unit (at least every 8 vec4).
 fn pad_period(f: Format) -> u32 {
@@ -96,7 +96,7 @@ fn smem_bytes(f: Format, t: Tuning, xt: u32) -> u64 {
 
 /// Workgroup-memory bytes of a staged instantiation with x tile `xt`, with the silu·up
 /// epilogue's `block_sums` (one f32 per row of the workgroup) when `silu`.
-fn staged_bytes(f: Format, t: Tuning, xt: u32, silu: bool) -> u64 {
+pub fn staged_bytes(f: Format, t: Tuning, xt: u32, silu: bool) -> u64 {
     smem_bytes(f, t, xt) + silu as u64 * 4 * t.rows_per_workgroup() as u64
 }
 
@@ -211,6 +211,12 @@ pub fn wgsl_source_chunks(
 /// and the hot loop written once per bound chunk; see [`crate::gpu::kernel::preprocess_with`]).
 /// Panics on a format without a kernel or `chunks` other than 1 and 2.
 pub fn wgsl_source_key(key: &GemvKey) -> String {
+    wgsl_instantiation(key, true)
+}
+
+/// [`wgsl_source_key`] without its entry point when not `entry` (`ENTRY` in the WGSL): the
+/// module-scope declarations and `gemv_body`, which a pair of GEMVs (`gemv_pair`) calls.
+pub fn wgsl_instantiation(key: &GemvKey, entry: bool) -> String {
     let GemvKey {
         enc,
         subgroups,
@@ -251,6 +257,7 @@ pub fn wgsl_source_key(key: &GemvKey) -> String {
             ("SILU", silu),
             ("UNIT_ARRAYS", row(enc.format).quantised),
             ("PREFETCH", prefetch(enc.format, t, xt)),
+            ("ENTRY", entry),
         ],
         &[("WEIGHT_CHUNKS", chunks as i64)],
     ));
@@ -392,15 +399,26 @@ impl GpuWeights {
     }
 }
 
-/// The GEMV of `args` over `w` with one [`Plan`] per dispatch (`plans`, from
-/// [`GpuWeights::plans`]); what [`GpuWeights::bind_gemv`] documents.
-pub fn bind(
+/// One dispatch of a GEMV call before its uniform and bind group exist: its instantiation, its
+/// uniform, the buffers at bindings 1 and up (clones of the handles) and its workgroup count.
+#[derive(Clone, Debug)]
+pub struct Planned {
+    pub key: GemvKey,
+    pub params: GemvParams,
+    pub buffers: Vec<(u32, wgpu::Buffer)>,
+    pub workgroups: u64,
+}
+
+/// The dispatches of the GEMV of `args` over `w` with one [`Plan`] per dispatch (`plans`, from
+/// [`GpuWeights::plans`]), none for a pair of chunks without workgroups; what [`bind`] records.
+/// The dummy buffers they bind are in the buffers' handles. Errors: those of [`bind`].
+pub fn planned(
     gpu: &Gpu,
     w: &GpuWeights,
     ordinal: u32,
     args: GemvArgs,
     plans: &[Plan],
-) -> Result<Call, DispatchError> {
+) -> Result<Vec<Planned>, DispatchError> {
     let (enc, subgroups) = w.check_args(gpu, ordinal, &args)?;
     let segmented = !args.segments.is_empty();
     if segmented && !w.segments_fit(gpu) {
@@ -432,36 +450,23 @@ pub fn bind(
     let (o, i) = (w.rows() as u64, w.cols() as u64);
     let (x_stride, y_stride) = strides(w, &args);
     let smem = gpu.limits.max_compute_workgroup_storage_size as u64;
-    // each dispatch's params at a multiple of the offset alignment (a power of two)
-    let align =
-        PARAMS_BYTES.next_multiple_of(gpu.limits.min_uniform_buffer_offset_alignment as u64);
-    // one dispatch per pair of weight chunks (the last one alone when their count is odd)
-    let groups: Vec<&[WeightChunk]> = w.chunks().chunks(2).collect();
-    let params = gpu.device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("gemv params"),
-        size: align * groups.len() as u64,
-        usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-        mapped_at_creation: false,
-    });
     let no_gamma = args.gamma.is_none().then(|| dummy(gpu));
     let gamma = args.gamma.or(no_gamma.as_ref()).expect("one of them");
-    let mut dispatches = Vec::new();
-    for (k, (group, plan)) in groups.iter().zip(plans).enumerate() {
+    let mut out = Vec::new();
+    // one dispatch per pair of weight chunks (the last one alone when their count is odd)
+    for (group, plan) in w.chunks().chunks(2).zip(plans) {
         let rows_of = |c: &WeightChunk| c.r1 - c.r0;
         let xt = x_tile(enc.format, plan.tuning, w.cols(), smem, args.silu_mul);
-        let n_chunks = group.len() as u32;
         let key = GemvKey::new(enc, subgroups, plan.tuning, xt, plan.direct)
-            .with_chunks(n_chunks)
+            .with_chunks(group.len() as u32)
             .with_segments(segmented)
             .with_silu(args.silu_mul);
-        let pipeline = kernel::pipeline(gpu, &key);
-        let layout = pipeline.get_bind_group_layout(0);
         let rpw = plan.tuning.rows_per_workgroup();
         let range = |c: Option<&WeightChunk>| c.map_or([0; 4], |c| [c.e0, c.e1, c.r0, c.r1]);
         let blocks = |c: Option<&WeightChunk>| c.map_or(0, |c| rows_of(c).div_ceil(rpw));
         let (c0, c1) = (group.first(), group.get(1));
         let n_blocks = blocks(c0) + blocks(c1);
-        let p = GemvParams {
+        let params = GemvParams {
             rows: o as u32,
             cols: i as u32,
             n_pairs: args.n_pairs,
@@ -479,45 +484,83 @@ pub fn bind(
             row_blocks: [blocks(c0), blocks(c1), 0, 0],
             seg_end,
         };
-        gpu.queue
-            .write_buffer(&params, k as u64 * align, bytemuck::bytes_of(&p));
-        let mut entries = vec![
-            wgpu::BindGroupEntry {
-                binding: 0,
-                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                    buffer: &params,
-                    offset: k as u64 * align,
-                    size: wgpu::BufferSize::new(PARAMS_BYTES),
-                }),
-            },
-            entry(1, &group[0].weights),
-            entry(2, &group[0].scales),
-            entry(3, args.x),
-            entry(4, args.pairs),
-            entry(5, gamma),
-            entry(6, args.y),
+        let mut buffers = vec![
+            (1, group[0].weights.clone()),
+            (2, group[0].scales.clone()),
+            (3, args.x.clone()),
+            (4, args.pairs.clone()),
+            (5, gamma.clone()),
+            (6, args.y.clone()),
         ];
         if let Some(c) = c1 {
-            entries.extend([entry(7, &c.weights), entry(8, &c.scales)]);
+            buffers.extend([(7, c.weights.clone()), (8, c.scales.clone())]);
         }
-        for (b, y) in (9..).zip(&extra_outputs) {
-            entries.push(entry(b, y));
+        buffers.extend((9..).zip(extra_outputs.iter().map(|&y| y.clone())));
+        let workgroups = args.n_pairs as u64 * n_blocks as u64;
+        if workgroups > 0 {
+            out.push(Planned {
+                key,
+                params,
+                buffers,
+                workgroups,
+            });
         }
+    }
+    Ok(out)
+}
+
+/// The GEMV of `args` over `w` with one [`Plan`] per dispatch (`plans`, from
+/// [`GpuWeights::plans`]); what [`GpuWeights::bind_gemv`] documents.
+pub fn bind(
+    gpu: &Gpu,
+    w: &GpuWeights,
+    ordinal: u32,
+    args: GemvArgs,
+    plans: &[Plan],
+) -> Result<Call, DispatchError> {
+    let planned = planned(gpu, w, ordinal, args, plans)?;
+    // each dispatch's params at a multiple of the offset alignment (a power of two)
+    let align =
+        PARAMS_BYTES.next_multiple_of(gpu.limits.min_uniform_buffer_offset_alignment as u64);
+    let params = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("gemv params"),
+        size: align * planned.len().max(1) as u64,
+        usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let mut dispatches = Vec::new();
+    for (k, d) in planned.iter().enumerate() {
+        let pipeline = kernel::pipeline(gpu, &d.key);
+        gpu.queue
+            .write_buffer(&params, k as u64 * align, bytemuck::bytes_of(&d.params));
+        let mut entries = vec![params_entry(0, &params, k as u64 * align)];
+        entries.extend(d.buffers.iter().map(|(b, buf)| entry(*b, buf)));
         let bg = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some("gemv"),
-            layout: &layout,
+            layout: &pipeline.get_bind_group_layout(0),
             entries: &entries,
         });
-        let total = args.n_pairs as u64 * n_blocks as u64;
-        if total == 0 {
-            continue;
-        }
-        let groups = grid_u64(total)
-            .ok_or_else(|| DispatchError::Shape(format!("{total} workgroups exceed 65535²")))?;
+        let groups = workgroup_grid(d.workgroups)?;
         dispatches.push(Dispatch::from_parts(pipeline, bg, groups));
     }
-    let owned = [params].into_iter().chain(no_gamma).chain(absent);
-    Ok(Call::new(Label::op("gemv"), dispatches).owning(owned))
+    Ok(Call::new(Label::op("gemv"), dispatches).owning([params]))
+}
+
+/// The bind-group entry of one dispatch's [`GemvParams`] at byte `offset` of `params`.
+pub fn params_entry(binding: u32, params: &wgpu::Buffer, offset: u64) -> wgpu::BindGroupEntry<'_> {
+    wgpu::BindGroupEntry {
+        binding,
+        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+            buffer: params,
+            offset,
+            size: wgpu::BufferSize::new(PARAMS_BYTES),
+        }),
+    }
+}
+
+/// The grid of `n` workgroups ([`grid_u64`]); an error past 65535².
+pub fn workgroup_grid(n: u64) -> Result<[u32; 3], DispatchError> {
+    grid_u64(n).ok_or_else(|| DispatchError::Shape(format!("{n} workgroups exceed 65535²")))
 }
 
 /// Every x tile [`GpuWeights::bind`] can pick for tuning `t` of `f` on a device with

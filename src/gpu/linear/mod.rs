@@ -17,12 +17,14 @@
 //! * [`args`]: [`GemvArgs`], what a caller states about one call, and its checks;
 //! * [`route`]: the choice between the GEMV ([`Plan`] per dispatch) and the GEMM ([`Tile`]);
 //! * [`gemv`], [`gemm`]: the two kernels, their WGSL and their recorded calls;
+//! * [`gemv_pair`]: two independent GEMVs in one dispatch;
 //! * [`oneshot`]: host vectors in and out (tests, smoke, benches).
 
 pub mod args;
 pub mod format;
 pub mod gemm;
 pub mod gemv;
+pub mod gemv_pair;
 pub mod oneshot;
 pub mod route;
 pub mod slab;

@@ -11,8 +11,8 @@
 //! longer chunks. The separate kernels of that block ([`Fusions::attention`] off) are the fused
 //! kernel's test oracle.
 use super::resident::{
-    DenseMlp, FfnSlab, MoeMlp, Projections, Resident, ResidentLayer, ResidentMlp, ATTN_SCONV,
-    K_SCONV, MLP_SCONV, V_SCONV,
+    DenseMlp, FfnSlab, Linear, MoeMlp, Projections, Resident, ResidentLayer, ResidentMlp,
+    ATTN_SCONV, K_SCONV, MLP_SCONV, V_SCONV,
 };
 use crate::gpu::linear::args::GemvArgs;
 use crate::gpu::linear::route::{self, LinearOptions};
@@ -245,6 +245,7 @@ fn assert_checked(step: &Step, fusions: Fusions) {
 
 /// Where an expert FFN reads and writes: x rows `[tokens, H]`, `n_pairs` (expert, token) pairs in a 16-byte `Pair` buffer,
 /// the gate‖up and activation scratch, and the outputs `[n_pairs, H]`.
+#[derive(Clone, Copy)]
 pub(super) struct FfnIo<'b> {
     pub x: &'b wgpu::Buffer,
     pub tokens: u32,
@@ -255,6 +256,19 @@ pub(super) struct FfnIo<'b> {
     pub y: &'b wgpu::Buffer,
     /// How the two GEMVs are built.
     pub linear: &'b LinearOptions,
+}
+
+impl<'b> FfnIo<'b> {
+    /// The gate_up GEMV with its silu·up epilogue into `act` `[P, I]`.
+    fn silu_args(&self) -> GemvArgs<'b> {
+        GemvArgs::new(self.x, self.tokens, self.pairs, self.n_pairs, self.act).silu_mul(true)
+    }
+
+    /// The down GEMV: pair p reads activation row p of `act`, writes row p of `y`.
+    fn down_args(&self) -> GemvArgs<'b> {
+        let np = self.n_pairs;
+        GemvArgs::new(self.act, np, self.pairs, np, self.y).x_per_pair(true)
+    }
 }
 
 /// `y[p] = down_e(silu(gate_e x_t) · up_e x_t)` for every pair p = (e, t): the gate_up GEMV with
@@ -270,18 +284,11 @@ pub(super) fn ffn_calls(
     ops: [&'static str; 2],
 ) -> Result<Vec<Call>> {
     let np = io.n_pairs;
-    let down = |gpu| {
-        slab.down.call(
-            gpu,
-            GemvArgs::new(io.act, np, io.pairs, np, io.y).x_per_pair(true),
-            io.linear,
-            ops[1],
-        )
-    };
+    let down = |gpu| slab.down.call(gpu, io.down_args(), io.linear, ops[1]);
     let args = GemvArgs::new(io.x, io.tokens, io.pairs, np, io.gu);
     if slab.gate_up.w.silu_mul_fits(&args, io.linear) {
         // the GEMV's silu·up epilogue writes `act` (BENCHMARKS.md#decision-silu-epilogue)
-        let args = GemvArgs::new(io.x, io.tokens, io.pairs, np, io.act).silu_mul(true);
+        let args = io.silu_args();
         let gate_up = slab.gate_up.call(gpu, args, io.linear, ops[0])?;
         return Ok(vec![gate_up, down(gpu)?]);
     }
@@ -401,10 +408,12 @@ impl Recipe<'_> {
     }
 
     /// Layer `li`'s MoE block and its residual: router GEMV → router kernel (pairs and gammas on
-    /// the GPU); the shared experts first (static pairs, so they do not wait on routing); the
-    /// routed experts (one MoE GEMV over the (expert, token) pairs for gate‖up, silu·up, one for
+    /// the GPU); the shared experts (static pairs, so they do not wait on routing) and the routed
+    /// experts (one MoE GEMV over the (expert, token) pairs for gate‖up with silu·up, one for
     /// down; or the streaming cut); `h += mlp_sconv(combine)`, the combine with the gammas as the
-    /// conv's input (one dispatch).
+    /// conv's input (one dispatch). Where each runs as one GEMV dispatch (the decode), the router
+    /// runs beside the shared gate_up and the shared down beside the routed gate_up, each pair as
+    /// one dispatch ([`crate::gpu::linear::gemv_pair`]).
     fn moe_block(&self, li: usize, moe: &MoeMlp) -> Result<Block> {
         let (gpu, a, t, hid) = (self.gpu, &self.res.acts, self.t, self.hid);
         let MoeMlp {
@@ -417,66 +426,118 @@ impl Recipe<'_> {
             inter,
             ..
         } = moe;
+        let opts = &self.res.linear;
         let ns = shared.as_ref().map_or(0, |s| s.n as u32);
         let xn = &a.xn;
         let mut b = Block::new(Phase::Router, Some(li));
         let router_args = self.dense(xn, &a.router_logits);
-        b.push(router.call(gpu, router_args, &self.res.linear, "router")?);
-        b.push(
-            RouterShape {
-                tokens: t,
-                n_routed: self.cfg.n_routed_experts as u32,
-                n_shared: ns,
-                top_k: *top_k,
-                scale: *scale,
-            }
-            .bind_checked(
-                gpu,
-                &a.router_logits,
-                bias,
-                &a.pairs,
-                &a.gammas,
-                &a.shared_gammas,
-                (&a.argmax, &self.res.pos.buffer),
-                li as u32,
-            )?,
-        );
-        if let Some(sh) = shared {
-            b.phase(Phase::Shared);
-            let io = FfnIo {
-                x: xn,
-                tokens: t,
-                pairs: &a.shared_pairs,
-                n_pairs: t * ns,
-                gu: &a.gu,
-                act: &a.act,
-                y: &a.y_shared,
-                linear: &self.res.linear,
-            };
-            let ops = ["shared gate_up", "shared down"];
-            for c in ffn_calls(gpu, sh, *inter, io, ops)? {
-                b.push(c);
-            }
+        let top_k_call = RouterShape {
+            tokens: t,
+            n_routed: self.cfg.n_routed_experts as u32,
+            n_shared: ns,
+            top_k: *top_k,
+            scale: *scale,
         }
-        b.phase(Phase::Routed);
-        match routed {
-            Some(routed) => {
-                let io = FfnIo {
-                    x: xn,
-                    tokens: t,
-                    pairs: &a.pairs,
-                    n_pairs: t * top_k,
-                    gu: &a.gu,
-                    act: &a.act,
-                    y: &a.y_routed,
-                    linear: &self.res.linear,
+        .bind_checked(
+            gpu,
+            &a.router_logits,
+            bias,
+            &a.pairs,
+            &a.gammas,
+            &a.shared_gammas,
+            (&a.argmax, &self.res.pos.buffer),
+            li as u32,
+        )?;
+        let shared_io = FfnIo {
+            x: xn,
+            tokens: t,
+            pairs: &a.shared_pairs,
+            n_pairs: t * ns,
+            gu: &a.gu,
+            act: &a.act_shared,
+            y: &a.y_shared,
+            linear: opts,
+        };
+        let routed_io = FfnIo {
+            pairs: &a.pairs,
+            n_pairs: t * top_k,
+            act: &a.act,
+            y: &a.y_routed,
+            ..shared_io
+        };
+        // router ∥ shared gate_up (with its silu·up epilogue)
+        let shared_gu = shared
+            .as_ref()
+            .map(|sh| (sh, shared_io.silu_args()))
+            .filter(|(sh, args)| sh.gate_up.w.silu_mul_fits(args, opts));
+        let first = match shared_gu {
+            Some((sh, args)) => Linear::pair_call(
+                gpu,
+                (router, router_args, opts),
+                (&sh.gate_up, args, opts),
+                "router ∥ shared gate_up",
+            )?,
+            None => None,
+        };
+        let shared_down_left = first.is_some();
+        match first {
+            Some(c) => b.push(c),
+            None => b.push(router.call(gpu, router_args, opts, "router")?),
+        }
+        b.push(top_k_call);
+        let ops = ["shared gate_up", "shared down"];
+        let mut routed_done = false;
+        match shared {
+            Some(sh) if shared_down_left => {
+                // shared down ∥ routed gate_up
+                b.phase(Phase::Shared);
+                let down = shared_io.down_args();
+                let routed_gu = routed
+                    .as_ref()
+                    .map(|r| (r, routed_io.silu_args()))
+                    .filter(|(r, args)| r.gate_up.w.silu_mul_fits(args, opts));
+                let pair = match routed_gu {
+                    Some((r, args)) => Linear::pair_call(
+                        gpu,
+                        (&sh.down, down, opts),
+                        (&r.gate_up, args, opts),
+                        "shared down ∥ routed gate_up",
+                    )?,
+                    None => None,
                 };
-                let ops = ["routed gate_up", "routed down"];
-                for c in ffn_calls(gpu, routed, *inter, io, ops)? {
+                match pair {
+                    Some(c) => {
+                        b.phase(Phase::Routed);
+                        b.push(c);
+                        let r = routed.as_ref().expect("paired");
+                        b.push(
+                            r.down
+                                .call(gpu, routed_io.down_args(), opts, "routed down")?,
+                        );
+                        routed_done = true;
+                    }
+                    None => b.push(sh.down.call(gpu, down, opts, ops[1])?),
+                }
+            }
+            Some(sh) => {
+                b.phase(Phase::Shared);
+                for c in ffn_calls(gpu, sh, *inter, shared_io, ops)? {
                     b.push(c);
                 }
             }
-            None => b.nodes.push(Node::Routed { layer: li }),
+            None => {}
+        }
+        if !routed_done {
+            b.phase(Phase::Routed);
+            match routed {
+                Some(routed) => {
+                    let ops = ["routed gate_up", "routed down"];
+                    for c in ffn_calls(gpu, routed, *inter, routed_io, ops)? {
+                        b.push(c);
+                    }
+                }
+                None => b.nodes.push(Node::Routed { layer: li }),
+            }
         }
         b.phase(Phase::Other);
         let sh = shared.as_ref().map(|_| (&a.y_shared, &a.shared_gammas, ns));

@@ -3,6 +3,7 @@
 //! layer, the embedding table in binding-sized shards, and the activations of one chunk.
 use crate::formats::{Format, QMatrix};
 use crate::gpu::linear::args::{GemvArgs, NO_GAMMA};
+use crate::gpu::linear::gemv_pair;
 use crate::gpu::linear::route::LinearOptions;
 use crate::gpu::linear::slab::GpuWeights;
 use crate::gpu::ops::{attention_consts, AttentionShape, EmbedShard, FusedAttention, PosBuffer};
@@ -46,6 +47,37 @@ impl Linear {
             .with_context(|| format!("binding the {op} GEMV"))?;
         c.label.op = op;
         Ok(c)
+    }
+
+    /// GEMVs `a` and `b` (each over its linear, with its options) as one dispatch labelled `op`,
+    /// or `None` where they do not pair ([`gemv_pair::bind_pair`]; the caller then records each).
+    /// They must be independent: neither reads what the other writes.
+    pub fn pair_call(
+        gpu: &Gpu,
+        a: (&Linear, GemvArgs<'_>, &LinearOptions),
+        b: (&Linear, GemvArgs<'_>, &LinearOptions),
+        op: &'static str,
+    ) -> Result<Option<Call>> {
+        let pair = gemv_pair::bind_pair(
+            gpu,
+            gemv_pair::Half {
+                w: &a.0.w,
+                ordinal: a.0.ordinal,
+                args: a.1,
+                opts: a.2,
+            },
+            gemv_pair::Half {
+                w: &b.0.w,
+                ordinal: b.0.ordinal,
+                args: b.1,
+                opts: b.2,
+            },
+        )
+        .with_context(|| format!("binding the {op} GEMV pair"))?;
+        Ok(pair.map(|mut c| {
+            c.label.op = op;
+            c
+        }))
     }
 
     /// Weight + scale bytes of every expert of the slab.
@@ -277,8 +309,11 @@ pub(super) struct Activations {
     pub o: wgpu::Buffer,
     /// gate‖up outputs `[rows, 2I]` (dense, shared or routed; reused in turn).
     pub gu: wgpu::Buffer,
-    /// silu(gate)·up `[rows, I]`.
+    /// silu(gate)·up `[rows, I]` (dense or routed).
     pub act: wgpu::Buffer,
+    /// The shared experts' silu(gate)·up `[T·S, I]`: apart from `act`, so the shared down can
+    /// run beside the routed gate_up ([`crate::gpu::linear::gemv_pair`]).
+    pub act_shared: wgpu::Buffer,
     /// Routed down outputs `[T·top_k, H]`.
     pub y_routed: wgpu::Buffer,
     /// Shared down outputs `[T·S, H]`.
@@ -676,6 +711,7 @@ impl Activations {
             o: zeroed(gpu, "o", t * hid),
             gu: zeroed(gpu, "gate_up", t * wd.gu),
             act: zeroed(gpu, "act", t * wd.gu / 2 + 1),
+            act_shared: zeroed(gpu, "shared act", t * wd.gu / 2 + 1),
             y_routed: zeroed(gpu, "y_routed", t * wd.topk * hid),
             y_shared: zeroed(gpu, "y_shared", t * s.max(1) * hid),
             m: zeroed(gpu, "m", t * hid),

@@ -3,6 +3,7 @@
 pub mod adapter_features;
 pub mod gemm_parity;
 pub mod gemv_large;
+pub mod gemv_pair;
 pub mod gemv_parity;
 pub mod gemv_segments;
 pub mod gemv_silu;

@@ -6,6 +6,7 @@ use crate::ops_util::gpu;
 use inkling_wgpu::gpu::kernel::KernelSpec;
 use inkling_wgpu::gpu::linear::gemm::{GemmKey, SortKey};
 use inkling_wgpu::gpu::linear::gemv::GemvKey;
+use inkling_wgpu::gpu::linear::gemv_pair::GemvPairKey;
 use inkling_wgpu::gpu::variants;
 use inkling_wgpu::model::{Checkpoint, GpuModel, GpuModelOptions, Weights};
 use std::collections::HashSet;
@@ -49,6 +50,11 @@ fn a_model_builds_only_kernels_its_variant_list_holds() {
                 .iter()
                 .map(|k| KernelSpec::of(k).key),
         );
+        // a pair's pipeline is its two halves
+        let pairs = g.cache.keys::<GemvPairKey>();
+        for p in &pairs {
+            built.extend([p.a, p.b].iter().map(|k| KernelSpec::of(k).key));
+        }
         assert!(gemv > 0, "{name}: no GEMV pipeline was built");
         for k in &built {
             assert!(
@@ -57,8 +63,10 @@ fn a_model_builds_only_kernels_its_variant_list_holds() {
             );
         }
         eprintln!(
-            "{name}: {} pipelines of the linear layer built ({gemv} GEMV), {} kernels listed of {all}",
+            "{name}: {} pipelines of the linear layer built ({gemv} GEMV, {} GEMV pairs), {} kernels \
+             listed of {all}",
             built.len(),
+            pairs.len(),
             listed.len()
         );
     }
