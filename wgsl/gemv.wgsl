@@ -9,7 +9,8 @@
 // (subgroup reduction), XDIRECT (x read from global memory instead of staged), CHUNK1 (a second
 // weight chunk bound), SEGMENTS (the rows written to up to four output matrices, bindings 6 and
 // 9-11; see `write_y`), SILU (rows = gate rows then up rows; writes silu(gate)·up, see
-// `row_of_set`), UNIT_ARRAYS (the hot loop loads a step's units into arrays first) and
+// `row_of_set`), CONV (the short conv of wgsl/conv.wgsl on each row as a channel, added to Y;
+// bindings 7-9), UNIT_ARRAYS (the hot loop loads a step's units into arrays first) and
 // PREFETCH (it loads the next step while decoding this one). The preprocessor
 // (`kernel::preprocess_with`) also writes the decode functions of each bound weight chunk k
 // (`//!FOR k`: `unit_scales_k` and `unit_dot_k` over the chunk's arrays Wk and Sk),
@@ -32,6 +33,7 @@ struct Params {
     chunk1: vec4<u32>,        // the same for chunk 1 (empty ranges when one chunk is bound)
     row_blocks: vec4<u32>,    // x: row blocks of chunk 0, y: of chunk 1 (ceil(rows / ROWS_PER_WORKGROUP))
     seg_end: vec4<u32>,       // SEGMENTS: end row of output segments 0-3 (unused ones end at `rows`)
+    conv: vec4<u32>,          // CONV: x = kernel size K, y = 1: token t's slot is CSLOT[t].y (else CSLOT[0].y)
 }
 
 @group(0) @binding(0) var<uniform> prm: Params;
@@ -48,6 +50,11 @@ struct Params {
 //!IF CHUNK1
 @group(0) @binding(7) var<storage, read> W1: array<vec4<u32>>;
 @group(0) @binding(8) var<storage, read> S1: array<f32>;
+//!END
+//!IF CONV
+@group(0) @binding(7) var<storage, read> CW: array<f32>;
+@group(0) @binding(8) var<storage, read_write> CSTATE: array<f32>;
+@group(0) @binding(9) var<storage, read> CSLOT: array<vec4<u32>>;
 //!END
 //!IF SEGMENTS
 @group(0) @binding(9) var<storage, read_write> Y1: array<f32>;
@@ -72,9 +79,13 @@ const LANE_UNSCALE: vec4<f32> = vec4<f32>(1.0, 0.0625, 0.00390625, 0.00024414062
 // Partial sums for the reductions: ROWS_PER_THREAD rows per thread.
 var<workgroup> red: array<f32, 256u * ROWS_PER_THREAD>;
 
-//!IF SILU
-// The row sums of the workgroup's row block (gate half, then up half) for the epilogue.
+//!IF SILU || CONV
+// The row sums of the workgroup's row block (SILU: gate half, then up half) for the epilogue.
 var<workgroup> block_sums: array<f32, ROWS_PER_WORKGROUP>;
+//!END
+//!IF CONV
+// Largest short-conv kernel (wgsl/conv.wgsl's MAX_K).
+const MAX_K: u32 = 8u;
 //!END
 
 //!IF XDIRECT
@@ -169,7 +180,7 @@ fn write_y(p: u32, r: u32, v: f32) {
 // Where the row sum of row r (block-local row w) goes after the reduction: `write_y`, or with
 // SILU the workgroup's `block_sums` for the epilogue of `main`.
 fn out_row(p: u32, w: u32, r: u32, v: f32) {
-//!IF SILU
+//!IF SILU || CONV
     block_sums[w] = v;
 //!ELSE
     write_y(p, r, v);
@@ -516,6 +527,42 @@ fn gemv_body(lin: u32, li: u32, v: u32, sg_size: u32) {
             let gv = block_sums[j];
             let uv = block_sums[half + j];
             Y[p * prm.y_stride + prm.y_offset + gi] = gv / (1.0 + exp(-gv)) * uv;
+        }
+    }
+//!END
+//!IF CONV
+    // the epilogue: row r is channel r of token t; the causal depthwise short conv of
+    // wgsl/conv.wgsl over the channel's window (the slot's K-1 previous inputs, then this row's
+    // sum), the same f32 operations in the same order, added to Y (the residual h += conv); the
+    // window moves on by one
+    workgroupBarrier();
+    let conv_k = prm.conv.x;
+    let km1 = conv_k - 1u;
+    let slot = CSLOT[select(0u, t, prm.conv.y != 0u)].y;
+    let sb = slot * km1 * prm.rows;
+    for (var j = li; j < ROWS_PER_WORKGROUP; j += 256u) {
+        let c = ch.z + cblk * ROWS_PER_WORKGROUP + j;
+        if (in_chunk && c < ch.w) {
+            let xv = block_sums[j];
+            var win: array<f32, MAX_K>;
+            var s = 0.0;
+            for (var q = 0u; q < MAX_K; q++) {
+                if (q < km1) {
+                    win[q] = CSTATE[sb + q * prm.rows + c];
+                    s += CW[c * conv_k + q] * win[q];
+                } else if (q == km1) {
+                    s += CW[c * conv_k + q] * xv;
+                }
+            }
+            let yi = p * prm.y_stride + prm.y_offset + c;
+            Y[yi] += xv + s;
+            for (var q = 0u; q + 1u < MAX_K; q++) {
+                if (q + 1u < km1) {
+                    CSTATE[sb + q * prm.rows + c] = win[q + 1u];
+                } else if (q + 1u == km1) {
+                    CSTATE[sb + q * prm.rows + c] = xv;
+                }
+            }
         }
     }
 //!END

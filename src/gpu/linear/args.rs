@@ -105,7 +105,30 @@ pub struct GemvArgs<'a> {
     pub segments: &'a [(u32, &'a wgpu::Buffer)],
     /// Write `silu(gate)·up` of the two row halves instead of the rows ([`GemvArgs::silu_mul`]).
     pub silu_mul: bool,
+    /// The short-conv epilogue ([`GemvArgs::conv`]).
+    pub conv: Option<ConvEpilogue<'a>>,
 }
+
+/// The short-conv epilogue of a dense GEMV ([`GemvArgs::conv`]): row r of token t is channel r of
+/// the causal depthwise short conv of `wgsl/conv.wgsl` (Inkling's ShortConvolution with the
+/// residual inside), `y[t, r] += x_r + Σ_{k<K} w[r, k] · window_k`, the window being the slot's
+/// K−1 previous inputs of channel r then `x_r` (this row's sum); the slot's state moves on by one.
+#[derive(Clone, Copy, Debug)]
+pub struct ConvEpilogue<'a> {
+    /// Conv weights `[O, K]` f32.
+    pub w: &'a wgpu::Buffer,
+    /// Conv states `[slots, K−1, O]` f32 (oldest input first).
+    pub state: &'a wgpu::Buffer,
+    /// `[pos, slot, 0, 0]` u32 entries: one per token when `per_token` (a decode batch, slots
+    /// distinct), else one for every token (the chunk's); bound as storage.
+    pub slots: &'a wgpu::Buffer,
+    pub per_token: bool,
+    /// Kernel size K, 2 to [`MAX_CONV_KERNEL`].
+    pub kernel: u32,
+}
+
+/// Largest short-conv kernel of the epilogue (`MAX_K` of `wgsl/gemv.wgsl` and `wgsl/conv.wgsl`).
+pub const MAX_CONV_KERNEL: u32 = 8;
 
 impl<'a> GemvArgs<'a> {
     /// Packed x and y, no gamma, automatic reduction.
@@ -133,7 +156,16 @@ impl<'a> GemvArgs<'a> {
             gemm: GemmChoice::Auto,
             segments: &[],
             silu_mul: false,
+            conv: None,
         }
+    }
+    /// Run the short conv of `c` on every output row as a channel and add it to `y` instead of
+    /// writing the rows ([`ConvEpilogue`]): a dense GEMV (one expert, pairs `(0, t)` with p = t)
+    /// of one token per slot (one token, or a decode batch with `per_token`), always the GEMV,
+    /// one weight chunk, no segments, no gamma, no silu·up ([`GpuWeights::conv_fits`]).
+    pub fn conv(mut self, c: ConvEpilogue<'a>) -> Self {
+        self.conv = Some(c);
+        self
     }
     /// The rows are gate rows `[0, O/2)` then up rows `[O/2, O)` of a SwiGLU; write
     /// `silu(gate_i)·up_i` (the `silu_mul` of `wgsl/elementwise.wgsl`, same f32 expression) as
@@ -232,6 +264,9 @@ impl GpuWeights {
         if args.silu_mul {
             self.check_silu_mul(args)?;
         }
+        if let Some(c) = &args.conv {
+            self.check_conv(args, c)?;
+        }
         let o_written = if args.silu_mul { o / 2 } else { o };
         if !args.segments.is_empty() {
             check_segments(args, o)?;
@@ -289,6 +324,53 @@ impl GpuWeights {
                 "needs an even row count ({}) and weight chunks of whole experts",
                 self.rows()
             ));
+        }
+        Ok(())
+    }
+}
+
+impl GpuWeights {
+    /// [`DispatchError::Shape`] unless `args` can take the epilogue `c` here (see
+    /// [`GemvArgs::conv`]) with buffers large enough for it.
+    pub(crate) fn check_conv(
+        &self,
+        args: &GemvArgs,
+        c: &ConvEpilogue,
+    ) -> Result<(), DispatchError> {
+        let bad = |m: String| Err(DispatchError::Shape(format!("short-conv epilogue: {m}")));
+        let o = self.rows() as u64;
+        if !args.segments.is_empty() || args.silu_mul || args.gamma.is_some() {
+            return bad("no output segments, silu·up or gamma with it".into());
+        }
+        if self.experts() != 1 || self.chunks().len() != 1 || args.x_per_pair {
+            return bad(format!(
+                "a dense GEMV of one weight chunk ({} experts in {} chunks)",
+                self.experts(),
+                self.chunks().len()
+            ));
+        }
+        if args.n_pairs != args.tokens || (args.tokens > 1 && !c.per_token) {
+            return bad(format!(
+                "one token per slot: {} pairs of {} tokens, per-token slots {}",
+                args.n_pairs, args.tokens, c.per_token
+            ));
+        }
+        if !(2..=MAX_CONV_KERNEL).contains(&c.kernel) {
+            return bad(format!("kernel size {} (2 to {MAX_CONV_KERNEL})", c.kernel));
+        }
+        let k = c.kernel as u64;
+        let slots = if c.per_token { args.tokens as u64 } else { 1 };
+        for (name, buf, need) in [
+            ("weights", c.w, 4 * o * k),
+            ("state", c.state, 4 * o * (k - 1)),
+            ("slots", c.slots, 16 * slots),
+        ] {
+            if buf.size() < need {
+                return bad(format!(
+                    "{name} buffer has {} bytes, needs {need}",
+                    buf.size()
+                ));
+            }
         }
         Ok(())
     }

@@ -78,6 +78,7 @@ pub struct GemvParams {
     chunk1: [u32; 4],
     row_blocks: [u32; 4],
     seg_end: [u32; 4],
+    conv: [u32; 4],
 }
 
 /// Size of the uniform block.
@@ -226,6 +227,7 @@ pub fn wgsl_instantiation(key: &GemvKey, entry: bool) -> String {
         chunks,
         segments,
         silu,
+        conv,
     } = *key;
     assert!(
         chunks == 1 || chunks == 2,
@@ -233,7 +235,7 @@ pub fn wgsl_instantiation(key: &GemvKey, entry: bool) -> String {
     );
     let xt = if direct { 0 } else { xt };
     let header = format!(
-        "{} ({}, {}, {chunks} weight chunk(s){}{}), threads per row {} rows per thread {} x tile {xt}",
+        "{} ({}, {}, {chunks} weight chunk(s){}{}{}), threads per row {} rows per thread {} x tile {xt}",
         enc.spelling(),
         if subgroups {
             "subgroup reduction"
@@ -243,6 +245,7 @@ pub fn wgsl_instantiation(key: &GemvKey, entry: bool) -> String {
         if direct { "direct x" } else { "staged x" },
         if segments { ", output segments" } else { "" },
         if silu { ", silu·up epilogue" } else { "" },
+        if conv { ", short-conv epilogue" } else { "" },
         t.tpr,
         t.rpt,
     );
@@ -255,6 +258,7 @@ pub fn wgsl_instantiation(key: &GemvKey, entry: bool) -> String {
             ("CHUNK1", chunks == 2),
             ("SEGMENTS", segments),
             ("SILU", silu),
+            ("CONV", conv),
             ("UNIT_ARRAYS", row(enc.format).quantised),
             ("PREFETCH", prefetch(enc.format, t, xt)),
             ("ENTRY", entry),
@@ -282,6 +286,9 @@ pub struct GemvKey {
     pub segments: bool,
     /// The silu·up epilogue (`SILU`, [`GemvArgs::silu_mul`]).
     pub silu: bool,
+    /// The short-conv epilogue (`CONV`, [`GemvArgs::conv`]: bindings 7-9; one chunk, no
+    /// segments).
+    pub conv: bool,
 }
 
 impl GemvKey {
@@ -296,7 +303,13 @@ impl GemvKey {
             chunks: 1,
             segments: false,
             silu: false,
+            conv: false,
         }
+    }
+
+    /// The same instantiation with or without the short-conv epilogue.
+    pub fn with_conv(self, conv: bool) -> GemvKey {
+        GemvKey { conv, ..self }
     }
 
     /// The same instantiation with or without the silu·up epilogue.
@@ -315,9 +328,21 @@ impl GemvKey {
     }
 
     /// Storage buffers of its bind-group layout: 6, plus 2 for a second weight chunk, plus 3
-    /// for output segments.
+    /// for output segments, plus 3 for the short-conv epilogue.
     pub fn storage_buffers(&self) -> u32 {
-        6 + if self.chunks == 2 { 2 } else { 0 } + if self.segments { 3 } else { 0 }
+        6 + if self.chunks == 2 { 2 } else { 0 }
+            + if self.segments { 3 } else { 0 }
+            + if self.conv { 3 } else { 0 }
+    }
+
+    /// Workgroup-memory bytes of this instantiation.
+    pub fn workgroup_bytes(&self) -> u64 {
+        staged_bytes(
+            self.enc.format,
+            self.tuning,
+            self.xt,
+            self.silu || self.conv,
+        )
     }
 }
 
@@ -325,7 +350,7 @@ impl std::fmt::Display for GemvKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "gemv:{}:{}:{}x{}:{}:{}:c{}{}{}",
+            "gemv:{}:{}:{}x{}:{}:{}:c{}{}{}{}",
             self.enc.spelling(),
             if self.subgroups { "sg" } else { "smem" },
             self.tuning.tpr,
@@ -334,7 +359,8 @@ impl std::fmt::Display for GemvKey {
             self.xt,
             self.chunks,
             if self.segments { ":seg" } else { "" },
-            if self.silu { ":silu" } else { "" }
+            if self.silu { ":silu" } else { "" },
+            if self.conv { ":conv" } else { "" }
         )
     }
 }
@@ -356,6 +382,9 @@ impl Kernel for GemvKey {
         }
         if self.segments {
             v.extend((9..=11).map(|b| (b, Bind::Write)));
+        }
+        if self.conv {
+            v.extend([(7, Bind::Read), (8, Bind::Write), (9, Bind::Read)]);
         }
         v
     }
@@ -456,11 +485,13 @@ pub fn planned(
     // one dispatch per pair of weight chunks (the last one alone when their count is odd)
     for (group, plan) in w.chunks().chunks(2).zip(plans) {
         let rows_of = |c: &WeightChunk| c.r1 - c.r0;
-        let xt = x_tile(enc.format, plan.tuning, w.cols(), smem, args.silu_mul);
+        let epilogue = args.silu_mul || args.conv.is_some();
+        let xt = x_tile(enc.format, plan.tuning, w.cols(), smem, epilogue);
         let key = GemvKey::new(enc, subgroups, plan.tuning, xt, plan.direct)
             .with_chunks(group.len() as u32)
             .with_segments(segmented)
-            .with_silu(args.silu_mul);
+            .with_silu(args.silu_mul)
+            .with_conv(args.conv.is_some());
         let rpw = plan.tuning.rows_per_workgroup();
         let range = |c: Option<&WeightChunk>| c.map_or([0; 4], |c| [c.e0, c.e1, c.r0, c.r1]);
         let blocks = |c: Option<&WeightChunk>| c.map_or(0, |c| rows_of(c).div_ceil(rpw));
@@ -483,6 +514,9 @@ pub fn planned(
             chunk1: range(c1),
             row_blocks: [blocks(c0), blocks(c1), 0, 0],
             seg_end,
+            conv: args
+                .conv
+                .map_or([0; 4], |c| [c.kernel, c.per_token as u32, 0, 0]),
         };
         let mut buffers = vec![
             (1, group[0].weights.clone()),
@@ -496,6 +530,9 @@ pub fn planned(
             buffers.extend([(7, c.weights.clone()), (8, c.scales.clone())]);
         }
         buffers.extend((9..).zip(extra_outputs.iter().map(|&y| y.clone())));
+        if let Some(c) = &args.conv {
+            buffers.extend([(7, c.w.clone()), (8, c.state.clone()), (9, c.slots.clone())]);
+        }
         let workgroups = args.n_pairs as u64 * n_blocks as u64;
         if workgroups > 0 {
             out.push(Planned {
@@ -621,23 +658,26 @@ fn kernels_where(
     let mut v = Vec::new();
     for &enc in encs {
         for sg in [false, true].into_iter().filter(|&sg| !sg || subgroups) {
+            // (weight chunks, output segments, silu·up, short conv)
             let variants = [
-                (1, false, false),
-                (2, false, false),
-                (1, true, false),
-                (1, false, true),
-                (2, false, true),
+                (1, false, false, false),
+                (2, false, false, false),
+                (1, true, false, false),
+                (1, false, true, false),
+                (2, false, true, false),
+                (1, false, false, true),
             ];
-            for (chunks, segs, silu) in variants {
+            for (chunks, segs, silu, conv) in variants {
                 let key = |t, xt, direct| {
                     GemvKey::new(enc, sg, t, xt, direct)
                         .with_chunks(chunks)
                         .with_segments(segs)
                         .with_silu(silu)
+                        .with_conv(conv)
                 };
                 let usable = |t: &&Tuning| !silu || silu_tuning(**t);
                 for &t in candidates(enc.format).iter().filter(usable) {
-                    for xt in xts(enc, t, silu) {
+                    for xt in xts(enc, t, silu || conv) {
                         v.push(KernelSpec::of(&key(t, xt, false)));
                     }
                 }

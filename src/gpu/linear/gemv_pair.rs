@@ -31,7 +31,7 @@ use crate::gpu::kernel::{self, Bind, Kernel, KernelSpec};
 use crate::gpu::linear::args::GemvArgs;
 use crate::gpu::linear::format::kernel_encodings;
 use crate::gpu::linear::gemv::{
-    self, params_entry, staged_bytes, workgroup_grid, GemvKey, GemvParams, Planned, PARAMS_BYTES,
+    self, params_entry, workgroup_grid, GemvKey, GemvParams, Planned, PARAMS_BYTES,
 };
 use crate::gpu::linear::route::{self, direct_candidates, silu_tuning, tuning, LinearOptions};
 use crate::gpu::linear::slab::GpuWeights;
@@ -63,13 +63,8 @@ impl GemvPairKey {
 
     /// Workgroup-memory bytes: both halves'.
     pub fn workgroup_bytes(&self) -> u64 {
-        half_bytes(&self.a) + half_bytes(&self.b)
+        self.a.workgroup_bytes() + self.b.workgroup_bytes()
     }
-}
-
-/// Workgroup-memory bytes of one half.
-fn half_bytes(k: &GemvKey) -> u64 {
-    staged_bytes(k.enc.format, k.tuning, k.xt, k.silu)
 }
 
 impl Kernel for GemvPairKey {
@@ -198,7 +193,7 @@ fn module_names(src: &str) -> HashSet<String> {
         let mut rest = line.trim_start();
         while let Some(r) = rest.strip_prefix('@') {
             // an attribute `@name(...)` or `@name`
-            let end = r.find(|c: char| c == ' ' || c == '(').unwrap_or(r.len());
+            let end = r.find([' ', '(']).unwrap_or(r.len());
             rest = &r[end..];
             if let Some(r2) = rest.strip_prefix('(') {
                 rest = &r2[r2.find(')').map_or(r2.len(), |k| k + 1)..];

@@ -213,6 +213,18 @@ impl GpuWeights {
         };
         select(self, &plain, opts).is_none() && self.check_silu_mul(args).is_ok()
     }
+
+    /// Whether `args` over these weights under `opts` can take its short-conv epilogue
+    /// ([`GemvArgs::conv`]): the call runs as the GEMV anyway, in one dispatch, and
+    /// [`GpuWeights::check_conv`] passes.
+    pub fn conv_fits(&self, args: &GemvArgs, opts: &LinearOptions) -> bool {
+        let plain = GemvArgs {
+            conv: None,
+            ..*args
+        };
+        select(self, &plain, opts).is_none()
+            && args.conv.is_some_and(|c| self.check_conv(args, &c).is_ok())
+    }
 }
 
 /// Fewest pairs per used expert (`P / min(E, P)`; the tokens of a dense linear) for which
@@ -285,12 +297,13 @@ pub fn route(weights: &GpuWeights, args: &GemvArgs<'_>, opts: &LinearOptions) ->
 fn select(weights: &GpuWeights, args: &GemvArgs<'_>, opts: &LinearOptions) -> Option<Tile> {
     let e = weights.experts() as u32;
     let p = args.n_pairs;
-    // output segments and the silu·up epilogue are GEMV writes
+    // output segments and the silu·up and short-conv epilogues are GEMV writes
     if !supported(weights.encoding())
         || e > EMAX
         || p == 0
         || !args.segments.is_empty()
         || args.silu_mul
+        || args.conv.is_some()
     {
         return None;
     }

@@ -14,7 +14,7 @@ use super::resident::{
     DenseMlp, FfnSlab, Linear, MoeMlp, Projections, Resident, ResidentLayer, ResidentMlp,
     ATTN_SCONV, K_SCONV, MLP_SCONV, V_SCONV,
 };
-use crate::gpu::linear::args::GemvArgs;
+use crate::gpu::linear::args::{ConvEpilogue, GemvArgs};
 use crate::gpu::linear::route::{self, LinearOptions};
 use crate::gpu::ops::{
     Argmax, DivConst, EmbedNorm, FusedAttention, FusedAttentionIo, MulConst, RmsNorm, RouterShape,
@@ -365,8 +365,26 @@ impl Recipe<'_> {
                 b.push(c);
             }
         }
-        b.push(l.o.call(gpu, self.dense(&a.attn, &a.o), &self.res.linear, "o_proj")?);
-        b.push(self.conv(li, ATTN_SCONV, hid, true, &a.o, &a.h)?);
+        // o_proj with the residual short conv as its epilogue where one token per slot runs
+        // it as one GEMV dispatch (the decode), else o_proj then the conv
+        let (slots, per_token) = match self.slot_of() {
+            SlotOf::Pos(p) => (&p.buffer, false),
+            SlotOf::Batch(seq) => (seq, true),
+        };
+        let conv = ConvEpilogue {
+            w: &l.conv_w[ATTN_SCONV],
+            state: &l.conv_state[ATTN_SCONV],
+            slots,
+            per_token,
+            kernel: self.kernel,
+        };
+        let fused = self.dense(&a.attn, &a.h).conv(conv);
+        if (t == 1 || self.batch) && l.o.w.conv_fits(&fused, &self.res.linear) {
+            b.push(l.o.call(gpu, fused, &self.res.linear, "o_proj+short_conv")?);
+        } else {
+            b.push(l.o.call(gpu, self.dense(&a.attn, &a.o), &self.res.linear, "o_proj")?);
+            b.push(self.conv(li, ATTN_SCONV, hid, true, &a.o, &a.h)?);
+        }
         b.phase(Phase::Other);
         b.push(RmsNorm::rows(t, hid, eps).bind(gpu, &a.h, &l.post_norm, &a.xn)?);
         Ok(b)

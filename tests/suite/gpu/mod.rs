@@ -2,6 +2,7 @@
 
 pub mod adapter_features;
 pub mod gemm_parity;
+pub mod gemv_conv;
 pub mod gemv_large;
 pub mod gemv_pair;
 pub mod gemv_parity;
