@@ -10,9 +10,7 @@
 // weight chunk bound), SEGMENTS (the rows written to up to four output matrices, bindings 6 and
 // 9-11; see `write_y`), SILU (rows = gate rows then up rows; writes silu(gate)·up, see
 // `row_of_set`), CONV (the short conv of wgsl/conv.wgsl on each row as a channel, added to Y;
-// bindings 7-9; with NORM_OUT also x = w ⊙ h of the next RMSNorm and Σ h² per row block,
-// bindings 10-12), NORM (that RMSNorm folded into this GEMV: x is w ⊙ h, the row sums are
-// scaled by its rsqrt(mean(h²) + eps) from those partial sums, binding 13), UNIT_ARRAYS (the hot loop loads a step's units into arrays first) and
+// bindings 7-9), UNIT_ARRAYS (the hot loop loads a step's units into arrays first) and
 // PREFETCH (it loads the next step while decoding this one). The preprocessor
 // (`kernel::preprocess_with`) also writes the decode functions of each bound weight chunk k
 // (`//!FOR k`: `unit_scales_k` and `unit_dot_k` over the chunk's arrays Wk and Sk),
@@ -36,7 +34,6 @@ struct Params {
     row_blocks: vec4<u32>,    // x: row blocks of chunk 0, y: of chunk 1 (ceil(rows / ROWS_PER_WORKGROUP))
     seg_end: vec4<u32>,       // SEGMENTS: end row of output segments 0-3 (unused ones end at `rows`)
     conv: vec4<u32>,          // CONV: x = kernel size K, y = 1: token t's slot is CSLOT[t].y (else CSLOT[0].y)
-    norm: vec4<u32>,          // NORM_OUT / NORM: x = partial sums per token, y = RMSNorm width, z = eps (f32 bits)
 }
 
 @group(0) @binding(0) var<uniform> prm: Params;
@@ -58,32 +55,6 @@ struct Params {
 @group(0) @binding(7) var<storage, read> CW: array<f32>;
 @group(0) @binding(8) var<storage, read_write> CSTATE: array<f32>;
 @group(0) @binding(9) var<storage, read> CSLOT: array<vec4<u32>>;
-//!END
-//!IF NORM_OUT
-@group(0) @binding(10) var<storage, read> NW: array<f32>;
-@group(0) @binding(11) var<storage, read_write> XW: array<f32>;
-@group(0) @binding(12) var<storage, read_write> NPART_OUT: array<f32>;
-//!END
-//!IF NORM
-@group(0) @binding(13) var<storage, read> NPART: array<f32>;
-//!END
-//!IF NORM_OUT || NORM
-// The sum over the workgroup of every thread's `v` (thread li's) for every thread, by a tree in
-// `red` (free outside the row reduction; the last barrier lets every thread read the sum before
-// `red` is written again). Workgroup-uniform control flow only.
-fn norm_sum(li: u32, v: f32) -> f32 {
-    red[li] = v;
-    workgroupBarrier();
-    for (var s = 128u; s > 0u; s >>= 1u) {
-        if (li < s) {
-            red[li] += red[li + s];
-        }
-        workgroupBarrier();
-    }
-    let total = red[0];
-    workgroupBarrier();
-    return total;
-}
 //!END
 //!IF SEGMENTS
 @group(0) @binding(9) var<storage, read_write> Y1: array<f32>;
@@ -436,15 +407,6 @@ fn gemv_body(lin: u32, li: u32, v: u32, sg_size: u32) {
         srow[rr] = local_row * prm.scales_per_row;
         acc[rr] = vec4<f32>(0.0);
     }
-//!IF NORM
-    // the RMSNorm of x's token folded in: x = w ⊙ h, and every row sum is scaled by
-    // rsqrt(mean(h²) + eps) (wgsl/norm.wgsl's formula), Σ h² from the producer's partial sums
-    // (loaded now, added after the hot loop)
-    var norm_sq = 0.0;
-    for (var j = li; j < prm.norm.x; j += 256u) {
-        norm_sq += NPART[t * prm.norm.x + j];
-    }
-//!END
     let xb = t * prm.x_stride + prm.x_offset;
     let n_units = (prm.cols + COLS_PER_UNIT - 1u) / COLS_PER_UNIT;
 //!IF XDIRECT
@@ -483,9 +445,6 @@ fn gemv_body(lin: u32, li: u32, v: u32, sg_size: u32) {
 //!END
         }
     }
-//!IF NORM
-    let inv_rms = inverseSqrt(norm_sum(li, norm_sq) / f32(prm.norm.y) + bitcast<f32>(prm.norm.z));
-//!END
     var sums: array<f32, ROWS_PER_THREAD>;
     for (var rr = 0u; rr < ROWS_PER_THREAD; rr++) {
         var a = acc[rr];
@@ -530,9 +489,6 @@ fn gemv_body(lin: u32, li: u32, v: u32, sg_size: u32) {
                     sum += red[(v / m + k) * ROWS_PER_THREAD + rr];
                 }
             }
-//!IF NORM
-            sum *= inv_rms;
-//!END
             if (wi != NONE && prm.use_gamma != 0u) {
                 sum *= GAMMA[wi];
             }
@@ -555,9 +511,6 @@ fn gemv_body(lin: u32, li: u32, v: u32, sg_size: u32) {
     if (lane == 0u) {
         for (var rr = 0u; rr < n_live; rr++) {
             var o = red[v * ROWS_PER_THREAD + rr];
-//!IF NORM
-            o *= inv_rms;
-//!END
             if (wi != NONE && prm.use_gamma != 0u) {
                 o *= GAMMA[wi];
             }
@@ -587,7 +540,6 @@ fn gemv_body(lin: u32, li: u32, v: u32, sg_size: u32) {
     let km1 = conv_k - 1u;
     let slot = CSLOT[select(0u, t, prm.conv.y != 0u)].y;
     let sb = slot * km1 * prm.rows;
-    var conv_sq = 0.0;
     for (var j = li; j < ROWS_PER_WORKGROUP; j += 256u) {
         let c = ch.z + cblk * ROWS_PER_WORKGROUP + j;
         if (in_chunk && c < ch.w) {
@@ -603,13 +555,7 @@ fn gemv_body(lin: u32, li: u32, v: u32, sg_size: u32) {
                 }
             }
             let yi = p * prm.y_stride + prm.y_offset + c;
-            let hn = Y[yi] + (xv + s);
-            Y[yi] = hn;
-//!IF NORM_OUT
-            // the next RMSNorm's x = w ⊙ h and this block's share of Σ h²
-            XW[p * prm.rows + c] = NW[c] * hn;
-            conv_sq += hn * hn;
-//!END
+            Y[yi] += xv + s;
             for (var q = 0u; q + 1u < MAX_K; q++) {
                 if (q + 1u < km1) {
                     CSTATE[sb + q * prm.rows + c] = win[q + 1u];
@@ -619,12 +565,5 @@ fn gemv_body(lin: u32, li: u32, v: u32, sg_size: u32) {
             }
         }
     }
-//!IF NORM_OUT
-    // one partial sum per (token, row block): NPART_OUT[p * norm.x + block]
-    let block_sq = norm_sum(li, conv_sq);
-    if (li == 0u && in_chunk) {
-        NPART_OUT[p * prm.norm.x + cblk] = block_sq;
-    }
-//!END
 //!END
 }

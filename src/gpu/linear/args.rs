@@ -107,8 +107,6 @@ pub struct GemvArgs<'a> {
     pub silu_mul: bool,
     /// The short-conv epilogue ([`GemvArgs::conv`]).
     pub conv: Option<ConvEpilogue<'a>>,
-    /// The RMSNorm of x folded in ([`GemvArgs::rms_norm`]).
-    pub norm: Option<RowNorm<'a>>,
 }
 
 /// The short-conv epilogue of a dense GEMV ([`GemvArgs::conv`]): row r of token t is channel r of
@@ -127,35 +125,6 @@ pub struct ConvEpilogue<'a> {
     pub per_token: bool,
     /// Kernel size K, 2 to [`MAX_CONV_KERNEL`].
     pub kernel: u32,
-    /// The next RMSNorm's input, for GEMVs that fold it in ([`GemvArgs::rms_norm`]).
-    pub norm: Option<NormOut<'a>>,
-}
-
-/// What the short-conv epilogue writes for a following RMSNorm `xn = w ⊙ h · rsqrt(mean(h²) +
-/// eps)` (`wgsl/norm.wgsl`) folded into the GEMVs that read `xn` ([`RowNorm`]): `x = w ⊙ h` of
-/// the new residual and the sums of `h²` over each row block of the call.
-#[derive(Clone, Copy, Debug)]
-pub struct NormOut<'a> {
-    /// The norm's weights `[O]` f32.
-    pub w: &'a wgpu::Buffer,
-    /// `w ⊙ h` `[T, O]` f32.
-    pub xw: &'a wgpu::Buffer,
-    /// `[T, B]` f32: Σ h² over the O rows of row block b of token t, B the call's row blocks
-    /// ([`GpuWeights::row_blocks`]).
-    pub partials: &'a wgpu::Buffer,
-}
-
-/// An RMSNorm folded into a GEMV whose x is `w ⊙ h` ([`NormOut::xw`]): every row sum of the pair
-/// of token t is scaled by `rsqrt(Σ_b partials[t, b] / width + eps)` (the formula of
-/// `wgsl/norm.wgsl`), which equals the GEMV of the normed x.
-#[derive(Clone, Copy, Debug)]
-pub struct RowNorm<'a> {
-    /// [`NormOut::partials`] `[T, per_token]`.
-    pub partials: &'a wgpu::Buffer,
-    pub per_token: u32,
-    /// Elements of the normed row (H).
-    pub width: u32,
-    pub eps: f32,
 }
 
 /// Largest short-conv kernel of the epilogue (`MAX_K` of `wgsl/gemv.wgsl` and `wgsl/conv.wgsl`).
@@ -188,14 +157,7 @@ impl<'a> GemvArgs<'a> {
             segments: &[],
             silu_mul: false,
             conv: None,
-            norm: None,
         }
-    }
-    /// x is `w ⊙ h` of an RMSNorm and the rows are scaled by its `rsqrt(mean(h²) + eps)`
-    /// ([`RowNorm`]); always the GEMV.
-    pub fn rms_norm(mut self, n: RowNorm<'a>) -> Self {
-        self.norm = Some(n);
-        self
     }
     /// Run the short conv of `c` on every output row as a channel and add it to `y` instead of
     /// writing the rows ([`ConvEpilogue`]): a dense GEMV (one expert, pairs `(0, t)` with p = t)
@@ -305,18 +267,6 @@ impl GpuWeights {
         if let Some(c) = &args.conv {
             self.check_conv(args, c)?;
         }
-        if let Some(n) = &args.norm {
-            let need = 4 * args.tokens as u64 * n.per_token as u64;
-            if n.per_token == 0 || n.width == 0 || n.partials.size() < need {
-                return Err(DispatchError::Shape(format!(
-                    "folded RMSNorm: {} partial sums per token of width {} in a buffer of {} \
-                     bytes (needs {need})",
-                    n.per_token,
-                    n.width,
-                    n.partials.size()
-                )));
-            }
-        }
         let o_written = if args.silu_mul { o / 2 } else { o };
         if !args.segments.is_empty() {
             check_segments(args, o)?;
@@ -410,16 +360,11 @@ impl GpuWeights {
         }
         let k = c.kernel as u64;
         let slots = if c.per_token { args.tokens as u64 } else { 1 };
-        let t = args.tokens as u64;
-        let mut bufs = vec![
+        for (name, buf, need) in [
             ("weights", c.w, 4 * o * k),
             ("state", c.state, 4 * o * (k - 1)),
             ("slots", c.slots, 16 * slots),
-        ];
-        if let Some(n) = &c.norm {
-            bufs.extend([("norm weights", n.w, 4 * o), ("norm x", n.xw, 4 * t * o)]);
-        }
-        for (name, buf, need) in bufs {
+        ] {
             if buf.size() < need {
                 return bad(format!(
                     "{name} buffer has {} bytes, needs {need}",

@@ -79,7 +79,6 @@ pub struct GemvParams {
     row_blocks: [u32; 4],
     seg_end: [u32; 4],
     conv: [u32; 4],
-    norm: [u32; 4],
 }
 
 /// Size of the uniform block.
@@ -229,8 +228,6 @@ pub fn wgsl_instantiation(key: &GemvKey, entry: bool) -> String {
         segments,
         silu,
         conv,
-        norm_out,
-        norm,
     } = *key;
     assert!(
         chunks == 1 || chunks == 2,
@@ -238,7 +235,7 @@ pub fn wgsl_instantiation(key: &GemvKey, entry: bool) -> String {
     );
     let xt = if direct { 0 } else { xt };
     let header = format!(
-        "{} ({}, {}, {chunks} weight chunk(s){}{}{}{}{}), threads per row {} rows per thread {} x tile {xt}",
+        "{} ({}, {}, {chunks} weight chunk(s){}{}{}), threads per row {} rows per thread {} x tile {xt}",
         enc.spelling(),
         if subgroups {
             "subgroup reduction"
@@ -249,8 +246,6 @@ pub fn wgsl_instantiation(key: &GemvKey, entry: bool) -> String {
         if segments { ", output segments" } else { "" },
         if silu { ", silu·up epilogue" } else { "" },
         if conv { ", short-conv epilogue" } else { "" },
-        if norm_out { " with the next RMSNorm's input" } else { "" },
-        if norm { ", RMSNorm folded" } else { "" },
         t.tpr,
         t.rpt,
     );
@@ -264,8 +259,6 @@ pub fn wgsl_instantiation(key: &GemvKey, entry: bool) -> String {
             ("SEGMENTS", segments),
             ("SILU", silu),
             ("CONV", conv),
-            ("NORM_OUT", norm_out),
-            ("NORM", norm),
             ("UNIT_ARRAYS", row(enc.format).quantised),
             ("PREFETCH", prefetch(enc.format, t, xt)),
             ("ENTRY", entry),
@@ -296,11 +289,6 @@ pub struct GemvKey {
     /// The short-conv epilogue (`CONV`, [`GemvArgs::conv`]: bindings 7-9; one chunk, no
     /// segments).
     pub conv: bool,
-    /// With `conv`, the next RMSNorm's input and partial sums (`NORM_OUT`,
-    /// [`crate::gpu::linear::args::NormOut`]: bindings 10-12).
-    pub norm_out: bool,
-    /// An RMSNorm folded in (`NORM`, [`GemvArgs::rms_norm`]: binding 13).
-    pub norm: bool,
 }
 
 impl GemvKey {
@@ -316,19 +304,7 @@ impl GemvKey {
             segments: false,
             silu: false,
             conv: false,
-            norm_out: false,
-            norm: false,
         }
-    }
-
-    /// The same instantiation with or without the next RMSNorm's outputs (with `conv`).
-    pub fn with_norm_out(self, norm_out: bool) -> GemvKey {
-        GemvKey { norm_out, ..self }
-    }
-
-    /// The same instantiation with or without a folded RMSNorm.
-    pub fn with_norm(self, norm: bool) -> GemvKey {
-        GemvKey { norm, ..self }
     }
 
     /// The same instantiation with or without the short-conv epilogue.
@@ -357,8 +333,6 @@ impl GemvKey {
         6 + if self.chunks == 2 { 2 } else { 0 }
             + if self.segments { 3 } else { 0 }
             + if self.conv { 3 } else { 0 }
-            + if self.norm_out { 3 } else { 0 }
-            + if self.norm { 1 } else { 0 }
     }
 
     /// Workgroup-memory bytes of this instantiation.
@@ -376,7 +350,7 @@ impl std::fmt::Display for GemvKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "gemv:{}:{}:{}x{}:{}:{}:c{}{}{}{}{}{}",
+            "gemv:{}:{}:{}x{}:{}:{}:c{}{}{}{}",
             self.enc.spelling(),
             if self.subgroups { "sg" } else { "smem" },
             self.tuning.tpr,
@@ -386,9 +360,7 @@ impl std::fmt::Display for GemvKey {
             self.chunks,
             if self.segments { ":seg" } else { "" },
             if self.silu { ":silu" } else { "" },
-            if self.conv { ":conv" } else { "" },
-            if self.norm_out { ":normout" } else { "" },
-            if self.norm { ":norm" } else { "" }
+            if self.conv { ":conv" } else { "" }
         )
     }
 }
@@ -413,12 +385,6 @@ impl Kernel for GemvKey {
         }
         if self.conv {
             v.extend([(7, Bind::Read), (8, Bind::Write), (9, Bind::Read)]);
-        }
-        if self.norm_out {
-            v.extend([(10, Bind::Read), (11, Bind::Write), (12, Bind::Write)]);
-        }
-        if self.norm {
-            v.push((13, Bind::Read));
         }
         v
     }
@@ -525,9 +491,7 @@ pub fn planned(
             .with_chunks(group.len() as u32)
             .with_segments(segmented)
             .with_silu(args.silu_mul)
-            .with_conv(args.conv.is_some())
-            .with_norm_out(args.conv.is_some_and(|c| c.norm.is_some()))
-            .with_norm(args.norm.is_some());
+            .with_conv(args.conv.is_some());
         let rpw = plan.tuning.rows_per_workgroup();
         let range = |c: Option<&WeightChunk>| c.map_or([0; 4], |c| [c.e0, c.e1, c.r0, c.r1]);
         let blocks = |c: Option<&WeightChunk>| c.map_or(0, |c| rows_of(c).div_ceil(rpw));
@@ -553,11 +517,6 @@ pub fn planned(
             conv: args
                 .conv
                 .map_or([0; 4], |c| [c.kernel, c.per_token as u32, 0, 0]),
-            norm: match (args.norm, args.conv.and_then(|c| c.norm)) {
-                (Some(n), _) => [n.per_token, n.width, n.eps.to_bits(), 0],
-                (None, Some(_)) => [blocks(c0), o as u32, 0, 0],
-                (None, None) => [0; 4],
-            },
         };
         let mut buffers = vec![
             (1, group[0].weights.clone()),
@@ -573,24 +532,6 @@ pub fn planned(
         buffers.extend((9..).zip(extra_outputs.iter().map(|&y| y.clone())));
         if let Some(c) = &args.conv {
             buffers.extend([(7, c.w.clone()), (8, c.state.clone()), (9, c.slots.clone())]);
-            if let Some(n) = &c.norm {
-                let need = 4 * args.n_pairs as u64 * blocks(c0) as u64;
-                if n.partials.size() < need {
-                    return Err(DispatchError::Shape(format!(
-                        "short-conv epilogue: the RMSNorm's partial sums buffer has {} bytes, \
-                         needs {need}",
-                        n.partials.size()
-                    )));
-                }
-                buffers.extend([
-                    (10, n.w.clone()),
-                    (11, n.xw.clone()),
-                    (12, n.partials.clone()),
-                ]);
-            }
-        }
-        if let Some(n) = &args.norm {
-            buffers.push((13, n.partials.clone()));
         }
         let workgroups = args.n_pairs as u64 * n_blocks as u64;
         if workgroups > 0 {
@@ -717,30 +658,22 @@ fn kernels_where(
     let mut v = Vec::new();
     for &enc in encs {
         for sg in [false, true].into_iter().filter(|&sg| !sg || subgroups) {
-            // (weight chunks, output segments, silu·up, short conv, its norm outputs, a folded
-            // norm): the decode's o_proj has the conv and norm outputs, the router, the shared
-            // and the routed gate_up (one or two chunks) the folded norm
+            // (weight chunks, output segments, silu·up, short conv)
             let variants = [
-                (1, false, false, false, false, false),
-                (2, false, false, false, false, false),
-                (1, true, false, false, false, false),
-                (1, false, true, false, false, false),
-                (2, false, true, false, false, false),
-                (1, false, false, true, false, false),
-                (1, false, false, true, true, false),
-                (1, false, false, false, false, true),
-                (1, false, true, false, false, true),
-                (2, false, true, false, false, true),
+                (1, false, false, false),
+                (2, false, false, false),
+                (1, true, false, false),
+                (1, false, true, false),
+                (2, false, true, false),
+                (1, false, false, true),
             ];
-            for (chunks, segs, silu, conv, norm_out, norm) in variants {
+            for (chunks, segs, silu, conv) in variants {
                 let key = |t, xt, direct| {
                     GemvKey::new(enc, sg, t, xt, direct)
                         .with_chunks(chunks)
                         .with_segments(segs)
                         .with_silu(silu)
                         .with_conv(conv)
-                        .with_norm_out(norm_out)
-                        .with_norm(norm)
                 };
                 let usable = |t: &&Tuning| !silu || silu_tuning(**t);
                 for &t in candidates(enc.format).iter().filter(usable) {

@@ -39,8 +39,8 @@ use crate::gpu::Gpu;
 use std::collections::HashSet;
 
 /// The binding of half b's uniform; its other bindings follow at the same offset from its
-/// instantiation's (half a uses bindings 0-13 at most).
-pub const B_BINDINGS: u32 = 16;
+/// instantiation's (half a uses bindings 0-11 at most).
+pub const B_BINDINGS: u32 = 12;
 
 /// `gemv-pair[{a}|{b}]`: the pipeline of two GEMV instantiations in one dispatch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -257,7 +257,7 @@ pub fn bind_pair(gpu: &Gpu, a: Half<'_>, b: Half<'_>) -> Result<Option<Call>, Di
         && key.storage_buffers() <= l.max_storage_buffers_per_shader_stage
         && 2 <= l.max_uniform_buffers_per_shader_stage
         && key.workgroup_bytes() <= l.max_compute_workgroup_storage_size as u64
-        && B_BINDINGS + 13 < l.max_bindings_per_bind_group;
+        && B_BINDINGS + 11 < l.max_bindings_per_bind_group;
     if !fits {
         return Ok(None);
     }

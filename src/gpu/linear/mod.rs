@@ -35,9 +35,7 @@ use crate::gpu::call::Call;
 use crate::gpu::dispatch::DispatchError;
 use crate::gpu::Gpu;
 
-pub use args::{
-    ConvEpilogue, GemmChoice, GemvArgs, NormOut, Reduction, RowNorm, Tile, MAX_SEGMENTS, NO_GAMMA,
-};
+pub use args::{ConvEpilogue, GemmChoice, GemvArgs, Reduction, Tile, MAX_SEGMENTS, NO_GAMMA};
 pub use format::{kernel_encodings, Tuning};
 pub use oneshot::{gemv_pairs, gemv_pairs_with};
 pub use route::{route, LinearOptions, Plan, Route};

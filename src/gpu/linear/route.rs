@@ -214,13 +214,6 @@ impl GpuWeights {
         select(self, &plain, opts).is_none() && self.check_silu_mul(args).is_ok()
     }
 
-    /// Row blocks of the one GEMV dispatch of `args` under `opts` (the partial sums per token
-    /// a [`crate::gpu::linear::args::NormOut`] writes): `ceil(O / rows per workgroup)`.
-    pub fn row_blocks(&self, args: &GemvArgs, opts: &LinearOptions) -> u32 {
-        let rpw = self.plans(args, opts)[0].tuning.rows_per_workgroup();
-        (self.rows() as u32).div_ceil(rpw)
-    }
-
     /// Whether `args` over these weights under `opts` can take its short-conv epilogue
     /// ([`GemvArgs::conv`]): the call runs as the GEMV anyway, in one dispatch, and
     /// [`GpuWeights::check_conv`] passes.
@@ -311,7 +304,6 @@ fn select(weights: &GpuWeights, args: &GemvArgs<'_>, opts: &LinearOptions) -> Op
         || !args.segments.is_empty()
         || args.silu_mul
         || args.conv.is_some()
-        || args.norm.is_some()
     {
         return None;
     }

@@ -14,9 +14,8 @@ use super::resident::{
     DenseMlp, FfnSlab, Linear, MoeMlp, Projections, Resident, ResidentLayer, ResidentMlp,
     ATTN_SCONV, K_SCONV, MLP_SCONV, V_SCONV,
 };
-use crate::gpu::linear::args::{ConvEpilogue, GemvArgs, NormOut, RowNorm};
+use crate::gpu::linear::args::{ConvEpilogue, GemvArgs};
 use crate::gpu::linear::route::{self, LinearOptions};
-use crate::gpu::linear::slab::GpuWeights;
 use crate::gpu::ops::{
     Argmax, DivConst, EmbedNorm, FusedAttention, FusedAttentionIo, MulConst, RmsNorm, RouterShape,
     ShortConvKernel, SiluMul, SiluMulLayout, SlotOf, SplitColumns,
@@ -257,23 +256,12 @@ pub(super) struct FfnIo<'b> {
     pub y: &'b wgpu::Buffer,
     /// How the two GEMVs are built.
     pub linear: &'b LinearOptions,
-    /// x's RMSNorm folded into the gate_up GEMV ([`Recipe::post_norm`]).
-    pub norm: Option<RowNorm<'b>>,
 }
 
 impl<'b> FfnIo<'b> {
     /// The gate_up GEMV with its silu·up epilogue into `act` `[P, I]`.
     fn silu_args(&self) -> GemvArgs<'b> {
-        let a = GemvArgs::new(self.x, self.tokens, self.pairs, self.n_pairs, self.act);
-        self.normed(a.silu_mul(true))
-    }
-
-    /// `a` with x's folded RMSNorm, if any.
-    fn normed(&self, a: GemvArgs<'b>) -> GemvArgs<'b> {
-        match self.norm {
-            Some(n) => a.rms_norm(n),
-            None => a,
-        }
+        GemvArgs::new(self.x, self.tokens, self.pairs, self.n_pairs, self.act).silu_mul(true)
     }
 
     /// The down GEMV: pair p reads activation row p of `act`, writes row p of `y`.
@@ -297,7 +285,7 @@ pub(super) fn ffn_calls(
 ) -> Result<Vec<Call>> {
     let np = io.n_pairs;
     let down = |gpu| slab.down.call(gpu, io.down_args(), io.linear, ops[1]);
-    let args = io.normed(GemvArgs::new(io.x, io.tokens, io.pairs, np, io.gu));
+    let args = GemvArgs::new(io.x, io.tokens, io.pairs, np, io.gu);
     if slab.gate_up.w.silu_mul_fits(&args, io.linear) {
         // the GEMV's silu·up epilogue writes `act` (BENCHMARKS.md#decision-silu-epilogue)
         let args = io.silu_args();
@@ -378,43 +366,10 @@ impl Recipe<'_> {
             }
         }
         // o_proj with the residual short conv as its epilogue where one token per slot runs
-        // it as one GEMV dispatch (the decode), else o_proj then the conv; the post-attention
-        // norm folded into the MoE GEMVs where they take it, else its own dispatch
-        match self.o_proj_conv(li, true) {
-            Some(fused) => {
-                let label = if self.post_norm(li).is_some() {
-                    "o_proj+short_conv+norm input"
-                } else {
-                    "o_proj+short_conv"
-                };
-                b.push(l.o.call(gpu, fused, &self.res.linear, label)?);
-            }
-            None => {
-                b.push(l.o.call(gpu, self.dense(&a.attn, &a.o), &self.res.linear, "o_proj")?);
-                b.push(self.conv(li, ATTN_SCONV, hid, true, &a.o, &a.h)?);
-            }
-        }
-        if self.post_norm(li).is_none() {
-            b.phase(Phase::Other);
-            b.push(RmsNorm::rows(t, hid, eps).bind(gpu, &a.h, &l.post_norm, &a.xn)?);
-        }
-        Ok(b)
-    }
-
-    /// Layer `li`'s o_proj with the residual short conv as its epilogue (`h += conv(attn·Wo)`)
-    /// and, when `norm` and [`Recipe::post_norm`] folds the post-attention norm, that norm's
-    /// input `xn = w ⊙ h` and partial sums; `None` where it does not run as one GEMV (a prefill
-    /// chunk, or a call the GEMM takes).
-    fn o_proj_conv(&self, li: usize, norm: bool) -> Option<GemvArgs<'_>> {
-        let (a, l) = (&self.res.acts, &self.res.layers[li]);
+        // it as one GEMV dispatch (the decode), else o_proj then the conv
         let (slots, per_token) = match self.slot_of() {
             SlotOf::Pos(p) => (&p.buffer, false),
             SlotOf::Batch(seq) => (seq, true),
-        };
-        let norm_out = NormOut {
-            w: &l.post_norm,
-            xw: &a.xn,
-            partials: &a.norm_partials,
         };
         let conv = ConvEpilogue {
             w: &l.conv_w[ATTN_SCONV],
@@ -422,46 +377,17 @@ impl Recipe<'_> {
             slots,
             per_token,
             kernel: self.kernel,
-            norm: (norm && self.post_norm(li).is_some()).then_some(norm_out),
         };
-        let args = self.dense(&a.attn, &a.h).conv(conv);
-        ((self.t == 1 || self.batch) && l.o.w.conv_fits(&args, &self.res.linear)).then_some(args)
-    }
-
-    /// The post-attention RMSNorm of layer `li` folded into the GEMVs that read `xn` (the
-    /// router, the shared and the routed gate_up; `xn` then holds `w ⊙ h`), where o_proj runs
-    /// the conv epilogue and every one of them runs as the GEMV: a MoE layer with resident
-    /// routed experts; `None` elsewhere (its RMSNorm dispatch runs).
-    fn post_norm(&self, li: usize) -> Option<RowNorm<'_>> {
-        let (a, opts) = (&self.res.acts, &self.res.linear);
-        let ResidentMlp::Moe(moe) = &self.res.layers[li].mlp else {
-            return None;
-        };
-        let routed = moe.routed.as_ref()?;
-        let conv = self.o_proj_conv(li, false)?;
-        let t = self.t;
-        let gemv = |w: &GpuWeights, args: &GemvArgs| {
-            matches!(route::route(w, args, opts), route::Route::Gemv(_))
-        };
-        let silu = |pairs, n_pairs| GemvArgs::new(&a.xn, t, pairs, n_pairs, &a.act).silu_mul(true);
-        let shared_ok = moe.shared.as_ref().is_none_or(|sh| {
-            let ns = sh.n as u32;
-            sh.gate_up
-                .w
-                .silu_mul_fits(&silu(&a.shared_pairs, t * ns), opts)
-        });
-        let ok = gemv(&moe.router.w, &self.dense(&a.xn, &a.router_logits))
-            && shared_ok
-            && routed
-                .gate_up
-                .w
-                .silu_mul_fits(&silu(&a.pairs, t * moe.top_k), opts);
-        ok.then(|| RowNorm {
-            partials: &a.norm_partials,
-            per_token: self.res.layers[li].o.w.row_blocks(&conv, opts),
-            width: self.hid,
-            eps: self.eps,
-        })
+        let fused = self.dense(&a.attn, &a.h).conv(conv);
+        if (t == 1 || self.batch) && l.o.w.conv_fits(&fused, &self.res.linear) {
+            b.push(l.o.call(gpu, fused, &self.res.linear, "o_proj+short_conv")?);
+        } else {
+            b.push(l.o.call(gpu, self.dense(&a.attn, &a.o), &self.res.linear, "o_proj")?);
+            b.push(self.conv(li, ATTN_SCONV, hid, true, &a.o, &a.h)?);
+        }
+        b.phase(Phase::Other);
+        b.push(RmsNorm::rows(t, hid, eps).bind(gpu, &a.h, &l.post_norm, &a.xn)?);
+        Ok(b)
     }
 
     /// Layer `li`'s dense MLP and its residual: one GEMV over gate‖up, silu·up, down,
@@ -483,7 +409,6 @@ impl Recipe<'_> {
             act: &a.act,
             y: &a.m,
             linear: &self.res.linear,
-            norm: None,
         };
         for c in ffn_calls(gpu, ffn, *inter, io, ["dense gate_up", "dense down"])? {
             b.push(c);
@@ -523,6 +448,7 @@ impl Recipe<'_> {
         let ns = shared.as_ref().map_or(0, |s| s.n as u32);
         let xn = &a.xn;
         let mut b = Block::new(Phase::Router, Some(li));
+        let router_args = self.dense(xn, &a.router_logits);
         let top_k_call = RouterShape {
             tokens: t,
             n_routed: self.cfg.n_routed_experts as u32,
@@ -549,9 +475,7 @@ impl Recipe<'_> {
             act: &a.act_shared,
             y: &a.y_shared,
             linear: opts,
-            norm: self.post_norm(li),
         };
-        let router_args = shared_io.normed(self.dense(xn, &a.router_logits));
         let routed_io = FfnIo {
             pairs: &a.pairs,
             n_pairs: t * top_k,

@@ -314,9 +314,6 @@ pub(super) struct Activations {
     /// The shared experts' silu(gate)·up `[T·S, I]`: apart from `act`, so the shared down can
     /// run beside the routed gate_up ([`crate::gpu::linear::gemv_pair`]).
     pub act_shared: wgpu::Buffer,
-    /// Σ h² per (token, row block) of o_proj's short-conv epilogue `[T, H]` at most: the
-    /// post-attention RMSNorm folded into the MoE GEMVs (`Recipe::post_norm`).
-    pub norm_partials: wgpu::Buffer,
     /// Routed down outputs `[T·top_k, H]`.
     pub y_routed: wgpu::Buffer,
     /// Shared down outputs `[T·S, H]`.
@@ -715,7 +712,6 @@ impl Activations {
             gu: zeroed(gpu, "gate_up", t * wd.gu),
             act: zeroed(gpu, "act", t * wd.gu / 2 + 1),
             act_shared: zeroed(gpu, "shared act", t * wd.gu / 2 + 1),
-            norm_partials: zeroed(gpu, "norm partial sums", t * hid),
             y_routed: zeroed(gpu, "y_routed", t * wd.topk * hid),
             y_shared: zeroed(gpu, "y_shared", t * s.max(1) * hid),
             m: zeroed(gpu, "m", t * hid),

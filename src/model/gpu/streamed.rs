@@ -246,8 +246,6 @@ impl<'w> Streamer<'w> {
                 act: &a.act,
                 y: &self.y_part,
                 linear: &self.linear,
-                // a layer whose routed experts stream keeps its RMSNorm dispatch
-                norm: None,
             };
             let ops = ["streamed routed gate_up", "streamed routed down"];
             let calls = ffn_calls(gpu, &self.pool, self.inter, io, ops)?;

@@ -101,7 +101,6 @@ fn check(gpu: &Gpu, case: &Case, red: Reduction, what: &str) {
         slots,
         per_token,
         kernel: case.k as u32,
-        norm: None,
     };
     let args = GemvArgs::new(&x, tokens as u32, &pairs, tokens as u32, &h1)
         .reduction(red)
@@ -214,7 +213,6 @@ fn conv_epilogue_refusals() {
         slots: &seq,
         per_token: false,
         kernel: 4,
-        norm: None,
     };
     let ord = enc.format.ordinal();
     let base = |t: u32| GemvArgs::new(&x, t, &pairs, t, &h);
@@ -253,160 +251,4 @@ fn conv_epilogue_refusals() {
     };
     assert!(!one.conv_fits(&base(16).conv(batch), &LinearOptions::default()));
     assert!(one.conv_fits(&base(1).conv(conv), &LinearOptions::default()));
-}
-
-/// The epilogue with the next RMSNorm's outputs (`NormOut`: `w ⊙ h` and Σ h² per row block) and
-/// a GEMV that folds that norm in (`GemvArgs::rms_norm`), against the f64 reference of
-/// RMSNorm-then-GEMV and against the separate kernels (the conv epilogue, `rms_norm`, the plain
-/// GEMV): every kernel format in the folded GEMV (with and without silu·up), odd shapes, one
-/// token and a batch of two, both reductions.
-#[test]
-fn a_folded_rms_norm_equals_the_norm_then_the_gemv() {
-    use inkling_wgpu::gpu::linear::args::{NormOut, RowNorm};
-    use inkling_wgpu::gpu::ops::RmsNorm;
-    let gpu = gpu();
-    let mut rng = Rng(0xc0a9);
-    let eps = 1e-5f32;
-    let opts = LinearOptions::default();
-    let bf16 = Encoding::parse("bf16").unwrap();
-    for (n, enc) in kernel_encodings().into_iter().enumerate() {
-        let silu = n % 2 == 1;
-        for (c, r, slots) in [(130usize, 74usize, &[2u32][..]), (192, 38, &[1, 0])] {
-            let cs = case(&mut rng, bf16, c, 160, 3, slots);
-            let tokens = slots.len();
-            let consumer = quantize(enc, &rng.vec(r * c, 1.0), r, c).unwrap();
-            let cw_slab = GpuWeights::upload(&gpu, std::slice::from_ref(&consumer)).unwrap();
-            let nw_host = rng.vec(c, 1.0);
-            let nw = buf_f32(&gpu, &nw_host);
-            // f64: h after the conv, then RMSNorm, then the consumer GEMV (and silu·up)
-            let (h_ref, _) = cs.reference();
-            let out = if silu { r / 2 } else { r };
-            let mut want = Vec::new();
-            for t in 0..tokens {
-                let h = &h_ref[t * c..(t + 1) * c];
-                let inv =
-                    1.0 / (h.iter().map(|v| v * v).sum::<f64>() / c as f64 + eps as f64).sqrt();
-                let xn: Vec<f32> = (0..c)
-                    .map(|k| (nw_host[k] as f64 * h[k] * inv) as f32)
-                    .collect();
-                let y = consumer.gemv_ref_f64(&xn);
-                want.extend((0..out).map(|k| {
-                    if silu {
-                        y[k] / (1.0 + (-y[k]).exp()) * y[out + k]
-                    } else {
-                        y[k]
-                    }
-                }));
-            }
-            for red in reductions(&gpu) {
-                let what = format!(
-                    "{} [{r}x{c}] silu {silu} slots {slots:?} {red:?}",
-                    enc.spelling()
-                );
-                let w = GpuWeights::upload(&gpu, std::slice::from_ref(&cs.m)).unwrap();
-                let ord = w.encoding().format.ordinal();
-                let pb: Vec<u32> = (0..tokens as u32)
-                    .flat_map(|t| [0, t, NO_GAMMA, 0])
-                    .collect();
-                let pairs = buf_u32(&gpu, &pb);
-                let x = buf_f32(&gpu, &cs.x);
-                let cwb = buf_f32(&gpu, &cs.cw);
-                let seq: Vec<u32> = slots.iter().flat_map(|&s| [7, s, 0, 0]).collect();
-                let seq = buf_u32(&gpu, &seq);
-                let pos = PosBuffer::new(&gpu, 7);
-                pos.set(&gpu.queue, 7, slots[0]);
-                let (slot_buf, per_token, at) = if tokens > 1 {
-                    (&seq, true, SlotOf::Batch(&seq))
-                } else {
-                    (&pos.buffer, false, SlotOf::Pos(&pos))
-                };
-                // fused: the epilogue with the norm's outputs, then the folded GEMV
-                let h1 = buf_f32(&gpu, &cs.h);
-                let st1 = buf_f32(&gpu, &cs.state);
-                let xw = buf_f32(&gpu, &vec![f32::NAN; tokens * c]);
-                let partials = buf_f32(&gpu, &vec![f32::NAN; tokens * c]);
-                let conv = ConvEpilogue {
-                    w: &cwb,
-                    state: &st1,
-                    slots: slot_buf,
-                    per_token,
-                    kernel: cs.k as u32,
-                    norm: Some(NormOut {
-                        w: &nw,
-                        xw: &xw,
-                        partials: &partials,
-                    }),
-                };
-                let pargs = GemvArgs::new(&x, tokens as u32, &pairs, tokens as u32, &h1)
-                    .reduction(red)
-                    .conv(conv);
-                let blocks = w.row_blocks(&pargs, &opts);
-                run(&gpu, &w.bind(&gpu, ord, pargs).unwrap());
-                let y1 = buf_f32(&gpu, &vec![f32::NAN; tokens * out + 3]);
-                let norm = RowNorm {
-                    partials: &partials,
-                    per_token: blocks,
-                    width: c as u32,
-                    eps,
-                };
-                let cord = enc.format.ordinal();
-                let cargs = GemvArgs::new(&xw, tokens as u32, &pairs, tokens as u32, &y1)
-                    .reduction(red)
-                    .silu_mul(silu)
-                    .rms_norm(norm);
-                run(&gpu, &cw_slab.bind(&gpu, cord, cargs).unwrap());
-                let fused = read(&gpu, &y1, tokens * out + 3);
-                // separate: GEMV, conv, rms_norm, plain GEMV
-                let h2 = buf_f32(&gpu, &cs.h);
-                let st2 = buf_f32(&gpu, &cs.state);
-                let o = buf_f32(&gpu, &vec![f32::NAN; tokens * c]);
-                let plain =
-                    GemvArgs::new(&x, tokens as u32, &pairs, tokens as u32, &o).reduction(red);
-                run(&gpu, &w.bind(&gpu, ord, plain).unwrap());
-                let sc = ShortConvKernel {
-                    tokens: tokens as u32,
-                    channels: c as u32,
-                    kernel: cs.k as u32,
-                    accumulate: true,
-                }
-                .bind_at(&gpu, at, &o, &cwb, &st2, &h2)
-                .unwrap();
-                run(&gpu, &sc);
-                let xn = buf_f32(&gpu, &vec![f32::NAN; tokens * c]);
-                run(
-                    &gpu,
-                    &RmsNorm::rows(tokens as u32, c as u32, eps)
-                        .bind(&gpu, &h2, &nw, &xn)
-                        .unwrap(),
-                );
-                let y2 = buf_f32(&gpu, &vec![f32::NAN; tokens * out]);
-                let sargs = GemvArgs::new(&xn, tokens as u32, &pairs, tokens as u32, &y2)
-                    .reduction(red)
-                    .silu_mul(silu);
-                run(&gpu, &cw_slab.bind(&gpu, cord, sargs).unwrap());
-                let separate = read(&gpu, &y2, tokens * out);
-                let got = &fused[..tokens * out];
-                assert!(got.iter().all(|v| v.is_finite()), "{what}: NaN left");
-                let err = rel_err(got, &want);
-                assert!(err <= 1e-5, "{what}: rel err {err:e} against f64");
-                let sep: Vec<f64> = separate.iter().map(|&v| v as f64).collect();
-                let err = rel_err(got, &sep);
-                assert!(
-                    err <= 1e-5,
-                    "{what}: rel err {err:e} against the separate kernels"
-                );
-                assert!(
-                    fused[tokens * out..].iter().all(|v| v.is_nan()),
-                    "{what}: written past y"
-                );
-                // the residual and x = w ⊙ h
-                let (hf, xwf) = (read(&gpu, &h1, tokens * c), read(&gpu, &xw, tokens * c));
-                let hs = read(&gpu, &h2, tokens * c);
-                assert_eq!(hf, hs, "{what}: h");
-                for (k, (&xv, &hv)) in xwf.iter().zip(&hf).enumerate() {
-                    assert_eq!(xv, nw_host[k % c] * hv, "{what}: xw[{k}]");
-                }
-            }
-        }
-    }
 }

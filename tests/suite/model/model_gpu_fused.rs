@@ -138,8 +138,8 @@ fn fused_attention_saves_four_dispatches_per_layer() {
 
 /// The exact dispatches of each layer of a one-token step with the fused attention: the input
 /// norm, ONE GEMV for the q, k, v and r projections (row segments into four outputs), the fused
-/// attention, o_proj with the residual short conv as its epilogue, the post-attention norm (in
-/// a MoE layer folded into its GEMVs: o_proj's epilogue writes its input); then a dense MLP
+/// attention, o_proj with the residual short conv as its epilogue, the post-attention norm; then
+/// a dense MLP
 /// (gate_up with the silu·up epilogue, down, × global_scale and conv) or a MoE: with shared
 /// experts the router beside the shared gate_up (one dispatch), top-k, the shared down beside the
 /// routed gate_up (one dispatch), the routed down and the conv of the combine; without them the
@@ -155,9 +155,7 @@ fn decode_step_dispatches_per_layer_are_exact() {
         m.forward(&[3]).unwrap();
         let (_, per_layer) = m.dispatches_per_step().unwrap();
         for (li, (l, &got)) in w.layers.iter().zip(&per_layer).enumerate() {
-            // a MoE layer folds the post-attention norm into its GEMVs
-            let post_norm = matches!(&l.mlp, Mlp::Dense(_)) as usize;
-            let attention = 1 + 1 + 1 + 1 + post_norm;
+            let attention = 1 + 1 + 1 + 1 + 1;
             let mlp = match &l.mlp {
                 // gate_up with silu·up, down, × global_scale, the conv
                 Mlp::Dense(_) => 4,
