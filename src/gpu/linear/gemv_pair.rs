@@ -16,10 +16,8 @@
 //! moved up by [`B_BINDINGS`]. The pair's entry point sends workgroup `lin` to `gemv_body_a(lin)`
 //! when `lin` is below half a's workgroup count (its `Params`: `n_pairs × row blocks`), else to
 //! `gemv_body_b(lin − that)`: a uniform branch per workgroup, both decodes compiled in. Each half
-//! computes exactly what it computes alone (the same body, the same sums in the same order).
-//! A workgroup runs one half, so the halves share their workgroup arrays: each name (`XS`, `red`,
-//! `block_sums`) is declared once at the larger half's length ([`shared_workgroup`]); the fit
-//! check counts both halves' bytes, an upper bound.
+//! computes exactly what it computes alone (the same body, the same sums in the same order);
+//! workgroup memory is the two halves' together.
 //!
 //! # When
 //! [`bind_pair`] fuses only what runs as one GEMV dispatch per half (the decode, not the GEMM of
@@ -63,8 +61,7 @@ impl GemvPairKey {
         self.a.storage_buffers() + self.b.storage_buffers()
     }
 
-    /// Workgroup-memory bytes of both halves together: an upper bound of the pair's (whose
-    /// arrays of one name are one, [`shared_workgroup`]).
+    /// Workgroup-memory bytes: both halves'.
     pub fn workgroup_bytes(&self) -> u64 {
         self.a.workgroup_bytes() + self.b.workgroup_bytes()
     }
@@ -99,26 +96,12 @@ impl Kernel for GemvPairKey {
 pub fn pair_source(a: &GemvKey, b: &GemvKey) -> String {
     assert_eq!(a.subgroups, b.subgroups, "one reduction for both halves");
     let mut out = format!("// gemv pair: a = {a}, b = {b}\n");
-    let (src_a, vars_a) = shared_workgroup(&suffixed(&gemv::wgsl_instantiation(a, false), "_a", 0));
-    let (src_b, vars_b) = shared_workgroup(&suffixed(
+    out.push_str(&suffixed(&gemv::wgsl_instantiation(a, false), "_a", 0));
+    out.push_str(&suffixed(
         &gemv::wgsl_instantiation(b, false),
         "_b",
         B_BINDINGS,
     ));
-    // a workgroup runs one half: both halves' workgroup arrays of one name are one array, of
-    // the larger length
-    for (name, (elem, len)) in &vars_a {
-        let len = match vars_b.get(name) {
-            Some((_, lb)) => format!("max({len}, {lb})"),
-            None => len.clone(),
-        };
-        out.push_str(&format!("var<workgroup> {name}: array<{elem}, {len}>;\n"));
-    }
-    for (name, (elem, len)) in vars_b.iter().filter(|(n, _)| !vars_a.contains_key(*n)) {
-        out.push_str(&format!("var<workgroup> {name}: array<{elem}, {len}>;\n"));
-    }
-    out.push_str(&src_a);
-    out.push_str(&src_b);
     let (builtins, v, sg) = if a.subgroups {
         (
             ",\n    @builtin(subgroup_id) sg_id: u32,\n    @builtin(subgroup_invocation_id) \
@@ -151,40 +134,12 @@ fn main(
     out
 }
 
-/// `src` without its module-scope `var<workgroup> NAME: array<ELEM, LEN>;` lines, and those
-/// arrays by name (ELEM, LEN); [`suffixed`] leaves their names as they are.
-fn shared_workgroup(src: &str) -> (String, std::collections::BTreeMap<String, (String, String)>) {
-    let mut vars = std::collections::BTreeMap::new();
-    let mut out = String::with_capacity(src.len());
-    for line in src.lines() {
-        let decl = line
-            .strip_prefix("var<workgroup> ")
-            .and_then(|r| r.strip_suffix(">;"))
-            .and_then(|r| r.split_once(": array<"))
-            .and_then(|(name, rest)| {
-                let (elem, len) = rest.rsplit_once(", ")?;
-                Some((name.to_string(), (elem.to_string(), len.to_string())))
-            });
-        match decl {
-            Some((name, v)) => {
-                vars.insert(name, v);
-            }
-            None => {
-                out.push_str(line);
-                out.push('\n');
-            }
-        }
-    }
-    (out, vars)
-}
-
 /// `src` (WGSL without an entry point) with every name it declares at module scope (`fn`,
-/// `const`, `var`, `struct`, `alias`, `override` at the start of a line, after any attributes;
-/// workgroup arrays excepted: the halves share them) followed by `suffix` wherever it is used (never after a `.`: a field), and every
+/// `const`, `var`, `struct`, `alias`, `override` at the start of a line, after any attributes)
+/// followed by `suffix` wherever it is used (never after a `.`: a field), and every
 /// `@binding(N)` moved to `@binding(N + offset)`. Comments are renamed alike (harmless).
 pub fn suffixed(src: &str, suffix: &str, offset: u32) -> String {
-    let mut names = module_names(src);
-    names.retain(|n| !src.contains(&format!("var<workgroup> {n}:")));
+    let names = module_names(src);
     let mut out = String::with_capacity(src.len() + 4096);
     let b = src.as_bytes();
     let mut i = 0;
@@ -376,8 +331,10 @@ mod tests {
         let out = suffixed(src, "_b", 12);
         assert!(out.contains("const A_b: u32"), "{out}");
         assert!(out.contains("@binding(15) var<storage, read> W_b"), "{out}");
-        // workgroup arrays keep their names (the halves share them)
-        assert!(out.contains("var<workgroup> red: array<f32, A_b>"), "{out}");
+        assert!(
+            out.contains("var<workgroup> red_b: array<f32, A_b>"),
+            "{out}"
+        );
         assert!(out.contains("struct P_b"), "{out}");
         assert!(out.contains("fn f_b(x: u32)"), "{out}");
         // a field after `.` keeps its name; locals and numbers are untouched
