@@ -38,6 +38,14 @@
 //! [`silu_tuning`]). After the reduction the row sums go to workgroup memory and each gate/up pair
 //! is joined by the expression of `silu_mul` in `wgsl/elementwise.wgsl`: the same sums, the same
 //! f32 operations, one dispatch and no `[P, 2I']` intermediate instead of two.
+//!
+//! # Short-conv epilogue
+//! With [`GemvArgs::conv`] (`CONV` in the WGSL; a dense GEMV of one token per sequence slot) the
+//! row sums also go to `block_sums`, and each thread then runs the causal depthwise short conv of
+//! `wgsl/conv.wgsl` for one row as a channel: the slot's K−1 previous inputs of the channel (its
+//! state, bindings 8 and 9 for the slot) and this row's sum, weighted by the conv weights (binding
+//! 7), added to `y` (the residual `h += conv(o)`), the state moved on by one: o_proj and the
+//! attention's residual conv in one dispatch, with the same f32 operations in the same order.
 
 use crate::formats::{Encoding, Format};
 use crate::gpu::call::{dummy, entry, grid_u64, Call, Dispatch, Label};
