@@ -379,7 +379,7 @@ impl Recipe<'_> {
             kernel: self.kernel,
         };
         let fused = self.dense(&a.attn, &a.h).conv(conv);
-        if (t == 1 || self.batch) && l.o.w.conv_fits(&fused, &self.res.linear) {
+        if (t == 1 || self.batch) && l.o.w.conv_fits(gpu, &fused, &self.res.linear) {
             b.push(l.o.call(gpu, fused, &self.res.linear, "o_proj+short_conv")?);
         } else {
             b.push(l.o.call(gpu, self.dense(&a.attn, &a.o), &self.res.linear, "o_proj")?);

@@ -105,7 +105,7 @@ fn check(gpu: &Gpu, case: &Case, red: Reduction, what: &str) {
     let args = GemvArgs::new(&x, tokens as u32, &pairs, tokens as u32, &h1)
         .reduction(red)
         .conv(conv);
-    assert!(w.conv_fits(&args, &LinearOptions::default()), "{what}");
+    assert!(w.conv_fits(gpu, &args, &LinearOptions::default()), "{what}");
     let call = w.bind(gpu, ord, args).unwrap();
     assert_eq!(call.dispatches(), 1, "{what}");
     run(gpu, &call);
@@ -249,6 +249,6 @@ fn conv_epilogue_refusals() {
         per_token: true,
         ..conv
     };
-    assert!(!one.conv_fits(&base(16).conv(batch), &LinearOptions::default()));
-    assert!(one.conv_fits(&base(1).conv(conv), &LinearOptions::default()));
+    assert!(!one.conv_fits(&gpu, &base(16).conv(batch), &LinearOptions::default()));
+    assert!(one.conv_fits(&gpu, &base(1).conv(conv), &LinearOptions::default()));
 }
