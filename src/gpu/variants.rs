@@ -25,7 +25,10 @@ pub fn bench_copy() -> KernelSpec {
 pub fn all(profile: Option<LimitProfile>) -> Vec<KernelSpec> {
     let (smem, subgroups) = device_limits(profile);
     let mut v = gemv::kernels(smem, subgroups);
-    v.extend(gemv_pair::kernels(subgroups));
+    let storage = profile
+        .and_then(|p| p.limits())
+        .map_or(u32::MAX, |l| l.max_storage_buffers_per_shader_stage);
+    v.extend(gemv_pair::kernels(subgroups, smem, storage));
     with_ops(v, gemm::kernels())
 }
 

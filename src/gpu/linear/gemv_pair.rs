@@ -295,8 +295,9 @@ pub fn bind_pair(gpu: &Gpu, a: Half<'_>, b: Half<'_>) -> Result<Option<Call>, Di
 /// Pair kernels for the translation tests: for each kernel encoding and reduction, the bf16
 /// direct-x GEMV (the router, the shared down) with the encoding's default staged GEMV with the
 /// silu·up epilogue, and the encoding's plain default GEMV with the bf16 one: every decode in the
-/// suffixed form, in both halves.
-pub fn kernels(subgroups: bool) -> Vec<KernelSpec> {
+/// suffixed form, in both halves; only those within `smem_limit` bytes of workgroup memory and
+/// `storage_limit` storage buffers.
+pub fn kernels(subgroups: bool, smem_limit: u64, storage_limit: u32) -> Vec<KernelSpec> {
     let bf16 = Encoding::BF16;
     let mut v = Vec::new();
     for sg in [false, true].into_iter().filter(|&sg| !sg || subgroups) {
@@ -305,18 +306,21 @@ pub fn kernels(subgroups: bool) -> Vec<KernelSpec> {
             let t = tuning(enc.format);
             let staged = GemvKey::new(enc, sg, t, 2048, false);
             if silu_tuning(t) {
-                v.push(KernelSpec::of(&GemvPairKey {
+                v.push(GemvPairKey {
                     a: direct,
                     b: staged.with_silu(true),
-                }));
+                });
             }
-            v.push(KernelSpec::of(&GemvPairKey {
+            v.push(GemvPairKey {
                 a: staged,
                 b: direct,
-            }));
+            });
         }
     }
-    v
+    v.into_iter()
+        .filter(|k| k.workgroup_bytes() <= smem_limit && k.storage_buffers() <= storage_limit)
+        .map(|k| KernelSpec::of(&k))
+        .collect()
 }
 
 #[cfg(test)]

@@ -208,12 +208,13 @@ fn expected_gemv(smem: u64, subgroups: bool) -> usize {
         } else {
             1
         };
-        // (all tunings, silu-capable tunings)
-        let count = |silu: bool| -> usize {
+        // the tunings (silu-capable ones only when `silu`), x tiles sized with the epilogue's
+        // row sums when `sums`
+        let count = |silu: bool, sums: bool| -> usize {
             let staged: usize = candidates(row.format)
                 .iter()
                 .filter(|&&t| !silu || silu_tuning(t))
-                .map(|&t| x_tiles(row.format, t, smem, silu).len())
+                .map(|&t| x_tiles(row.format, t, smem, sums).len())
                 .sum();
             let direct = if matches!(row.format, Format::F32 | Format::Bf16) {
                 direct_candidates()
@@ -226,8 +227,10 @@ fn expected_gemv(smem: u64, subgroups: bool) -> usize {
             staged + direct
         };
         // × (one or two weight chunks bound per dispatch, or one chunk with output segments), plus
-        // one or two chunks with the silu·up epilogue on the tunings that can run it
-        n += encodings * (1 + subgroups as usize) * (count(false) * 3 + count(true) * 2);
+        // one or two chunks with the silu·up epilogue on the tunings that can run it, plus one
+        // chunk with the short-conv epilogue on every tuning
+        let per = count(false, false) * 3 + count(true, true) * 2 + count(false, true);
+        n += encodings * (1 + subgroups as usize) * per;
     }
     n
 }
@@ -296,8 +299,19 @@ fn every_shader_translates_to_msl_hlsl_and_valid_spirv() {
         .filter(|w| w.0.key.starts_with("gemm"))
         .count();
     assert_eq!(gemm_n, expected_gemm(), "GEMM variants");
+    // the sample of GEMV pairs: per reduction and kernel encoding, the bf16 direct GEMV beside
+    // the encoding's default GEMV with silu·up (where its default tuning takes it) and without
+    let pairs_n = written
+        .iter()
+        .filter(|w| w.0.key.starts_with("gemv-pair["))
+        .count();
+    let expected_pairs: usize = 2 * inkling_wgpu::gpu::linear::kernel_encodings()
+        .iter()
+        .map(|e| 1 + silu_tuning(inkling_wgpu::gpu::linear::route::tuning(e.format)) as usize)
+        .sum::<usize>();
+    assert_eq!(pairs_n, expected_pairs, "GEMV pairs");
     assert_eq!(
-        written.len() - gemv_n - gemm_n,
+        written.len() - gemv_n - gemm_n - pairs_n,
         EXPECTED_OPS + 2,
         "op kernels + the int3-g64 reorder + bench copy"
     );
@@ -413,9 +427,11 @@ fn every_kernel_of_a_profile_fits_its_limits_or_the_device_check_names_the_limit
                 "{p}: {} workgroup {size:?}",
                 s.key
             );
-            // the GEMV's output-segment variants (9 storage buffers) are optional: the engine
-            // falls back to a packed output where they do not fit (`GpuWeights::segments_fit`)
-            let optional = s.key.starts_with("gemv:") && s.key.ends_with(":seg");
+            // the GEMV's output-segment and short-conv variants (9 storage buffers) are optional:
+            // the engine falls back to a packed output, or o_proj then the conv, where they do
+            // not fit (`GpuWeights::segments_fit`, `GpuWeights::conv_fits`)
+            let optional =
+                s.key.starts_with("gemv:") && (s.key.ends_with(":seg") || s.key.ends_with(":conv"));
             let over = s.storage_buffers() > limits.max_storage_buffers_per_shader_stage;
             if over && s.key.contains("+batch") {
                 // the decode batch's kernels: GpuModel::new refuses sequence slots there
@@ -441,7 +457,13 @@ fn every_kernel_of_a_profile_fits_its_limits_or_the_device_check_names_the_limit
                 let direct = parts[3] == "xdirect";
                 let xt: u32 = parts[4].parse().unwrap();
                 assert_eq!(
-                    gemv::workgroup_bytes(enc.format, t, xt, direct, s.key.ends_with(":silu")),
+                    gemv::workgroup_bytes(
+                        enc.format,
+                        t,
+                        xt,
+                        direct,
+                        s.key.ends_with(":silu") || s.key.ends_with(":conv")
+                    ),
                     wg,
                     "{}",
                     s.key
