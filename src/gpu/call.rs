@@ -89,13 +89,23 @@ pub fn dummy(gpu: &Gpu) -> wgpu::Buffer {
 
 /// A uniform buffer holding `params`, padded to a multiple of 16 bytes.
 pub fn uniform<P: bytemuck::Pod>(gpu: &Gpu, label: &str, params: &P) -> wgpu::Buffer {
+    uniform_with(gpu, label, params, wgpu::BufferUsages::empty())
+}
+
+/// [`uniform`] with the `extra` usages too (`STORAGE`: also bindable as a storage buffer).
+pub fn uniform_with<P: bytemuck::Pod>(
+    gpu: &Gpu,
+    label: &str,
+    params: &P,
+    extra: wgpu::BufferUsages,
+) -> wgpu::Buffer {
     let mut bytes = bytemuck::bytes_of(params).to_vec();
     bytes.resize(bytes.len().next_multiple_of(16).max(16), 0);
     gpu.device
         .create_buffer_init(&wgpu::util::BufferInitDescriptor {
             label: Some(label),
             contents: &bytes,
-            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST | extra,
         })
 }
 

@@ -59,6 +59,13 @@ pub fn poisoned_u32(gpu: &Gpu, n: usize) -> wgpu::Buffer {
     buf_u32(gpu, &vec![u32::MAX; n.max(1)])
 }
 
+/// Record `call` in its own command buffer and submit it.
+pub fn run(gpu: &Gpu, call: &inkling_wgpu::gpu::Call) {
+    let mut e = gpu.device.create_command_encoder(&Default::default());
+    call.record(&mut e);
+    gpu.queue.submit([e.finish()]);
+}
+
 pub fn read(gpu: &Gpu, b: &wgpu::Buffer, n: usize) -> Vec<f32> {
     gpu.read_f32(b, n).expect("readback")
 }

@@ -127,11 +127,6 @@ pub struct ConvEpilogue<'a> {
     pub kernel: u32,
 }
 
-/// Storage buffers of the short-conv epilogue's GEMV (its six, the conv weights, the state and
-/// the slots): more than WebGPU's default 8, so devices at those limits keep o_proj and the conv
-/// apart ([`GpuWeights::conv_fits`]).
-pub const CONV_STORAGE_BUFFERS: u32 = 9;
-
 /// Largest short-conv kernel of the epilogue (`MAX_K` of `wgsl/gemv.wgsl` and `wgsl/conv.wgsl`).
 pub const MAX_CONV_KERNEL: u32 = 8;
 
@@ -271,13 +266,6 @@ impl GpuWeights {
         }
         if let Some(c) = &args.conv {
             self.check_conv(args, c)?;
-            let have = gpu.limits.max_storage_buffers_per_shader_stage;
-            if CONV_STORAGE_BUFFERS > have {
-                return Err(DispatchError::Shape(format!(
-                    "short-conv epilogue: needs 9 storage buffers per shader stage, the device \
-                     allows {have}"
-                )));
-            }
         }
         let o_written = if args.silu_mul { o / 2 } else { o };
         if !args.segments.is_empty() {

@@ -105,7 +105,7 @@ fn smem_bytes(f: Format, t: Tuning, xt: u32) -> u64 {
 
 /// Workgroup-memory bytes of a staged instantiation with x tile `xt`, with the silu·up
 /// epilogue's `block_sums` (one f32 per row of the workgroup) when `silu`.
-pub fn staged_bytes(f: Format, t: Tuning, xt: u32, silu: bool) -> u64 {
+fn staged_bytes(f: Format, t: Tuning, xt: u32, silu: bool) -> u64 {
     smem_bytes(f, t, xt) + silu as u64 * 4 * t.rows_per_workgroup() as u64
 }
 
@@ -345,10 +345,11 @@ impl GemvKey {
 
     /// Workgroup-memory bytes of this instantiation.
     pub fn workgroup_bytes(&self) -> u64 {
-        staged_bytes(
+        workgroup_bytes(
             self.enc.format,
             self.tuning,
             self.xt,
+            self.direct,
             self.silu || self.conv,
         )
     }
@@ -421,6 +422,14 @@ impl GpuWeights {
                 <= gpu.limits.max_storage_buffers_per_shader_stage
     }
 
+    /// Whether `args` over these weights under `opts` can take its short-conv epilogue on `gpu`
+    /// ([`GemvArgs::conv`]): [`GpuWeights::conv_shape_fits`], and the device allows the
+    /// variant's storage buffers per shader stage (9: more than WebGPU's default 8, where o_proj
+    /// and the conv stay apart).
+    pub fn conv_fits(&self, gpu: &Gpu, args: &GemvArgs, opts: &LinearOptions) -> bool {
+        self.conv_shape_fits(args, opts) && conv_storage_fits(gpu, self.encoding())
+    }
+
     /// Bind the GEMV over these weights (never the GEMM, whatever [`GemvArgs::gemm`] says; errors
     /// of [`GpuWeights::check_args`], and [`DispatchError::Shape`] for output segments where
     /// they do not fit, [`GpuWeights::segments_fit`]). One dispatch per pair of weight chunks
@@ -434,6 +443,16 @@ impl GpuWeights {
         let plans = self.plans(&args, &LinearOptions::default());
         bind(gpu, self, ordinal, args, &plans)
     }
+}
+
+/// A short-conv epilogue instantiation of `enc` (for its bind-group layout's size).
+fn conv_key(enc: Encoding) -> GemvKey {
+    GemvKey::new(enc, false, tuning(enc.format), 0, false).with_conv(true)
+}
+
+/// Whether `gpu` allows the storage buffers of `enc`'s short-conv epilogue variant.
+fn conv_storage_fits(gpu: &Gpu, enc: Encoding) -> bool {
+    conv_key(enc).storage_buffers() <= gpu.limits.max_storage_buffers_per_shader_stage
 }
 
 /// One dispatch of a GEMV call before its uniform and bind group exist: its instantiation, its
@@ -463,6 +482,13 @@ pub fn planned(
             "output segments need a one-chunk slab (this one has {} chunks) and 9 storage \
              buffers per shader stage (the device allows {})",
             w.chunks().len(),
+            gpu.limits.max_storage_buffers_per_shader_stage
+        )));
+    }
+    if args.conv.is_some() && !conv_storage_fits(gpu, enc) {
+        return Err(DispatchError::Shape(format!(
+            "short-conv epilogue: needs {} storage buffers per shader stage, the device allows {}",
+            conv_key(enc).storage_buffers(),
             gpu.limits.max_storage_buffers_per_shader_stage
         )));
     }

@@ -31,12 +31,9 @@
 //! once per pair at the copy bandwidth, wastes less than the GEMM's partly empty tiles.
 
 use crate::formats::{Encoding, Format};
-use crate::gpu::linear::args::{
-    strides, GemmChoice, GemvArgs, Reduction, Tile, CONV_STORAGE_BUFFERS,
-};
+use crate::gpu::linear::args::{strides, GemmChoice, GemvArgs, Reduction, Tile};
 use crate::gpu::linear::format::{row, supported, Tuning};
 use crate::gpu::linear::slab::{GpuWeights, WeightChunk};
-use crate::gpu::Gpu;
 
 /// Fewest workgroups a direct-x call (f32, bf16) should launch before [`plan`] settles for fewer
 /// rows per workgroup (BENCHMARKS.md#decision-gemv-direct-x).
@@ -217,17 +214,14 @@ impl GpuWeights {
         select(self, &plain, opts).is_none() && self.check_silu_mul(args).is_ok()
     }
 
-    /// Whether `args` over these weights under `opts` can take its short-conv epilogue
-    /// ([`GemvArgs::conv`]) on `gpu`: the call runs as the GEMV anyway, in one dispatch, the
-    /// device allows the variant's [`CONV_STORAGE_BUFFERS`] storage buffers per shader stage,
-    /// and [`GpuWeights::check_conv`] passes.
-    pub fn conv_fits(&self, gpu: &Gpu, args: &GemvArgs, opts: &LinearOptions) -> bool {
+    /// Whether `args` (with its short-conv epilogue, [`GemvArgs::conv`]) would run as the GEMV
+    /// without the epilogue under `opts` and passes [`GpuWeights::check_conv`].
+    pub fn conv_shape_fits(&self, args: &GemvArgs, opts: &LinearOptions) -> bool {
         let plain = GemvArgs {
             conv: None,
             ..*args
         };
         select(self, &plain, opts).is_none()
-            && CONV_STORAGE_BUFFERS <= gpu.limits.max_storage_buffers_per_shader_stage
             && args.conv.is_some_and(|c| self.check_conv(args, &c).is_ok())
     }
 }

@@ -14,7 +14,7 @@ pub mod norm;
 pub mod router;
 pub mod split;
 
-use crate::gpu::call::Dispatch;
+use crate::gpu::call::{self, Dispatch};
 use crate::gpu::kernel::{Kernel, KernelSpec};
 use crate::gpu::Gpu;
 
@@ -140,17 +140,8 @@ impl PosBuffer {
     /// A uniform that kernels may also bind as a storage `array<vec4<u32>>` of one entry (the
     /// GEMV's short-conv epilogue reads its slot so, like a decode batch's table).
     pub fn new(gpu: &Gpu, pos0: u32) -> PosBuffer {
-        use wgpu::util::DeviceExt;
         PosBuffer {
-            buffer: gpu
-                .device
-                .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                    label: Some("pos"),
-                    contents: bytemuck::cast_slice(&[pos0, 0, 0, 0]),
-                    usage: wgpu::BufferUsages::UNIFORM
-                        | wgpu::BufferUsages::STORAGE
-                        | wgpu::BufferUsages::COPY_DST,
-                }),
+            buffer: call::uniform_with(gpu, "pos", &[pos0, 0, 0, 0], wgpu::BufferUsages::STORAGE),
         }
     }
 

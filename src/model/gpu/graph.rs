@@ -483,20 +483,22 @@ impl Recipe<'_> {
             y: &a.y_routed,
             ..shared_io
         };
-        // router ∥ shared gate_up (with its silu·up epilogue)
-        let shared_gu = shared
-            .as_ref()
-            .map(|sh| (sh, shared_io.silu_args()))
-            .filter(|(sh, args)| sh.gate_up.w.silu_mul_fits(args, opts));
-        let first = match shared_gu {
-            Some((sh, args)) => Linear::pair_call(
-                gpu,
-                (router, router_args, opts),
-                (&sh.gate_up, args, opts),
-                "router ∥ shared gate_up",
-            )?,
-            None => None,
-        };
+        // GEMV `other` beside `slab`'s gate_up with its silu·up epilogue over `io`, where both
+        // run as one GEMV dispatch
+        let beside_gate_up =
+            |other: (&Linear, GemvArgs<'_>), slab: Option<&FfnSlab>, io: &FfnIo, op| {
+                let args = io.silu_args();
+                match slab.filter(|s| s.gate_up.w.silu_mul_fits(&args, opts)) {
+                    Some(s) => Linear::pair_call(gpu, other, (&s.gate_up, args), opts, op),
+                    None => Ok(None),
+                }
+            };
+        let first = beside_gate_up(
+            (router, router_args),
+            shared.as_ref(),
+            &shared_io,
+            "router ∥ shared gate_up",
+        )?;
         let shared_down_left = first.is_some();
         match first {
             Some(c) => b.push(c),
@@ -510,19 +512,12 @@ impl Recipe<'_> {
                 // shared down ∥ routed gate_up
                 b.phase(Phase::Shared);
                 let down = shared_io.down_args();
-                let routed_gu = routed
-                    .as_ref()
-                    .map(|r| (r, routed_io.silu_args()))
-                    .filter(|(r, args)| r.gate_up.w.silu_mul_fits(args, opts));
-                let pair = match routed_gu {
-                    Some((r, args)) => Linear::pair_call(
-                        gpu,
-                        (&sh.down, down, opts),
-                        (&r.gate_up, args, opts),
-                        "shared down ∥ routed gate_up",
-                    )?,
-                    None => None,
-                };
+                let pair = beside_gate_up(
+                    (&sh.down, down),
+                    routed.as_ref(),
+                    &routed_io,
+                    "shared down ∥ routed gate_up",
+                )?;
                 match pair {
                     Some(c) => {
                         b.phase(Phase::Routed);

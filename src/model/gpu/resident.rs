@@ -49,35 +49,32 @@ impl Linear {
         Ok(c)
     }
 
-    /// GEMVs `a` and `b` (each over its linear, with its options) as one dispatch labelled `op`,
-    /// or `None` where they do not pair ([`gemv_pair::bind_pair`]; the caller then records each).
+    /// GEMVs `a` and `b` (each over its linear) under `opts` as one dispatch labelled `op`, or
+    /// `None` where they do not pair ([`gemv_pair::bind_pair`]; the caller then records each).
     /// They must be independent: neither reads what the other writes.
     pub fn pair_call(
         gpu: &Gpu,
-        a: (&Linear, GemvArgs<'_>, &LinearOptions),
-        b: (&Linear, GemvArgs<'_>, &LinearOptions),
+        a: (&Linear, GemvArgs<'_>),
+        b: (&Linear, GemvArgs<'_>),
+        opts: &LinearOptions,
         op: &'static str,
     ) -> Result<Option<Call>> {
-        let pair = gemv_pair::bind_pair(
-            gpu,
-            gemv_pair::Half {
-                w: &a.0.w,
-                ordinal: a.0.ordinal,
-                args: a.1,
-                opts: a.2,
-            },
-            gemv_pair::Half {
-                w: &b.0.w,
-                ordinal: b.0.ordinal,
-                args: b.1,
-                opts: b.2,
-            },
-        )
-        .with_context(|| format!("binding the {op} GEMV pair"))?;
+        let pair = gemv_pair::bind_pair(gpu, a.0.half(a.1, opts), b.0.half(b.1, opts))
+            .with_context(|| format!("binding the {op} GEMV pair"))?;
         Ok(pair.map(|mut c| {
             c.label.op = op;
             c
         }))
+    }
+
+    /// This linear with `args` under `opts` as one half of a GEMV pair.
+    fn half<'b>(&'b self, args: GemvArgs<'b>, opts: &'b LinearOptions) -> gemv_pair::Half<'b> {
+        gemv_pair::Half {
+            w: &self.w,
+            ordinal: self.ordinal,
+            args,
+            opts,
+        }
     }
 
     /// Weight + scale bytes of every expert of the slab.

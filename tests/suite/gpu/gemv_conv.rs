@@ -6,23 +6,17 @@
 //! it refuses. Runs on lavapipe in CI.
 
 use crate::gpu::gemv_parity::{reductions, rel_err};
-use crate::ops_util::{buf_f32, buf_u32, gpu, read, Rng};
+use crate::ops_util::{buf_f32, buf_u32, gpu, read, run, Rng};
 use inkling_wgpu::formats::{quantize, Encoding, QMatrix};
 use inkling_wgpu::gpu::linear::args::{ConvEpilogue, GemvArgs, Reduction, NO_GAMMA};
 use inkling_wgpu::gpu::linear::format::kernel_encodings;
 use inkling_wgpu::gpu::linear::route::LinearOptions;
 use inkling_wgpu::gpu::linear::slab::GpuWeights;
 use inkling_wgpu::gpu::ops::{PosBuffer, ShortConvKernel, SlotOf};
-use inkling_wgpu::gpu::{Call, Gpu};
+use inkling_wgpu::gpu::Gpu;
 
 /// Sequence slots of the state.
 const SLOTS: usize = 3;
-
-fn run(gpu: &Gpu, call: &Call) {
-    let mut e = gpu.device.create_command_encoder(&Default::default());
-    call.record(&mut e);
-    gpu.queue.submit([e.finish()]);
-}
 
 /// One problem: `[c, i]` weights, the conv weights `[c, k]`, states `[SLOTS, k−1, c]`, the
 /// residual `[tokens, c]`, x `[tokens, i]` and each token's slot.

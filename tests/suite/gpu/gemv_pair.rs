@@ -4,23 +4,17 @@
 //! guards; and the calls it leaves apart (the GEMM). Runs on lavapipe in CI.
 
 use crate::gpu::gemv_parity::{reductions, rel_err};
-use crate::ops_util::{gpu, poisoned, read, Rng};
+use crate::ops_util::{gpu, poisoned, read, run, Rng};
 use inkling_wgpu::formats::{quantize, Encoding, QMatrix};
 use inkling_wgpu::gpu::linear::args::{GemvArgs, Reduction, NO_GAMMA};
 use inkling_wgpu::gpu::linear::format::kernel_encodings;
 use inkling_wgpu::gpu::linear::gemv_pair::{bind_pair, Half};
 use inkling_wgpu::gpu::linear::route::LinearOptions;
 use inkling_wgpu::gpu::linear::slab::GpuWeights;
-use inkling_wgpu::gpu::{Call, Gpu};
+use inkling_wgpu::gpu::Gpu;
 
 /// Guard floats after each output: still NaN after the call.
 const GUARD: usize = 5;
-
-fn run(gpu: &Gpu, call: &Call) {
-    let mut e = gpu.device.create_command_encoder(&Default::default());
-    call.record(&mut e);
-    gpu.queue.submit([e.finish()]);
-}
 
 /// One half's problem: experts of `[o, i]` in `enc`, `tokens` x rows, its pairs `(e, t, gamma
 /// index)`, gammas or not, the silu·up epilogue or not.

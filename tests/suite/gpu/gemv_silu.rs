@@ -5,7 +5,7 @@
 //! and the calls it refuses. Runs on lavapipe in CI.
 
 use crate::gpu::gemv_parity::{reductions, rel_err};
-use crate::ops_util::{gpu, poisoned, read, Rng};
+use crate::ops_util::{gpu, poisoned, read, run, Rng};
 use inkling_wgpu::formats::{quantize, Encoding, QMatrix};
 use inkling_wgpu::gpu::dispatch::DispatchError;
 use inkling_wgpu::gpu::linear::args::{GemvArgs, Reduction, NO_GAMMA};
@@ -17,12 +17,6 @@ use inkling_wgpu::gpu::{Call, Gpu};
 
 /// Guard floats after the output: still NaN after the call.
 const GUARD: usize = 5;
-
-fn run(gpu: &Gpu, call: &Call) {
-    let mut e = gpu.device.create_command_encoder(&Default::default());
-    call.record(&mut e);
-    gpu.queue.submit([e.finish()]);
-}
 
 /// `silu(g)·u` of pair (e, t) in f64: gate = rows `[0, I')` of expert e, up = rows `[I', 2I')`.
 fn reference(m: &QMatrix, x: &[f64]) -> Vec<f64> {
