@@ -198,11 +198,10 @@ fn stage_scale(c: u32) -> f32 {
     return 1.0;
 }
 
-// int3: four values from one byte of 2-bit lows and four high bits (both shifted down), u - 4
-fn int3_four(lb: u32, hb: u32) -> vec4<f32> {
-    let l = (vec4<u32>(lb) >> vec4<u32>(0u, 2u, 4u, 6u)) & vec4<u32>(3u);
-    let h = (vec4<u32>(hb << 2u, hb << 1u, hb, hb >> 1u)) & vec4<u32>(4u);
-    return bitcast<vec4<f32>>(l | h | vec4<u32>(MAGIC)) - vec4<f32>(INT3_BIAS);
+// int3-g64: the values u - 4 of the low four 3-bit nibbles of `j` (nibble n at bits 4n .. 4n + 2)
+fn int3_four(j: u32) -> vec4<f32> {
+    let u = (vec4<u32>(j) >> vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(7u);
+    return bitcast<vec4<f32>>(u | vec4<u32>(MAGIC)) - vec4<f32>(INT3_BIAS);
 }
 
 // Words of one lane's 32 columns of one row per 128-column step: 8 vec4 (f32), 4 (bf16), one
@@ -261,11 +260,17 @@ fn w8(raw: array<vec4<u32>, WORDS_PER_LANE>, o: u32, c8: u32, s: f32) -> array<v
         out[0] = select(vec4<f32>(0.0), a, ok);
         out[1] = select(vec4<f32>(0.0), b, ok);
     } else {
+        // int3-g64 in its GPU bit order (FORMATS.md, GPU layout; the GEMV's int3_group): octet
+        // o's 2-bit lows sit in lo word o / 2 at bits 4n + 2 (o % 2), its high bits in the hi word
+        // at bits 4n + 2 (o = 0), 4n + 1 (1), 4n + 3 (2), 4n (3); one select joins them into
+        // eight 3-bit nibbles
         let r = raw[0];
-        let lb = r[o / 2u] >> (16u * (o & 1u));
-        let hb = r.z >> (8u * o);
-        out[0] = select(vec4<f32>(0.0), int3_four(lb, hb) * s, ok);
-        out[1] = select(vec4<f32>(0.0), int3_four(lb >> 8u, hb >> 4u) * s, ok);
+        let lo = r[o / 2u] >> (2u * (o & 1u));
+        let h = r.z;
+        let hi = select(select(h, h << 1u, o == 1u), select(h >> 1u, h << 2u, o == 3u), o >= 2u);
+        let j = (lo & 0x33333333u) | (hi & 0x44444444u);
+        out[0] = select(vec4<f32>(0.0), int3_four(j) * s, ok);
+        out[1] = select(vec4<f32>(0.0), int3_four(j >> 16u) * s, ok);
     }
     return out;
 }

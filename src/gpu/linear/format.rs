@@ -79,8 +79,6 @@ const INT3_TUNINGS: &[Tuning] = &[t(4, 1), t(16, 1), t(64, 1), t(128, 1), t(256,
 const INT3_MIN_WORKGROUPS: &[u64] = &[96, 96, 256, 256, 0];
 
 /// One row per format with a GPU kernel (the registry's `gpu_kernel` formats).
-/// int3-g64 has no GEMM: the GEMM's int3 decode reads the FORMATS.md bit order, not the GPU order
-/// its slabs are uploaded in.
 pub const KERNEL_FORMATS: &[KernelFormat] = &[
     KernelFormat {
         format: Format::F32,
@@ -123,7 +121,7 @@ pub const KERNEL_FORMATS: &[KernelFormat] = &[
         tunings: INT3_TUNINGS,
         min_workgroups: INT3_MIN_WORKGROUPS,
         direct_x: false,
-        gemm: false,
+        gemm: true,
         gpu_bit_order: true,
     },
     KernelFormat {
@@ -194,7 +192,7 @@ pub fn encodings_of(shapes: &[(Encoding, usize)]) -> Vec<Encoding> {
     encs
 }
 
-/// Whether `enc` has a GEMM kernel ([`KernelFormat::gemm`]: f32, bf16, int4 and int4-grouped).
+/// Whether `enc` has a GEMM kernel ([`KernelFormat::gemm`]: every kernel format).
 pub fn supported(enc: Encoding) -> bool {
     lookup(enc.format).is_some_and(|r| r.gemm)
 }

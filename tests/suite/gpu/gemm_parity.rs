@@ -326,16 +326,17 @@ fn selection_rule() {
     assert_eq!(call.label.op, "gemm");
     // the grouping pass, then the GEMM
     assert_eq!(call.dispatches(), 2);
-    // int3-g64 has no GEMM kernel (its slabs are in the GPU bit order): always the GEMV
+    // int3-g64 (slabs in the GPU bit order) takes the GEMM by the same rule
     let i3 = Encoding::parse("int3-g64").unwrap();
     let w3 = GpuWeights::upload(&gpu, &mats(&mut rng, i3, 1, 8, 128)).unwrap();
     let x3 = gpu.storage_init("x", &[0u8; 4 * 128 * 64]);
     let a3 = GemvArgs::new(&x3, 64, &pb, 64, &y);
-    assert!(!supported(i3));
-    assert_eq!(select(&w3, &a3), None);
-    assert_eq!(select(&w3, &a3.gemm(GemmChoice::Always(TILES[0]))), None);
+    assert!(supported(i3));
+    assert_eq!(select(&w3, &a3), Some(TILES[0]));
     let call = w3.bind(&gpu, i3.format.ordinal(), a3).unwrap();
-    assert_eq!(call.label.op, "gemv");
+    assert_eq!(call.label.op, "gemm");
+    let a3 = GemvArgs::new(&x3, 8, &pb, 8, &y);
+    assert_eq!(select(&w3, &a3), None, "8 pairs per expert: the GEMV");
 }
 
 /// More tiles than one grid dimension holds (65,535 workgroups): the grid spreads over y, and
@@ -378,7 +379,7 @@ fn select(w: &GpuWeights, args: &GemvArgs<'_>) -> Option<Tile> {
     route(w, args, &LinearOptions::default()).gemm_tile()
 }
 
-/// The kernel encodings with a GEMM kernel ([`supported`]: int3-g64 keeps the GEMV).
+/// The kernel encodings with a GEMM kernel ([`supported`]).
 fn gemm_encodings() -> Vec<Encoding> {
     kernel_encodings()
         .into_iter()

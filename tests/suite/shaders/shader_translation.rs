@@ -235,13 +235,10 @@ fn expected_gemv(smem: u64, subgroups: bool) -> usize {
     n
 }
 
-/// The GEMM variant count: every GEMV kernel encoding but int3-g64 (GEMV only) × the GEMM
-/// tiles, plus the grouping pass of each tile.
+/// The GEMM variant count: every GEMV kernel encoding × the GEMM tiles, plus the grouping pass
+/// of each tile.
 fn expected_gemm() -> usize {
-    let encs = inkling_wgpu::gpu::linear::kernel_encodings()
-        .into_iter()
-        .filter(|e| e.spelling() != "int3-g64")
-        .count();
+    let encs = inkling_wgpu::gpu::linear::kernel_encodings().len();
     (encs + 1) * inkling_wgpu::gpu::linear::route::TILES.len()
 }
 
