@@ -24,11 +24,12 @@ pub struct BatchArgs {
     /// Checkpoint or container directory (default: the bundled demo model).
     #[arg(long)]
     pub model: Option<PathBuf>,
-    /// Batch sizes to time, comma-separated (each at least 1).
-    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+    /// Batch sizes to time, comma-separated (each from 1 to 256, as `serve --parallel`); the
+    /// "× batch 1" column needs 1 among them, first.
+    #[arg(long, value_delimiter = ',', value_parser = super::values::parse_slots, default_value = "1,2,4,8")]
     pub batch: Vec<usize>,
     /// Decode steps timed per sequence after its prompt (at least 1).
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = super::values::parse_tokens)]
     pub tokens: usize,
     /// Stream the routed experts through this many GPU slots (as `generate --expert-slots`):
     /// the report then also gives the distinct routed experts a step reads per MoE layer.
@@ -85,11 +86,6 @@ fn run_batch(
 }
 
 pub fn run(a: BatchArgs) -> anyhow::Result<ExitCode> {
-    ensure!(a.tokens >= 1, "--tokens must be at least 1");
-    ensure!(
-        a.batch.iter().all(|&b| b >= 1),
-        "--batch: every batch size must be at least 1"
-    );
     let slots = a.batch.iter().copied().max().context("--batch is empty")?;
     let dir = match &a.model {
         Some(d) => d.clone(),
@@ -114,7 +110,9 @@ pub fn run(a: BatchArgs) -> anyhow::Result<ExitCode> {
         placement: a
             .expert_slots
             .map_or(Placement::Resident, |n| Placement::Slots(n as usize)),
-        ..GpuModelOptions::new(PROBE_PROMPT + a.tokens + 1)
+        // a decode batch of B sequences is one B-token chunk: the chunk (at most max_seq) holds
+        // the largest batch
+        ..GpuModelOptions::new((PROBE_PROMPT + a.tokens + 1).max(slots))
     };
     let moe_layers = w
         .layers
@@ -184,8 +182,14 @@ pub fn run(a: BatchArgs) -> anyhow::Result<ExitCode> {
         let step_ms = 1e3 * secs / a.tokens as f64;
         let base_agg = *base.get_or_insert(if b == 1 { agg } else { f64::NAN });
         let x = agg / base_agg;
+        // no batch of 1 timed first: no ratio
+        let x_text = if x.is_finite() {
+            format!("{x:.2}")
+        } else {
+            "-".to_string()
+        };
         eprintln!(
-            "  {b:>5}   {step_ms:>7.3}   {agg:>15.1}   {:>18.1}   {x:>9.2}{}",
+            "  {b:>5}   {step_ms:>7.3}   {agg:>15.1}   {:>18.1}   {x_text:>9}{}",
             agg / b as f64,
             experts.map_or(String::new(), |e| format!("   {e:>18.2}"))
         );

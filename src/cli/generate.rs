@@ -351,13 +351,18 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(m) = gpu_model.as_ref() {
         usage.save(m);
     }
+    // the first token comes from the prompt's forward: a rate needs a decode step after it
+    let decode = if s.generated_tokens > 1 {
+        format!("decode {:.1} tok/s", s.decode_tok_s)
+    } else {
+        "no decode step".to_string()
+    };
     eprintln!(
-        "prompt tokens {} | prefill {:.3} s | TTFT {:.3} s | {} generated, decode {:.1} tok/s | finish {}{} | {} ({})",
+        "prompt tokens {} | prefill {:.3} s | TTFT {:.3} s | {} generated, {decode} | finish {}{} | {} ({})",
         s.prompt_tokens,
         s.prefill_s,
         s.ttft_s,
         s.generated_tokens,
-        s.decode_tok_s,
         out.finish_reason.as_str(),
         seed.map(|n| format!(" | seed {n}")).unwrap_or_default(),
         backend_name,

@@ -208,8 +208,8 @@ pub fn with_chat_model<R>(
             let m = if slots > 1 {
                 m.with_context(|| {
                     format!(
-                        "{slots} sequence slots (--parallel) of {ctx} tokens of context (--ctx) \
-                         do not fit the device: lower --parallel or --ctx"
+                        "building {slots} sequence slots (--parallel) of {ctx} tokens of \
+                         context (--ctx) each"
                     )
                 })
             } else {

@@ -210,6 +210,13 @@ impl DecodeReport {
     pub fn text(&self) -> String {
         let mut s = String::new();
         let p = &self.profile;
+        if p.steps == 0 {
+            return format!(
+                "decode profile: {} ({}): no decode step ran (every generated token came from \
+                 the prompt's forward: ask for 2 tokens or more)",
+                self.model, self.adapter
+            );
+        }
         s.push_str(&format!(
             "decode profile: {} ({}), {} decode steps\n",
             self.model, self.adapter, p.steps

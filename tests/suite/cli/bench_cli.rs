@@ -382,3 +382,39 @@ fn bench_stream_rows_are_consistent() {
     let e = err(&["bench", "stream", "--model", m, "--slots", "0%"]);
     assert!(e.contains("--slots") && e.contains("\"0%\""), "{e}");
 }
+
+/// `bench batch` with a batch larger than the probe's sequence (16-token prompt + 1 step) and no
+/// batch of 1: it runs (a decode batch of B sequences is one B-token chunk, so the model's
+/// sequences are sized for it), every row's figures are positive, and the "× batch 1" ratio is
+/// `null` in the JSON and `-` in the table rather than NaN.
+#[test]
+fn bench_batch_larger_than_the_probe_and_no_batch_of_one() {
+    let m = crate::model_common::fixture("tiny-causal-f32");
+    let o = ok(&[
+        "bench",
+        "batch",
+        "--model",
+        m.to_str().unwrap(),
+        "--batch",
+        "2,21",
+        "--tokens",
+        "1",
+        "--json",
+    ]);
+    let v = json(&o);
+    let rows = v["batches"].as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    for (r, b) in rows.iter().zip([2, 21]) {
+        assert_eq!(r["batch"], b);
+        assert!(r["aggregate_tok_s"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["step_ms"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["vs_batch_1"].is_null(), "{r}");
+    }
+    let text = String::from_utf8_lossy(&o.stderr);
+    assert!(!text.contains("NaN"), "{text}");
+    let row21 = text
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some("21"))
+        .unwrap_or_else(|| panic!("no row for batch 21: {text}"));
+    assert_eq!(row21.split_whitespace().nth(4), Some("-"), "{row21}");
+}

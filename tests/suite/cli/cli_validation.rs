@@ -450,3 +450,17 @@ fn serve_fails_on_a_bad_host_before_loading_the_model() {
     assert!(e.contains("binding nosuchhost.invalid:8080"), "{e}");
     assert!(!e.contains("model loaded"), "{e}");
 }
+
+/// `bench batch` sizes and step counts are checked by the parser (exit 2, in words): a batch of
+/// 0 or past `serve --parallel`'s 256, and 0 steps. No device is opened for them.
+#[test]
+fn bench_batch_values_exit_2() {
+    for (flag, v, want) in [
+        ("--batch", "0", "expected a whole number from 1 to 256"),
+        ("--batch", "1,300", "expected a whole number from 1 to 256"),
+        ("--tokens", "0", "expected a whole number of at least 1"),
+    ] {
+        let e = run_usage_err(&["bench", "batch", flag, v]);
+        assert!(e.contains(flag) && e.contains(want), "{flag} {v}: {e}");
+    }
+}

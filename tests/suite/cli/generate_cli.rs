@@ -408,3 +408,29 @@ fn sampling_flags_reach_the_sampler() {
         seen.push(runs);
     }
 }
+
+/// One token is the prompt's forward, no decode step: the summary line and `--profile` say so
+/// instead of printing a rate and a table of zeros.
+#[test]
+fn one_token_reports_no_decode_step() {
+    let dir = fixture("tiny-causal-f32");
+    let out = run(&[
+        "--model",
+        dir.to_str().unwrap(),
+        "--prompt-ids",
+        "1,2,3",
+        "--max-tokens",
+        "1",
+        "--temperature",
+        "0",
+        "--profile",
+        "--usage-file",
+        "off",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("1 generated, no decode step"), "{err}");
+    assert!(err.contains("no decode step ran"), "{err}");
+    assert!(!err.contains("tok/s"), "{err}");
+    assert!(!err.contains("GPU ms/token"), "{err}");
+}
