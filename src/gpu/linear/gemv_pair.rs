@@ -21,8 +21,9 @@
 //!
 //! # When
 //! [`bind_pair`] fuses only what runs as one GEMV dispatch per half (the decode, not the GEMM of
-//! a prefill, not a multi-dispatch slab) on a device with room for both halves' storage buffers
-//! and workgroup memory; otherwise it returns `None` and the caller records the two calls.
+//! a prefill, not a multi-dispatch slab), neither binding a buffer the other writes, on a device
+//! with room for both halves' storage buffers and workgroup memory; otherwise it returns `None`
+//! and the caller records the two calls.
 
 use crate::formats::Encoding;
 use crate::gpu::call::{entry, Call, Dispatch, Label};
@@ -239,15 +240,34 @@ fn one_dispatch(gpu: &Gpu, h: &Half<'_>) -> Result<Option<Planned>, DispatchErro
     }
 }
 
+/// Whether neither dispatch binds a buffer the other writes (its `read_write` bindings): then
+/// their workgroups may run in any order.
+fn independent(a: &Planned, b: &Planned) -> bool {
+    let written = |p: &Planned| -> Vec<wgpu::Buffer> {
+        let kinds = p.key.bindings();
+        p.buffers
+            .iter()
+            .filter(|(k, _)| kinds.contains(&(*k, Bind::Write)))
+            .map(|(_, buf)| buf.clone())
+            .collect()
+    };
+    let touches =
+        |p: &Planned, w: &[wgpu::Buffer]| p.buffers.iter().any(|(_, buf)| w.contains(buf));
+    !touches(b, &written(a)) && !touches(a, &written(b))
+}
+
 /// Both GEMVs as one dispatch (label `"gemv pair"`), or `None` when either runs as the GEMM or as
-/// more than one dispatch, or when the device has no room for both halves' storage buffers,
+/// more than one dispatch, when one binds a buffer the other writes (the two calls in order are
+/// then what the caller means), or when the device has no room for both halves' storage buffers,
 /// uniforms or workgroup memory (the caller then records the two calls). Each half writes exactly
-/// what its call alone writes; the two must be independent (neither reads what the other
-/// writes). Errors: those of either call alone.
+/// what its call alone writes. Errors: those of either call alone.
 pub fn bind_pair(gpu: &Gpu, a: Half<'_>, b: Half<'_>) -> Result<Option<Call>, DispatchError> {
     let (Some(da), Some(db)) = (one_dispatch(gpu, &a)?, one_dispatch(gpu, &b)?) else {
         return Ok(None);
     };
+    if !independent(&da, &db) {
+        return Ok(None);
+    }
     let key = GemvPairKey {
         a: da.key,
         b: db.key,

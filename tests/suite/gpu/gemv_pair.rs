@@ -1,7 +1,8 @@
 //! Two GEMVs in one dispatch (`gemv_pair::bind_pair`) against the f64 CPU reference on the same
 //! bytes and against each GEMV alone: every kernel format in either half beside another, odd
-//! shapes, gammas on one half, the silu·up epilogue, both reductions, poisoned outputs with
-//! guards; and the calls it leaves apart (the GEMM). Runs on lavapipe in CI.
+//! shapes, gammas on one half, the silu·up epilogue, x per pair, two-chunk slabs, both reductions,
+//! poisoned outputs with guards; and the calls it leaves apart (the GEMM, dependent halves). Runs
+//! on lavapipe in CI.
 
 use crate::gpu::gemv_parity::{reductions, rel_err};
 use crate::ops_util::{gpu, poisoned, read, run, Rng};
@@ -25,6 +26,8 @@ struct Side {
     pairs: Vec<(u32, u32, u32)>,
     gammas: Option<Vec<f32>>,
     silu: bool,
+    /// x row p for pair p (the down projections' layout), not x row `token(p)`.
+    x_per_pair: bool,
 }
 
 impl Side {
@@ -46,7 +49,24 @@ impl Side {
             pairs,
             gammas,
             silu,
+            x_per_pair: false,
         }
+    }
+
+    /// The same side reading x row p for pair p (one x row per pair, fresh values).
+    fn per_pair(mut self, rng: &mut Rng) -> Side {
+        self.x = rng.vec(self.pairs.len() * self.mats[0].cols, 2.0);
+        self.x_per_pair = true;
+        self
+    }
+
+    /// The same side with its slab uploaded as two chunks (two experts, then one): its one
+    /// dispatch binds both.
+    fn two_chunks(mut self, gpu: &Gpu) -> Side {
+        let stride = self.w.expert_bytes();
+        self.w = GpuWeights::upload_with_limit(gpu, &self.mats, 2 * stride).unwrap();
+        assert_eq!(self.w.chunks().len(), 2);
+        self
     }
 
     /// Outputs per pair.
@@ -58,7 +78,8 @@ impl Side {
     fn reference(&self, p: usize) -> Vec<f64> {
         let (e, t, wi) = self.pairs[p];
         let i = self.mats[0].cols;
-        let xt = &self.x[t as usize * i..(t as usize + 1) * i];
+        let row = if self.x_per_pair { p } else { t as usize };
+        let xt = &self.x[row * i..(row + 1) * i];
         let r = self.mats[e as usize].gemv_ref_f64(xt);
         if self.silu {
             let n = r.len() / 2;
@@ -100,6 +121,7 @@ impl Bufs {
         let tokens = (s.x.len() / s.mats[0].cols) as u32;
         let a = GemvArgs::new(&self.x, tokens, &self.pairs, s.pairs.len() as u32, &self.y)
             .silu_mul(s.silu)
+            .x_per_pair(s.x_per_pair)
             .reduction(red);
         match &self.gammas {
             Some(g) => a.gamma(g),
@@ -227,4 +249,67 @@ fn a_gemm_call_is_left_apart() {
         ..half(y)
     };
     assert!(bind_pair(&gpu, one(&y1), one(&y2)).unwrap().is_some());
+}
+
+/// The decode's second pair as it runs: a bf16 down projection with x per pair (the shared
+/// experts' activations) beside a gate_up with the silu·up epilogue; then halves whose slabs are
+/// two chunks each, in every kernel format.
+#[test]
+fn x_per_pair_and_two_chunk_halves() {
+    let gpu = gpu();
+    let mut rng = Rng(0x9a14);
+    let bf16 = Encoding::BF16;
+    for eb in kernel_encodings() {
+        let a = Side::new(&gpu, &mut rng, bf16, (41, 96), false).per_pair(&mut rng);
+        let b = Side::new(&gpu, &mut rng, eb, (2 * 33, 160), true);
+        let what = format!("a bf16 x per pair | b {} silu", eb.spelling());
+        check_pair(&gpu, &a, &b, Reduction::Auto, &what);
+        let a = Side::new(&gpu, &mut rng, eb, (29, 128), false)
+            .per_pair(&mut rng)
+            .two_chunks(&gpu);
+        let b = Side::new(&gpu, &mut rng, bf16, (2 * 19, 72), true).two_chunks(&gpu);
+        let what = format!(
+            "a {} two chunks, x per pair | b bf16 two chunks silu",
+            eb.spelling()
+        );
+        check_pair(&gpu, &a, &b, Reduction::Auto, &what);
+    }
+}
+
+/// Halves that are not independent are left apart (`None`: the caller's two calls in order are
+/// what it means): b reads a's output, b writes a's x, both write one output. Independent halves
+/// that share their x (the router beside the shared gate_up) are paired.
+#[test]
+fn dependent_halves_are_left_apart() {
+    let gpu = gpu();
+    let mut rng = Rng(0x9a15);
+    let enc = Encoding::parse("int4-g64").unwrap();
+    let s = Side::new(&gpu, &mut rng, enc, (64, 64), false);
+    let (ba, bb) = (Bufs::new(&gpu, &s), Bufs::new(&gpu, &s));
+    let opts = LinearOptions::default();
+    let red = Reduction::Auto;
+    let pair = |a: GemvArgs<'_>, b: GemvArgs<'_>| {
+        bind_pair(&gpu, half(&s, a, &opts), half(&s, b, &opts))
+            .unwrap()
+            .is_some()
+    };
+    fn with_x<'a>(bufs: &'a Bufs, x: &'a wgpu::Buffer) -> GemvArgs<'a> {
+        GemvArgs::new(x, 2, &bufs.pairs, 4, &bufs.y).gamma(bufs.gammas.as_ref().unwrap())
+    }
+    // y of a is as large as 4 x rows of 64: bind it as b's x
+    assert!(
+        !pair(ba.args(&s, red), with_x(&bb, &ba.y)),
+        "b reads a's output"
+    );
+    assert!(
+        !pair(with_x(&ba, &bb.y), bb.args(&s, red)),
+        "a reads b's output"
+    );
+    let same_y = GemvArgs::new(&bb.x, 2, &bb.pairs, 4, &ba.y);
+    assert!(!pair(ba.args(&s, red), same_y), "both write one output");
+    assert!(
+        pair(ba.args(&s, red), with_x(&bb, &ba.x)),
+        "a shared x is read only"
+    );
+    assert!(pair(ba.args(&s, red), bb.args(&s, red)));
 }
