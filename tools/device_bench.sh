@@ -7,7 +7,7 @@
 #   BINS="base=.dev/base.gz new=.dev/new.gz" bash tools/device_bench.sh STEP...
 #   bash tools/device_bench.sh --dry-run STEP...         print the commands, run nothing (works anywhere)
 #   bash tools/device_bench.sh --summary KIND FILE [LABEL]  print the summary line of one output file
-#                                                        (KIND: decode, prefill, kernels, peer, stream, batch, serve)
+#                                                        (KIND: decode, prefill, kernels, peer, stream, generate, batch, serve)
 #
 # BINS   space-separated NAME=PATH: release binaries (`cargo build --release`, stripped, gzipped when the
 #        name ends in .gz) carried in .dev/ (ignored by git: name `.dev` in the device call's carry).
@@ -27,6 +27,11 @@
 #              layer, then `generate --expert-slots N --usage-file off` (16 prompt ids, 32 greedy tokens)
 #              with every binary at 100%, 50% and 25% of the routed experts as slots (page cache warm);
 #              STREAM_COLD=1 adds 25% with the container's pages dropped first
+#   generate   for each format of GEN_FORMATS: an 8-layer inkling-small with all 256 routed experts per
+#              layer, resident, then with every binary `bench decode --tokens 64` and `generate --json` (16
+#              prompt ids, greedy, GEN_TOKENS tokens each, one process per run): its stats.token_times_s,
+#              when each token reached the host, show a start-up cost of `generate` against its steady
+#              rate and `bench decode` (BENCHMARKS.md#decode-generate)
 #   model-peer llama.cpp's model-level peer (MODEL_PEER/run.sh MODEL_PEER_WHICH), its RESULT lines
 #   batch      for each probe of PROBES and then (BATCH_FULL=1, the default) an 8-layer inkling-small with all
 #              256 routed experts per layer (int4-g64): `bench batch --batch BATCHES --tokens TOKENS` with every
@@ -41,6 +46,7 @@
 # Environment (defaults): PROBES (small42), PREFILL_PROBE (small42), ROUNDS (2), TOKENS (64), PEROP (0), TORCH (0),
 #   PEAK_GBS (measured by `bench copy`), SYNTH_BIN (the first binary's NAME: it writes every container),
 #   PROMPTS (512,2048), BATCHES (1,2,4,8), SERVE_TOKENS (128), BATCH_FULL (1), STREAM_FORMATS (int4-g64), STREAM_LAYERS (8), STREAM_COLD (0),
+#   GEN_FORMATS (int3-g64 int4-g64), GEN_TOKENS (128 512),
 #   PEER (.dev/peer, else shared/peers/llamacpp: a copy of ../shared/peers/llamacpp, which does not
 #   travel by itself), MODEL_PEER (.dev/peer-model, else shared/peers/llamacpp-model), MODEL_PEER_WHICH
 #   (small), SHM (/dev/shm: the machine's 64 GB disk takes writes at about 1.2 GB/s, tmpfs does not),
@@ -149,6 +155,25 @@ elif kind == "stream":
         parts.append("%s %.1f tok/s%s, ids %s" % (tag, s["decode_tok_s"], extra,
                                                  "= first" if ids == ref else "DIFFER"))
     print("summary: stream %s: %s" % (label, " | ".join(parts)))
+elif kind == "generate":
+    # one generate --json document per line, each prefixed by "TAG\t": its decode rate, then the
+    # mean interval between tokens (stats.token_times_s) over ranges of the token index
+    import statistics
+    parts = []
+    for line in open(path):
+        tag, _, doc = line.partition("\t")
+        try:
+            s = json.loads(doc)["stats"]
+        except (ValueError, KeyError):
+            parts.append("%s failed" % tag)
+            continue
+        t = s.get("token_times_s") or []
+        gaps = [1e3 * (b - a) for a, b in zip(t, t[1:])]
+        ranges = ["%d-%d %.3f" % (lo, min(hi, len(gaps)), statistics.mean(gaps[lo:hi]))
+                  for lo, hi in ((0, 8), (8, 32), (32, 128), (128, 512), (512, 2048)) if gaps[lo:hi]]
+        parts.append("%s %.1f tok/s, TTFT %.3f s, ms between tokens %s"
+                     % (tag, s["decode_tok_s"], s["ttft_s"], ", ".join(ranges) or "none"))
+    print("summary: generate %s: %s" % (label, " | ".join(parts)))
 elif kind == "batch":
     d = json.load(open(path))
     parts = ["B=%d %.2f ms/step %.1f tok/s (x%s)%s" % (
@@ -168,7 +193,7 @@ elif kind == "serve":
                         ttft / base[1], 1000 * lv["ttft_s"]["max"], lv["errors"]))
     print("summary: serve %s: %s" % (label, " | ".join(parts)))
 else:
-    sys.exit("unknown summary kind %s (decode, prefill, kernels, peer, stream, batch, serve)" % kind)
+    sys.exit("unknown summary kind %s (decode, prefill, kernels, peer, stream, generate, batch, serve)" % kind)
 PY
 }
 
@@ -179,8 +204,8 @@ fi
 
 [ $# -ge 1 ] || { sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 2; }
 for step in "$@"; do
-  case $step in copy|smoke|kernels|decode|prefill|stream|model-peer|batch) ;;
-    *) echo "unknown step '$step' (copy smoke kernels decode prefill stream model-peer batch)" >&2; exit 2 ;;
+  case $step in copy|smoke|kernels|decode|prefill|stream|generate|model-peer|batch) ;;
+    *) echo "unknown step '$step' (copy smoke kernels decode prefill stream generate model-peer batch)" >&2; exit 2 ;;
   esac
 done
 probe_args() { # probe -> synth arguments
@@ -197,6 +222,7 @@ for p in $PROBES $PREFILL_PROBE; do
 done
 ROUNDS=${ROUNDS:-2}; TOKENS=${TOKENS:-64}; PROMPTS=${PROMPTS:-512,2048}
 STREAM_FORMATS=${STREAM_FORMATS:-int4-g64}; STREAM_LAYERS=${STREAM_LAYERS:-8}
+GEN_FORMATS=${GEN_FORMATS:-int3-g64 int4-g64}; GEN_TOKENS=${GEN_TOKENS:-128 512}
 BATCHES=${BATCHES:-1,2,4,8}; SERVE_TOKENS=${SERVE_TOKENS:-128}; BATCH_FULL=${BATCH_FULL:-1}
 SHM=${SHM:-/dev/shm}; OUT=${OUT:-/tmp/out}
 W=/tmp/device_bench; [ "$DRY" = 1 ] && W=$(mktemp -d); SUMMARY=$W/summary.txt
@@ -376,6 +402,28 @@ for f in os.listdir(sys.argv[1]):
             fi
           done
           sum stream "$f" "$fmt $STREAM_LAYERS layers $n"
+        done
+        x rm -rf "$DIR"
+      done ;;
+    generate)
+      ids=1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16
+      for fmt in $GEN_FORMATS; do
+        ensure_probe "gen-$fmt" --preset inkling-small --layers "$STREAM_LAYERS" --experts "$fmt" || continue
+        for n in "${NAMES[@]}"; do
+          f=$W/generate-$fmt-$n
+          x "${BIN[$n]}" bench decode --model "$DIR" --tokens 64 --json --peak-gbs "$peak" > "$f-decode.json" 2> "$f-decode.txt" \
+            || echo "bench decode (generate $fmt, $n) failed: rc $?"
+          sum decode "$f-decode.json" "generate-container $fmt $n"
+          [ "$DRY" = 0 ] && : > "$f.tsv"
+          for k in $GEN_TOKENS; do
+            if [ "$DRY" = 1 ]; then
+              x "${BIN[$n]}" generate --model "$DIR" --prompt-ids "$ids" --max-tokens "$k" --temperature 0 --json --usage-file off
+            else
+              printf '%s\t%s\n' "$k tokens" "$("${BIN[$n]}" generate --model "$DIR" --prompt-ids "$ids" --max-tokens "$k" \
+                --temperature 0 --json --usage-file off 2>> "$f.txt" | tr -d '\n')" >> "$f.tsv"
+            fi
+          done
+          sum generate "$f.tsv" "$fmt $STREAM_LAYERS layers $n"
         done
         x rm -rf "$DIR"
       done ;;

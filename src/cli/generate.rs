@@ -258,7 +258,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut text = String::new();
     let json = args.json;
     let mut at_first_token = None;
+    // when each generated id reached the host, from the first one's arrival (--json)
+    let mut first_at = None;
+    let mut token_times = Vec::new();
     let mut on_token = |id: u32| -> anyhow::Result<()> {
+        let now = std::time::Instant::now();
+        let t0 = *first_at.get_or_insert(now);
+        token_times.push((now - t0).as_secs_f64());
         if !waiting.is_finished() {
             waiting.finish_and_clear();
         }
@@ -330,6 +336,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 "prefill_s": s.prefill_s,
                 "ttft_s": s.ttft_s,
                 "decode_tok_s": s.decode_tok_s,
+                "token_times_s": token_times,
                 "seed": seed,
                 "pipelines_built": pipelines,
                 "backend": backend_name,

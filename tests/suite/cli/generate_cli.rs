@@ -77,6 +77,16 @@ fn cli_json_reproduces_transformers_on_both_layouts() {
             for k in ["prefill_s", "ttft_s", "decode_tok_s"] {
                 assert!(s[k].as_f64().unwrap() >= 0.0, "{k}");
             }
+            // one arrival time per printed token, from 0, never going back
+            let times: Vec<f64> = s["token_times_s"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t.as_f64().unwrap())
+                .collect();
+            assert_eq!(times.len(), printed.len(), "{name}: token_times_s");
+            assert_eq!(times[0], 0.0, "{name}");
+            assert!(times.windows(2).all(|w| w[0] <= w[1]), "{times:?}");
             assert!(s["adapter"].is_string());
         }
     }
