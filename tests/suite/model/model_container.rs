@@ -1,7 +1,8 @@
 //! The model loader on converted containers (`inkling-wgpu convert` output): for every expert
 //! format, the loaded linears are exactly `quantize_with()` (default scale rule) of the source weights and borrow the mapped
 //! file (routed experts inside their slab); the CPU and GPU forwards on them give the logits of
-//! the f32 path on the dequantised weights (1e-5); a bf16-only
+//! the f32 path on the dequantised weights (1e-5), also over a prompt long enough for the routed
+//! experts' prefill GEMM; a bf16-only
 //! conversion of a BF16 source reproduces transformers' tokens and the unconverted model's logits
 //! bit for bit; `generate --device cpu --json` and `info` work on converted and source
 //! directories; a corrupted stamp is refused through `Checkpoint::open`, naming shard and tensor.
@@ -313,6 +314,32 @@ fn check_logits(name: &str, dst: &Path) -> Vec<u32> {
                 dst.display()
             );
         }
+    }
+    // a prompt long enough that the routed experts' prefill takes the GEMM (at least
+    // MIN_PAIRS_PER_EXPERT pairs per expert) in every format: GPU = f32 on the dequantised weights
+    let cfg = &w.config;
+    let long: Vec<u32> = (0..120u32)
+        .map(|k| (k * 37 + 5) % cfg.vocab_size as u32)
+        .collect();
+    assert!(
+        long.len() * cfg.num_experts_per_tok / cfg.n_routed_experts
+            >= inkling_wgpu::gpu::linear::route::MIN_PAIRS_PER_EXPERT as usize
+    );
+    let want_long = CpuModel::new(&deq).forward_all(&long).unwrap();
+    let mut gpu = GpuModel::new(&g, &w, GpuModelOptions::new(long.len())).unwrap();
+    for (t, (a, b)) in gpu
+        .forward_all(&long)
+        .unwrap()
+        .iter()
+        .zip(&want_long)
+        .enumerate()
+    {
+        let e = rel_err(a, b);
+        assert!(
+            e <= 1e-5,
+            "{name} {}: GPU on the container (120-token prompt) vs f32 on the dequantised weights, position {t}: rel err {e:e}",
+            dst.display()
+        );
     }
     for (t, &id) in out.generated_ids.iter().enumerate() {
         let row = &want[c.prompt_ids.len() - 1 + t];
