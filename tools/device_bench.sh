@@ -22,7 +22,7 @@
 #              --peak-gbs C` with every binary, alternating binaries for ROUNDS rounds (noise shows as the
 #              spread within one binary), then one line with every binary's tok/s side by side; PEROP=1
 #              adds one `--per-op` run per binary; the container is removed after its probe
-#   prefill    `bench prefill --prompt 512,2048 --repeat 2 --json` with every binary on PREFILL_PROBE
+#   prefill    `bench prefill --prompt 512,2048 --repeat 2 --json` with every binary on each probe of PREFILL_PROBE
 #   stream     for each format of STREAM_FORMATS: an 8-layer inkling-small with all 256 routed experts per
 #              layer, then `generate --expert-slots N --usage-file off` (16 prompt ids, 32 greedy tokens)
 #              with every binary at 100%, 50% and 25% of the routed experts as slots (page cache warm);
@@ -364,19 +364,20 @@ PY
 )"
         fi
         say "$line"
-        [ "$p" = "$PREFILL_PROBE" ] && [[ " $* " == *" prefill "* ]] || rm -rf "$DIR"
+        [[ " $PREFILL_PROBE " == *" $p "* ]] && [[ " $* " == *" prefill "* ]] || rm -rf "$DIR"
       done ;;
     prefill)
-      p=$PREFILL_PROBE
-      ensure_probe "$p" $(probe_args "$p") || continue
-      for n in "${NAMES[@]}"; do
-        f=$W/prefill-$p-$n
-        x "${BIN[$n]}" bench prefill --model "$DIR" --prompt "$PROMPTS" --repeat 2 --json > "$f.json" 2> "$f.txt" \
-          || { echo "bench prefill ($p, $n) failed: rc $?"; cat "$f.txt"; continue; }
-        [ "$DRY" = 0 ] && cat "$f.txt"
-        sum prefill "$f.json" "$p $n (decode tok/s on this probe: ${DECODE_TOK[$p $n]:-not measured})"
-      done
-      x rm -rf "$DIR" ;;
+      for p in $PREFILL_PROBE; do
+        ensure_probe "$p" $(probe_args "$p") || continue
+        for n in "${NAMES[@]}"; do
+          f=$W/prefill-$p-$n
+          x "${BIN[$n]}" bench prefill --model "$DIR" --prompt "$PROMPTS" --repeat 2 --json > "$f.json" 2> "$f.txt" \
+            || { echo "bench prefill ($p, $n) failed: rc $?"; cat "$f.txt"; continue; }
+          [ "$DRY" = 0 ] && cat "$f.txt"
+          sum prefill "$f.json" "$p $n (decode tok/s on this probe: ${DECODE_TOK[$p $n]:-not measured})"
+        done
+        x rm -rf "$DIR"
+      done ;;
     stream)
       ids=1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16; total=$((STREAM_LAYERS * 256))
       for fmt in $STREAM_FORMATS; do
