@@ -21,7 +21,7 @@ use std::process::ExitCode;
 
 #[derive(clap::Args, Debug)]
 pub struct GemmArgs {
-    /// Kernel encodings, comma-separated (default: bf16, int4-g64).
+    /// Kernel encodings, comma-separated (default: bf16, int4-g64, int3-g64).
     #[arg(long, value_delimiter = ',')]
     pub formats: Vec<String>,
     /// Tokens of the chunk, comma-separated (default: 64,512,2048; 8,32 in quick mode).
@@ -115,7 +115,11 @@ pub fn run(a: GemmArgs) -> anyhow::Result<ExitCode> {
     );
     let top_k = 6;
     let encs: Vec<Encoding> = if a.formats.is_empty() {
-        vec![Encoding::BF16, Encoding::parse("int4-g64")?]
+        vec![
+            Encoding::BF16,
+            Encoding::parse("int4-g64")?,
+            Encoding::parse("int3-g64")?,
+        ]
     } else {
         a.formats
             .iter()
