@@ -7,7 +7,7 @@
 #   BINS="base=.dev/base.gz new=.dev/new.gz" bash tools/device_bench.sh STEP...
 #   bash tools/device_bench.sh --dry-run STEP...         print the commands, run nothing (works anywhere)
 #   bash tools/device_bench.sh --summary KIND FILE [LABEL]  print the summary line of one output file
-#                                                        (KIND: decode, prefill, kernels, peer, stream, generate, batch, serve)
+#                                                        (KIND: decode, prefill, gemm, kernels, peer, stream, generate, batch, serve)
 #
 # BINS   space-separated NAME=PATH: release binaries (`cargo build --release`, stripped, gzipped when the
 #        name ends in .gz) carried in .dev/ (ignored by git: name `.dev` in the device call's carry).
@@ -18,6 +18,8 @@
 #   kernels    `bench kernels --json --peak-gbs C` with every binary (`bench compare` of each against the
 #              first), then llama.cpp's Vulkan peer (`run.sh mm-cold mmid-cold`) once, if PEER is carried;
 #              TORCH=1 adds benches/native/torch_gemv.py and `bench compare` of the first binary against it
+#   gemm       `bench gemm --json` with every binary (the prefill GEMM against the GEMV on a chunk's dense
+#              and routed projections, bf16, int4-g64 and int3-g64, 64/512/2048 tokens)
 #   decode     for each probe of PROBES: `synth` once into /dev/shm, then `bench decode --tokens 64 --json
 #              --peak-gbs C` with every binary, alternating binaries for ROUNDS rounds (noise shows as the
 #              spread within one binary), then one line with every binary's tok/s side by side; PEROP=1
@@ -155,6 +157,13 @@ elif kind == "stream":
         parts.append("%s %.1f tok/s%s, ids %s" % (tag, s["decode_tok_s"], extra,
                                                  "= first" if ids == ref else "DIFFER"))
     print("summary: stream %s: %s" % (label, " | ".join(parts)))
+elif kind == "gemm":
+    # the engine's own choice (kernel "auto=...") per format, shape and chunk: its ratio to the GEMV
+    d = json.load(open(path))
+    parts = ["%s %s %d tok %s %.2fx" % (r["format"], r["shape"], r["tokens"], r["kernel"],
+                                        r["speedup_vs_gemv"])
+             for r in d["results"] if r["kernel"].startswith("auto")]
+    print("summary: gemm %s: %s" % (label, " | ".join(parts) or "no rows"))
 elif kind == "generate":
     # one generate --json document per line, each prefixed by "TAG\t": its decode rate, then the
     # mean interval between tokens (stats.token_times_s) over ranges of the token index
@@ -193,7 +202,7 @@ elif kind == "serve":
                         ttft / base[1], 1000 * lv["ttft_s"]["max"], lv["errors"]))
     print("summary: serve %s: %s" % (label, " | ".join(parts)))
 else:
-    sys.exit("unknown summary kind %s (decode, prefill, kernels, peer, stream, generate, batch, serve)" % kind)
+    sys.exit("unknown summary kind %s (decode, prefill, gemm, kernels, peer, stream, generate, batch, serve)" % kind)
 PY
 }
 
@@ -204,8 +213,8 @@ fi
 
 [ $# -ge 1 ] || { sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 2; }
 for step in "$@"; do
-  case $step in copy|smoke|kernels|decode|prefill|stream|generate|model-peer|batch) ;;
-    *) echo "unknown step '$step' (copy smoke kernels decode prefill stream generate model-peer batch)" >&2; exit 2 ;;
+  case $step in copy|smoke|kernels|gemm|decode|prefill|stream|generate|model-peer|batch) ;;
+    *) echo "unknown step '$step' (copy smoke kernels gemm decode prefill stream generate model-peer batch)" >&2; exit 2 ;;
   esac
 done
 probe_args() { # probe -> synth arguments
@@ -326,6 +335,13 @@ for step in "$@"; do
       else
         echo "no llama.cpp peer at $PEER (copy ../shared/peers/llamacpp into .dev/peer and carry .dev)"
       fi ;;
+    gemm)
+      for n in "${NAMES[@]}"; do
+        f=$W/gemm-$n
+        x "${BIN[$n]}" bench gemm --json > "$f.json" 2> "$f.txt" || { echo "bench gemm ($n) failed: rc $?"; cat "$f.txt"; continue; }
+        [ "$DRY" = 0 ] && cat "$f.txt"
+        sum gemm "$f.json" "$n"
+      done ;;
     decode)
       for p in $PROBES; do
         ensure_probe "$p" $(probe_args "$p") || continue
