@@ -32,8 +32,8 @@
 #   generate   for each format of GEN_FORMATS: an 8-layer inkling-small with all 256 routed experts per
 #              layer, resident, then with every binary `bench decode --tokens 64` and `generate --json` (16
 #              prompt ids, greedy, GEN_TOKENS tokens each, one process per run): its stats.token_times_s,
-#              when each token reached the host, show a start-up cost of `generate` against its steady
-#              rate and `bench decode` (BENCHMARKS.md#decode-generate)
+#              when each token reached the host, against its steady rate and `bench decode`, to test
+#              whether `generate` pays a start-up cost (BENCHMARKS.md#decode-generate)
 #   model-peer llama.cpp's model-level peer (MODEL_PEER/run.sh MODEL_PEER_WHICH), its RESULT lines
 #   batch      for each probe of PROBES and then (BATCH_FULL=1, the default) an 8-layer inkling-small with all
 #              256 routed experts per layer (int4-g64): `bench batch --batch BATCHES --tokens TOKENS` with every
@@ -383,7 +383,9 @@ PY
         [[ " $PREFILL_PROBE " == *" $p "* ]] && [[ " $* " == *" prefill "* ]] || rm -rf "$DIR"
       done ;;
     prefill)
-      for p in $PREFILL_PROBE; do
+      # a probe whose container the decode step left goes first (ensure_probe removes the others)
+      order=(); for p in $PREFILL_PROBE; do [ -f "$SHM/device_bench-$p/config.json" ] && order=("$p" "${order[@]}") || order+=("$p"); done
+      for p in "${order[@]}"; do
         ensure_probe "$p" $(probe_args "$p") || continue
         for n in "${NAMES[@]}"; do
           f=$W/prefill-$p-$n
@@ -425,12 +427,15 @@ for f in os.listdir(sys.argv[1]):
     generate)
       ids=1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16
       for fmt in $GEN_FORMATS; do
-        ensure_probe "gen-$fmt" --preset inkling-small --layers "$STREAM_LAYERS" --experts "$fmt" || continue
+        # the stream step's container (the same synth arguments), reused when it is there
+        ensure_probe "stream-$fmt" --preset inkling-small --layers "$STREAM_LAYERS" --experts "$fmt" || continue
         for n in "${NAMES[@]}"; do
           f=$W/generate-$fmt-$n
-          x "${BIN[$n]}" bench decode --model "$DIR" --tokens 64 --json --peak-gbs "$peak" > "$f-decode.json" 2> "$f-decode.txt" \
-            || echo "bench decode (generate $fmt, $n) failed: rc $?"
-          sum decode "$f-decode.json" "generate-container $fmt $n"
+          if x "${BIN[$n]}" bench decode --model "$DIR" --tokens 64 --json --peak-gbs "$peak" > "$f-decode.json" 2> "$f-decode.txt"; then
+            sum decode "$f-decode.json" "generate-container $fmt $n"
+          else
+            echo "bench decode (generate $fmt, $n) failed: rc $?"; cat "$f-decode.txt"
+          fi
           [ "$DRY" = 0 ] && : > "$f.tsv"
           for k in $GEN_TOKENS; do
             if [ "$DRY" = 1 ]; then

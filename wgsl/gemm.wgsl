@@ -17,8 +17,8 @@
 // with xrow(p) = token(p), or p with `x_per_pair` (bit 8 of `pair_mode`), for the rows r0 <= r < r1
 // of the experts e0 <= e < e1 held by the bound weight chunk; pairs of other experts are not
 // written. PAIRS holds 4 u32 per pair (expert, token, weight_idx, pad); weight_idx 0xFFFFFFFF = no
-// gamma. Weight rows, scales and their decode are the GEMV's (FORMATS.md bytes padded to whole
-// units; f32 scales [E][O][scales_per_row]).
+// gamma. Weight rows, scales and their decode are the GEMV's (the GPU layout of FORMATS.md:
+// rows padded to whole units, int3-g64 in its GPU bit order; f32 scales [E][O][scales_per_row]).
 //
 // Tiles of pairs. Unsorted (bit 0 of `pair_mode` clear, one-expert slabs): tile s holds pairs
 // s * PAIRS_PER_TILE .. (s + 1) * PAIRS_PER_TILE; a pair whose expert is not e0 is skipped.
@@ -260,10 +260,11 @@ fn w8(raw: array<vec4<u32>, WORDS_PER_LANE>, o: u32, c8: u32, s: f32) -> array<v
         out[0] = select(vec4<f32>(0.0), a, ok);
         out[1] = select(vec4<f32>(0.0), b, ok);
     } else {
-        // int3-g64 in its GPU bit order (FORMATS.md, GPU layout; the GEMV's int3_group): octet
-        // o's 2-bit lows sit in lo word o / 2 at bits 4n + 2 (o % 2), its high bits in the hi word
-        // at bits 4n + 2 (o = 0), 4n + 1 (1), 4n + 3 (2), 4n (3); one select joins them into
-        // eight 3-bit nibbles
+        // int3-g64 in its GPU bit order (FORMATS.md, GPU layout; the GEMV's int3_group): the
+        // lane's half h of its group has lo words 2h, 2h + 1 (raw .x, .y) and hi word h (.z);
+        // value n of octet o has its 2-bit low part in lo word 2h + o / 2 at bits
+        // 4n + 2·(o % 2) .. +1 and its high bit in the hi word at bit 4n + 2 (o = 0), 4n + 1 (1),
+        // 4n + 3 (2), 4n (3); one select joins them into eight 3-bit nibbles
         let r = raw[0];
         let lo = r[o / 2u] >> (2u * (o & 1u));
         let h = r.z;

@@ -1,4 +1,4 @@
-// int3-g64 groups from their FORMATS.md bit order to the GPU order the GEMV decodes, in place
+// int3-g64 groups from their FORMATS.md bit order to the GPU order the GEMV and GEMM decode, in place
 // (src/gpu/linear/slab_layout.rs documents both orders and does the same on the host): the
 // streamed uploads copy int3-g64 experts as stored and this pass reorders them in their slot.
 // Each 24-byte group is six u32 words: four lo words (2-bit low parts), two hi words (high bits).

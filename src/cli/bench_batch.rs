@@ -120,8 +120,12 @@ pub fn run(a: BatchArgs) -> anyhow::Result<ExitCode> {
         .filter(|l| matches!(l.mlp, Mlp::Moe(_)))
         .count()
         .max(1);
-    let mut m = GpuModel::new(&gpu, &w, opts)
-        .with_context(|| format!("building the GPU model on {}", gpu.describe()))?;
+    let mut m = GpuModel::new(&gpu, &w, opts).with_context(|| {
+        format!(
+            "building the GPU model with {slots} sequence slots (the largest --batch) on {}",
+            gpu.describe()
+        )
+    })?;
     // warm-up: every batch size once, then the largest until WARMUP_S has passed
     let warm = Instant::now();
     for &b in &a.batch {

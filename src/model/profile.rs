@@ -212,8 +212,8 @@ impl DecodeReport {
         let p = &self.profile;
         if p.steps == 0 {
             return format!(
-                "decode profile: {} ({}): no decode step ran (every generated token came from \
-                 the prompt's forward: ask for 2 tokens or more)",
+                "decode profile: {} ({}): no decode step ran (the only generated token came \
+                 from the prompt's forward: --max-tokens 1, or an end-of-sequence token first)",
                 self.model, self.adapter
             );
         }

@@ -42,7 +42,8 @@ pub struct KernelFormat {
     pub min_workgroups: &'static [u64],
     /// The GEMV may read x straight from global memory (`XDIRECT`) when x is aligned.
     pub direct_x: bool,
-    /// The prefill GEMM has a decode for it.
+    /// The prefill GEMM has a decode for it (every format of the table today; a new format can
+    /// start on the GEMV alone).
     pub gemm: bool,
     /// Slab bytes are stored with their bits in the GPU order of
     /// [`crate::gpu::linear::slab_layout`] (same bytes per group, other bit positions).

@@ -4,8 +4,9 @@
 //! # Problem
 //! Exactly the GEMV's: for P pairs `(expert, token, weight_idx)`,
 //! `y[p, 0..O] = gamma[weight_idx(p)] · W_{expert(p)} · x[token(p), 0..I]` (or x row p with
-//! `x_per_pair`), f32 in and out, f32 accumulation, over the same [`GpuWeights`] slab (rows in
-//! FORMATS.md bytes padded to whole units, f32 scales) and the same decode of each format.
+//! `x_per_pair`), f32 in and out, f32 accumulation, over the same [`GpuWeights`] slab (FORMATS.md's
+//! GPU layout: rows padded to whole units, int3-g64 in its GPU bit order; f32 scales) and the same
+//! decode of each format.
 //! [`GpuWeights::bind`] returns the GEMM's [`Call`] (label `"gemm"`, built by [`bind`]) instead
 //! of GEMV dispatches when [`select`] says so; callers see one call either way.
 //!

@@ -1,7 +1,7 @@
 //! How FORMATS.md row bytes become GPU slab bytes (FORMATS.md, *GPU layout*): each row padded
 //! with zeros to a whole number of units (16 bytes; 48 bytes, two groups, for int3-g64), and the
-//! bits of every int3-g64 group put in the GPU order the GEMV decodes with one bitwise select
-//! per eight values. Every other format keeps its bytes.
+//! bits of every int3-g64 group put in the GPU order the GEMV and the GEMM decode with one
+//! bitwise select per eight values. Every other format keeps its bytes.
 //!
 //! int3-g64 GPU order, per 24-byte group (the same six little-endian u32 words: four lo words,
 //! two hi words, holding the same values as FORMATS.md's layout; only bit positions inside each

@@ -212,7 +212,7 @@ impl<'w> GpuModel<'w> {
             opts.seq_slots == 1 || sb >= BATCH_STORAGE_BUFFERS,
             "{} sequence slots: the decode batch's attention kernel binds {BATCH_STORAGE_BUFFERS} \
              storage buffers, but this device allows {sb} per shader stage (wgpu limit \
-             `max_storage_buffers_per_shader_stage`); use one sequence slot (`serve --parallel 1`)",
+             `max_storage_buffers_per_shader_stage`); use one sequence slot",
             opts.seq_slots
         );
         ensure!(

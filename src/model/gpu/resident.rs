@@ -50,8 +50,8 @@ impl Linear {
     }
 
     /// GEMVs `a` and `b` (each over its linear) under `opts` as one dispatch labelled `op`, or
-    /// `None` where they do not pair ([`gemv_pair::bind_pair`]; the caller then records each).
-    /// They must be independent: neither reads what the other writes.
+    /// `None` where they do not pair ([`gemv_pair::bind_pair`]: among other reasons, when one
+    /// binds a buffer the other writes; the caller then records each, in order).
     pub fn pair_call(
         gpu: &Gpu,
         a: (&Linear, GemvArgs<'_>),

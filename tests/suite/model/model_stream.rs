@@ -119,6 +119,13 @@ fn check_dir(dir: &Path, reference_ids: Option<&[u32]>, prompt: &[u32], eos: &[u
     let mut seq = prompt.to_vec();
     seq.extend_from_slice(&res);
     let want = teacher_logits(&mut resident, &seq, prompt.len());
+    // the resident logits themselves against the CPU on the same weights
+    let cpu_rows = teacher_logits(&mut CpuModel::new(&w), &seq, prompt.len());
+    assert_rows_close(
+        &format!("{}: resident GPU vs CPU", dir.display()),
+        &want,
+        &cpu_rows,
+    );
     if let Some(r) = reference_ids {
         assert_eq!(res, r, "{}: resident GPU vs transformers", dir.display());
     }
