@@ -234,7 +234,7 @@ STREAM_FORMATS=${STREAM_FORMATS:-int4-g64}; STREAM_LAYERS=${STREAM_LAYERS:-8}
 GEN_FORMATS=${GEN_FORMATS:-int3-g64 int4-g64}; GEN_TOKENS=${GEN_TOKENS:-128 512}
 BATCHES=${BATCHES:-1,2,4,8}; SERVE_TOKENS=${SERVE_TOKENS:-128}; BATCH_FULL=${BATCH_FULL:-1}
 SHM=${SHM:-/dev/shm}; OUT=${OUT:-/tmp/out}
-W=/tmp/device_bench; [ "$DRY" = 1 ] && W=$(mktemp -d); SUMMARY=$W/summary.txt
+W=/tmp/device_bench; [ "$DRY" = 1 ] && { W=$(mktemp -d); trap 'rm -rf "$W"' EXIT; }; SUMMARY=$W/summary.txt
 
 # the binaries: NAMES[i] runs BIN[NAME]
 declare -a NAMES=(); declare -A BIN=() SRC=()

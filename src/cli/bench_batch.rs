@@ -25,11 +25,12 @@ pub struct BatchArgs {
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// Batch sizes to time, comma-separated (each from 1 to 256, as `serve --parallel`); the
-    /// "× batch 1" column needs 1 among them, first.
+    /// "× batch 1" column needs 1 among them.
     #[arg(long, value_delimiter = ',', value_parser = super::values::parse_slots, default_value = "1,2,4,8")]
     pub batch: Vec<usize>,
-    /// Decode steps timed per sequence after its prompt (at least 1).
-    #[arg(long, default_value_t = 64, value_parser = super::values::parse_tokens)]
+    /// Decode steps timed per sequence after its prompt (1 to 1048576; prompt + steps within the
+    /// model's context).
+    #[arg(long, default_value_t = 64, value_parser = super::values::parse_steps)]
     pub tokens: usize,
     /// Stream the routed experts through this many GPU slots (as `generate --expert-slots`):
     /// the report then also gives the distinct routed experts a step reads per MoE layer.
@@ -168,8 +169,8 @@ pub fn run(a: BatchArgs) -> anyhow::Result<ExitCode> {
         "  batch   step ms   aggregate tok/s   per-sequence tok/s   × batch 1{}",
         if streams { "   experts/layer/step" } else { "" }
     );
-    let mut rows = Vec::new();
-    let mut base = None;
+    // (batch, seconds, experts per layer and step) of every size, then the table
+    let mut timed = Vec::new();
     for &b in &a.batch {
         let (secs, ids, looked) = run_batch(&mut m, b, a.tokens, width)?;
         // distinct routed experts one step reads per MoE layer (all slots together)
@@ -182,11 +183,17 @@ pub fn run(a: BatchArgs) -> anyhow::Result<ExitCode> {
                 "batch {b}: slot 0 chose different tokens than alone"
             );
         }
-        let agg = (b * a.tokens) as f64 / secs;
+        timed.push((b, secs, experts));
+    }
+    let agg_of = |b: usize, secs: f64| (b * a.tokens) as f64 / secs;
+    // the ratio's base: the batch of 1, wherever it is in the list
+    let base = timed.iter().find(|t| t.0 == 1).map(|t| agg_of(1, t.1));
+    let mut rows = Vec::new();
+    for &(b, secs, experts) in &timed {
+        let agg = agg_of(b, secs);
         let step_ms = 1e3 * secs / a.tokens as f64;
-        let base_agg = *base.get_or_insert(if b == 1 { agg } else { f64::NAN });
-        let x = agg / base_agg;
-        // no batch of 1 timed first: no ratio
+        let x = base.map_or(f64::NAN, |base| agg / base);
+        // no batch of 1 timed: no ratio
         let x_text = if x.is_finite() {
             format!("{x:.2}")
         } else {

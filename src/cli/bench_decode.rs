@@ -27,8 +27,9 @@ pub struct DecodeArgs {
     /// Checkpoint or container directory (default: the bundled demo model).
     #[arg(long)]
     pub model: Option<PathBuf>,
-    /// Decode steps timed after the prompt (at least 1; prompt + steps within the model's context).
-    #[arg(long, default_value_t = 64)]
+    /// Decode steps timed after the prompt (1 to 1048576; prompt + steps within the model's
+    /// context).
+    #[arg(long, default_value_t = 64, value_parser = super::values::parse_steps)]
     pub tokens: usize,
     /// Copy bandwidth in GB/s (read + write, as `bench copy` reports it) instead of measuring it.
     #[arg(long, value_parser = super::parse_gbs)]

@@ -35,6 +35,17 @@ pub fn parse_slots(s: &str) -> Result<usize, String> {
     }
 }
 
+/// Timed decode steps of a bench (`bench decode --tokens`, `bench batch --tokens`): a whole
+/// number from 1 to 1048576, so that the probe prompt plus the steps cannot overflow.
+pub fn parse_steps(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(v) if (1..=1 << 20).contains(&v) => Ok(v),
+        _ => Err(format!(
+            "expected a whole number from 1 to 1048576, got {s:?}"
+        )),
+    }
+}
+
 /// A token count of at least 1 (`chat --max-tokens`).
 pub fn parse_tokens(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {

@@ -417,4 +417,22 @@ fn bench_batch_larger_than_the_probe_and_no_batch_of_one() {
         .find(|l| l.split_whitespace().next() == Some("21"))
         .unwrap_or_else(|| panic!("no row for batch 21: {text}"));
     assert_eq!(row21.split_whitespace().nth(4), Some("-"), "{row21}");
+    // a batch of 1 after the others is still the ratio's base
+    let o = ok(&[
+        "bench",
+        "batch",
+        "--model",
+        m.to_str().unwrap(),
+        "--batch",
+        "2,1",
+        "--tokens",
+        "1",
+        "--json",
+    ]);
+    let v = json(&o);
+    let rows = v["batches"].as_array().unwrap();
+    let agg = |r: &serde_json::Value| r["aggregate_tok_s"].as_f64().unwrap();
+    let x = rows[0]["vs_batch_1"].as_f64().unwrap();
+    assert!((x - agg(&rows[0]) / agg(&rows[1])).abs() < 1e-9, "{v}");
+    assert_eq!(rows[1]["vs_batch_1"], 1.0);
 }

@@ -452,15 +452,24 @@ fn serve_fails_on_a_bad_host_before_loading_the_model() {
 }
 
 /// `bench batch` sizes and step counts are checked by the parser (exit 2, in words): a batch of
-/// 0 or past `serve --parallel`'s 256, and 0 steps. No device is opened for them.
+/// 0 or past `serve --parallel`'s 256, 0 steps, and (`bench decode` too) a step count that would
+/// overflow with the probe prompt. No device is opened for them.
 #[test]
 fn bench_batch_values_exit_2() {
     for (flag, v, want) in [
         ("--batch", "0", "expected a whole number from 1 to 256"),
         ("--batch", "1,300", "expected a whole number from 1 to 256"),
-        ("--tokens", "0", "expected a whole number of at least 1"),
+        ("--tokens", "0", "expected a whole number from 1 to 1048576"),
     ] {
         let e = run_usage_err(&["bench", "batch", flag, v]);
         assert!(e.contains(flag) && e.contains(want), "{flag} {v}: {e}");
+    }
+    // a step count past usize once the probe prompt is added: refused, not wrapped
+    for cmd in ["batch", "decode"] {
+        let e = run_usage_err(&["bench", cmd, "--tokens", "18446744073709551615"]);
+        assert!(
+            e.contains("expected a whole number from 1 to 1048576"),
+            "{cmd}: {e}"
+        );
     }
 }
