@@ -263,13 +263,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut token_times = Vec::new();
     let mut on_token = |id: u32| -> anyhow::Result<()> {
         let now = std::time::Instant::now();
-        let t0 = *first_at.get_or_insert(now);
+        let t0 = *first_at.get_or_insert_with(|| {
+            at_first_token = compiles.as_ref().map(|c| c.read());
+            now
+        });
         token_times.push((now - t0).as_secs_f64());
         if !waiting.is_finished() {
             waiting.finish_and_clear();
-        }
-        if at_first_token.is_none() {
-            at_first_token = compiles.as_ref().map(|c| c.read());
         }
         let piece = match stream.as_mut() {
             Some(s) => s.step(id)?,

@@ -23,11 +23,8 @@ pub fn bench_copy() -> KernelSpec {
 /// pair is two listed GEMVs, [`gemv_pair`], and every format's decode is in one), in a fixed
 /// order. Keys are unique.
 pub fn all(profile: Option<LimitProfile>) -> Vec<KernelSpec> {
-    let (smem, subgroups) = device_limits(profile);
+    let (smem, storage, subgroups) = device_limits(profile);
     let mut v = gemv::kernels(smem, subgroups);
-    let storage = profile
-        .and_then(|p| p.limits())
-        .map_or(u32::MAX, |l| l.max_storage_buffers_per_shader_stage);
     v.extend(gemv_pair::kernels(subgroups, smem, storage));
     with_ops(v, gemm::kernels())
 }
@@ -39,19 +36,24 @@ pub fn all(profile: Option<LimitProfile>) -> Vec<KernelSpec> {
 /// halves (tested); a device without room for a pair runs the halves apart, so pairs are never
 /// a requirement of the device check.
 pub fn for_model(shapes: &[(Encoding, usize)], profile: Option<LimitProfile>) -> Vec<KernelSpec> {
-    let (smem, subgroups) = device_limits(profile);
+    let (smem, _, subgroups) = device_limits(profile);
     with_ops(
         gemv::kernels_for(shapes, smem, subgroups),
         gemm::kernels_for(&encodings_of(shapes)),
     )
 }
 
-/// Workgroup-memory bytes and subgroup support of a device of `profile` (`None`: any device).
-fn device_limits(profile: Option<LimitProfile>) -> (u64, bool) {
-    let smem = profile
-        .and_then(|p| p.limits())
+/// Workgroup-memory bytes, storage buffers per shader stage and subgroup support of a device of
+/// `profile` (`None`: any device).
+fn device_limits(profile: Option<LimitProfile>) -> (u64, u32, bool) {
+    let limits = profile.and_then(|p| p.limits());
+    let smem = limits
+        .as_ref()
         .map_or(u64::MAX, |l| l.max_compute_workgroup_storage_size as u64);
-    (smem, profile.is_none_or(|p| p.subgroups()))
+    let storage = limits
+        .as_ref()
+        .map_or(u32::MAX, |l| l.max_storage_buffers_per_shader_stage);
+    (smem, storage, profile.is_none_or(|p| p.subgroups()))
 }
 
 /// `gemv` then `gemm`, then every op kernel, the streamed uploads' int3-g64 reorder and `bench

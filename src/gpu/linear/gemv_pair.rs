@@ -243,17 +243,15 @@ fn one_dispatch(gpu: &Gpu, h: &Half<'_>) -> Result<Option<Planned>, DispatchErro
 /// Whether neither dispatch binds a buffer the other writes (its `read_write` bindings): then
 /// their workgroups may run in any order.
 fn independent(a: &Planned, b: &Planned) -> bool {
-    let written = |p: &Planned| -> Vec<wgpu::Buffer> {
-        let kinds = p.key.bindings();
-        p.buffers
+    // some buffer `w` writes is bound by `other`
+    let clash = |w: &Planned, other: &Planned| {
+        let kinds = w.key.bindings();
+        w.buffers
             .iter()
             .filter(|(k, _)| kinds.contains(&(*k, Bind::Write)))
-            .map(|(_, buf)| buf.clone())
-            .collect()
+            .any(|(_, buf)| other.buffers.iter().any(|(_, o)| o == buf))
     };
-    let touches =
-        |p: &Planned, w: &[wgpu::Buffer]| p.buffers.iter().any(|(_, buf)| w.contains(buf));
-    !touches(b, &written(a)) && !touches(a, &written(b))
+    !clash(a, b) && !clash(b, a)
 }
 
 /// Both GEMVs as one dispatch (label `"gemv pair"`), or `None` when either runs as the GEMM or as

@@ -390,17 +390,13 @@ fn bench_stream_rows_are_consistent() {
 #[test]
 fn bench_batch_larger_than_the_probe_and_no_batch_of_one() {
     let m = crate::model_common::fixture("tiny-causal-f32");
-    let o = ok(&[
-        "bench",
-        "batch",
-        "--model",
-        m.to_str().unwrap(),
-        "--batch",
-        "2,21",
-        "--tokens",
-        "1",
-        "--json",
-    ]);
+    let batch = |sizes: &str| {
+        let m = m.to_str().unwrap();
+        ok(&[
+            "bench", "batch", "--model", m, "--batch", sizes, "--tokens", "1", "--json",
+        ])
+    };
+    let o = batch("2,21");
     let v = json(&o);
     let rows = v["batches"].as_array().unwrap();
     assert_eq!(rows.len(), 2);
@@ -418,18 +414,7 @@ fn bench_batch_larger_than_the_probe_and_no_batch_of_one() {
         .unwrap_or_else(|| panic!("no row for batch 21: {text}"));
     assert_eq!(row21.split_whitespace().nth(4), Some("-"), "{row21}");
     // a batch of 1 after the others is still the ratio's base
-    let o = ok(&[
-        "bench",
-        "batch",
-        "--model",
-        m.to_str().unwrap(),
-        "--batch",
-        "2,1",
-        "--tokens",
-        "1",
-        "--json",
-    ]);
-    let v = json(&o);
+    let v = json(&batch("2,1"));
     let rows = v["batches"].as_array().unwrap();
     let agg = |r: &serde_json::Value| r["aggregate_tok_s"].as_f64().unwrap();
     let x = rows[0]["vs_batch_1"].as_f64().unwrap();
