@@ -28,7 +28,7 @@ pub struct GemmArgs {
     #[arg(long, value_delimiter = ',')]
     pub tokens: Vec<u32>,
     /// GEMM tiles RMxBN to time besides the GEMV and the automatic choice, comma-separated, RM
-    /// in 1, 2, 4, 8 and BN in 8, 16 (default: every tile the selection can pick).
+    /// in 1, 2, 4, 8 and BN in 8, 16, 32 (default: every tile the selection can pick).
     #[arg(long, value_delimiter = ',')]
     pub tiles: Vec<String>,
     /// Calls per timing (at most 2 in quick mode).
@@ -59,10 +59,14 @@ pub const DEFAULT_TOKENS: [u32; 3] = [64, 512, 2048];
 
 /// A tile spelled RMxBN (`--tiles` of `bench gemm` and `bench prefill`).
 pub(super) fn parse_tile(s: &str) -> anyhow::Result<Tile> {
-    let bad = || anyhow::anyhow!("--tiles {s}: want RMxBN with RM in 1, 2, 4, 8 and BN in 8, 16");
+    let bad =
+        || anyhow::anyhow!("--tiles {s}: want RMxBN with RM in 1, 2, 4, 8 and BN in 8, 16, 32");
     let (r, b) = s.split_once('x').ok_or_else(bad)?;
     let (rm, bn): (u32, u32) = (r.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?);
-    anyhow::ensure!(matches!(rm, 1 | 2 | 4 | 8) && matches!(bn, 8 | 16), bad());
+    anyhow::ensure!(
+        matches!(rm, 1 | 2 | 4 | 8) && matches!(bn, 8 | 16 | 32),
+        bad()
+    );
     Ok(Tile { rm, nq: bn / 4 })
 }
 

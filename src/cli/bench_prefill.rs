@@ -45,7 +45,7 @@ pub struct PrefillArgs {
     #[arg(long)]
     pub compare: bool,
     /// GEMM tiles RMxBN for the automatic choice, comma-separated, one model each (default: the
-    /// selection's own; RM in 1, 2, 4, 8 and BN in 8, 16).
+    /// selection's own; RM in 1, 2, 4, 8 and BN in 8, 16, 32).
     #[arg(long, value_delimiter = ',')]
     pub tiles: Vec<String>,
     /// Print one JSON object on stdout (the table goes to stderr).

@@ -20,8 +20,9 @@
 //! threads share a lane, so those reads are broadcasts). The 4 lanes of a row set add their
 //! partial sums through the same workgroup memory at the end. The column loop's body is
 //! generated unrolled for the tile ([`wgsl_source`]), so the accumulators stay in registers.
-//! Workgroup memory: 16·(128·NQ + 4) + 12·BN + 4 bytes, at most 8.5 KiB (within WebGPU's
-//! default 16 KiB). RM is 1, 2, 4 or 8 and NQ 2 or 4.
+//! Workgroup memory: 16·(128·NQ + 4) + 12·BN + 4 bytes: 8.3 KiB at NQ 4 (within WebGPU's
+//! default 16 KiB), 16.4 KiB at NQ 8 (benchmarks only; [`bind`] checks the device's limit). RM is
+//! 1, 2, 4 or 8 and NQ 2, 4 or 8.
 //!
 //! # Grouping by expert
 //! A one-expert slab (dense linears) tiles the pairs in order: tile s holds pairs s·BN .. s·BN +
@@ -219,8 +220,17 @@ pub fn bind(
     if np == 0 || experts > EMAX || !supported(enc) || !tile.buildable() {
         return Err(DispatchError::Shape(format!(
             "GEMM over {np} pairs and {experts} experts of {} with tile {tile:?} (needs ≥ 1 pair, \
-             ≤ {EMAX} experts, a GEMM format, RM in 1, 2, 4, 8 and NQ in 2, 4)",
+             ≤ {EMAX} experts, a GEMM format, RM in 1, 2, 4, 8 and NQ in 2, 4, 8)",
             enc.spelling()
+        )));
+    }
+    let smem = gpu.limits.max_compute_workgroup_storage_size as u64;
+    if workgroup_bytes(tile) > smem {
+        return Err(DispatchError::Shape(format!(
+            "the GEMM tile {}x{} needs {} bytes of workgroup memory, but this device allows {smem}",
+            tile.rm,
+            tile.pairs(),
+            workgroup_bytes(tile)
         )));
     }
     let x_stride = if args.x_stride == 0 { i } else { args.x_stride };

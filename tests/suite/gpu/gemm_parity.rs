@@ -12,13 +12,15 @@ use inkling_wgpu::gpu::linear::route::TILES;
 use inkling_wgpu::gpu::linear::route::{route, LinearOptions, MIN_PAIRS_PER_EXPERT};
 
 /// The selectable tiles and the others `GemmChoice::Always` builds (benchmarks).
-const ALL_TILES: [Tile; 6] = [
+const ALL_TILES: [Tile; 8] = [
     Tile { rm: 2, nq: 2 },
     Tile { rm: 2, nq: 4 },
     Tile { rm: 4, nq: 2 },
     Tile { rm: 1, nq: 4 },
     Tile { rm: 4, nq: 4 },
     Tile { rm: 8, nq: 4 },
+    Tile { rm: 1, nq: 8 },
+    Tile { rm: 2, nq: 8 },
 ];
 use inkling_wgpu::gpu::linear::args::{GemvArgs, NO_GAMMA};
 use inkling_wgpu::gpu::linear::format::kernel_encodings;
@@ -385,4 +387,55 @@ fn gemm_encodings() -> Vec<Encoding> {
         .into_iter()
         .filter(|&e| supported(e))
         .collect()
+}
+
+/// A tile whose workgroup memory passes the device's limit (BN 32 needs 16.4 KiB; WebGPU's
+/// default is 16 KiB) is refused with the sizes named; the same problem with the default tile
+/// runs there, and BN 32 runs where the limit allows it (lavapipe's 32 KiB).
+#[test]
+fn a_tile_past_the_workgroup_memory_limit_is_refused() {
+    use inkling_wgpu::gpu::limits::LimitProfile;
+    let mut rng = Rng(0x7e1e);
+    let enc = Encoding::parse("int4-g64").unwrap();
+    let (o, i, t) = (70, 192, 40);
+    let m = mats(&mut rng, enc, 1, o, i);
+    let x_rows = rows(&mut rng, t, i);
+    let pairs: Vec<(u32, u32, u32)> = (0..t as u32).map(|k| (0, k, NO_GAMMA)).collect();
+    let pr = Problem {
+        x_rows: &x_rows,
+        x_stride: i,
+        x_offset: 0,
+        pairs: &pairs,
+        gammas: &[],
+        x_per_pair: false,
+        y_stride: o,
+        y_offset: 0,
+    };
+    let wide = Tile { rm: 2, nq: 8 };
+    let big = gpu();
+    assert!(big.limits.max_compute_workgroup_storage_size > 16384);
+    let w = GpuWeights::upload(&big, &m).unwrap();
+    let (y, ran) = run(&big, &w, &pr, GemmChoice::Always(wide));
+    assert!(ran);
+    assert!(check("BN 32", &m, &pr, &y) <= TOL);
+    let web = Gpu::with_profile(Some(LimitProfile::WebGpu)).unwrap();
+    let ww = GpuWeights::upload(&web, &m).unwrap();
+    let (xb, pb, yb) = (
+        web.storage("x", 4 * (t * i) as u64),
+        web.storage("pairs", 16 * t as u64),
+        web.storage("y", 4 * (t * o) as u64),
+    );
+    let args = GemvArgs::new(&xb, t as u32, &pb, t as u32, &yb).gemm(GemmChoice::Always(wide));
+    let e = ww
+        .bind(&web, enc.format.ordinal(), args)
+        .err()
+        .expect("refused");
+    let e = format!("{e:#}");
+    assert!(
+        e.contains("tile 2x32 needs 16836 bytes of workgroup memory") && e.contains("allows 16384"),
+        "{e}"
+    );
+    let (y, ran) = run(&web, &ww, &pr, GemmChoice::Always(TILES[0]));
+    assert!(ran);
+    assert!(check("default tile under WebGPU limits", &m, &pr, &y) <= TOL);
 }
