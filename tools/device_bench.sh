@@ -19,12 +19,14 @@
 #              first), then llama.cpp's Vulkan peer (`run.sh mm-cold mmid-cold`) once, if PEER is carried;
 #              TORCH=1 adds benches/native/torch_gemv.py and `bench compare` of the first binary against it
 #   gemm       `bench gemm --json` with every binary (the prefill GEMM against the GEMV on a chunk's dense
-#              and routed projections, bf16, int4-g64 and int3-g64, 64/512/2048 tokens)
+#              and routed projections, bf16, int4-g64 and int3-g64, 64/512/2048 tokens); GEMM_TILES (e.g.
+#              2x32,1x32) adds `--tiles`: those tiles timed beside the GEMV and the automatic choice
 #   decode     for each probe of PROBES: `synth` once into /dev/shm, then `bench decode --tokens 64 --json
 #              --peak-gbs C` with every binary, alternating binaries for ROUNDS rounds (noise shows as the
 #              spread within one binary), then one line with every binary's tok/s side by side; PEROP=1
 #              adds one `--per-op` run per binary; the container is removed after its probe
-#   prefill    `bench prefill --prompt 512,2048 --repeat 2 --json` with every binary on each probe of PREFILL_PROBE
+#   prefill    `bench prefill --prompt 512,2048 --repeat 2 --json` with every binary on each probe of PREFILL_PROBE;
+#              PREFILL_TILES (e.g. 4x16,2x32) adds `--tiles`: one model per tile, whose GEMM calls use it
 #   stream     for each format of STREAM_FORMATS: an 8-layer inkling-small with all 256 routed experts per
 #              layer, then `generate --expert-slots N --usage-file off` (16 prompt ids, 32 greedy tokens)
 #              with every binary at 100%, 50% and 25% of the routed experts as slots (page cache warm);
@@ -338,7 +340,7 @@ for step in "$@"; do
     gemm)
       for n in "${NAMES[@]}"; do
         f=$W/gemm-$n
-        x "${BIN[$n]}" bench gemm --json > "$f.json" 2> "$f.txt" || { echo "bench gemm ($n) failed: rc $?"; cat "$f.txt"; continue; }
+        x "${BIN[$n]}" bench gemm --json ${GEMM_TILES:+--tiles "$GEMM_TILES"} > "$f.json" 2> "$f.txt" || { echo "bench gemm ($n) failed: rc $?"; cat "$f.txt"; continue; }
         [ "$DRY" = 0 ] && cat "$f.txt"
         sum gemm "$f.json" "$n"
       done ;;
@@ -389,7 +391,7 @@ PY
         ensure_probe "$p" $(probe_args "$p") || continue
         for n in "${NAMES[@]}"; do
           f=$W/prefill-$p-$n
-          x "${BIN[$n]}" bench prefill --model "$DIR" --prompt "$PROMPTS" --repeat 2 --json > "$f.json" 2> "$f.txt" \
+          x "${BIN[$n]}" bench prefill --model "$DIR" --prompt "$PROMPTS" --repeat 2 --json ${PREFILL_TILES:+--tiles "$PREFILL_TILES"} > "$f.json" 2> "$f.txt" \
             || { echo "bench prefill ($p, $n) failed: rc $?"; cat "$f.txt"; continue; }
           [ "$DRY" = 0 ] && cat "$f.txt"
           sum prefill "$f.json" "$p $n (decode tok/s on this probe: ${DECODE_TOK[$p $n]:-not measured})"
