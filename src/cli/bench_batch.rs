@@ -7,6 +7,7 @@
 //! one-sequence greedy decode (`bench decode`'s pipelined path) measured in the same process;
 //! with `--expert-slots`, the distinct routed experts a step reads per MoE layer.
 use super::bench_decode::{probe_prompt, PROBE_PROMPT, WARMUP_S};
+use super::context::ensure_arg;
 use super::output::outln;
 use crate::gpu::Gpu;
 use crate::model::sampling::argmax;
@@ -88,6 +89,20 @@ fn run_batch(
 
 pub fn run(a: BatchArgs) -> anyhow::Result<ExitCode> {
     let slots = a.batch.iter().copied().max().context("--batch is empty")?;
+    if let Some((i, &b)) = a
+        .batch
+        .iter()
+        .enumerate()
+        .find(|(i, b)| a.batch[..*i].contains(b))
+    {
+        let list: Vec<String> = a.batch.iter().map(|b| b.to_string()).collect();
+        ensure_arg!(
+            false,
+            "--batch {}: the batch of {b} is listed twice (entry {}); list each size once",
+            list.join(","),
+            i + 1
+        );
+    }
     let dir = match &a.model {
         Some(d) => d.clone(),
         None => crate::bundled::materialize()?,

@@ -460,6 +460,11 @@ fn bench_batch_values_exit_2() {
         ("--batch", "0", "expected a whole number from 1 to 256"),
         ("--batch", "1,300", "expected a whole number from 1 to 256"),
         ("--tokens", "0", "expected a whole number from 1 to 1048576"),
+        (
+            "--batch",
+            "1,2,1",
+            "the batch of 1 is listed twice (entry 3)",
+        ),
     ] {
         let e = run_usage_err(&["bench", "batch", flag, v]);
         assert!(e.contains(flag) && e.contains(want), "{flag} {v}: {e}");
