@@ -30,8 +30,10 @@ pub fn slab_bytes(enc: Encoding, n_bytes: usize, seed: u64) -> Vec<u8> {
 /// slow and steady).
 pub fn time_calls(gpu: &Gpu, calls: &[Call], n: usize) -> anyhow::Result<(f64, &'static str)> {
     // warm-up: every copy once (first use), then keep the GPU busy for ≥ 0.3 s so that clocks
-    // are up (after the host-side data generation the GPU idles and the first timings are slow)
-    let t_warm = Instant::now();
+    // are up (after the host-side data generation the GPU idles and the first timings are slow);
+    // the clock starts after the first round, which also waits for the queued weight uploads (a
+    // routed slab's gigabytes would otherwise fill the 0.3 s and leave the GPU unwarmed)
+    let mut t_warm = None;
     loop {
         let mut enc = gpu.device.create_command_encoder(&Default::default());
         for c in calls {
@@ -39,7 +41,8 @@ pub fn time_calls(gpu: &Gpu, calls: &[Call], n: usize) -> anyhow::Result<(f64, &
         }
         gpu.queue.submit([enc.finish()]);
         gpu.device.poll(wgpu::PollType::wait_indefinitely())?;
-        if t_warm.elapsed().as_secs_f64() > 0.3 || gpu.is_cpu() {
+        let t = *t_warm.get_or_insert_with(Instant::now);
+        if t.elapsed().as_secs_f64() > 0.3 || gpu.is_cpu() {
             break;
         }
     }

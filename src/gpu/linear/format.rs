@@ -48,6 +48,18 @@ pub struct KernelFormat {
     /// Slab bytes are stored with their bits in the GPU order of
     /// [`crate::gpu::linear::slab_layout`] (same bytes per group, other bit positions).
     pub gpu_bit_order: bool,
+    /// In a MoE decode layer with shared experts, the routed GEMV of this format that the shared
+    /// experts' down runs beside, in one dispatch (BENCHMARKS.md#decision-gemv-pairs).
+    pub shared_down_beside: RoutedGemv,
+}
+
+/// One of the two routed-expert GEMVs of a MoE decode layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RoutedGemv {
+    /// `gate_up` with its silu·up epilogue.
+    GateUp,
+    /// `down`.
+    Down,
 }
 
 const fn t(tpr: u32, rpt: u32) -> Tuning {
@@ -91,6 +103,7 @@ pub const KERNEL_FORMATS: &[KernelFormat] = &[
         direct_x: true,
         gemm: true,
         gpu_bit_order: false,
+        shared_down_beside: RoutedGemv::Down,
     },
     KernelFormat {
         format: Format::Bf16,
@@ -102,6 +115,7 @@ pub const KERNEL_FORMATS: &[KernelFormat] = &[
         direct_x: true,
         gemm: true,
         gpu_bit_order: false,
+        shared_down_beside: RoutedGemv::Down,
     },
     KernelFormat {
         format: Format::Int4Grouped,
@@ -113,6 +127,7 @@ pub const KERNEL_FORMATS: &[KernelFormat] = &[
         direct_x: false,
         gemm: true,
         gpu_bit_order: false,
+        shared_down_beside: RoutedGemv::Down,
     },
     KernelFormat {
         format: Format::Int3G64,
@@ -124,6 +139,7 @@ pub const KERNEL_FORMATS: &[KernelFormat] = &[
         direct_x: false,
         gemm: true,
         gpu_bit_order: true,
+        shared_down_beside: RoutedGemv::GateUp,
     },
     KernelFormat {
         format: Format::Int4,
@@ -135,6 +151,7 @@ pub const KERNEL_FORMATS: &[KernelFormat] = &[
         direct_x: false,
         gemm: true,
         gpu_bit_order: false,
+        shared_down_beside: RoutedGemv::Down,
     },
 ];
 

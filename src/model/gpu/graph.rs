@@ -15,6 +15,7 @@ use super::resident::{
     ATTN_SCONV, K_SCONV, MLP_SCONV, V_SCONV,
 };
 use crate::gpu::linear::args::{ConvEpilogue, GemvArgs};
+use crate::gpu::linear::format::{self, RoutedGemv};
 use crate::gpu::linear::route::{self, LinearOptions};
 use crate::gpu::ops::{
     Argmax, DivConst, EmbedNorm, FusedAttention, FusedAttentionIo, MulConst, RmsNorm, RouterShape,
@@ -509,27 +510,55 @@ impl Recipe<'_> {
         let mut routed_done = false;
         match shared {
             Some(sh) if shared_down_left => {
-                // shared down ∥ routed gate_up
-                b.phase(Phase::Shared);
+                // the shared down beside the routed GEMV its format names
+                // (BENCHMARKS.md#decision-gemv-pairs)
                 let down = shared_io.down_args();
-                let pair = beside_gate_up(
-                    (&sh.down, down),
-                    routed.as_ref(),
-                    &routed_io,
-                    "shared down ∥ routed gate_up",
-                )?;
-                match pair {
-                    Some(c) => {
+                let beside = routed.as_ref().map(|r| {
+                    let f = r.down.w.encoding().format;
+                    (r, format::row(f).shared_down_beside)
+                });
+                let calls = match beside {
+                    Some((r, RoutedGemv::GateUp)) => beside_gate_up(
+                        (&sh.down, down),
+                        Some(r),
+                        &routed_io,
+                        "shared down ∥ routed gate_up",
+                    )?
+                    .map(|pair| {
+                        let routed_down =
+                            r.down.call(gpu, routed_io.down_args(), opts, "routed down");
+                        routed_down.map(|d| vec![pair, d])
+                    })
+                    .transpose()?,
+                    Some((r, RoutedGemv::Down)) => Linear::pair_call(
+                        gpu,
+                        (&sh.down, down),
+                        (&r.down, routed_io.down_args()),
+                        opts,
+                        "shared down ∥ routed down",
+                    )?
+                    .map(|pair| {
+                        let ops = ["routed gate_up", "routed down"];
+                        let mut calls = ffn_calls(gpu, r, *inter, routed_io, ops)?;
+                        calls.pop(); // the routed down runs in the pair
+                        calls.push(pair);
+                        anyhow::Ok(calls)
+                    })
+                    .transpose()?,
+                    None => None,
+                };
+                match calls {
+                    Some(calls) => {
                         b.phase(Phase::Routed);
-                        b.push(c);
-                        let r = routed.as_ref().expect("paired");
-                        b.push(
-                            r.down
-                                .call(gpu, routed_io.down_args(), opts, "routed down")?,
-                        );
+                        for c in calls {
+                            b.push(c);
+                        }
                         routed_done = true;
                     }
-                    None => b.push(sh.down.call(gpu, down, opts, ops[1])?),
+                    None => {
+                        b.phase(Phase::Shared);
+                        b.push(sh.down.call(gpu, down, opts, ops[1])?);
+                    }
                 }
             }
             Some(sh) => {

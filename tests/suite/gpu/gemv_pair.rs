@@ -251,9 +251,10 @@ fn a_gemm_call_is_left_apart() {
     assert!(bind_pair(&gpu, one(&y1), one(&y2)).unwrap().is_some());
 }
 
-/// The decode's second pair as it runs: a bf16 down projection with x per pair (the shared
-/// experts' activations) beside a gate_up with the silu·up epilogue; then halves whose slabs are
-/// two chunks each, in every kernel format.
+/// The decode's second pair in both of its forms: a bf16 down projection with x per pair (the
+/// shared experts' activations) beside a gate_up with the silu·up epilogue, and beside a down
+/// projection with x per pair (the routed experts' activations); then halves whose slabs are two
+/// chunks each, in every kernel format.
 #[test]
 fn x_per_pair_and_two_chunk_halves() {
     let gpu = gpu();
@@ -263,6 +264,10 @@ fn x_per_pair_and_two_chunk_halves() {
         let a = Side::new(&gpu, &mut rng, bf16, (41, 96), false).per_pair(&mut rng);
         let b = Side::new(&gpu, &mut rng, eb, (2 * 33, 160), true);
         let what = format!("a bf16 x per pair | b {} silu", eb.spelling());
+        check_pair(&gpu, &a, &b, Reduction::Auto, &what);
+        let a = Side::new(&gpu, &mut rng, bf16, (43, 96), false).per_pair(&mut rng);
+        let b = Side::new(&gpu, &mut rng, eb, (35, 192), false).per_pair(&mut rng);
+        let what = format!("a bf16 x per pair | b {} x per pair", eb.spelling());
         check_pair(&gpu, &a, &b, Reduction::Auto, &what);
         let a = Side::new(&gpu, &mut rng, eb, (29, 128), false)
             .per_pair(&mut rng)

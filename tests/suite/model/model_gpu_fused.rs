@@ -142,7 +142,9 @@ fn fused_attention_saves_four_dispatches_per_layer() {
 /// a dense MLP
 /// (gate_up with the silu·up epilogue, down, × global_scale and conv) or a MoE: with shared
 /// experts the router beside the shared gate_up (one dispatch), top-k, the shared down beside the
-/// routed gate_up (one dispatch), the routed down and the conv of the combine; without them the
+/// routed GEMV the routed format names (`KernelFormat::shared_down_beside`: the routed gate_up,
+/// then the routed down; or the routed gate_up, then the shared down beside the routed down),
+/// and the conv of the combine; without them the
 /// router, top-k, the routed gate_up and down and the conv.
 #[test]
 fn decode_step_dispatches_per_layer_are_exact() {
