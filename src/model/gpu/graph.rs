@@ -513,38 +513,41 @@ impl Recipe<'_> {
                 // the shared down beside the routed GEMV its format names
                 // (BENCHMARKS.md#decision-gemv-pairs)
                 let down = shared_io.down_args();
-                let beside = routed.as_ref().map(|r| {
-                    let f = r.down.w.encoding().format;
-                    (r, format::row(f).shared_down_beside)
-                });
-                let calls = match beside {
-                    Some((r, RoutedGemv::GateUp)) => beside_gate_up(
-                        (&sh.down, down),
-                        Some(r),
-                        &routed_io,
-                        "shared down ∥ routed gate_up",
-                    )?
-                    .map(|pair| {
-                        let routed_down =
-                            r.down.call(gpu, routed_io.down_args(), opts, "routed down");
-                        routed_down.map(|d| vec![pair, d])
-                    })
-                    .transpose()?,
-                    Some((r, RoutedGemv::Down)) => Linear::pair_call(
-                        gpu,
-                        (&sh.down, down),
-                        (&r.down, routed_io.down_args()),
-                        opts,
-                        "shared down ∥ routed down",
-                    )?
-                    .map(|pair| {
-                        let ops = ["routed gate_up", "routed down"];
-                        let mut calls = ffn_calls(gpu, r, *inter, routed_io, ops)?;
-                        calls.pop(); // the routed down runs in the pair
-                        calls.push(pair);
-                        anyhow::Ok(calls)
-                    })
-                    .transpose()?,
+                let calls = match routed.as_ref() {
+                    Some(r) => {
+                        let beside = format::row(r.down.w.encoding().format).shared_down_beside;
+                        let pair = match beside {
+                            RoutedGemv::GateUp => beside_gate_up(
+                                (&sh.down, down),
+                                Some(r),
+                                &routed_io,
+                                "shared down ∥ routed gate_up",
+                            )?,
+                            RoutedGemv::Down => Linear::pair_call(
+                                gpu,
+                                (&sh.down, down),
+                                (&r.down, routed_io.down_args()),
+                                opts,
+                                "shared down ∥ routed down",
+                            )?,
+                        };
+                        // the routed FFN's calls with the paired GEMV replaced by the pair
+                        pair.map(|pair| {
+                            let ops = ["routed gate_up", "routed down"];
+                            let mut calls = ffn_calls(gpu, r, *inter, routed_io, ops)?;
+                            // a gate_up pair carries the silu·up epilogue: no silu_mul call after it
+                            let at = match beside {
+                                RoutedGemv::GateUp if calls.len() == 2 => 0,
+                                RoutedGemv::GateUp => {
+                                    anyhow::bail!("routed gate_up pair without its epilogue")
+                                }
+                                RoutedGemv::Down => calls.len() - 1,
+                            };
+                            calls[at] = pair;
+                            anyhow::Ok(calls)
+                        })
+                        .transpose()?
+                    }
                     None => None,
                 };
                 match calls {
