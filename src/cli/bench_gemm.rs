@@ -148,6 +148,10 @@ pub fn run(a: GemmArgs) -> anyhow::Result<ExitCode> {
     let say = |line: String| super::output::report_line(a.json, &line);
     say(format!("adapter: {}", gpu.describe()))?;
     say(format!(
+        "cooperative matrices the adapter reports (no kernel uses them): {}",
+        gpu.describe_matrix_units()
+    ))?;
+    say(format!(
         "{:<9} {:<34} {:>5} {:>6} {:<14} {:>10} {:>9} {:>8} {:>7}",
         "format", "shape", "T", "pairs", "kernel", "us/call", "us/token", "TFLOP/s", "vs GEMV"
     ))?;

@@ -86,6 +86,30 @@ fn backend_names(b: wgpu::Backends) -> String {
     names.join(", ")
 }
 
+/// Cooperative-matrix configurations in one line, `MxNxK A->C` each (`16x16x16 f16->f32`),
+/// comma-separated, or `none`.
+pub fn describe_matrix_units(units: &[wgpu::CooperativeMatrixProperties]) -> String {
+    if units.is_empty() {
+        return "none".to_string();
+    }
+    let units: Vec<String> = units
+        .iter()
+        .map(|m| {
+            let sat = if m.saturating_accumulation {
+                " saturating"
+            } else {
+                ""
+            };
+            format!(
+                "{}x{}x{} {:?}->{:?}{sat}",
+                m.m_size, m.n_size, m.k_size, m.ab_type, m.cr_type
+            )
+            .to_lowercase()
+        })
+        .collect();
+    units.join(", ")
+}
+
 /// An open GPU: device, queue and what the adapter can do.
 #[derive(Clone)]
 pub struct Gpu {
@@ -102,6 +126,10 @@ pub struct Gpu {
     pub compiles: Arc<crate::gpu::kernel::CompileCounter>,
     /// The limit profile the device was clamped to, if any (see `gpu::limits`).
     pub profile: Option<LimitProfile>,
+    /// The cooperative-matrix (tensor core, simdgroup matrix) configurations the adapter reports
+    /// through wgpu (`Adapter::cooperative_matrix_properties`). No kernel uses them
+    /// (BENCHMARKS.md#decision-matrix-units); `bench gemm` reports them.
+    pub matrix_units: Vec<wgpu::CooperativeMatrixProperties>,
 }
 
 impl Gpu {
@@ -143,6 +171,7 @@ impl Gpu {
                 },
             })?;
         let info = adapter.get_info();
+        let matrix_units = adapter.cooperative_matrix_properties();
         let mut limits = adapter.limits();
         // what the kernels use (subgroup reductions) and what the profilers use (timestamps at
         // the beginning and end of compute passes); nothing else
@@ -175,6 +204,7 @@ impl Gpu {
             cache: Arc::new(Default::default()),
             compiles: Default::default(),
             profile,
+            matrix_units,
         })
     }
 
@@ -217,6 +247,11 @@ impl Gpu {
             "{:?}, {} ({} {}), {kind}{profile}",
             self.info.backend, self.info.name, self.info.driver, self.info.driver_info,
         )
+    }
+
+    /// The adapter's cooperative-matrix configurations in one line ([`describe_matrix_units`]).
+    pub fn describe_matrix_units(&self) -> String {
+        describe_matrix_units(&self.matrix_units)
     }
 
     /// Compile WGSL. Release builds use `create_shader_module_trusted` without runtime bounds
@@ -327,5 +362,42 @@ impl Gpu {
         Ok(b.chunks_exact(4)
             .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every configuration named with its sizes and types, in the adapter's order.
+    #[test]
+    fn matrix_units_in_one_line() {
+        assert_eq!(describe_matrix_units(&[]), "none");
+        let unit = |m, ab, cr, sat| wgpu::CooperativeMatrixProperties {
+            m_size: m,
+            n_size: 16,
+            k_size: 8,
+            ab_type: ab,
+            cr_type: cr,
+            saturating_accumulation: sat,
+        };
+        let units = [
+            unit(
+                16,
+                wgpu::CooperativeScalarType::F16,
+                wgpu::CooperativeScalarType::F32,
+                false,
+            ),
+            unit(
+                8,
+                wgpu::CooperativeScalarType::F32,
+                wgpu::CooperativeScalarType::F32,
+                true,
+            ),
+        ];
+        assert_eq!(
+            describe_matrix_units(&units),
+            "16x16x8 f16->f32, 8x16x8 f32->f32 saturating"
+        );
     }
 }
