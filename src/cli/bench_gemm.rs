@@ -10,6 +10,7 @@
 //! experts, chunks of [`QUICK_TOKENS`] unless `--tokens` is given, at most [`QUICK_ITERS`] calls
 //! per timing; the default run then ends in seconds on lavapipe.
 use super::bench_calls::{progress, sig3, slab_bytes, time_calls};
+use super::context::OrBadArgument;
 use super::output::outln;
 use crate::formats::Encoding;
 use crate::gpu::linear::format::supported;
@@ -58,7 +59,7 @@ pub const QUICK_ITERS: usize = 2;
 pub const DEFAULT_TOKENS: [u32; 3] = [64, 512, 2048];
 
 /// A tile spelled RMxBN (`--tiles` of `bench gemm` and `bench prefill`).
-pub(super) fn parse_tile(s: &str) -> anyhow::Result<Tile> {
+fn parse_tile(s: &str) -> anyhow::Result<Tile> {
     let bad =
         || anyhow::anyhow!("--tiles {s}: want RMxBN with RM in 1, 2, 4, 8 and BN in 8, 16, 32");
     let (r, b) = s.split_once('x').ok_or_else(bad)?;
@@ -68,6 +69,23 @@ pub(super) fn parse_tile(s: &str) -> anyhow::Result<Tile> {
         bad()
     );
     Ok(Tile { rm, nq: bn / 4 })
+}
+
+/// The tiles of a `--tiles` list, in order (errors: a spelling [`parse_tile`] refuses, a tile
+/// listed twice, which would be timed twice).
+pub(super) fn parse_tiles(list: &[String]) -> anyhow::Result<Vec<Tile>> {
+    let mut tiles: Vec<Tile> = Vec::with_capacity(list.len());
+    for (i, s) in list.iter().enumerate() {
+        let t = parse_tile(s)?;
+        anyhow::ensure!(
+            !tiles.contains(&t),
+            "--tiles {}: the tile {s} is listed twice (entry {}); list each tile once",
+            list.join(","),
+            i + 1
+        );
+        tiles.push(t);
+    }
+    Ok(tiles)
 }
 
 /// splitmix64 step.
@@ -140,10 +158,7 @@ pub fn run(a: GemmArgs) -> anyhow::Result<ExitCode> {
     let tiles: Vec<Tile> = if a.tiles.is_empty() {
         TILES.to_vec()
     } else {
-        a.tiles
-            .iter()
-            .map(|s| parse_tile(s))
-            .collect::<anyhow::Result<_>>()?
+        parse_tiles(&a.tiles).or_bad_argument()?
     };
     let say = |line: String| super::output::report_line(a.json, &line);
     say(format!("adapter: {}", gpu.describe()))?;

@@ -108,12 +108,11 @@ pub fn run(a: PrefillArgs) -> anyhow::Result<ExitCode> {
         a.chunk.clone()
     };
     ensure_arg!(chunks.iter().all(|&c| c >= 1), "--chunk must be at least 1");
-    let tiles = a
-        .tiles
-        .iter()
-        .map(|s| super::bench_gemm::parse_tile(s).map(Some))
-        .collect::<anyhow::Result<Vec<_>>>()
-        .or_bad_argument()?;
+    let tiles: Vec<Option<Tile>> = super::bench_gemm::parse_tiles(&a.tiles)
+        .or_bad_argument()?
+        .into_iter()
+        .map(Some)
+        .collect();
     let tiles = if tiles.is_empty() { vec![None] } else { tiles };
     let dir = match &a.model {
         Some(d) => d.clone(),

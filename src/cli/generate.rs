@@ -201,6 +201,18 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let weights = Weights::load(&ck)?;
     let tok = load_tokenizer(&dir)?;
     let prompt = prompt_ids(&args, tok.as_ref(), &dir, ck.config.max_position_embeddings)?;
+    let vocab = ck.config.vocab_size;
+    let beyond = |ids: &Vec<u32>| ids.iter().position(|&id| id as usize >= vocab);
+    if let Some(i) = args.prompt_ids.as_ref().and_then(beyond) {
+        return Err(BadArgument(format!(
+            "--prompt-ids: token id {} (entry {}) is outside the vocabulary of {vocab} tokens \
+             (vocab_size in {})",
+            prompt[i],
+            i + 1,
+            dir.join("config.json").display()
+        ))
+        .into());
+    }
     // the first token of a process waits for the weights' upload and the kernels' compilation
     let waiting = crate::progress::spinner(!args.json, "loading the model, compiling GPU kernels");
     let params = generate_params(&args, &ck, tok.as_ref(), prompt.len())?;

@@ -1,7 +1,7 @@
 //! `inkling-wgpu perplexity`: perplexity and bits per byte of a model over a text file, and
 //! optionally the mean KL divergence and top-1 agreement to a base model (`--kl-base`), the
 //! counterpart of llama.cpp's `llama-perplexity` (method: [`crate::model::eval`]).
-use super::context::{context_length, OrBadArgument};
+use super::context::{context_length, ensure_arg, OrBadArgument};
 use super::load::{gpu_backend, Device};
 use crate::model::eval::{evaluate, windows, EvalStats};
 use crate::model::text::load_tokenizer;
@@ -74,6 +74,10 @@ fn encode(dir: &Path, text: &str) -> Result<(Vec<u32>, Vec<usize>)> {
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {
+    ensure_arg!(
+        a.max_tokens != Some(0),
+        "--max-tokens 0 scores no token; give at least 1 (or leave it out to score the whole text)"
+    );
     let dir = match &a.model {
         Some(d) => d.clone(),
         None => crate::bundled::materialize()?,

@@ -18,7 +18,7 @@ pub struct Args {
     /// inkling, inkling-small or tiny.
     #[arg(long)]
     pub preset: String,
-    /// Number of layers (num_hidden_layers).
+    /// Number of layers (num_hidden_layers), 1 to 1024.
     #[arg(long)]
     pub layers: usize,
     /// Routed experts: int4, int4-g32, int4-g64, int4-g128, int3-g64, bf16 or f32.
@@ -115,8 +115,16 @@ fn free_bytes(dir: &Path) -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// Most layers `synth` writes: about 16 times Inkling's 66, well past any probe; the plan of a
+/// container grows with its layers (about 0.6 MB of memory per inkling-small layer).
+pub const MAX_LAYERS: usize = 1024;
+
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    super::context::ensure_arg!(a.layers >= 1, "--layers must be at least 1");
+    super::context::ensure_arg!(
+        (1..=MAX_LAYERS).contains(&a.layers),
+        "--layers {}: want 1 to {MAX_LAYERS} layers",
+        a.layers
+    );
     let mut spec = SynthSpec::preset(&a.preset, a.layers).or_bad_argument()?;
     if let Some(v) = a.vocab {
         spec = spec.with_vocab(v);

@@ -189,11 +189,36 @@ pub fn check_destination(dst_dir: &Path, force: bool, files: &[&str]) -> Result<
                 dst_dir.join(f).display()
             );
         }
+        // a fresh write goes into an empty directory (beside nothing a later --force would
+        // refuse to replace); temporaries of our own are removed below
+        if let Some(other) = foreign_entry(dst_dir, files) {
+            bail!(
+                "{} is not empty (it holds {}); a container is written into a new or empty \
+                 directory, or replaces a conversion of its own (choose another --out)",
+                dst_dir.display(),
+                other
+            );
+        }
     }
     // temporaries of an earlier run that was killed before it could remove them: only once the
     // write is going ahead, so a refused run deletes nothing
     crate::tempfiles::remove_stale(dst_dir, |f| is_container_file(f) || files.contains(&f));
     Ok(previous)
+}
+
+/// The name of the first entry of `dir` (sorted) that is not a temporary of ours for a
+/// container file or one of `files`; `None` when there is none.
+fn foreign_entry(dir: &Path, files: &[&str]) -> Option<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names.into_iter().find(|n| {
+        !crate::tempfiles::parse_tmp_name(std::ffi::OsStr::new(n))
+            .is_some_and(|(f, _)| is_container_file(f) || files.contains(&f))
+    })
 }
 
 /// Write a stamped container into `dst_dir`: the groups in order through [`ShardWriter`] (temp

@@ -52,6 +52,8 @@ pub enum ModelError {
         tensor: String,
         msg: String,
     },
+    #[error("{}: no such model directory (a checkpoint or container directory, holding config.json)", dir.display())]
+    NoModelDir { dir: PathBuf },
     #[error("{}: no model.safetensors or model.safetensors.index.json", dir.display())]
     NoWeights { dir: PathBuf },
     /// A converted container failed verification (stamp, shape map, truncation, slab layout); the

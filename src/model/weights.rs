@@ -130,8 +130,14 @@ pub struct Checkpoint {
 }
 
 impl Checkpoint {
-    /// Read config.json, generation_config.json and map the weights of `dir`.
+    /// Read config.json, generation_config.json and map the weights of `dir`
+    /// ([`ModelError::NoModelDir`] when `dir` is not a directory).
     pub fn open(dir: &Path) -> Result<Checkpoint> {
+        if !dir.is_dir() {
+            return Err(ModelError::NoModelDir {
+                dir: dir.to_path_buf(),
+            });
+        }
         let config = TextConfig::from_dir(dir)?;
         let generation = GenerationConfig::from_dir(dir)?;
         let single = dir.join("model.safetensors");

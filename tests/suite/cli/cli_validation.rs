@@ -141,6 +141,44 @@ fn bad_values_exit_2_and_say_what_is_expected() {
             "--tiles 3x8",
         ),
         (
+            vec![
+                "perplexity",
+                "--model",
+                m,
+                "--device",
+                "cpu",
+                "--file",
+                text,
+                "--max-tokens",
+                "0",
+            ],
+            "--max-tokens 0",
+        ),
+        (
+            vec![
+                "generate",
+                "--model",
+                m,
+                "--device",
+                "cpu",
+                "--prompt-ids",
+                "1,99999999",
+            ],
+            "--prompt-ids: token id 99999999 (entry 2) is outside the vocabulary",
+        ),
+        (
+            vec!["bench", "gemm", "--quick", "--tiles", "4x"],
+            "--tiles 4x: want RMxBN",
+        ),
+        (
+            vec!["bench", "gemm", "--quick", "--tiles", "4x16,2x8,4x16"],
+            "the tile 4x16 is listed twice (entry 3)",
+        ),
+        (
+            vec!["bench", "prefill", "--model", m, "--tiles", "2x8,2x8"],
+            "the tile 2x8 is listed twice (entry 2)",
+        ),
+        (
             vec!["bench", "kernels", "--formats", "bogus"],
             "--formats bogus",
         ),
@@ -157,6 +195,21 @@ fn bad_values_exit_2_and_say_what_is_expected() {
                 out,
             ],
             "--layers",
+        ),
+        (
+            vec![
+                "synth",
+                "--preset",
+                "inkling-small",
+                "--layers",
+                "99999",
+                "--experts",
+                "int4-g64",
+                "--out",
+                out,
+                "--dry-run",
+            ],
+            "--layers 99999: want 1 to 1024 layers",
         ),
         (
             vec![
@@ -305,8 +358,13 @@ fn a_missing_model_dir_is_named_once() {
         "--device",
         "cpu",
     ]);
-    assert!(e.contains("/nonexistent/inkling"), "{e}");
-    assert_eq!(e.matches("No such file or directory").count(), 1, "{e}");
+    assert_eq!(
+        e.matches("/nonexistent/inkling: no such model directory")
+            .count(),
+        1,
+        "{e}"
+    );
+    assert!(!e.contains("config.json:"), "{e}");
 }
 
 /// Second fresh-user review: a --max-tokens past what the GPU positions can index, a bad

@@ -548,8 +548,8 @@ fn cli_convert_and_info() {
 }
 
 /// `convert` and `synth` replace nothing but a previous conversion: a `config.json` (or another
-/// side file) the user put in `--out` stops them, with or without `--force`, and stays as it was;
-/// a source checkpoint is refused without suggesting `--force`.
+/// side file) or any other file the user put in `--out` stops them, with or without `--force`,
+/// and stays as it was; a source checkpoint is refused without suggesting `--force`.
 #[test]
 fn side_files_and_source_checkpoints_in_out_are_never_replaced() {
     use inkling_wgpu::container::synth::{synth, SynthOptions, SynthSpec};
@@ -588,6 +588,34 @@ fn side_files_and_source_checkpoints_in_out_are_never_replaced() {
             .collect();
         names.sort();
         assert_eq!(names, ["config.json", "notes.txt"]);
+        let _ = std::fs::remove_dir_all(&dst);
+    }
+    // any other file of the user's in --out: refused up front, --force or not, so that a
+    // fresh write never leaves a container that a later --force would refuse to replace
+    for force in [false, true] {
+        let dst = tmpdir(&format!("foreign-{force}"));
+        std::fs::create_dir_all(&dst).unwrap();
+        std::fs::write(dst.join("notes.txt"), b"precious").unwrap();
+        let opts = ConvertOptions {
+            force,
+            ..Default::default()
+        };
+        let e = format!("{:#}", convert(&src, &dst, &opts).unwrap_err());
+        let want = format!("{} is not empty (it holds notes.txt)", dst.display());
+        assert!(e.contains(&want), "{e}");
+        let spec = SynthSpec::preset("tiny", 2).unwrap();
+        let sopts = SynthOptions {
+            force,
+            ..Default::default()
+        };
+        let e = format!("{:#}", synth(&spec, &dst, &sopts).unwrap_err());
+        assert!(e.contains(&want), "{e}");
+        let names: Vec<_> = std::fs::read_dir(&dst)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["notes.txt"]);
+        assert_eq!(std::fs::read(dst.join("notes.txt")).unwrap(), b"precious");
         let _ = std::fs::remove_dir_all(&dst);
     }
     // a copy of a source checkpoint as --out: refused without the --force hint
