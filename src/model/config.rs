@@ -230,15 +230,27 @@ pub fn reachable_eos(ids: &[u32], logits_width: usize) -> (Vec<u32>, Vec<u32>) {
     ids.iter().partition(|&&id| (id as usize) < logits_width)
 }
 
+/// The JSON object in `file` (errors name the file: unreadable, not JSON, not an object).
 fn read_json(file: &Path) -> Result<Value> {
     let text = std::fs::read_to_string(file).map_err(|e| ModelError::Io {
         file: file.to_path_buf(),
         source: e,
     })?;
-    serde_json::from_str(&text).map_err(|e| ModelError::Json {
+    let v: Value = serde_json::from_str(&text).map_err(|e| ModelError::Json {
         file: file.to_path_buf(),
         source: e,
-    })
+    })?;
+    if !v.is_object() {
+        let mut got = v.to_string();
+        if got.len() > 40 {
+            got = format!("{}…", &got[..got.floor_char_boundary(40)]);
+        }
+        return Err(ModelError::NotAnObject {
+            file: file.to_path_buf(),
+            got,
+        });
+    }
+    Ok(v)
 }
 
 impl TextConfig {

@@ -14,6 +14,8 @@ pub enum ModelError {
         file: PathBuf,
         source: serde_json::Error,
     },
+    #[error("{}: expected a JSON object, got {got}", file.display())]
+    NotAnObject { file: PathBuf, got: String },
     #[error("{}: missing required field `{field}`", file.display())]
     MissingField { file: PathBuf, field: String },
     #[error("{}: field `{field}`: {msg}", file.display())]

@@ -180,6 +180,19 @@ fn config_missing_a_field() {
     std::fs::remove_file(dir.join("config.json")).unwrap();
     assert_names(&load_err(&dir), &["config.json"]);
     std::fs::remove_dir_all(&dir).ok();
+
+    // JSON that is not an object: config.json and generation_config.json alike, by name
+    for (file, text) in [
+        ("config.json", "null"),
+        ("generation_config.json", "null"),
+        ("generation_config.json", "[1,2]"),
+    ] {
+        let dir = copy_fixture("tiny-causal-f32", "cfg-not-object");
+        std::fs::write(dir.join(file), text).unwrap();
+        let want = format!("{file}: expected a JSON object, got {text}");
+        assert_names(&load_err(&dir), &[&want]);
+        std::fs::remove_dir_all(&dir).ok();
+    }
 }
 
 #[test]
