@@ -207,8 +207,9 @@ pub fn run(
     }
 }
 
-/// Tokens of the warm-up's long prefill: past `MIN_PAIRS_PER_EXPERT`, so the prefill GEMM runs.
-const WARM_UP_PROMPT: usize = 2 * crate::gpu::linear::route::MIN_PAIRS_PER_EXPERT as usize;
+/// Tokens of the warm-up's long prefill: past every format's GEMM threshold
+/// (`format::max_gemm_min_pairs`), so the prefill GEMM runs.
+const WARM_UP_PROMPT: usize = 2 * crate::gpu::linear::format::max_gemm_min_pairs() as usize;
 
 /// Run every kind of step a request can meet once before the first request, so that none of
 /// them waits for its pipelines to be compiled and its commands recorded (the GPU builds both on
@@ -222,7 +223,7 @@ fn warm_up(model: &mut dyn BatchForward) -> anyhow::Result<()> {
         model.reset();
         model.forward(&[0, 0])?;
     }
-    // a prompt long enough for the prefill GEMM (`MIN_PAIRS_PER_EXPERT` tokens and more)
+    // a prompt long enough for the prefill GEMM (every format's threshold and more tokens)
     model.select(0);
     model.reset();
     model.forward(&[0; WARM_UP_PROMPT])?;

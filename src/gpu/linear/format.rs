@@ -51,6 +51,26 @@ pub struct KernelFormat {
     /// In a MoE decode layer with shared experts, the routed GEMV of this format that the shared
     /// experts' down runs beside, in one dispatch (BENCHMARKS.md#decision-gemv-pairs).
     pub shared_down_beside: RoutedGemv,
+    /// Fewest pairs per used expert (`P / min(E, P)`; the tokens of a dense linear) from which
+    /// `route::select` runs a call as the GEMM; below it the GEMV (BENCHMARKS.md#decision-min-pairs).
+    pub gemm_min_pairs: u32,
+}
+
+/// The GEMM threshold of f32, bf16 and the int4 family ([`KernelFormat::gemm_min_pairs`]).
+pub const MIN_PAIRS_PER_EXPERT: u32 = 9;
+
+/// The largest [`KernelFormat::gemm_min_pairs`] of the table: a prompt of this many pairs per
+/// expert runs every format's GEMM.
+pub const fn max_gemm_min_pairs() -> u32 {
+    let mut m = 0;
+    let mut i = 0;
+    while i < KERNEL_FORMATS.len() {
+        if KERNEL_FORMATS[i].gemm_min_pairs > m {
+            m = KERNEL_FORMATS[i].gemm_min_pairs;
+        }
+        i += 1;
+    }
+    m
 }
 
 /// One of the two routed-expert GEMVs of a MoE decode layer.
@@ -104,6 +124,7 @@ pub const KERNEL_FORMATS: &[KernelFormat] = &[
         gemm: true,
         gpu_bit_order: false,
         shared_down_beside: RoutedGemv::Down,
+        gemm_min_pairs: MIN_PAIRS_PER_EXPERT,
     },
     KernelFormat {
         format: Format::Bf16,
@@ -116,6 +137,7 @@ pub const KERNEL_FORMATS: &[KernelFormat] = &[
         gemm: true,
         gpu_bit_order: false,
         shared_down_beside: RoutedGemv::Down,
+        gemm_min_pairs: MIN_PAIRS_PER_EXPERT,
     },
     KernelFormat {
         format: Format::Int4Grouped,
@@ -128,6 +150,7 @@ pub const KERNEL_FORMATS: &[KernelFormat] = &[
         gemm: true,
         gpu_bit_order: false,
         shared_down_beside: RoutedGemv::Down,
+        gemm_min_pairs: MIN_PAIRS_PER_EXPERT,
     },
     KernelFormat {
         format: Format::Int3G64,
@@ -140,6 +163,7 @@ pub const KERNEL_FORMATS: &[KernelFormat] = &[
         gemm: true,
         gpu_bit_order: true,
         shared_down_beside: RoutedGemv::GateUp,
+        gemm_min_pairs: 14,
     },
     KernelFormat {
         format: Format::Int4,
@@ -152,6 +176,7 @@ pub const KERNEL_FORMATS: &[KernelFormat] = &[
         gemm: true,
         gpu_bit_order: false,
         shared_down_beside: RoutedGemv::Down,
+        gemm_min_pairs: MIN_PAIRS_PER_EXPERT,
     },
 ];
 

@@ -27,8 +27,9 @@
 //! no forced tuning in the call or in [`LinearOptions::tuning`], [`GemmChoice::Auto`], a tile in
 //! [`LinearOptions::gemm`]), the
 //! format has a GEMM kernel, E ≤ [`EMAX`], and the pairs per used expert,
-//! `P / min(E, P)`, reach [`MIN_PAIRS_PER_EXPERT`]: below that the GEMV, which reads each weight
-//! once per pair at the copy bandwidth, wastes less than the GEMM's partly empty tiles.
+//! `P / min(E, P)`, reach the format's `gemm_min_pairs` (the format table: 9 for f32, bf16 and
+//! the int4 family, 14 for int3-g64): below that the GEMV, which reads each weight once per pair
+//! at the copy bandwidth, wastes less than the GEMM's partly empty tiles.
 
 use crate::formats::{Encoding, Format};
 use crate::gpu::linear::args::{strides, GemmChoice, GemvArgs, Reduction, Tile};
@@ -226,10 +227,9 @@ impl GpuWeights {
     }
 }
 
-/// Fewest pairs per used expert (`P / min(E, P)`; the tokens of a dense linear) for which
-/// [`select`] picks the GEMM: below it (decode batches of up to 8 sequences, prompts of up to 8
-/// tokens) the GEMV was measured faster (BENCHMARKS.md#decision-min-pairs).
-pub const MIN_PAIRS_PER_EXPERT: u32 = 9;
+/// The GEMM threshold of f32, bf16 and the int4 family; every format's own is
+/// [`KernelFormat::gemm_min_pairs`](crate::gpu::linear::format::KernelFormat::gemm_min_pairs).
+pub use crate::gpu::linear::format::MIN_PAIRS_PER_EXPERT;
 
 /// Most experts of a slab the grouping pass handles (two u32 per expert of workgroup memory);
 /// larger slabs keep the GEMV.
@@ -315,7 +315,7 @@ fn select(weights: &GpuWeights, args: &GemvArgs<'_>, opts: &LinearOptions) -> Op
         return None;
     }
     let per_expert = p / e.min(p);
-    if per_expert < MIN_PAIRS_PER_EXPERT {
+    if per_expert < row(weights.encoding().format).gemm_min_pairs {
         return None;
     }
     opts.gemm

@@ -283,8 +283,9 @@ fn routed_many_experts_and_pairs() {
     }
 }
 
-/// The automatic choice: the GEMM from MIN_PAIRS_PER_EXPERT pairs per used expert on, the GEMV
-/// below, for forced tunings and explicit reductions, and over more than EMAX experts.
+/// The automatic choice: the GEMM from the format's gemm_min_pairs pairs per used expert on
+/// (MIN_PAIRS_PER_EXPERT for bf16, more for int3-g64), the GEMV below, for forced tunings and
+/// explicit reductions, and over more than EMAX experts.
 #[test]
 fn selection_rule() {
     use inkling_wgpu::gpu::linear::args::Reduction;
@@ -337,8 +338,17 @@ fn selection_rule() {
     assert_eq!(select(&w3, &a3), Some(TILES[0]));
     let call = w3.bind(&gpu, i3.format.ordinal(), a3).unwrap();
     assert_eq!(call.label.op, "gemm");
-    let a3 = GemvArgs::new(&x3, 8, &pb, 8, &y);
-    assert_eq!(select(&w3, &a3), None, "8 pairs per expert: the GEMV");
+    // its own threshold, from the format table
+    let min3 = inkling_wgpu::gpu::linear::format::row(i3.format).gemm_min_pairs;
+    assert!(min3 > min, "int3-g64's GEMM needs more pairs than bf16's");
+    let a3 = GemvArgs::new(&x3, min3 - 1, &pb, min3 - 1, &y);
+    assert_eq!(
+        select(&w3, &a3),
+        None,
+        "below int3-g64's threshold: the GEMV"
+    );
+    let a3 = GemvArgs::new(&x3, min3, &pb, min3, &y);
+    assert_eq!(select(&w3, &a3), Some(TILES[0]));
 }
 
 /// More tiles than one grid dimension holds (65,535 workgroups): the grid spreads over y, and

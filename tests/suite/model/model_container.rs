@@ -319,14 +319,14 @@ fn check_logits(name: &str, dst: &Path) -> Vec<u32> {
     close("CPU", &on_cpu, &want);
     close("GPU", &on_gpu, &want);
     // a prompt long enough that the routed experts' prefill takes the GEMM (at least
-    // MIN_PAIRS_PER_EXPERT pairs per expert) in every format: GPU = f32 on the dequantised weights
+    // every format's gemm_min_pairs per expert) in every format: GPU = f32 on the dequantised weights
     let cfg = &w.config;
     let long: Vec<u32> = (0..120u32)
         .map(|k| (k * 37 + 5) % cfg.vocab_size as u32)
         .collect();
     assert!(
         long.len() * cfg.num_experts_per_tok / cfg.n_routed_experts
-            >= inkling_wgpu::gpu::linear::route::MIN_PAIRS_PER_EXPERT as usize
+            >= inkling_wgpu::gpu::linear::format::max_gemm_min_pairs() as usize
     );
     let want_long = CpuModel::new(&deq).forward_all(&long).unwrap();
     let mut gpu = GpuModel::new(&g, &w, GpuModelOptions::new(long.len())).unwrap();

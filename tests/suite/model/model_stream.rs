@@ -196,8 +196,8 @@ fn streamed_int4_g32_and_int3_containers_equal_resident_and_cpu() {
         let r = reference(name);
         let c = &r.cases[0];
         check_dir(&dir, None, &c.prompt_ids, &r.eos, c.max_new_tokens);
-        // a prompt whose routed experts' prefill runs the GEMM (MIN_PAIRS_PER_EXPERT and more
-        // pairs per expert)
+        // a prompt whose routed experts' prefill runs the GEMM (20 pairs per expert, past every
+        // format's gemm_min_pairs)
         let long: Vec<u32> = (0..80u32).map(|k| (k * 37 + 5) % 200).collect();
         check_dir(&dir, None, &long, &r.eos, 4);
         std::fs::remove_dir_all(&dir).ok();
