@@ -201,13 +201,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let weights = Weights::load(&ck)?;
     let tok = load_tokenizer(&dir)?;
     let prompt = prompt_ids(&args, tok.as_ref(), &dir, ck.config.max_position_embeddings)?;
+    // the model refuses such ids too; here the message names the flag
     let vocab = ck.config.vocab_size;
-    let beyond = |ids: &Vec<u32>| ids.iter().position(|&id| id as usize >= vocab);
-    if let Some(i) = args.prompt_ids.as_ref().and_then(beyond) {
+    let ids = args.prompt_ids.as_deref().unwrap_or_default();
+    if let Some(i) = ids.iter().position(|&id| id as usize >= vocab) {
         return Err(BadArgument(format!(
             "--prompt-ids: token id {} (entry {}) is outside the vocabulary of {vocab} tokens \
              (vocab_size in {})",
-            prompt[i],
+            ids[i],
             i + 1,
             dir.join("config.json").display()
         ))

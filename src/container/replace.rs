@@ -41,6 +41,13 @@ pub fn is_container_file(name: &str) -> bool {
         && (name.ends_with(".safetensors") || name == "model.safetensors.index.json")
 }
 
+/// Whether `name` is a temporary of the writer's (`FINAL.PID.tmp`) for a container file or one
+/// of `side_files`.
+pub fn is_our_temporary(name: &str, side_files: &[&str]) -> bool {
+    crate::tempfiles::parse_tmp_name(std::ffi::OsStr::new(name))
+        .is_some_and(|(f, _)| is_container_file(f) || side_files.contains(&f))
+}
+
 /// Whether the safetensors file at `path` carries the container stamp in its header; `Err` with
 /// the reason when the header cannot be read (too short, not JSON, not an object).
 fn has_stamp(path: &Path) -> std::result::Result<bool, String> {
@@ -91,10 +98,7 @@ pub fn previous_conversion(dst: &Path, side_files: &[&str]) -> Result<Vec<PathBu
     };
     for p in &entries {
         let name = name_of(p).unwrap_or_default();
-        let ours = |n: &str| is_container_file(n) || side_files.contains(&n);
-        if crate::tempfiles::parse_tmp_name(std::ffi::OsStr::new(&name))
-            .is_some_and(|(f, _)| ours(f))
-        {
+        if is_our_temporary(&name, side_files) {
             // a temporary of ours (a dead run's is removed once the checks pass)
             continue;
         }

@@ -5,7 +5,8 @@
 
 use super::reader::Container;
 use super::replace::{
-    is_container_file, previous_conversion, recover_interrupted_swap, staging_dir, swap_into_place,
+    is_container_file, is_our_temporary, previous_conversion, recover_interrupted_swap,
+    staging_dir, swap_into_place,
 };
 use super::stamp::{SHAPE_KEY, STAMP_KEY};
 use super::writer::{tmp_path, FailPlan, PlannedTensor, ShardWriter, WriteBudget};
@@ -215,10 +216,7 @@ fn foreign_entry(dir: &Path, files: &[&str]) -> Option<String> {
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
     names.sort();
-    names.into_iter().find(|n| {
-        !crate::tempfiles::parse_tmp_name(std::ffi::OsStr::new(n))
-            .is_some_and(|(f, _)| is_container_file(f) || files.contains(&f))
-    })
+    names.into_iter().find(|n| !is_our_temporary(n, files))
 }
 
 /// Write a stamped container into `dst_dir`: the groups in order through [`ShardWriter`] (temp

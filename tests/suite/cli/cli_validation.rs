@@ -113,21 +113,17 @@ fn bad_values_exit_2_and_say_what_is_expected() {
     // values judged after parsing: each names its flag and exits 2
     let out = out.to_str().unwrap();
     let text = text.to_str().unwrap();
+    let ppl = [
+        "perplexity",
+        "--model",
+        m,
+        "--device",
+        "cpu",
+        "--file",
+        text,
+    ];
     for (args, names) in [
-        (
-            vec![
-                "perplexity",
-                "--model",
-                m,
-                "--device",
-                "cpu",
-                "--file",
-                text,
-                "--stride",
-                "0",
-            ],
-            "stride",
-        ),
+        ([&ppl[..], &["--stride", "0"]].concat(), "stride"),
         (
             vec!["bench", "prefill", "--model", m, "--prompt", "0"],
             "--prompt",
@@ -141,17 +137,7 @@ fn bad_values_exit_2_and_say_what_is_expected() {
             "--tiles 3x8",
         ),
         (
-            vec![
-                "perplexity",
-                "--model",
-                m,
-                "--device",
-                "cpu",
-                "--file",
-                text,
-                "--max-tokens",
-                "0",
-            ],
+            [&ppl[..], &["--max-tokens", "0"]].concat(),
             "--max-tokens 0",
         ),
         (

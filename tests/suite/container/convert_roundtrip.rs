@@ -554,69 +554,52 @@ fn cli_convert_and_info() {
 fn side_files_and_source_checkpoints_in_out_are_never_replaced() {
     use inkling_wgpu::container::synth::{synth, SynthOptions, SynthSpec};
     let src = fixture("tiny-causal-f32");
-    for force in [false, true] {
-        let dst = tmpdir(&format!("side-{force}"));
-        std::fs::create_dir_all(&dst).unwrap();
-        std::fs::write(dst.join("config.json"), b"{\"mine\": 1}").unwrap();
-        std::fs::write(dst.join("notes.txt"), b"precious").unwrap();
-        let opts = ConvertOptions {
-            force,
-            ..Default::default()
-        };
-        let e = format!("{:#}", convert(&src, &dst, &opts).unwrap_err());
-        let want = format!(
-            "{} already exists and is not part of a conversion; refusing to replace it, even with \
-             --force (choose another --out)",
-            dst.join("config.json").display()
-        );
-        assert!(e.contains(&want), "{e}");
-        let spec = SynthSpec::preset("tiny", 2).unwrap();
-        let sopts = SynthOptions {
-            force,
-            ..Default::default()
-        };
-        let e = format!("{:#}", synth(&spec, &dst, &sopts).unwrap_err());
-        assert!(e.contains(&want), "{e}");
-        assert_eq!(
-            std::fs::read(dst.join("config.json")).unwrap(),
-            b"{\"mine\": 1}"
-        );
-        assert_eq!(std::fs::read(dst.join("notes.txt")).unwrap(), b"precious");
-        let mut names: Vec<_> = std::fs::read_dir(&dst)
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
-        names.sort();
-        assert_eq!(names, ["config.json", "notes.txt"]);
-        let _ = std::fs::remove_dir_all(&dst);
-    }
-    // any other file of the user's in --out: refused up front, --force or not, so that a
-    // fresh write never leaves a container that a later --force would refuse to replace
-    for force in [false, true] {
-        let dst = tmpdir(&format!("foreign-{force}"));
-        std::fs::create_dir_all(&dst).unwrap();
-        std::fs::write(dst.join("notes.txt"), b"precious").unwrap();
-        let opts = ConvertOptions {
-            force,
-            ..Default::default()
-        };
-        let e = format!("{:#}", convert(&src, &dst, &opts).unwrap_err());
-        let want = format!("{} is not empty (it holds notes.txt)", dst.display());
-        assert!(e.contains(&want), "{e}");
-        let spec = SynthSpec::preset("tiny", 2).unwrap();
-        let sopts = SynthOptions {
-            force,
-            ..Default::default()
-        };
-        let e = format!("{:#}", synth(&spec, &dst, &sopts).unwrap_err());
-        assert!(e.contains(&want), "{e}");
-        let names: Vec<_> = std::fs::read_dir(&dst)
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
-        assert_eq!(names, ["notes.txt"]);
-        assert_eq!(std::fs::read(dst.join("notes.txt")).unwrap(), b"precious");
-        let _ = std::fs::remove_dir_all(&dst);
+    // a side file of the writer's in --out (named as such), or any other file of the user's:
+    // refused up front, --force or not, so that a fresh write never leaves a container that a
+    // later --force would refuse to replace
+    let config: (&str, &[u8]) = ("config.json", b"{\"mine\": 1}");
+    let notes: (&str, &[u8]) = ("notes.txt", b"precious");
+    for (tag, planted) in [("side", vec![config, notes]), ("foreign", vec![notes])] {
+        for force in [false, true] {
+            let dst = tmpdir(&format!("{tag}-{force}"));
+            std::fs::create_dir_all(&dst).unwrap();
+            for (name, bytes) in &planted {
+                std::fs::write(dst.join(name), bytes).unwrap();
+            }
+            let want = if tag == "side" {
+                format!(
+                    "{} already exists and is not part of a conversion; refusing to replace it, \
+                     even with --force (choose another --out)",
+                    dst.join("config.json").display()
+                )
+            } else {
+                format!("{} is not empty (it holds notes.txt)", dst.display())
+            };
+            let opts = ConvertOptions {
+                force,
+                ..Default::default()
+            };
+            let e = format!("{:#}", convert(&src, &dst, &opts).unwrap_err());
+            assert!(e.contains(&want), "{e}");
+            let spec = SynthSpec::preset("tiny", 2).unwrap();
+            let sopts = SynthOptions {
+                force,
+                ..Default::default()
+            };
+            let e = format!("{:#}", synth(&spec, &dst, &sopts).unwrap_err());
+            assert!(e.contains(&want), "{e}");
+            for (name, bytes) in &planted {
+                assert_eq!(&std::fs::read(dst.join(name)).unwrap(), bytes, "{name}");
+            }
+            let mut names: Vec<_> = std::fs::read_dir(&dst)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .collect();
+            names.sort();
+            let want_names: Vec<&str> = planted.iter().map(|p| p.0).collect();
+            assert_eq!(names, want_names);
+            let _ = std::fs::remove_dir_all(&dst);
+        }
     }
     // a copy of a source checkpoint as --out: refused without the --force hint
     let dst = tmpdir("source-as-out");
