@@ -120,7 +120,7 @@ impl Input {
                     Err(rustyline::error::ReadlineError::Io(e))
                         if e.kind() == std::io::ErrorKind::InvalidData =>
                     {
-                        errln!("input is not UTF-8; line ignored");
+                        errln!("warning: input is not UTF-8; line ignored");
                     }
                     Err(e) => return Err(e.into()),
                 }
@@ -133,7 +133,7 @@ impl Input {
                 match line {
                     Ok(text) => return Ok(Some(text)),
                     Err(at) => {
-                        errln!("stdin line {n}: input is not UTF-8 at byte {at}; line ignored")
+                        errln!("warning: stdin line {n}: input is not UTF-8 at byte {at}; line ignored")
                     }
                 }
             },
@@ -167,6 +167,7 @@ fn chat(args: &Args, cm: ChatModel<'_>) -> anyhow::Result<ExitCode> {
     let r = cm.renderer;
     let sp = r.specials().clone();
     let sampling = args.penalties.apply(sampling(
+        &cm.dir,
         &cm.generation,
         args.temperature,
         args.top_k,

@@ -161,6 +161,7 @@ fn generate_params(
     let gen_cfg = ck.generation.clone().unwrap_or_default();
     let eos = eos_ids(ck, tok);
     let sampling = args.penalties.apply(sampling(
+        &ck.dir,
         &gen_cfg,
         args.temperature,
         args.top_k,

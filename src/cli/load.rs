@@ -144,8 +144,13 @@ pub struct ChatModel<'a> {
 /// The tokenizer of `dir` and its renderer; an error naming the file when it has no chat specials.
 pub fn open_tokenizer(dir: &std::path::Path) -> anyhow::Result<(Tokenizer, Renderer)> {
     if !dir.is_dir() {
+        let what = if dir.exists() {
+            "not a directory"
+        } else {
+            "no such model directory"
+        };
         bail!(
-            "{}: no such model directory (--model takes a checkpoint or container directory)",
+            "{}: {what} (--model takes a checkpoint or container directory)",
             dir.display()
         );
     }
@@ -243,9 +248,10 @@ pub const SAMPLING_DEFAULTS: (f32, usize, f32) = (1.0, 50, 1.0);
 /// value when it sets `do_sample` (transformers' [`SAMPLING_DEFAULTS`] for what it leaves unset),
 /// else greedy (temperature 0) with top-k off (0) and top-p off (1), as transformers decodes
 /// greedily without `do_sample`. A temperature of 0 is greedy decoding. Errors: a temperature that
-/// is not finite or below 0, a top-p outside (0, 1]; the message names the flag, or the file for
-/// its own values.
+/// is not finite or below 0, a top-p outside (0, 1]; the message names the flag, or the file
+/// (`dir`/generation_config.json) for its own values.
 pub fn sampling(
+    dir: &std::path::Path,
     generation: &GenerationConfig,
     temperature: Option<f32>,
     top_k: Option<usize>,
@@ -257,7 +263,7 @@ pub fn sampling(
         if flag {
             format!("--{}", field.replace('_', "-"))
         } else {
-            format!("generation_config.json: {field}")
+            format!("{}: {field}", dir.join("generation_config.json").display())
         }
     };
     let t = pick(temperature, generation.temperature, sample, t0, 0.0);
@@ -318,32 +324,37 @@ mod tests {
     fn sampling_follows_generation_config() {
         // {"do_sample": false, "temperature": 0.6, "top_k": 20}: greedy, the values unused
         let g = gen(false, Some(0.6), Some(20), Some(0.9));
-        assert_eq!(sampling(&g, None, None, None).unwrap(), params(0.0, 0, 1.0));
+        assert_eq!(
+            sampling(std::path::Path::new("m"), &g, None, None, None).unwrap(),
+            params(0.0, 0, 1.0)
+        );
         // {"do_sample": true}: temperature 1.0, top_k 50, top_p 1.0
         let g = gen(true, None, None, None);
         assert_eq!(
-            sampling(&g, None, None, None).unwrap(),
+            sampling(std::path::Path::new("m"), &g, None, None, None).unwrap(),
             params(1.0, 50, 1.0)
         );
         // {"do_sample": true, "temperature": 0.6, "top_k": 20, "top_p": 0.95}
         let g = gen(true, Some(0.6), Some(20), Some(0.95));
         assert_eq!(
-            sampling(&g, None, None, None).unwrap(),
+            sampling(std::path::Path::new("m"), &g, None, None, None).unwrap(),
             params(0.6, 20, 0.95)
         );
         // flags win over the file, one by one
         assert_eq!(
-            sampling(&g, Some(0.8), None, Some(0.5)).unwrap(),
+            sampling(std::path::Path::new("m"), &g, Some(0.8), None, Some(0.5)).unwrap(),
             params(0.8, 20, 0.5)
         );
         assert_eq!(
-            sampling(&g, Some(0.0), None, None).unwrap().temperature,
+            sampling(std::path::Path::new("m"), &g, Some(0.0), None, None)
+                .unwrap()
+                .temperature,
             0.0
         );
         // sampling turned on by the flag alone: the file's values stay unused
         let g = gen(false, Some(0.6), Some(20), Some(0.9));
         assert_eq!(
-            sampling(&g, Some(0.7), None, None).unwrap(),
+            sampling(std::path::Path::new("m"), &g, Some(0.7), None, None).unwrap(),
             params(0.7, 0, 1.0)
         );
     }
@@ -351,24 +362,28 @@ mod tests {
     #[test]
     fn sampling_refuses_values_out_of_range_naming_their_source() {
         let g = gen(true, Some(-1.0), None, Some(1.5));
-        let e = sampling(&g, None, None, Some(0.5)).unwrap_err().to_string();
+        let e = sampling(std::path::Path::new("m"), &g, None, None, Some(0.5))
+            .unwrap_err()
+            .to_string();
         assert!(
-            e.starts_with("generation_config.json: temperature must be"),
+            e.starts_with("m/generation_config.json: temperature must be"),
             "{e}"
         );
-        let e = sampling(&g, Some(0.5), None, None).unwrap_err().to_string();
+        let e = sampling(std::path::Path::new("m"), &g, Some(0.5), None, None)
+            .unwrap_err()
+            .to_string();
         assert!(
-            e.starts_with("generation_config.json: top_p must be in (0, 1]"),
+            e.starts_with("m/generation_config.json: top_p must be in (0, 1]"),
             "{e}"
         );
-        let e = sampling(&g, Some(f32::NAN), None, None)
+        let e = sampling(std::path::Path::new("m"), &g, Some(f32::NAN), None, None)
             .unwrap_err()
             .to_string();
         assert!(
             e.starts_with("--temperature must be a finite number"),
             "{e}"
         );
-        let e = sampling(&g, Some(0.5), None, Some(0.0))
+        let e = sampling(std::path::Path::new("m"), &g, Some(0.5), None, Some(0.0))
             .unwrap_err()
             .to_string();
         assert!(e.starts_with("--top-p must be in (0, 1]"), "{e}");

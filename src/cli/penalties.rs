@@ -20,13 +20,52 @@ pub struct PenaltyArgs {
 }
 
 impl PenaltyArgs {
-    /// `p` with these settings.
+    /// `p` with these settings; prints [`PenaltyArgs::warning`] on stderr when there is one.
     pub fn apply(&self, p: SamplingParams) -> SamplingParams {
+        if let Some(w) = self.warning() {
+            eprintln!("{w}");
+        }
         SamplingParams {
             min_p: self.min_p,
             repeat_penalty: self.repeat_penalty,
             repeat_last_n: self.repeat_last_n,
             ..p
         }
+    }
+}
+
+impl PenaltyArgs {
+    /// The warning for a repeat penalty that `--repeat-last-n 0` turns off (llama.cpp's meaning of
+    /// 0 here: no window, so no penalty); `None` when the flags do what they say.
+    pub fn warning(&self) -> Option<String> {
+        (self.repeat_penalty != 1.0 && self.repeat_last_n == 0).then(|| {
+            format!(
+                "warning: --repeat-penalty {} has no effect: --repeat-last-n 0 turns the penalty \
+                 off; give --repeat-last-n N (default {REPEAT_LAST_N}) to penalise the last N ids",
+                self.repeat_penalty
+            )
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_penalty_without_a_window_is_warned_about() {
+        let a = |repeat_penalty, repeat_last_n| PenaltyArgs {
+            min_p: 0.0,
+            repeat_penalty,
+            repeat_last_n,
+        };
+        let w = a(1.1, 0).warning().expect("a warning");
+        assert!(
+            w.starts_with("warning: --repeat-penalty 1.1 has no effect"),
+            "{w}"
+        );
+        assert!(w.contains("--repeat-last-n"), "{w}");
+        assert_eq!(a(1.0, 0).warning(), None);
+        assert_eq!(a(1.1, 64).warning(), None);
     }
 }

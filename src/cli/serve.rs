@@ -72,7 +72,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let generation = GenerationConfig::from_dir(&dir)?.unwrap_or_default();
     let defaults = args
         .penalties
-        .apply(sampling(&generation, None, None, None)?);
+        .apply(sampling(&dir, &generation, None, None, None)?);
     let model_id = args.model_id.clone().or_else(|| {
         // the bundled model's cache directory is named by its hash; its id is its own name
         args.model
@@ -155,6 +155,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         sampling: defaults,
         ping: Duration::from_millis(args.ping_ms),
         next_id: AtomicU64::new(0),
+        max_body: args.max_body_bytes,
     });
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -168,13 +169,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         let listener = tokio::net::TcpListener::from_std(std_listener)
             .context("registering the listening socket")?;
         let head_timeout = Duration::from_millis(args.header_timeout_ms);
-        axum::serve(
-            HeadTimeout::new(listener, head_timeout),
-            router(state, args.max_body_bytes),
-        )
-        .with_graceful_shutdown(stopped)
-        .await
-        .context("serving HTTP")
+        axum::serve(HeadTimeout::new(listener, head_timeout), router(state))
+            .with_graceful_shutdown(stopped)
+            .await
+            .context("serving HTTP")
     })?;
     // the server returns only once the shutdown has started
     let reason = shutdown.reason().unwrap_or("unknown cause");

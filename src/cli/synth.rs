@@ -47,9 +47,9 @@ pub struct Args {
     /// enough for full depth (the full-depth decode probe).
     #[arg(long)]
     pub routed_experts: Option<usize>,
-    /// Destination directory.
-    #[arg(long)]
-    pub out: PathBuf,
+    /// Destination directory, new or empty (not needed with --dry-run).
+    #[arg(long, required_unless_present = "dry_run")]
+    pub out: Option<PathBuf>,
     /// Replace a previous container in the destination.
     #[arg(long)]
     pub force: bool,
@@ -161,11 +161,14 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if a.dry_run {
         return Ok(ExitCode::SUCCESS);
     }
-    if let Some(free) = free_bytes(&a.out) {
+    let Some(out) = a.out.as_deref() else {
+        bail!("--out DIR is required (only --dry-run writes nothing)");
+    };
+    if let Some(free) = free_bytes(out) {
         if free < total {
             bail!(
                 "{} has {} free, the container needs {}",
-                a.out.display(),
+                out.display(),
                 human(free),
                 human(total)
             );
@@ -179,14 +182,14 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         progress: true,
         threads: a.threads,
     };
-    let s = super::convert::writing_into(&a.out, || synth(&spec, &a.out, &opts))?;
+    let s = super::convert::writing_into(out, || synth(&spec, out, &opts))?;
     let secs = t0.elapsed().as_secs_f64();
     eprintln!(
         "wrote {} tensors, {} in {} into {} in {secs:.1} s ({:.2} GB/s)",
         s.tensors,
         human(s.bytes),
         super::bench_calls::plural(s.shards.len(), "shard", "shards"),
-        a.out.display(),
+        out.display(),
         s.bytes as f64 / secs / 1e9
     );
     Ok(ExitCode::SUCCESS)

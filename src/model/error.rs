@@ -56,6 +56,8 @@ pub enum ModelError {
     },
     #[error("{}: no such model directory (a checkpoint or container directory, holding config.json)", dir.display())]
     NoModelDir { dir: PathBuf },
+    #[error("{}: not a directory (a model is a checkpoint or container directory, holding config.json)", path.display())]
+    NotADirectory { path: PathBuf },
     #[error("{}: no model.safetensors or model.safetensors.index.json", dir.display())]
     NoWeights { dir: PathBuf },
     /// A converted container failed verification (stamp, shape map, truncation, slab layout); the

@@ -131,8 +131,14 @@ pub struct Checkpoint {
 
 impl Checkpoint {
     /// Read config.json, generation_config.json and map the weights of `dir`
-    /// ([`ModelError::NoModelDir`] when `dir` is not a directory).
+    /// ([`ModelError::NoModelDir`] when nothing is at `dir`, [`ModelError::NotADirectory`] when
+    /// it is a file).
     pub fn open(dir: &Path) -> Result<Checkpoint> {
+        if dir.exists() && !dir.is_dir() {
+            return Err(ModelError::NotADirectory {
+                path: dir.to_path_buf(),
+            });
+        }
         if !dir.is_dir() {
             return Err(ModelError::NoModelDir {
                 dir: dir.to_path_buf(),

@@ -53,6 +53,8 @@ pub struct AppState {
     /// Interval of SSE comment pings.
     pub ping: Duration,
     pub next_id: AtomicU64,
+    /// Largest request body in bytes (`serve --max-body-bytes`; past it, 413).
+    pub max_body: usize,
 }
 
 /// The server's shutdown (started by SIGINT or SIGTERM, `cli::serve`): once started, requests in
@@ -119,8 +121,9 @@ fn shutting_down() -> ApiError {
     )
 }
 
-/// The application: routes, body limit (`max_body` bytes), state.
-pub fn router(state: Arc<AppState>, max_body: usize) -> Router {
+/// The application: routes, body limit ([`AppState::max_body`] bytes), state.
+pub fn router(state: Arc<AppState>) -> Router {
+    let max_body = state.max_body;
     Router::new()
         .route("/", get(page))
         .route("/health", get(health))
@@ -265,13 +268,24 @@ async fn handle(st: Arc<AppState>, body: Result<Bytes, BytesRejection>, ep: Endp
     let body = match body {
         Ok(b) => b,
         Err(rej) => {
+            let status = rej.status().as_u16();
+            let message = if status == 413 {
+                format!(
+                    "{}: the request body is over this server's limit of {} bytes (serve \
+                     --max-body-bytes)",
+                    rej.body_text(),
+                    st.max_body
+                )
+            } else {
+                rej.body_text()
+            };
             return error_response(&ApiError {
-                status: rej.status().as_u16(),
-                message: rej.body_text(),
+                status,
+                message,
                 kind: "invalid_request_error",
                 param: None,
                 code: None,
-            })
+            });
         }
     };
     let c = &st.shared.counters;

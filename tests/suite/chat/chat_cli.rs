@@ -347,7 +347,7 @@ fn a_line_that_is_not_utf8_is_skipped_and_the_chat_goes_on() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(
-        stderr.contains("stdin line 2: input is not UTF-8 at byte 2; line ignored"),
+        stderr.contains("warning: stdin line 2: input is not UTF-8 at byte 2; line ignored"),
         "{stderr}"
     );
     assert_eq!(

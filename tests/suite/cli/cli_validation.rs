@@ -191,8 +191,6 @@ fn bad_values_exit_2_and_say_what_is_expected() {
                 "99999",
                 "--experts",
                 "int4-g64",
-                "--out",
-                out,
                 "--dry-run",
             ],
             "--layers 99999: want 1 to 1024 layers",
@@ -351,6 +349,34 @@ fn a_missing_model_dir_is_named_once() {
         "{e}"
     );
     assert!(!e.contains("config.json:"), "{e}");
+}
+
+/// A file given as `--model` is "not a directory", for `generate` (Checkpoint::open) and for
+/// `chat` (the tokenizer's check), never "no such model directory".
+#[test]
+fn a_file_as_model_is_not_a_directory() {
+    let file = fixture("tiny-causal-f32").join("config.json");
+    let f = file.to_str().unwrap();
+    for args in [
+        &[
+            "generate",
+            "--model",
+            f,
+            "--prompt-ids",
+            "1",
+            "--device",
+            "cpu",
+        ][..],
+        &["chat", "--model", f, "--device", "cpu"],
+    ] {
+        let e = run_err(args);
+        assert!(
+            e.contains(&format!("{f}: not a directory")),
+            "{}: {e}",
+            args[0]
+        );
+        assert!(!e.contains("no such model directory"), "{}: {e}", args[0]);
+    }
 }
 
 /// Second fresh-user review: a --max-tokens past what the GPU positions can index, a bad

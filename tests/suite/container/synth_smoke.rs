@@ -322,8 +322,7 @@ fn cli_writes_a_tiny_container_and_dry_runs_inkling_small() {
 
     let out = std::process::Command::new(exe)
         .args(["synth", "--preset", "inkling-small", "--layers", "1"])
-        .args(["--experts", "int4-g64", "--dry-run", "--out"])
-        .arg(tmpdir("cli-dry"))
+        .args(["--experts", "int4-g64", "--dry-run"])
         .output()
         .unwrap();
     assert!(out.status.success());
@@ -331,6 +330,16 @@ fn cli_writes_a_tiny_container_and_dry_runs_inkling_small() {
     let spec = SynthSpec::preset("inkling-small", 1).unwrap();
     let total: u64 = file_sizes(&spec, 4 << 30).unwrap().iter().sum();
     assert!(err.contains(&format!("({total} bytes)")), "{err}");
+
+    // without --dry-run, --out is a required argument (a usage error naming it)
+    let out = std::process::Command::new(exe)
+        .args(["synth", "--preset", "tiny", "--layers", "1"])
+        .args(["--experts", "int4-g64"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--out"), "{err}");
 }
 
 /// `--routed-experts N` keeps top-k and every shape: the plan has experts 0..N of the preset's

@@ -134,6 +134,19 @@ fn serve_answers_wrong_methods_and_paths_with_envelopes() {
     assert_eq!(envelope(&body)["param"], "max_tokens", "{body}");
 }
 
+/// A body over `--max-body-bytes` is a 413 whose message names the flag that sets the limit.
+#[test]
+fn serve_names_the_body_limit_flag_in_a_413() {
+    let server = Server::start(&["--max-body-bytes", "4096"]);
+    let (st, _, body) = server.request("POST", "/v1/chat/completions", &big_chat(8192));
+    assert_eq!(st, 413, "{body}");
+    let e = envelope(&body);
+    let msg = e["message"].as_str().unwrap();
+    assert!(msg.contains("--max-body-bytes"), "{e}");
+    assert!(msg.contains("4096"), "{e}");
+    assert_eq!(e["type"], "invalid_request_error", "{e}");
+}
+
 /// Reads `s` until the server closes it; how long that took, or `None` if it stayed open for
 /// `limit`.
 fn closed_within(s: &mut TcpStream, limit: Duration) -> Option<Duration> {
