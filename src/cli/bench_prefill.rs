@@ -16,7 +16,7 @@
 use super::context::{ensure_arg, OrBadArgument};
 use super::output::outln;
 use crate::gpu::linear::args::Tile;
-use crate::gpu::linear::route::{LinearOptions, TILES};
+use crate::gpu::linear::route::{GemmTiles, LinearOptions};
 use crate::gpu::Gpu;
 use crate::model::gpu::DEFAULT_MAX_CHUNK;
 use crate::model::{Checkpoint, GpuModel, GpuModelOptions, Weights};
@@ -155,10 +155,10 @@ pub fn run(a: PrefillArgs) -> anyhow::Result<ExitCode> {
     let mut results = Vec::new();
     for &(gemm, tile) in &modes {
         let linear = LinearOptions {
-            gemm: if gemm {
-                tile.or(TILES.first().copied())
-            } else {
-                None
+            gemm: match (gemm, tile) {
+                (false, _) => GemmTiles::Off,
+                (true, None) => GemmTiles::Auto,
+                (true, Some(t)) => GemmTiles::Fixed(t),
             },
             ..LinearOptions::default()
         };

@@ -123,7 +123,7 @@ pub fn check_limits(
     specs.push(("gemv", KernelSpec::of(&gemv_layout)));
     let gemm_key = gemm::GemmKey::new(encs[0], TILES[0]);
     specs.push(("gemm", KernelSpec::of(&gemm_key)));
-    specs.push(("gemm", KernelSpec::of(&gemm::SortKey(TILES[0]))));
+    specs.push(("gemm", KernelSpec::of(&gemm::SortKey::of(TILES[0]))));
     for (op, s) in &specs {
         let (sb, ub) = (s.storage_buffers(), s.uniform_buffers());
         if sb > limits.max_storage_buffers_per_shader_stage {

@@ -153,9 +153,17 @@ impl Kernel for GemmKey {
     }
 }
 
-/// The grouping pass for tiles of the key's BN pairs. Label `gemm/sort:{BN}`.
+/// The grouping pass for tiles of the key's BN pairs. Label `gemm/sort:{BN}`. Built by
+/// [`SortKey::of`], so that the tiles of one BN share one pass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SortKey(pub Tile);
+
+impl SortKey {
+    /// The grouping pass of `tile`'s BN (the pass does not depend on its rows).
+    pub fn of(tile: Tile) -> SortKey {
+        SortKey(Tile { rm: 1, nq: tile.nq })
+    }
+}
 
 impl fmt::Display for SortKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -191,7 +199,9 @@ pub fn kernels_for(encs: &[Encoding]) -> Vec<KernelSpec> {
             v.push(KernelSpec::of(&GemmKey::new(enc, t)));
         }
     }
-    v.extend(TILES.iter().map(|&t| KernelSpec::of(&SortKey(t))));
+    let mut sorts: Vec<SortKey> = TILES.iter().map(|&t| SortKey::of(t)).collect();
+    sorts.dedup();
+    v.extend(sorts.iter().map(KernelSpec::of));
     v
 }
 
@@ -267,7 +277,7 @@ pub fn bind(
     if sorted {
         dispatches.push(Dispatch::new(
             gpu,
-            &SortKey(tile),
+            &SortKey::of(tile),
             &base,
             &[(1, args.pairs), (2, &scratch)],
             [1, 1, 1],

@@ -24,12 +24,14 @@
 //!
 //! # GEMM selection ([`select`])
 //! The GEMM replaces the GEMV when the call leaves the choice to the engine (automatic reduction,
-//! no forced tuning in the call or in [`LinearOptions::tuning`], [`GemmChoice::Auto`], a tile in
+//! no forced tuning in the call or in [`LinearOptions::tuning`], [`GemmChoice::Auto`], a GEMM in
 //! [`LinearOptions::gemm`]), the
 //! format has a GEMM kernel, E ≤ [`EMAX`], and the pairs per used expert,
 //! `P / min(E, P)`, reach the format's `gemm_min_pairs` (the format table: 9 for f32, bf16 and
 //! the int4 family, 14 for int3-g64): below that the GEMV, which reads each weight once per pair
-//! at the copy bandwidth, wastes less than the GEMM's partly empty tiles.
+//! at the copy bandwidth, wastes less than the GEMM's partly empty tiles. The tile is
+//! [`auto_tile`]'s: the largest of [`TILES`] whose launch fills the GPU, so that a short chunk's
+//! few workgroups are smaller ones spread over more SMs.
 
 use crate::formats::{Encoding, Format};
 use crate::gpu::linear::args::{strides, GemmChoice, GemvArgs, Reduction, Tile};
@@ -235,10 +237,54 @@ pub use crate::gpu::linear::format::MIN_PAIRS_PER_EXPERT;
 /// larger slabs keep the GEMV.
 pub const EMAX: u32 = 1024;
 
-/// Every tile [`select`] picks: 256 rows × 16 pairs, the fastest prefill of the full-depth
-/// probe on an H200 among those measured (BENCHMARKS.md#decision-gemm-tile).
+/// The tiles [`select`] picks from, most rows per workgroup first: 256, 128 and 64 rows × 16
+/// pairs (one x tile, so the same workgroup memory). [`auto_tile`] takes the first whose launch
+/// reaches its entry of [`GEMM_MIN_WORKGROUPS`], else the last (BENCHMARKS.md#decision-gemm-tile).
 /// [`GemmChoice::Always`] builds any [`Tile::buildable`] tile.
-pub const TILES: [Tile; 1] = [Tile { rm: 4, nq: 4 }];
+pub const TILES: [Tile; 3] = [
+    Tile { rm: 4, nq: 4 },
+    Tile { rm: 2, nq: 4 },
+    Tile { rm: 1, nq: 4 },
+];
+
+/// Fewest workgroups a GEMM launch must have to take the [`TILES`] entry of the same index. A
+/// GEMM workgroup holds one SM of the H100 and H200 (132 SMs) at a time: a launch of fewer
+/// workgroups than a wave leaves SMs idle while each workgroup runs its whole share of the
+/// columns, and a smaller tile then spreads the same work over more of them
+/// (BENCHMARKS.md#prefill-gemm-short). WebGPU reports no SM count, so these are sized for the
+/// largest GPUs measured, as the GEMV's [`min_workgroups`].
+pub const GEMM_MIN_WORKGROUPS: [u64; 3] = [128, 128, 0];
+
+/// The tile of the engine's own choice for a GEMM over `pairs` pairs of a slab of `experts`
+/// experts of `rows` rows: the first of [`TILES`] whose launch, the used experts ×
+/// ceil(pairs per used expert / BN) tiles × ceil(rows / BM) row blocks, reaches its
+/// [`GEMM_MIN_WORKGROUPS`], else the last. The pairs per used expert are `pairs / min(experts,
+/// pairs)`, as in [`select`]: the host never sees how the router spread them.
+pub fn auto_tile(rows: u32, experts: u32, pairs: u32) -> Tile {
+    let used = experts.min(pairs).max(1);
+    let per_expert = (pairs / used).max(1);
+    for (t, &min) in TILES.iter().zip(GEMM_MIN_WORKGROUPS.iter()) {
+        let wg = used as u64
+            * per_expert.div_ceil(t.pairs()) as u64
+            * rows.div_ceil(t.rows()).max(1) as u64;
+        if wg >= min {
+            return *t;
+        }
+    }
+    TILES[TILES.len() - 1]
+}
+
+/// Which GEMM tile the calls that leave the choice to the engine take once the rules send them
+/// to the GEMM ([`LinearOptions::gemm`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemmTiles {
+    /// No GEMM: those calls keep the GEMV (`bench prefill --compare`).
+    Off,
+    /// The engine's choice by the launch's size ([`auto_tile`]).
+    Auto,
+    /// This tile for every such call (`bench prefill --tiles`).
+    Fixed(Tile),
+}
 
 /// Engine-wide choices of the linear layer, given when a model (or a benchmark) builds its calls:
 /// every call built with them follows them. The default is the engine's own choice.
@@ -248,17 +294,16 @@ pub struct LinearOptions {
     /// ([`GemvArgs::tuning`]); such calls never run as a GEMM. Numbers only: every tuning computes
     /// the same sums. `None`: the per-call choice of [`plan`].
     pub tuning: Option<Tuning>,
-    /// The tile of the GEMM for calls that leave the choice to the engine
-    /// ([`GemmChoice::Auto`]) when the rules pick the GEMM (`bench prefill --tiles`); `None`:
-    /// those calls keep the GEMV (`bench prefill --compare`). Default [`TILES`]`[0]`.
-    pub gemm: Option<Tile>,
+    /// The GEMM tile of calls that leave the choice to the engine ([`GemmChoice::Auto`]) when the
+    /// rules pick the GEMM. Default [`GemmTiles::Auto`].
+    pub gemm: GemmTiles,
 }
 
 impl Default for LinearOptions {
     fn default() -> Self {
         LinearOptions {
             tuning: None,
-            gemm: Some(TILES[0]),
+            gemm: GemmTiles::Auto,
         }
     }
 }
@@ -318,7 +363,11 @@ fn select(weights: &GpuWeights, args: &GemvArgs<'_>, opts: &LinearOptions) -> Op
     if per_expert < row(weights.encoding().format).gemm_min_pairs {
         return None;
     }
-    opts.gemm
+    match opts.gemm {
+        GemmTiles::Off => None,
+        GemmTiles::Fixed(t) => Some(t),
+        GemmTiles::Auto => Some(auto_tile(weights.rows() as u32, e, p)),
+    }
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use inkling_wgpu::formats::{quantize, Encoding, QMatrix};
 use inkling_wgpu::gpu::linear::args::{GemmChoice, Tile};
 use inkling_wgpu::gpu::linear::format::supported;
 use inkling_wgpu::gpu::linear::route::TILES;
-use inkling_wgpu::gpu::linear::route::{route, LinearOptions, MIN_PAIRS_PER_EXPERT};
+use inkling_wgpu::gpu::linear::route::{route, GemmTiles, LinearOptions, MIN_PAIRS_PER_EXPERT};
 
 /// The selectable tiles and the others `GemmChoice::Always` builds (benchmarks).
 const ALL_TILES: [Tile; 8] = [
@@ -299,12 +299,14 @@ fn selection_rule() {
     let pb = gpu.storage_init("p", &[0u8; 16 * 128]);
     let y = gpu.storage_init("y", &[0u8; 4 * 8 * 128]);
     let min = MIN_PAIRS_PER_EXPERT;
+    // slabs of 8 rows launch a few workgroups: the engine's choice is its smallest tile
+    let small = TILES[TILES.len() - 1];
     let pick = |w: &GpuWeights, n: u32| select(w, &GemvArgs::new(&x, 64, &pb, n, &y));
     assert_eq!(pick(&one, min - 1), None);
-    assert_eq!(pick(&one, min), Some(TILES[0]));
-    assert_eq!(pick(&one, 64), Some(TILES[0]));
+    assert_eq!(pick(&one, min), Some(small));
+    assert_eq!(pick(&one, 64), Some(small));
     assert_eq!(pick(&eight, 8 * min - 1), None);
-    assert_eq!(pick(&eight, 8 * min), Some(TILES[0]));
+    assert_eq!(pick(&eight, 8 * min), Some(small));
     let a = GemvArgs::new(&x, 64, &pb, 64, &y);
     assert_eq!(select(&one, &a.reduction(Reduction::Shared)), None);
     assert_eq!(select(&one, &a.tuning(Tuning { tpr: 32, rpt: 1 })), None);
@@ -314,17 +316,23 @@ fn selection_rule() {
     assert_eq!(select(&one, &forced), Some(t));
     // eight experts: the GEMM once each has `min` pairs
     let a8 = GemvArgs::new(&x, 64, &pb, 8 * min, &y);
-    assert_eq!(select(&eight, &a8), Some(TILES[0]));
+    assert_eq!(select(&eight, &a8), Some(small));
     // engine-wide options: no GEMM tile keeps the GEMV, a forced tuning too, another tile wins
     let opts = |tuning, gemm| LinearOptions { tuning, gemm };
     let t2 = Tile { rm: 2, nq: 2 };
-    assert_eq!(route(&one, &a, &opts(None, None)).gemm_tile(), None);
-    let forced_tuning = Some(Tuning { tpr: 32, rpt: 1 });
     assert_eq!(
-        route(&one, &a, &opts(forced_tuning, Some(t2))).gemm_tile(),
+        route(&one, &a, &opts(None, GemmTiles::Off)).gemm_tile(),
         None
     );
-    assert_eq!(route(&one, &a, &opts(None, Some(t2))).gemm_tile(), Some(t2));
+    let forced_tuning = Some(Tuning { tpr: 32, rpt: 1 });
+    assert_eq!(
+        route(&one, &a, &opts(forced_tuning, GemmTiles::Fixed(t2))).gemm_tile(),
+        None
+    );
+    assert_eq!(
+        route(&one, &a, &opts(None, GemmTiles::Fixed(t2))).gemm_tile(),
+        Some(t2)
+    );
     let call = eight.bind(&gpu, enc.format.ordinal(), a8).unwrap();
     assert_eq!(call.label.op, "gemm");
     // the grouping pass, then the GEMM
@@ -335,7 +343,7 @@ fn selection_rule() {
     let x3 = gpu.storage_init("x", &[0u8; 4 * 128 * 64]);
     let a3 = GemvArgs::new(&x3, 64, &pb, 64, &y);
     assert!(supported(i3));
-    assert_eq!(select(&w3, &a3), Some(TILES[0]));
+    assert_eq!(select(&w3, &a3), Some(small));
     let call = w3.bind(&gpu, i3.format.ordinal(), a3).unwrap();
     assert_eq!(call.label.op, "gemm");
     // its own threshold, from the format table
@@ -348,7 +356,7 @@ fn selection_rule() {
         "below int3-g64's threshold: the GEMV"
     );
     let a3 = GemvArgs::new(&x3, min3, &pb, min3, &y);
-    assert_eq!(select(&w3, &a3), Some(TILES[0]));
+    assert_eq!(select(&w3, &a3), Some(small));
 }
 
 /// More tiles than one grid dimension holds (65,535 workgroups): the grid spreads over y, and

@@ -236,10 +236,14 @@ fn expected_gemv(smem: u64, subgroups: bool) -> usize {
 }
 
 /// The GEMM variant count: every GEMV kernel encoding × the GEMM tiles, plus the grouping pass
-/// of each tile.
+/// of each BN among the tiles (one pass serves every tile of its BN).
 fn expected_gemm() -> usize {
     let encs = inkling_wgpu::gpu::linear::kernel_encodings().len();
-    (encs + 1) * inkling_wgpu::gpu::linear::route::TILES.len()
+    let tiles = inkling_wgpu::gpu::linear::route::TILES;
+    let mut bns: Vec<u32> = tiles.iter().map(|t| t.pairs()).collect();
+    bns.sort();
+    bns.dedup();
+    encs * tiles.len() + bns.len()
 }
 
 /// Op kernels per WGSL file: attention (2 entry points × f32/vec4), fused attention (the FUSED
