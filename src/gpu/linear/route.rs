@@ -374,6 +374,26 @@ fn select(weights: &GpuWeights, args: &GemvArgs<'_>, opts: &LinearOptions) -> Op
 mod tests {
     use super::*;
 
+    /// The engine's GEMM tile by launch size (BENCHMARKS.md#prefill-gemm-short): a dense
+    /// [4096 x 4096] chunk of 16 or 32 tokens takes 64-row tiles, 64 tokens 128-row tiles, 128
+    /// tokens and more the 256-row tile; the routed slabs of a 512-token chunk keep it.
+    #[test]
+    fn auto_tile_by_launch_size() {
+        let t = |rm| Tile { rm, nq: 4 };
+        assert_eq!(auto_tile(4096, 1, 16), t(1));
+        assert_eq!(auto_tile(4096, 1, 32), t(1));
+        assert_eq!(auto_tile(4096, 1, 64), t(2));
+        assert_eq!(auto_tile(4096, 1, 128), t(4));
+        assert_eq!(auto_tile(4096, 1, 512), t(4));
+        // the two shared experts of a 64-token chunk: twice the tiles of one dense matrix
+        assert_eq!(auto_tile(4096, 2, 128), t(4));
+        // 256 routed experts, 3072 pairs (12 per used expert); the probe's 6 experts of 512 each
+        assert_eq!(auto_tile(4096, 256, 3072), t(4));
+        assert_eq!(auto_tile(2048, 6, 3072), t(4));
+        // a few rows: the smallest tile
+        assert_eq!(auto_tile(8, 1, 64), t(1));
+    }
+
     /// The selection rule, then a forced tuning winning over it.
     #[test]
     fn plan_rule_and_forced_tuning() {
