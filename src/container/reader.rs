@@ -215,8 +215,17 @@ pub fn check_shard_name(name: &str) -> Result<(), String> {
     }
 }
 
-/// Shard files of a checkpoint directory, in index order (or `model.safetensors`).
+/// Shard files of a checkpoint directory, in index order (or `model.safetensors`); an error
+/// naming `dir` when it is a file or does not exist.
 pub fn shard_files(dir: &Path) -> Result<Vec<PathBuf>, ContainerError> {
+    if !dir.is_dir() {
+        let why = if dir.exists() {
+            "not a directory (a model is a checkpoint or container directory, holding config.json)"
+        } else {
+            "no such model directory (a checkpoint or container directory, holding config.json)"
+        };
+        return Err(io_err(dir, why));
+    }
     let index = dir.join("model.safetensors.index.json");
     if index.exists() {
         let text = std::fs::read_to_string(&index).map_err(|e| io_err(&index, e))?;

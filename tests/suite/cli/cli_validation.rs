@@ -351,8 +351,8 @@ fn a_missing_model_dir_is_named_once() {
     assert!(!e.contains("config.json:"), "{e}");
 }
 
-/// A file given as `--model` is "not a directory", for `generate` (Checkpoint::open) and for
-/// `chat` (the tokenizer's check), never "no such model directory".
+/// A file given as `--model` is "not a directory", for `generate` (Checkpoint::open), `chat` (the
+/// tokenizer's check), `info` and `convert` (the shard list), never "no such model directory".
 #[test]
 fn a_file_as_model_is_not_a_directory() {
     let file = fixture("tiny-causal-f32").join("config.json");
@@ -368,6 +368,8 @@ fn a_file_as_model_is_not_a_directory() {
             "cpu",
         ][..],
         &["chat", "--model", f, "--device", "cpu"],
+        &["info", "--model", f],
+        &["convert", "--model", f, "--out", "/nonexistent/out"],
     ] {
         let e = run_err(args);
         assert!(
