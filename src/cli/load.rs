@@ -143,16 +143,8 @@ pub struct ChatModel<'a> {
 
 /// The tokenizer of `dir` and its renderer; an error naming the file when it has no chat specials.
 pub fn open_tokenizer(dir: &std::path::Path) -> anyhow::Result<(Tokenizer, Renderer)> {
-    if !dir.is_dir() {
-        let what = if dir.exists() {
-            "not a directory"
-        } else {
-            "no such model directory"
-        };
-        bail!(
-            "{}: {what} (--model takes a checkpoint or container directory)",
-            dir.display()
-        );
+    if let Some(why) = crate::container::reader::model_dir_problem(dir) {
+        bail!("{}: {why}", dir.display());
     }
     let tok = load_tokenizer(dir)?.with_context(|| {
         format!(

@@ -32,9 +32,7 @@ impl PenaltyArgs {
             ..p
         }
     }
-}
 
-impl PenaltyArgs {
     /// The warning for a repeat penalty that `--repeat-last-n 0` turns off (llama.cpp's meaning of
     /// 0 here: no window, so no penalty); `None` when the flags do what they say.
     pub fn warning(&self) -> Option<String> {

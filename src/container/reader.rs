@@ -215,15 +215,25 @@ pub fn check_shard_name(name: &str) -> Result<(), String> {
     }
 }
 
+/// What is wrong with `dir` as a model directory (`--model`): `None` for a directory, else the
+/// words that follow its path in the error (a file, or nothing at that path). The one check of
+/// every command that opens a model.
+pub fn model_dir_problem(dir: &Path) -> Option<&'static str> {
+    match (dir.is_dir(), dir.exists()) {
+        (true, _) => None,
+        (false, true) => Some(
+            "not a directory (a model is a checkpoint or container directory, holding config.json)",
+        ),
+        (false, false) => Some(
+            "no such model directory (a checkpoint or container directory, holding config.json)",
+        ),
+    }
+}
+
 /// Shard files of a checkpoint directory, in index order (or `model.safetensors`); an error
-/// naming `dir` when it is a file or does not exist.
+/// naming `dir` when it is not a directory ([`model_dir_problem`]).
 pub fn shard_files(dir: &Path) -> Result<Vec<PathBuf>, ContainerError> {
-    if !dir.is_dir() {
-        let why = if dir.exists() {
-            "not a directory (a model is a checkpoint or container directory, holding config.json)"
-        } else {
-            "no such model directory (a checkpoint or container directory, holding config.json)"
-        };
+    if let Some(why) = model_dir_problem(dir) {
         return Err(io_err(dir, why));
     }
     let index = dir.join("model.safetensors.index.json");

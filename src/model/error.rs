@@ -54,10 +54,9 @@ pub enum ModelError {
         tensor: String,
         msg: String,
     },
-    #[error("{}: no such model directory (a checkpoint or container directory, holding config.json)", dir.display())]
-    NoModelDir { dir: PathBuf },
-    #[error("{}: not a directory (a model is a checkpoint or container directory, holding config.json)", path.display())]
-    NotADirectory { path: PathBuf },
+    /// `dir` is a file or does not exist (`why`: [`crate::container::reader::model_dir_problem`]).
+    #[error("{}: {why}", dir.display())]
+    NotAModelDir { dir: PathBuf, why: &'static str },
     #[error("{}: no model.safetensors or model.safetensors.index.json", dir.display())]
     NoWeights { dir: PathBuf },
     /// A converted container failed verification (stamp, shape map, truncation, slab layout); the

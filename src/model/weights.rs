@@ -16,7 +16,7 @@ use super::config::{AttnGeom, GenerationConfig, MlpKind, TextConfig};
 use super::error::{ModelError, Result};
 use crate::container::header::check_header;
 use crate::container::names::causal_to_released;
-use crate::container::reader::check_shard_name;
+use crate::container::reader::{check_shard_name, model_dir_problem};
 use crate::container::{expert_name, shared_expert_name, Container, Proj, STAMP_KEY, VERSION_KEY};
 use crate::formats::finite::{describe, first_non_finite};
 use crate::formats::{Encoding, QMatrix};
@@ -131,17 +131,12 @@ pub struct Checkpoint {
 
 impl Checkpoint {
     /// Read config.json, generation_config.json and map the weights of `dir`
-    /// ([`ModelError::NoModelDir`] when nothing is at `dir`, [`ModelError::NotADirectory`] when
-    /// it is a file).
+    /// ([`ModelError::NotAModelDir`] when `dir` is a file or does not exist).
     pub fn open(dir: &Path) -> Result<Checkpoint> {
-        if dir.exists() && !dir.is_dir() {
-            return Err(ModelError::NotADirectory {
-                path: dir.to_path_buf(),
-            });
-        }
-        if !dir.is_dir() {
-            return Err(ModelError::NoModelDir {
+        if let Some(why) = model_dir_problem(dir) {
+            return Err(ModelError::NotAModelDir {
                 dir: dir.to_path_buf(),
+                why,
             });
         }
         let config = TextConfig::from_dir(dir)?;
