@@ -14,6 +14,7 @@ use super::context::OrBadArgument;
 use super::output::outln;
 use crate::formats::Encoding;
 use crate::gpu::linear::format::supported;
+use crate::gpu::linear::gemm::workgroup_bytes;
 use crate::gpu::linear::route::{self, LinearOptions, TILES};
 use crate::gpu::linear::{GemmChoice, GemvArgs, GpuWeights, Tile, NO_GAMMA};
 use crate::gpu::Gpu;
@@ -76,6 +77,12 @@ fn parse_tile(s: &str) -> anyhow::Result<Tile> {
 pub(super) fn parse_tiles(list: &[String]) -> anyhow::Result<Vec<Tile>> {
     let mut tiles: Vec<Tile> = Vec::with_capacity(list.len());
     for (i, s) in list.iter().enumerate() {
+        anyhow::ensure!(
+            !s.is_empty(),
+            "--tiles {}: entry {} is empty; list tiles as RMxBN,RMxBN",
+            list.join(","),
+            i + 1
+        );
         let t = parse_tile(s)?;
         anyhow::ensure!(
             !tiles.contains(&t),
@@ -86,6 +93,23 @@ pub(super) fn parse_tiles(list: &[String]) -> anyhow::Result<Vec<Tile>> {
         tiles.push(t);
     }
     Ok(tiles)
+}
+
+/// Refuses (a usage error) a `--tiles` tile whose workgroup memory is past the device's
+/// `max_compute_workgroup_storage_size`, before anything is timed.
+pub(super) fn check_tiles_fit(gpu: &Gpu, tiles: &[Tile]) -> anyhow::Result<()> {
+    let limit = gpu.limits.max_compute_workgroup_storage_size as u64;
+    if let Some(t) = tiles.iter().find(|&&t| workgroup_bytes(t) > limit) {
+        return Err(super::context::BadArgument(format!(
+            "--tiles {}x{}: the GEMM tile needs {} bytes of workgroup memory, past this device's \
+             max_compute_workgroup_storage_size of {limit}; use a tile of BN 8 or 16",
+            t.rm,
+            t.pairs(),
+            workgroup_bytes(*t)
+        ))
+        .into());
+    }
+    Ok(())
 }
 
 /// splitmix64 step.
@@ -160,6 +184,7 @@ pub fn run(a: GemmArgs) -> anyhow::Result<ExitCode> {
     } else {
         parse_tiles(&a.tiles).or_bad_argument()?
     };
+    check_tiles_fit(&gpu, &tiles)?;
     let say = |line: String| super::output::report_line(a.json, &line);
     say(format!("adapter: {}", gpu.describe()))?;
     say(format!(

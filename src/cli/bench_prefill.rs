@@ -137,6 +137,7 @@ pub fn run(a: PrefillArgs) -> anyhow::Result<ExitCode> {
     }
     let w = Weights::load(&ck)?;
     let gpu = Gpu::new()?;
+    super::bench_gemm::check_tiles_fit(&gpu, &tiles.iter().flatten().copied().collect::<Vec<_>>())?;
     let width = w.config.logits_width().min(w.config.vocab_size);
     let max_chunk = *chunks.iter().max().expect("a chunk");
     let say = |line: String| super::output::report_line(a.json, &line);

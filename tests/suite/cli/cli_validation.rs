@@ -157,6 +157,10 @@ fn bad_values_exit_2_and_say_what_is_expected() {
             "--tiles 4x: want RMxBN",
         ),
         (
+            vec!["bench", "gemm", "--quick", "--tiles", "1x16,,2x16"],
+            "--tiles 1x16,,2x16: entry 2 is empty",
+        ),
+        (
             vec!["bench", "gemm", "--quick", "--tiles", "4x16,2x8,4x16"],
             "the tile 4x16 is listed twice (entry 3)",
         ),
@@ -349,6 +353,30 @@ fn a_missing_model_dir_is_named_once() {
         "{e}"
     );
     assert!(!e.contains("config.json:"), "{e}");
+}
+
+/// A `--tiles` tile past the device's workgroup memory (1x32 on a WebGPU-default device) is a
+/// usage error naming the tile and the wgpu limit, before anything is timed.
+#[test]
+fn a_tile_past_the_workgroup_memory_is_a_usage_error() {
+    let out = bin()
+        .env("INKLING_LIMITS", "webgpu")
+        .args([
+            "bench",
+            "gemm",
+            "--quick",
+            "--formats",
+            "bf16",
+            "--dense-only",
+        ])
+        .args(["--tiles", "4x16,1x32"])
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{e}");
+    assert!(e.contains("--tiles 1x32"), "{e}");
+    assert!(e.contains("max_compute_workgroup_storage_size"), "{e}");
+    assert!(!e.contains("dense ["), "nothing is timed first: {e}");
 }
 
 /// A file given as `--model` is "not a directory", for `generate` (Checkpoint::open), `chat` (the
