@@ -105,12 +105,18 @@ impl<'m> Session<'m> {
         let mut ids = Vec::new();
         let t0 = Instant::now();
         let mut t_first = None;
-        let res =
-            generate_continue_with(self.model, &prompt[start..], params, opts, &mut |id, lp| {
+        let res = generate_continue_with(
+            self.model,
+            &prompt[..start],
+            &prompt[start..],
+            params,
+            opts,
+            &mut |id, lp| {
                 ids.push(id);
                 t_first.get_or_insert_with(Instant::now);
                 on_token(id, lp)
-            });
+            },
+        );
         let (generated_ids, finish, stats) = match res {
             Ok(out) => {
                 let finish = match out.finish_reason {

@@ -166,13 +166,17 @@ fn chat(args: &Args, cm: ChatModel<'_>) -> anyhow::Result<ExitCode> {
     let color = std::io::stdout().is_terminal();
     let r = cm.renderer;
     let sp = r.specials().clone();
-    let sampling = args.penalties.apply(sampling(
+    let sampling = args.penalties.apply(
+        sampling(
+            &cm.dir,
+            &cm.generation,
+            args.temperature,
+            args.top_k,
+            args.top_p,
+        )?,
         &cm.dir,
         &cm.generation,
-        args.temperature,
-        args.top_k,
-        args.top_p,
-    )?);
+    )?;
     let sampled = sampling.temperature > 0.0;
     let seed = args
         .seed

@@ -160,13 +160,11 @@ fn generate_params(
 ) -> anyhow::Result<GenerateParams> {
     let gen_cfg = ck.generation.clone().unwrap_or_default();
     let eos = eos_ids(ck, tok);
-    let sampling = args.penalties.apply(sampling(
+    let sampling = args.penalties.apply(
+        sampling(&ck.dir, &gen_cfg, args.temperature, args.top_k, args.top_p)?,
         &ck.dir,
         &gen_cfg,
-        args.temperature,
-        args.top_k,
-        args.top_p,
-    )?);
+    )?;
     if sampling.temperature == 0.0 {
         warn_greedy_flags(args);
     }

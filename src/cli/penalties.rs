@@ -1,46 +1,87 @@
 //! The sampling flags every generating command shares beyond temperature, top-k and top-p:
 //! `--min-p`, `--repeat-penalty` and `--repeat-last-n` (llama.cpp's names and meanings; defaults
-//! off). They are flattened into `generate`, `chat` and `serve` (there: the defaults of requests
+//! from generation_config.json as transformers reads it, else off). They are flattened into `generate`, `chat` and `serve` (there: the defaults of requests
 //! that do not set `min_p` / `repetition_penalty`).
-use super::values::{parse_min_p, parse_repeat_penalty};
-use crate::model::sampling::{SamplingParams, REPEAT_LAST_N};
+use super::values::{parse_min_p, parse_repeat_last_n, parse_repeat_penalty};
+use crate::model::config::GenerationConfig;
+use crate::model::sampling::{SamplingParams, REPEAT_LAST_N, WHOLE_SEQUENCE};
+use anyhow::bail;
 
-#[derive(clap::Args, Debug, Clone)]
+#[derive(clap::Args, Debug, Clone, Default)]
 pub struct PenaltyArgs {
-    /// Drop tokens less likely than MIN_P × the most likely one, in [0, 1] (0 = off).
-    #[arg(long, default_value_t = 0.0, value_parser = parse_min_p)]
-    pub min_p: f32,
+    /// Drop tokens less likely than MIN_P × the most likely one, in [0, 1] (0 = off; default:
+    /// generation_config.json's min_p when it sets do_sample, else 0).
+    #[arg(long, value_parser = parse_min_p)]
+    pub min_p: Option<f32>,
     /// Repeat penalty > 0 over the last --repeat-last-n ids, as llama.cpp: a seen token's logit is
-    /// divided by it when positive, multiplied when not (1 = off).
-    #[arg(long, default_value_t = 1.0, value_parser = parse_repeat_penalty)]
-    pub repeat_penalty: f32,
-    /// How many of the latest ids (prompt and generated) the repeat penalty looks at (0 = off).
-    #[arg(long, default_value_t = REPEAT_LAST_N)]
-    pub repeat_last_n: usize,
+    /// divided by it when positive, multiplied when not (1 = off; default: generation_config.json's
+    /// repetition_penalty, else 1).
+    #[arg(long, value_parser = parse_repeat_penalty)]
+    pub repeat_penalty: Option<f32>,
+    /// How many of the latest ids (prompt and generated) the repeat penalty looks at; 0 = off, -1 =
+    /// the whole sequence (default: 64 with --repeat-penalty, as llama.cpp; the whole sequence for
+    /// generation_config.json's repetition_penalty, as transformers).
+    #[arg(long, allow_negative_numbers = true, value_parser = parse_repeat_last_n)]
+    pub repeat_last_n: Option<usize>,
 }
 
 impl PenaltyArgs {
-    /// `p` with these settings; prints [`PenaltyArgs::warning`] on stderr when there is one.
-    pub fn apply(&self, p: SamplingParams) -> SamplingParams {
+    /// `p` with the penalties of these flags, each one not given taken from `generation`
+    /// (`dir`/generation_config.json) as transformers 5.24.0 does: `min_p` only when it sets
+    /// `do_sample` (a warper), `repetition_penalty` always (a logits processor) over the whole
+    /// sequence unless `--repeat-last-n` says otherwise. Prints [`PenaltyArgs::warning`] on stderr
+    /// when there is one. Errors: a file's `min_p` outside [0, 1] or `repetition_penalty` not a
+    /// finite number > 0 (transformers' own checks), naming the file and field.
+    pub fn apply(
+        &self,
+        p: SamplingParams,
+        dir: &std::path::Path,
+        generation: &GenerationConfig,
+    ) -> anyhow::Result<SamplingParams> {
+        let file =
+            |field: &str| format!("{}: {field}", dir.join("generation_config.json").display());
+        let file_min_p = generation.min_p.filter(|_| generation.do_sample);
+        if let Some(m) = file_min_p.filter(|_| self.min_p.is_none()) {
+            if !(0.0..=1.0).contains(&m) {
+                bail!("{} must be in [0, 1] (0 = off), got {m}", file("min_p"));
+            }
+        }
+        let from_file = self.repeat_penalty.is_none() && generation.repetition_penalty.is_some();
+        if let Some(r) = generation.repetition_penalty.filter(|_| from_file) {
+            if !(r.is_finite() && r > 0.0) {
+                bail!(
+                    "{} must be a finite number > 0 (1 = off), got {r}",
+                    file("repetition_penalty")
+                );
+            }
+        }
         if let Some(w) = self.warning() {
             eprintln!("{w}");
         }
-        SamplingParams {
-            min_p: self.min_p,
-            repeat_penalty: self.repeat_penalty,
-            repeat_last_n: self.repeat_last_n,
+        let window = if from_file {
+            WHOLE_SEQUENCE
+        } else {
+            REPEAT_LAST_N
+        };
+        Ok(SamplingParams {
+            min_p: self.min_p.or(file_min_p).unwrap_or(0.0),
+            repeat_penalty: self
+                .repeat_penalty
+                .or(generation.repetition_penalty)
+                .unwrap_or(1.0),
+            repeat_last_n: self.repeat_last_n.unwrap_or(window),
             ..p
-        }
+        })
     }
 
     /// The warning for a repeat penalty that `--repeat-last-n 0` turns off (llama.cpp's meaning of
     /// 0 here: no window, so no penalty); `None` when the flags do what they say.
     pub fn warning(&self) -> Option<String> {
-        (self.repeat_penalty != 1.0 && self.repeat_last_n == 0).then(|| {
+        let r = self.repeat_penalty?;
+        (r != 1.0 && self.repeat_last_n == Some(0)).then(|| {
             format!(
-                "warning: --repeat-penalty {} has no effect: --repeat-last-n 0 turns the penalty \
-                 off; give --repeat-last-n N (default {REPEAT_LAST_N}) to penalise the last N ids",
-                self.repeat_penalty
+                "warning: --repeat-penalty {r} has no effect: --repeat-last-n 0 turns the penalty \
+                 off; give --repeat-last-n N (default {REPEAT_LAST_N}) to penalise the last N ids"
             )
         })
     }
@@ -53,9 +94,9 @@ mod tests {
     #[test]
     fn a_penalty_without_a_window_is_warned_about() {
         let a = |repeat_penalty, repeat_last_n| PenaltyArgs {
-            min_p: 0.0,
-            repeat_penalty,
-            repeat_last_n,
+            min_p: None,
+            repeat_penalty: Some(repeat_penalty),
+            repeat_last_n: Some(repeat_last_n),
         };
         let w = a(1.1, 0).warning().expect("a warning");
         assert!(
@@ -65,5 +106,64 @@ mod tests {
         assert!(w.contains("--repeat-last-n"), "{w}");
         assert_eq!(a(1.0, 0).warning(), None);
         assert_eq!(a(1.1, 64).warning(), None);
+        assert_eq!(PenaltyArgs::default().warning(), None);
+    }
+
+    /// transformers 5.24.0 `_get_logits_processor`: `repetition_penalty` is a processor (greedy or
+    /// sampled, over the whole sequence), `min_p` a warper (only with `do_sample`); flags win.
+    #[test]
+    fn penalties_follow_generation_config_then_flags() {
+        let dir = std::path::Path::new("m");
+        let file = |do_sample, min_p, repetition_penalty| GenerationConfig {
+            do_sample,
+            min_p,
+            repetition_penalty,
+            ..Default::default()
+        };
+        let got = |a: &PenaltyArgs, g: &GenerationConfig| {
+            let p = a.apply(SamplingParams::default(), dir, g).unwrap();
+            (p.min_p, p.repeat_penalty, p.repeat_last_n)
+        };
+        let none = PenaltyArgs::default();
+        assert_eq!(
+            got(&none, &file(false, None, None)),
+            (0.0, 1.0, REPEAT_LAST_N)
+        );
+        // greedy: the file's penalty over the whole sequence, its min_p unused
+        let g = file(false, Some(0.1), Some(1.2));
+        assert_eq!(got(&none, &g), (0.0, 1.2, WHOLE_SEQUENCE));
+        // sampled: min_p too
+        let g = file(true, Some(0.1), Some(1.2));
+        assert_eq!(got(&none, &g), (0.1, 1.2, WHOLE_SEQUENCE));
+        // a flag's penalty has llama.cpp's window unless --repeat-last-n says otherwise
+        let flags = PenaltyArgs {
+            min_p: Some(0.05),
+            repeat_penalty: Some(1.1),
+            repeat_last_n: None,
+        };
+        assert_eq!(got(&flags, &g), (0.05, 1.1, REPEAT_LAST_N));
+        let window = PenaltyArgs {
+            repeat_last_n: Some(32),
+            ..Default::default()
+        };
+        assert_eq!(got(&window, &g), (0.1, 1.2, 32));
+        // a flag covers a bad file value: nothing of the file is used, nothing refused
+        let bad = file(true, Some(2.0), Some(-1.0));
+        assert_eq!(got(&flags, &bad), (0.05, 1.1, REPEAT_LAST_N));
+        for (g, want) in [
+            (
+                file(true, Some(2.0), None),
+                "m/generation_config.json: min_p must be in [0, 1]",
+            ),
+            (
+                file(false, None, Some(0.0)),
+                "m/generation_config.json: repetition_penalty must be a finite number > 0",
+            ),
+        ] {
+            let e = none.apply(SamplingParams::default(), dir, &g).unwrap_err();
+            assert!(e.to_string().starts_with(want), "{e}");
+        }
+        // greedy ignores the file's min_p entirely, as transformers does
+        assert_eq!(got(&none, &file(false, Some(2.0), None)).0, 0.0);
     }
 }

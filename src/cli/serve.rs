@@ -70,9 +70,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     // so are expert placement flags the device cannot take
     args.model.placement.placement(args.model.device)?;
     let generation = GenerationConfig::from_dir(&dir)?.unwrap_or_default();
-    let defaults = args
-        .penalties
-        .apply(sampling(&dir, &generation, None, None, None)?);
+    let defaults = args.penalties.apply(
+        sampling(&dir, &generation, None, None, None)?,
+        &dir,
+        &generation,
+    )?;
     let model_id = args.model_id.clone().or_else(|| {
         // the bundled model's cache directory is named by its hash; its id is its own name
         args.model

@@ -80,6 +80,19 @@ pub fn parse_min_p(s: &str) -> Result<f32, String> {
     }
 }
 
+/// A repeat-penalty window (`--repeat-last-n`): a whole number of ids (0 = off), or -1 for the
+/// whole sequence ([`crate::model::sampling::WHOLE_SEQUENCE`], llama.cpp's meaning of -1).
+pub fn parse_repeat_last_n(s: &str) -> Result<usize, String> {
+    match s.trim() {
+        "-1" => Ok(crate::model::sampling::WHOLE_SEQUENCE),
+        t => t.parse::<usize>().map_err(|_| {
+            format!(
+                "expected a whole number of ids (0 = off) or -1 (the whole sequence), got {s:?}"
+            )
+        }),
+    }
+}
+
 /// A repeat penalty: a finite number > 0.
 pub fn parse_repeat_penalty(s: &str) -> Result<f32, String> {
     match s.parse::<f32>() {
@@ -119,5 +132,19 @@ mod tests {
         );
         assert_eq!(parse_repeat_penalty("1.1"), Ok(1.1));
         assert!(parse_repeat_penalty("0").is_err() && parse_repeat_penalty("inf").is_err());
+        assert_eq!(parse_repeat_last_n("0"), Ok(0));
+        assert_eq!(parse_repeat_last_n("64"), Ok(64));
+        assert_eq!(
+            parse_repeat_last_n("-1"),
+            Ok(crate::model::sampling::WHOLE_SEQUENCE)
+        );
+        for bad in ["-2", "1.5", "x"] {
+            assert!(
+                parse_repeat_last_n(bad)
+                    .unwrap_err()
+                    .contains("-1 (the whole sequence)"),
+                "{bad}"
+            );
+        }
     }
 }

@@ -579,6 +579,11 @@ pub struct GenerationConfig {
     pub temperature: Option<f32>,
     pub top_k: Option<usize>,
     pub top_p: Option<f32>,
+    /// transformers' `min_p` (`MinPLogitsWarper`): used when `do_sample` is set.
+    pub min_p: Option<f32>,
+    /// transformers' `repetition_penalty` (`RepetitionPenaltyLogitsProcessor`): over the whole
+    /// sequence (prompt and generated), greedy or sampled.
+    pub repetition_penalty: Option<f32>,
     pub max_new_tokens: Option<usize>,
 }
 
@@ -634,6 +639,8 @@ impl GenerationConfig {
             temperature: f32_of("temperature")?,
             top_k: usize_of("top_k")?,
             top_p: f32_of("top_p")?,
+            min_p: f32_of("min_p")?,
+            repetition_penalty: f32_of("repetition_penalty")?,
             max_new_tokens: usize_of("max_new_tokens")?,
         }))
     }

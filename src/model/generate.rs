@@ -81,7 +81,8 @@ pub fn generate(
 
 /// [`generate`] without the reset: `prompt` is fed after the tokens the model already holds
 /// (KV cache and conv states kept), so a chat turn prefills only its new tokens.
-/// `stats.prompt_tokens` counts the tokens fed here.
+/// `stats.prompt_tokens` counts the tokens fed here. The penalties see `prompt` and the ids
+/// generated ([`generate_continue_with`] also takes what the model holds).
 pub fn generate_continue(
     model: &mut dyn Forward,
     prompt: &[u32],
@@ -89,7 +90,7 @@ pub fn generate_continue(
     on_token: &mut dyn FnMut(u32) -> anyhow::Result<()>,
 ) -> anyhow::Result<GenOutput> {
     let none = LogitOptions::default();
-    generate_continue_with(model, prompt, params, &none, &mut |id, _| on_token(id))
+    generate_continue_with(model, &[], prompt, params, &none, &mut |id, _| on_token(id))
 }
 
 /// Per-request options on the logits beyond [`SamplingParams`] (the server's `logit_bias` and
@@ -161,9 +162,12 @@ pub fn step_logprobs(logits: &[f32], chosen: u32, n: usize) -> StepLogprobs {
 }
 
 /// [`generate_continue`] with [`LogitOptions`]: `on_token` also gets the step's log-probabilities
-/// when `opts.logprobs` asks for them.
+/// when `opts.logprobs` asks for them. `held` is what the model already holds before `prompt` (the
+/// earlier turns of a chat): the penalties' window reaches into it, as it would had the whole
+/// sequence been prefilled.
 pub fn generate_continue_with(
     model: &mut dyn Forward,
+    held: &[u32],
     prompt: &[u32],
     params: &GenerateParams,
     opts: &LogitOptions,
@@ -216,7 +220,7 @@ pub fn generate_continue_with(
             return Ok(finish_output(out, finish, stats, t_first));
         }
     }
-    let mut sampler = Sampler::new(params, opts, prompt);
+    let mut sampler = Sampler::new(params, opts, &[held, prompt].concat());
     let mut first = true;
     type Step = (u32, Option<StepLogprobs>);
     let mut next = |model: &mut dyn Forward, tokens: &[u32]| -> anyhow::Result<Step> {

@@ -61,7 +61,8 @@ pub struct SamplingParams {
     /// llama.cpp's repeat penalty (> 0): each distinct token among the last `repeat_last_n` ids
     /// (prompt and generated) has its logit divided by it when positive, multiplied when not.
     pub repeat_penalty: f32,
-    /// How many of the latest ids the repeat penalty looks at (0 = off; llama.cpp's default 64).
+    /// How many of the latest ids the repeat penalty looks at (0 = off; llama.cpp's default 64;
+    /// [`WHOLE_SEQUENCE`]: all of them).
     pub repeat_last_n: usize,
     /// OpenAI's `presence_penalty`: subtracted once from the logit of every token generated so far
     /// (in [-2, 2]).
@@ -73,6 +74,10 @@ pub struct SamplingParams {
 
 /// llama.cpp's default window of the repeat penalty.
 pub const REPEAT_LAST_N: usize = 64;
+
+/// The `repeat_last_n` of a window over the whole sequence (llama.cpp's `-1`; transformers'
+/// `repetition_penalty` always looks at the whole sequence).
+pub const WHOLE_SEQUENCE: usize = usize::MAX;
 
 impl Default for SamplingParams {
     fn default() -> Self {

@@ -1,11 +1,13 @@
 //! The chat's KV continuation: a turn that prefills only its new tokens (KV cache and conv states
-//! kept) gives what a fresh prefill of the whole conversation gives, on the CPU and the GPU.
+//! kept) gives what a fresh prefill of the whole conversation gives, on the CPU and the GPU, with
+//! and without a repeat penalty.
 use crate::chat_common::{chat_model, stop_ids, tokenizer_and_renderer};
 use crate::model_common::{greedy, rel_err};
 use inkling_wgpu::chat::session::{Finish, Halt, Session};
 use inkling_wgpu::chat::{Effort, Message, Role};
 use inkling_wgpu::gpu::device::Gpu;
 use inkling_wgpu::model::generate::generate;
+use inkling_wgpu::model::sampling::WHOLE_SEQUENCE;
 use inkling_wgpu::model::{Checkpoint, CpuModel, Forward, GpuModel, GpuModelOptions, Weights};
 
 fn check_continuation(model: &mut dyn Forward, eos: &[u32]) {
@@ -87,6 +89,31 @@ fn check_continuation(model: &mut dyn Forward, eos: &[u32]) {
     );
 }
 
+/// With a repeat penalty over the whole sequence, a turn that reuses the held state penalises the
+/// earlier turns' ids as a fresh prefill of the conversation does.
+fn check_penalised_continuation(model: &mut dyn Forward, eos: &[u32]) {
+    let (_, r) = tokenizer_and_renderer();
+    let effort = Some(Effort::NONE);
+    let user = |s: &str| r.message(&Message::new(Role::User, s)).unwrap();
+    let mut params = greedy(eos.to_vec(), 12);
+    params.sampling.repeat_penalty = 1.5;
+    params.sampling.repeat_last_n = WHOLE_SEQUENCE;
+    let mut p1 = r.render(&[], effort).unwrap();
+    p1.extend(user("the fox ran and the fox ran"));
+    p1.extend(r.generation_prompt(effort));
+    let mut s = Session::new(model);
+    let t1 = s.generate(&p1, &params, &mut |_| Ok(())).unwrap();
+    let mut p2 = p1.clone();
+    p2.extend(&t1.generated_ids);
+    p2.extend(r.close_model_turn(&p2));
+    p2.extend(user("the fox ran"));
+    p2.extend(r.generation_prompt(effort));
+    let t2 = s.generate(&p2, &params, &mut |_| Ok(())).unwrap();
+    assert!(t2.reused > p1.len(), "reused {}", t2.reused);
+    let fresh = generate(s.model(), &p2, &params, &mut |_| Ok(())).unwrap();
+    assert_eq!(t2.generated_ids, fresh.generated_ids);
+}
+
 #[test]
 fn kv_continuation_equals_fresh_prefill_cpu_and_gpu() {
     let ck = Checkpoint::open(&chat_model()).unwrap();
@@ -94,7 +121,9 @@ fn kv_continuation_equals_fresh_prefill_cpu_and_gpu() {
     let (_, r) = tokenizer_and_renderer();
     let eos = stop_ids(&ck, &r);
     check_continuation(&mut CpuModel::new(&w), &eos);
+    check_penalised_continuation(&mut CpuModel::new(&w), &eos);
     let gpu = Gpu::new().expect("a GPU adapter (lavapipe: WGPU_BACKEND=vulkan)");
     let mut g = GpuModel::new(&gpu, &w, GpuModelOptions::new(512)).unwrap();
     check_continuation(&mut g, &eos);
+    check_penalised_continuation(&mut g, &eos);
 }

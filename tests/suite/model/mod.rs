@@ -10,6 +10,7 @@ pub mod model_container;
 pub mod model_cpu_reference;
 pub mod model_demo;
 pub mod model_formats_on_disk;
+pub mod model_generation_config;
 pub mod model_gpu_cli;
 pub mod model_gpu_fused;
 pub mod model_gpu_pairs;

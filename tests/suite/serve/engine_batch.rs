@@ -130,7 +130,7 @@ fn cases(vocab: u32) -> Vec<Case> {
 fn alone(model: &mut dyn Forward, c: &Case) -> (Vec<u32>, Vec<StepLogprobs>) {
     model.reset();
     let mut lps = Vec::new();
-    let out = generate_continue_with(model, &c.prompt, &c.params, &c.logit, &mut |_, lp| {
+    let out = generate_continue_with(model, &[], &c.prompt, &c.params, &c.logit, &mut |_, lp| {
         lps.extend(lp.cloned());
         Ok(())
     })
