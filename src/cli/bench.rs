@@ -62,13 +62,13 @@ pub struct KernelArgs {
     #[arg(long)]
     pub json: bool,
     /// Peak bandwidth in GB/s to report the fraction of (e.g. 4250 for an H200... or `bench copy`).
-    #[arg(long, value_parser = super::parse_gbs)]
+    #[arg(allow_negative_numbers = true, long, value_parser = super::parse_gbs)]
     pub peak_gbs: Option<f64>,
     /// Small shapes, one weight copy, few iterations (automatic on CPU adapters).
     #[arg(long)]
     pub quick: bool,
     /// Timed dispatches per format and shape (1 to 100000).
-    #[arg(long, default_value_t = 50, value_parser = super::values::parse_iters)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 50, value_parser = super::values::parse_iters)]
     pub iters: usize,
     /// Only these encodings (e.g. `int4-g64,bf16`); default all kernel formats.
     #[arg(long, value_delimiter = ',')]
@@ -90,10 +90,10 @@ pub struct CopyArgs {
     pub json: bool,
     /// Buffer size in MiB, 1 to 1048576 (default 1024, 64 on CPU adapters; at most the adapter's
     /// largest buffer).
-    #[arg(long, value_parser = super::values::parse_mib)]
+    #[arg(allow_negative_numbers = true, long, value_parser = super::values::parse_mib)]
     pub mib: Option<u64>,
     /// Copies timed (1 to 100000).
-    #[arg(long, default_value_t = 20, value_parser = super::values::parse_iters)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 20, value_parser = super::values::parse_iters)]
     pub iters: usize,
 }
 

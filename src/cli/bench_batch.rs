@@ -27,15 +27,15 @@ pub struct BatchArgs {
     pub model: Option<PathBuf>,
     /// Batch sizes to time, comma-separated (each from 1 to 256, as `serve --parallel`); the
     /// "× batch 1" column needs 1 among them.
-    #[arg(long, value_delimiter = ',', value_parser = super::values::parse_slots, default_value = "1,2,4,8")]
+    #[arg(allow_negative_numbers = true, long, value_delimiter = ',', value_parser = super::values::parse_slots, default_value = "1,2,4,8")]
     pub batch: Vec<usize>,
     /// Decode steps timed per sequence after its prompt (1 to 1048576; prompt + steps within the
     /// model's context).
-    #[arg(long, default_value_t = 64, value_parser = super::values::parse_steps)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 64, value_parser = super::values::parse_steps)]
     pub tokens: usize,
     /// Stream the routed experts through this many GPU slots (as `generate --expert-slots`):
     /// the report then also gives the distinct routed experts a step reads per MoE layer.
-    #[arg(long, value_parser = super::values::parse_positive)]
+    #[arg(allow_negative_numbers = true, long, value_parser = super::values::parse_positive)]
     pub expert_slots: Option<u64>,
     /// Print one JSON object on stdout (the text report goes to stderr).
     #[arg(long)]

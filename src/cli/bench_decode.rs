@@ -29,13 +29,13 @@ pub struct DecodeArgs {
     pub model: Option<PathBuf>,
     /// Decode steps timed after the prompt (1 to 1048576; prompt + steps within the model's
     /// context).
-    #[arg(long, default_value_t = 64, value_parser = super::values::parse_steps)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 64, value_parser = super::values::parse_steps)]
     pub tokens: usize,
     /// Copy bandwidth in GB/s (read + write, as `bench copy` reports it) instead of measuring it.
-    #[arg(long, value_parser = super::parse_gbs)]
+    #[arg(allow_negative_numbers = true, long, value_parser = super::parse_gbs)]
     pub peak_gbs: Option<f64>,
     /// Size of the copy measured for the bandwidth, MiB (default 1024, 64 on CPU adapters).
-    #[arg(long, value_parser = super::values::parse_mib)]
+    #[arg(allow_negative_numbers = true, long, value_parser = super::values::parse_mib)]
     pub copy_mib: Option<u64>,
     /// Print one JSON object on stdout (the text report goes to stderr).
     #[arg(long)]
@@ -46,7 +46,7 @@ pub struct DecodeArgs {
     pub per_op: bool,
     /// Run the timed (pipelined, untimed-on-GPU) probe this many times and print each run's tok/s
     /// (the last one is reported); an experiment knob.
-    #[arg(long, default_value_t = 1, hide = true, value_parser = super::values::parse_iters)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 1, hide = true, value_parser = super::values::parse_iters)]
     pub repeat: usize,
     /// Run the step-timestamp probe before the timed probe (an experiment knob).
     #[arg(long, hide = true)]

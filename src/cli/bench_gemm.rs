@@ -27,14 +27,14 @@ pub struct GemmArgs {
     #[arg(long, value_delimiter = ',')]
     pub formats: Vec<String>,
     /// Tokens of the chunk, comma-separated (default: 64,512,2048; 8,32 in quick mode).
-    #[arg(long, value_delimiter = ',')]
+    #[arg(allow_negative_numbers = true, long, value_delimiter = ',')]
     pub tokens: Vec<u32>,
     /// GEMM tiles RMxBN to time besides the GEMV and the automatic choice, comma-separated, RM
     /// in 1, 2, 4, 8 and BN in 8, 16, 32 (default: every tile the selection can pick).
     #[arg(long, value_delimiter = ',')]
     pub tiles: Vec<String>,
     /// Calls per timing (at most 2 in quick mode).
-    #[arg(long, default_value_t = 10, value_parser = super::values::parse_iters)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 10, value_parser = super::values::parse_iters)]
     pub iters: usize,
     /// Quick mode: dimensions / 16, 8 routed experts, chunks of 8 and 32 tokens unless --tokens
     /// is given, at most 2 calls per timing (always on CPU adapters).

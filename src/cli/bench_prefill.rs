@@ -33,13 +33,13 @@ pub struct PrefillArgs {
     /// Prompt lengths in tokens, comma-separated, each at most the model's context (default:
     /// 128,512,2048, those within the context, plus the context itself when it is shorter than
     /// 2048).
-    #[arg(long, value_delimiter = ',')]
+    #[arg(allow_negative_numbers = true, long, value_delimiter = ',')]
     pub prompt: Vec<usize>,
     /// Tokens per submission, comma-separated (default: the engine's default chunk).
-    #[arg(long, value_delimiter = ',')]
+    #[arg(allow_negative_numbers = true, long, value_delimiter = ',')]
     pub chunk: Vec<usize>,
     /// Timed runs per prompt length (the median is reported).
-    #[arg(long, default_value_t = 3, value_parser = super::values::parse_iters)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 3, value_parser = super::values::parse_iters)]
     pub repeat: usize,
     /// Also time every length with the GEMV only (a second model), for a before/after table.
     #[arg(long)]

@@ -35,10 +35,10 @@ pub struct StreamArgs {
     #[arg(long, value_delimiter = ',', default_value = "100%,50%,25%")]
     pub slots: Vec<String>,
     /// Prompt length in tokens.
-    #[arg(long, default_value_t = 16, value_parser = super::values::parse_tokens)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 16, value_parser = super::values::parse_tokens)]
     pub prompt: usize,
     /// Greedy tokens decoded per row (the first comes from the prompt; the rest are timed).
-    #[arg(long, default_value_t = 32, value_parser = super::values::parse_tokens)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 32, value_parser = super::values::parse_tokens)]
     pub tokens: usize,
     /// Read from the disk: drop the container's pages before the bandwidth measurement and
     /// before every row (Linux).

@@ -33,7 +33,7 @@ pub struct Args {
     #[arg(long)]
     pub force: bool,
     /// Largest shard size in MiB, at least 1 (a layer's expert slab is never split).
-    #[arg(long, default_value_t = 4096, value_parser = parse_shard_mib)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 4096, value_parser = parse_shard_mib)]
     pub max_shard_mib: usize,
 }
 

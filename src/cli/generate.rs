@@ -24,11 +24,11 @@ pub struct Args {
     #[arg(long, value_name = "PATH", conflicts_with_all = ["prompt_ids", "prompt"])]
     pub prompt_file: Option<PathBuf>,
     /// Prompt as token ids: 1,2,3
-    #[arg(long, value_delimiter = ',')]
+    #[arg(allow_negative_numbers = true, long, value_delimiter = ',')]
     pub prompt_ids: Option<Vec<u32>>,
     /// Maximum new tokens (default: generation_config.json max_new_tokens, else 64); capped, with a
     /// warning, at what the model's context (max_position_embeddings) leaves after the prompt.
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_negative_numbers = true, value_parser = super::values::parse_tokens)]
     pub max_tokens: Option<usize>,
     /// Sampling temperature; 0 = greedy (default: generation_config.json's when it sets do_sample,
     /// 1 when it sets do_sample without a temperature, else 0).
@@ -59,7 +59,7 @@ pub struct Args {
     #[arg(long)]
     pub profile: bool,
     /// Copy bandwidth in GB/s for the roofline (default: measured once like `bench copy`).
-    #[arg(long, value_parser = super::parse_gbs)]
+    #[arg(allow_negative_numbers = true, long, value_parser = super::parse_gbs)]
     pub peak_gbs: Option<f64>,
     #[command(flatten)]
     pub placement: PlacementArgs,

@@ -105,7 +105,7 @@ pub struct ModelArgs {
     /// Context length in tokens (prompt and answers of the whole conversation; the KV cache's
     /// size on the GPU). Default: the model's max_position_embeddings, at most 4096; a larger
     /// value than the model's is refused.
-    #[arg(long)]
+    #[arg(allow_negative_numbers = true, long)]
     pub ctx: Option<usize>,
     #[command(flatten)]
     pub placement: PlacementArgs,

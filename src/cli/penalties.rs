@@ -11,12 +11,12 @@ use anyhow::bail;
 pub struct PenaltyArgs {
     /// Drop tokens less likely than MIN_P × the most likely one, in [0, 1] (0 = off; default:
     /// generation_config.json's min_p when it sets do_sample, else 0).
-    #[arg(long, value_parser = parse_min_p)]
+    #[arg(allow_negative_numbers = true, long, value_parser = parse_min_p)]
     pub min_p: Option<f32>,
     /// Repeat penalty > 0 over the last --repeat-last-n ids, as llama.cpp: a seen token's logit is
     /// divided by it when positive, multiplied when not (1 = off; default: generation_config.json's
     /// repetition_penalty, else 1).
-    #[arg(long, value_parser = parse_repeat_penalty)]
+    #[arg(allow_negative_numbers = true, long, value_parser = parse_repeat_penalty)]
     pub repeat_penalty: Option<f32>,
     /// How many of the latest ids (prompt and generated) the repeat penalty looks at; 0 = off, -1 =
     /// the whole sequence (default: 64 with --repeat-penalty, as llama.cpp; the whole sequence for

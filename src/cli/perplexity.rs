@@ -21,17 +21,17 @@ pub struct Args {
     pub file: PathBuf,
     /// Tokens per window (default: the model's `max_position_embeddings`, at most 4096; a larger
     /// value than the model's is refused).
-    #[arg(long)]
+    #[arg(allow_negative_numbers = true, long)]
     pub ctx: Option<usize>,
     /// Tokens between window starts; each window scores only the tokens the previous one did
     /// not (default: ctx/2, so every scored token after the first window sees ≥ ctx/2 tokens).
-    #[arg(long)]
+    #[arg(allow_negative_numbers = true, long)]
     pub stride: Option<usize>,
     /// Do not prepend the config's `bos_token_id` (then the text's first token is not scored).
     #[arg(long)]
     pub no_bos: bool,
     /// Score only the text's first N tokens (llama-perplexity's `--chunks` in tokens).
-    #[arg(long)]
+    #[arg(allow_negative_numbers = true, long)]
     pub max_tokens: Option<usize>,
     /// Base model (same tokenizer) run on the same windows: mean KL(base ‖ model) of the token
     /// distributions, top-1 agreement and the base's perplexity.

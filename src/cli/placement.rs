@@ -24,7 +24,7 @@ pub struct PlacementArgs {
     #[arg(long, value_parser = parse_gpu_mem)]
     pub gpu_mem: Option<GpuMem>,
     /// Exactly N expert slots instead of a budget in GiB (N ≥ every routed expert = resident).
-    #[arg(long, conflicts_with = "gpu_mem", value_parser = super::values::parse_positive)]
+    #[arg(allow_negative_numbers = true, long, conflicts_with = "gpu_mem", value_parser = super::values::parse_positive)]
     pub expert_slots: Option<u64>,
     /// The usage file: routing counts per (layer, expert) that rank the pinned hot set of expert
     /// slots at start-up and are updated after each streamed run. Default:

@@ -33,20 +33,20 @@ pub struct Args {
     pub port: u16,
     /// Requests decoded together, 1 to 256 (sequence slots, each with its own KV cache of --ctx
     /// tokens; llama.cpp's server `--parallel`). Requests past them wait in the queue.
-    #[arg(long, default_value_t = 4, value_parser = super::values::parse_slots)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 4, value_parser = super::values::parse_slots)]
     pub parallel: usize,
     /// Requests that may wait for a free slot; past that, 429 with Retry-After.
-    #[arg(long, default_value_t = 8)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 8)]
     pub queue: usize,
     /// Largest request body in bytes (413 past it).
-    #[arg(long, default_value_t = 4 << 20, value_parser = super::values::parse_tokens)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 4 << 20, value_parser = super::values::parse_tokens)]
     pub max_body_bytes: usize,
     /// Interval of the SSE comment pings sent while a streamed request waits or prefills, in ms.
-    #[arg(long, default_value_t = 5000, value_parser = super::values::parse_positive)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 5000, value_parser = super::values::parse_positive)]
     pub ping_ms: u64,
     /// Time a client has to send each request head (request line and headers), in ms; past it
     /// the connection is closed. Bodies and responses are not timed.
-    #[arg(long, default_value_t = crate::serve::timeout::DEFAULT_HEAD_TIMEOUT.as_millis() as u64,
+    #[arg(allow_negative_numbers = true, long, default_value_t = crate::serve::timeout::DEFAULT_HEAD_TIMEOUT.as_millis() as u64,
           value_parser = super::values::parse_positive)]
     pub header_timeout_ms: u64,
     /// Model id in the API (default: the model directory's name; `austen-demo` for the bundled model).

@@ -16,7 +16,7 @@ use std::time::Instant;
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Push this format ordinal through the dispatcher and print the resulting (typed) error.
-    #[arg(long, hide = true)]
+    #[arg(allow_negative_numbers = true, long, hide = true)]
     pub force_ordinal: Option<u32>,
 }
 

@@ -19,7 +19,7 @@ pub struct Args {
     #[arg(long)]
     pub preset: String,
     /// Number of layers (num_hidden_layers), 1 to 1024.
-    #[arg(long)]
+    #[arg(allow_negative_numbers = true, long)]
     pub layers: usize,
     /// Routed experts: int4, int4-g32, int4-g64, int4-g128, int3-g64, bf16 or f32.
     #[arg(long)]
@@ -33,19 +33,20 @@ pub struct Args {
     /// The output head lm_head (same spellings).
     #[arg(long, default_value = "bf16")]
     pub head: String,
-    /// Make the first N layers dense MLPs (width 24576 for inkling) instead of sparse.
-    #[arg(long, default_value_t = 0)]
+    /// Make the first N layers (at most --layers) dense MLPs (width 24576 for inkling) instead of
+    /// sparse.
+    #[arg(allow_negative_numbers = true, long, default_value_t = 0)]
     pub dense_layers: usize,
     /// Random seed; the same seed writes the same bytes.
-    #[arg(long, default_value_t = 0)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 0)]
     pub seed: u64,
     /// Vocabulary size (default: the preset's; smaller for quick tests).
-    #[arg(long)]
+    #[arg(allow_negative_numbers = true, long)]
     pub vocab: Option<usize>,
     /// Routed experts per sparse layer instead of the preset's count, at least its top-k: the same
     /// shapes and top-k, so a decode token reads the same expert bytes, in a container small
     /// enough for full depth (the full-depth decode probe).
-    #[arg(long)]
+    #[arg(allow_negative_numbers = true, long)]
     pub routed_experts: Option<usize>,
     /// Destination directory, new or empty (not needed with --dry-run).
     #[arg(long, required_unless_present = "dry_run")]
@@ -54,10 +55,10 @@ pub struct Args {
     #[arg(long)]
     pub force: bool,
     /// Largest shard size in MiB, at least 1 (a layer's expert slab is never split).
-    #[arg(long, default_value_t = 4096, value_parser = super::convert::parse_shard_mib)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 4096, value_parser = super::convert::parse_shard_mib)]
     pub max_shard_mib: usize,
     /// Generator threads (0: all cores).
-    #[arg(long, default_value_t = 0)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 0)]
     pub threads: usize,
     /// Only print the planned size; write nothing.
     #[arg(long)]
@@ -125,6 +126,12 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         "--layers {}: want 1 to {MAX_LAYERS} layers",
         a.layers
     );
+    super::context::ensure_arg!(
+        a.dense_layers <= a.layers,
+        "--dense-layers {}: at most --layers ({}), the layers there are",
+        a.dense_layers,
+        a.layers
+    );
     let mut spec = SynthSpec::preset(&a.preset, a.layers).or_bad_argument()?;
     if let Some(v) = a.vocab {
         spec = spec.with_vocab(v);
@@ -138,7 +145,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     spec.shared = enc(&a.shared, "shared")?;
     spec.dense = enc(&a.dense, "dense")?;
     spec.head = enc(&a.head, "head")?;
-    spec.dense_layers = a.dense_layers.min(a.layers);
+    spec.dense_layers = a.dense_layers;
     spec.seed = a.seed;
     let max_shard_bytes = a.max_shard_mib << 20;
     let sizes = file_sizes(&spec, max_shard_bytes)?;

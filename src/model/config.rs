@@ -641,7 +641,16 @@ impl GenerationConfig {
             top_p: f32_of("top_p")?,
             min_p: f32_of("min_p")?,
             repetition_penalty: f32_of("repetition_penalty")?,
-            max_new_tokens: usize_of("max_new_tokens")?,
+            // transformers' GenerationConfig.validate: "`max_new_tokens` must be greater than 0"
+            max_new_tokens: match usize_of("max_new_tokens")? {
+                Some(0) => {
+                    return Err(bad(
+                        "max_new_tokens",
+                        "must be at least 1 (transformers refuses 0), got 0".into(),
+                    ))
+                }
+                n => n,
+            },
         }))
     }
 }

@@ -203,6 +203,22 @@ fn bad_values_exit_2_and_say_what_is_expected() {
             vec![
                 "synth",
                 "--preset",
+                "tiny",
+                "--layers",
+                "2",
+                "--dense-layers",
+                "3",
+                "--experts",
+                "int4",
+                "--out",
+                out,
+            ],
+            "--dense-layers 3: at most --layers (2)",
+        ),
+        (
+            vec![
+                "synth",
+                "--preset",
                 "bogus",
                 "--layers",
                 "2",
@@ -228,6 +244,18 @@ fn bad_values_exit_2_and_say_what_is_expected() {
         ),
         (
             vec!["chat", "--model", m, "--max-tokens", "0"],
+            "--max-tokens",
+        ),
+        (
+            vec![
+                "generate",
+                "--model",
+                m,
+                "--prompt-ids",
+                "5",
+                "--max-tokens",
+                "0",
+            ],
             "--max-tokens",
         ),
     ] {
@@ -577,4 +605,93 @@ fn bench_batch_values_exit_2() {
             "{cmd}: {e}"
         );
     }
+}
+
+/// A negative number given to a flag that takes a whole number is that flag's bad value (exit 2,
+/// the flag named), never clap's "unexpected argument '-1'".
+#[test]
+fn negative_numbers_are_bad_values_of_their_flag() {
+    let m = fixture("tiny-causal-f32");
+    let m = m.to_str().unwrap();
+    for (args, flag) in [
+        (vec!["synth", "--layers", "-1", "--dry-run"], "--layers"),
+        (
+            vec!["synth", "--dense-layers", "-2", "--dry-run"],
+            "--dense-layers",
+        ),
+        (
+            vec!["bench", "decode", "--model", m, "--tokens", "-3"],
+            "--tokens",
+        ),
+        (
+            vec!["bench", "prefill", "--model", m, "--prompt", "-16"],
+            "--prompt",
+        ),
+        (
+            vec!["serve", "--model", m, "--parallel", "-1"],
+            "--parallel",
+        ),
+        (vec!["perplexity", "--model", m, "--ctx", "-8"], "--ctx"),
+        (
+            vec![
+                "generate",
+                "--model",
+                m,
+                "--prompt-ids",
+                "5",
+                "--max-tokens",
+                "-1",
+            ],
+            "--max-tokens",
+        ),
+        (
+            vec!["generate", "--model", m, "--prompt-ids", "5,-6"],
+            "--prompt-ids",
+        ),
+        (
+            vec!["convert", "--model", m, "--max-shard-mib", "-1"],
+            "--max-shard-mib",
+        ),
+    ] {
+        let e = run_usage_err(&args);
+        // the bad value: the flag's argument, or its one negative element in a list
+        let given = args[args.iter().position(|a| *a == flag).unwrap() + 1];
+        let v = given.split(',').find(|x| x.starts_with('-')).unwrap();
+        assert!(
+            e.starts_with(&format!("error: invalid value '{v}' for '{flag}")),
+            "{args:?}: {e}"
+        );
+    }
+}
+
+/// generation_config.json's `max_new_tokens` of 0 is refused naming the file and field, as
+/// transformers' `GenerationConfig.validate` refuses it.
+#[test]
+fn a_generation_config_max_new_tokens_of_0_is_refused() {
+    let dir = crate::model_common::copy_fixture("tiny-causal-f32", "max-new-0");
+    let file = dir.join("generation_config.json");
+    let g = std::fs::read_to_string(&file).unwrap();
+    assert!(g.contains("\"max_new_tokens\": 16"), "{g}");
+    std::fs::write(
+        &file,
+        g.replace("\"max_new_tokens\": 16", "\"max_new_tokens\": 0"),
+    )
+    .unwrap();
+    let e = run_err(&[
+        "generate",
+        "--model",
+        dir.to_str().unwrap(),
+        "--prompt-ids",
+        "5",
+        "--device",
+        "cpu",
+    ]);
+    assert!(
+        e.starts_with(&format!(
+            "error: {}: field `max_new_tokens`: must be at least 1",
+            file.display()
+        )),
+        "{e}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
 }
