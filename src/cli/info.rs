@@ -15,8 +15,9 @@ pub struct Args {
     /// Only the totals.
     #[arg(long)]
     pub summary: bool,
-    /// Also read every tensor and refuse the model if any value is NaN or ±Inf (a progress bar
-    /// on a terminal; exit 1 with each damaged tensor named).
+    /// Also read config.json and generation_config.json as every command reads them, and every
+    /// tensor, and refuse the model if a config is invalid or any value is NaN or ±Inf (a
+    /// progress bar on a terminal; exit 1 with the field or each damaged tensor named).
     #[arg(long)]
     pub verify: bool,
 }
@@ -115,7 +116,8 @@ pub fn report(c: &Container, summary: bool) -> String {
 
 /// Print the report of `--model` (default: the bundled model), then `--verify` its values.
 ///
-/// Errors: the model does not open; `--verify` finds NaN or Inf.
+/// Errors: the model does not open; `--verify` finds an invalid config.json or
+/// generation_config.json, or NaN or Inf.
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let dir = match &a.model {
         Some(d) => d.clone(),
@@ -124,6 +126,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let c = Container::open(&dir)?;
     out!("{}", report(&c, a.summary))?;
     if a.verify {
+        crate::model::config::TextConfig::from_dir(&dir)?;
+        crate::model::config::GenerationConfig::from_dir(&dir)?;
         verify(&c)?;
     }
     Ok(ExitCode::SUCCESS)

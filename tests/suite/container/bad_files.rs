@@ -167,6 +167,29 @@ fn info_verify_reads_every_tensor_and_names_each_damaged_one() {
     );
 }
 
+/// `info --verify` reads config.json and generation_config.json as the other commands do, so an
+/// invalid field is named there rather than at the first `generate`.
+#[test]
+fn info_verify_refuses_an_invalid_config_naming_the_field() {
+    for (name, field, value) in [
+        ("config.json", "num_hidden_layers", serde_json::json!(-3)),
+        (
+            "generation_config.json",
+            "do_sample",
+            serde_json::json!("yes"),
+        ),
+    ] {
+        let dir = copy_fixture("tiny-causal-f32", "verify-config");
+        edit_json(&dir, name, |v| v[field] = value);
+        let out = cli(&["info", "--summary", "--verify"], &dir);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{name}: {err}");
+        let want = format!("{}: field `{field}`", dir.join(name).display());
+        assert!(err.contains(&want), "want {want:?} in {err}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
+
 /// Edit the JSON file `name` of `dir` as a value.
 fn edit_json(dir: &Path, name: &str, edit: impl FnOnce(&mut serde_json::Value)) {
     let p = dir.join(name);
