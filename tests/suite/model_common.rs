@@ -102,15 +102,26 @@ pub fn rel_err(a: &[f32], b: &[f32]) -> f64 {
     (num / den.max(1e-30)).sqrt()
 }
 
-/// Unique scratch directory under the system temp dir.
+/// Unique scratch directory under Cargo's temporary directory for tests (target/tmp, so test runs
+/// leave nothing in the system temp dir).
 pub fn scratch(tag: &str) -> PathBuf {
+    scratch_in(&PathBuf::from(env!("CARGO_TARGET_TMPDIR")), tag)
+}
+
+/// Unique scratch directory under the system temp dir, outside the checkout (for tests of what a
+/// binary does away from it); the test removes it.
+pub fn scratch_outside(tag: &str) -> PathBuf {
+    scratch_in(&std::env::temp_dir(), tag)
+}
+
+fn scratch_in(root: &std::path::Path, tag: &str) -> PathBuf {
     static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_nanos();
-    let p = std::env::temp_dir().join(format!(
+    let p = root.join(format!(
         "inkling-test-{tag}-{}-{nanos}-{n}",
         std::process::id()
     ));

@@ -1,7 +1,7 @@
 //! The default model comes from the binary itself: a copy of the binary outside the checkout,
 //! with its own cache directory, generates the same tokens as the checkout's fixture; an
 //! unwritable cache says what to pass instead.
-use crate::model_common::scratch;
+use crate::model_common::scratch_outside;
 use std::process::Command;
 
 fn json_ids(o: &std::process::Output) -> serde_json::Value {
@@ -12,7 +12,7 @@ fn json_ids(o: &std::process::Output) -> serde_json::Value {
 
 #[test]
 fn default_model_runs_from_the_binary_alone() {
-    let root = scratch("bundled");
+    let root = scratch_outside("bundled");
     let exe = root.join("inkling-wgpu");
     std::fs::copy(env!("CARGO_BIN_EXE_inkling-wgpu"), &exe).unwrap();
     let cache = root.join("cache");
@@ -96,7 +96,7 @@ fn default_model_runs_from_the_binary_alone() {
 #[test]
 fn chat_and_serve_run_the_bundled_model_from_the_binary_alone() {
     use std::io::{BufRead, BufReader, Read, Write};
-    let root = scratch("bundled-chat");
+    let root = scratch_outside("bundled-chat");
     let exe = root.join("inkling-wgpu");
     std::fs::copy(env!("CARGO_BIN_EXE_inkling-wgpu"), &exe).unwrap();
     let bytes = std::fs::read(&exe).unwrap();

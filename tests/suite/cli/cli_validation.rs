@@ -56,7 +56,8 @@ fn sampling_values_out_of_range_are_refused() {
 fn bad_values_exit_2_and_say_what_is_expected() {
     let m = fixture("tiny-causal-f32");
     let m = m.to_str().unwrap();
-    let tmp = std::env::temp_dir().join(format!("inkling-cli-exit2-{}", std::process::id()));
+    let tmp = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("inkling-cli-exit2-{}", std::process::id()));
     let out = tmp.join("out");
     let e = run_usage_err(&[
         "convert",
@@ -343,7 +344,8 @@ fn no_adapter_names_the_backend_and_suggests_cpu() {
 
 #[test]
 fn convert_refuses_a_destination_inside_the_source() {
-    let tmp = std::env::temp_dir().join(format!("inkling-cli-validation-{}", std::process::id()));
+    let tmp = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("inkling-cli-validation-{}", std::process::id()));
     let src = tmp.join("src");
     std::fs::create_dir_all(&src).unwrap();
     for f in std::fs::read_dir(fixture("tiny-causal-f32")).unwrap() {
@@ -501,7 +503,8 @@ fn huge_max_tokens_bad_bandwidth_empty_usage_file_bad_eps_and_force_onto_a_sourc
         String::from_utf8_lossy(&out.stderr)
     );
 
-    let tmp = std::env::temp_dir().join(format!("inkling-cli-eps-{}", std::process::id()));
+    let tmp = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("inkling-cli-eps-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).unwrap();
     for e in std::fs::read_dir(fixture("tiny-causal-f32")).unwrap() {
@@ -550,7 +553,8 @@ fn bench_tune_and_compare_inputs_are_checked() {
         let e = String::from_utf8_lossy(&out.stderr);
         assert!(e.contains(&format!("--tune {t}")), "{e}");
     }
-    let p = std::env::temp_dir().join(format!("inkling-cmp-{}.json", std::process::id()));
+    let p = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("inkling-cmp-{}.json", std::process::id()));
     std::fs::write(&p, b"{}").unwrap();
     let s = p.to_str().unwrap();
     let e = run_err(&["bench", "compare", s, s]);

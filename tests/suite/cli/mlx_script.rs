@@ -93,7 +93,8 @@ fn mlx_script_prints_the_bench_kernels_schema_and_checks_its_numbers() {
         );
         assert_eq!(r["experts"].as_u64().unwrap(), parse_shape(sh).2, "{r}");
     }
-    let dir = std::env::temp_dir().join(format!("inkling-mlx-{}", std::process::id()));
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("inkling-mlx-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let a = dir.join("mlx.json");
     std::fs::write(&a, &out.stdout).unwrap();

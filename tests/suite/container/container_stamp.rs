@@ -6,7 +6,7 @@ use safetensors::Dtype;
 use std::path::{Path, PathBuf};
 
 fn tmpdir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
+    let d = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
         "inkling-container-stamp-{tag}-{}",
         std::process::id()
     ));

@@ -19,7 +19,8 @@ fn fixture(name: &str) -> PathBuf {
 fn tmpdir(tag: &str) -> PathBuf {
     static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let d = std::env::temp_dir().join(format!("inkling-convert-{tag}-{}-{n}", std::process::id()));
+    let d = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("inkling-convert-{tag}-{}-{n}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     d
 }

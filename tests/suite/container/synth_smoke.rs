@@ -11,7 +11,8 @@ use inkling_wgpu::model::{AttnKind, Checkpoint, CpuModel, MlpKind, TextConfig, W
 use std::path::PathBuf;
 
 fn tmpdir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("inkling-synth-{tag}-{}", std::process::id()));
+    let d = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("inkling-synth-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     d
 }

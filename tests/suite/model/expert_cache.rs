@@ -467,7 +467,7 @@ impl TempDir {
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
             .as_nanos();
-        let dir = std::env::temp_dir().join(format!(
+        let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
             "inkling-wgpu-test-{tag}-{}-{nanos}",
             std::process::id()
         ));
@@ -713,7 +713,8 @@ fn expert_cache_forget_turns_a_planned_load_back_into_a_miss() {
 
 #[test]
 fn usage_save_never_replaces_what_is_not_a_usage_file_and_load_skips_non_files() {
-    let dir = std::env::temp_dir().join(format!("inkling-usage-guard-{}", std::process::id()));
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("inkling-usage-guard-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let u = sample_usage();

@@ -285,7 +285,8 @@ fn spirv_val(dir: &Path, files: &[std::path::PathBuf]) -> Vec<String> {
 
 #[test]
 fn every_shader_translates_to_msl_hlsl_and_valid_spirv() {
-    let dir = std::env::temp_dir().join(format!("inkling-shaders-{}", std::process::id()));
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("inkling-shaders-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let written = inkling_wgpu::cli::shaders::write(&dir, None).unwrap();
     // the count: registry × tunings × tiles for the GEMV, the op kernel lists, the int3-g64
