@@ -122,6 +122,7 @@ fn warn_greedy_flags(args: &Args) {
     let given: Vec<&str> = [
         ("--top-k", args.top_k.is_some()),
         ("--top-p", args.top_p.is_some()),
+        ("--min-p", args.penalties.min_p.is_some()),
         ("--seed", args.seed.is_some()),
     ]
     .iter()

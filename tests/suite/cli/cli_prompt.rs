@@ -138,11 +138,11 @@ fn sampling_flags_at_temperature_zero_warn_and_change_nothing() {
     assert_eq!(json(&o)["generated_ids"], plain["generated_ids"]);
 
     let mut b = a.clone();
-    b.extend(["--temperature", "0", "--top-p", "0.5"]);
+    b.extend(["--temperature", "0", "--top-p", "0.5", "--min-p", "0.1"]);
     let e = stderr(&generate(&b, None));
     assert!(
         e.contains(
-            "warning: --top-p has no effect: the temperature is 0, so decoding is greedy; add"
+            "warning: --top-p and --min-p have no effect: the temperature is 0, so decoding is greedy; add"
         ),
         "{e}"
     );
