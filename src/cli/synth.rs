@@ -192,9 +192,10 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let s = super::convert::writing_into(out, || synth(&spec, out, &opts))?;
     let secs = t0.elapsed().as_secs_f64();
     eprintln!(
-        "wrote {} tensors, {} in {} into {} in {secs:.1} s ({:.2} GB/s)",
+        "wrote {} tensors, {} ({} bytes) in {} into {} in {secs:.1} s ({:.2} GB/s)",
         s.tensors,
         human(s.bytes),
+        s.bytes,
         super::bench_calls::plural(s.shards.len(), "shard", "shards"),
         out.display(),
         s.bytes as f64 / secs / 1e9

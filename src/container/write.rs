@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 pub struct ConvertSummary {
     pub shards: Vec<PathBuf>,
     pub tensors: usize,
+    /// Bytes of the shard files as written (headers, tensor data and alignment padding).
     pub bytes: u64,
     /// Re-encoding error per class of matrix (empty for writers that re-encode nothing).
     pub weight_error: Vec<WeightError>,
@@ -366,10 +367,14 @@ fn write_files(
     Container::open(dst_dir)
         .map_err(anyhow::Error::from)
         .context("verifying the written container")?;
+    let bytes = finals
+        .iter()
+        .map(|f| std::fs::metadata(f).map_or(0, |m| m.len()))
+        .sum();
     Ok(ConvertSummary {
         shards: finals,
         tensors: done_tensors,
-        bytes: budget.written,
+        bytes,
         weight_error: Vec::new(),
     })
 }

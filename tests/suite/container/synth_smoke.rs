@@ -319,6 +319,13 @@ fn cli_writes_a_tiny_container_and_dry_runs_inkling_small() {
     );
     let c = Container::open(&d).unwrap();
     assert!(c.tensor("lm_head.weight").unwrap().1.shape == [448, 64]);
+    // the plan's size, the size reported written and the shard on disk agree
+    let err = String::from_utf8_lossy(&out.stderr);
+    let on_disk = std::fs::metadata(d.join("model.safetensors"))
+        .unwrap()
+        .len();
+    let said: Vec<&str> = err.matches(&format!("({on_disk} bytes)")).collect();
+    assert_eq!(said.len(), 2, "the plan and the wrote line: {err}");
     std::fs::remove_dir_all(&d).ok();
 
     let out = std::process::Command::new(exe)
