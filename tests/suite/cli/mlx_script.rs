@@ -163,6 +163,11 @@ runpy.run_path("{root}/benches/native/mlx_gemv.py", run_name="__main__")
         .expect("the test Python runs");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
+        !stderr.contains("ModuleNotFoundError"),
+        "the test Python lacks MLX (needs tests/python/requirements.txt, which .ci/run installs \
+         into .ci/.venv):\n{stderr}"
+    );
+    assert!(
         !out.status.success(),
         "a wrong MLX result passed --check:\n{stderr}"
     );
