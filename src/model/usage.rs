@@ -242,22 +242,7 @@ impl Usage {
     /// but a missing path or a usage file (any model's: the file is a cache): a directory, device,
     /// pipe, or a file that is not JSON with the [`USAGE_FORMAT`] tag is left as it is.
     pub fn save(&self, path: &Path) -> Result<(), UsageError> {
-        match fs::metadata(path) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(UsageError::io(path, "stat", e)),
-            Ok(m) if !m.is_file() => return Err(UsageError::new(path, UsageErrorKind::NotAFile)),
-            Ok(_) => {
-                let ours = fs::read(path)
-                    .ok()
-                    .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-                    .is_some_and(|v| {
-                        v.get("format").and_then(|t| t.as_str()) == Some(USAGE_FORMAT)
-                    });
-                if !ours {
-                    return Err(UsageError::new(path, UsageErrorKind::NotOurs));
-                }
-            }
-        }
+        replaceable(path)?;
         let file = UsageFile {
             format: USAGE_FORMAT.to_string(),
             fingerprint: self.fingerprint.clone(),
@@ -296,8 +281,9 @@ impl Usage {
     /// lock on `PATH.lock`, re-read `path` (when it is a usage file of this model; else start from
     /// zero), add `self − base` (the counts this run added to the table `base` it started from;
     /// cells saturating, a cell below `base` adds nothing) and [`save`](Usage::save) the sum.
-    /// Returns the table written. A lock that cannot be taken (the lock path is not a file, or a
-    /// file system without locks) is an error, as are [`save`](Usage::save)'s.
+    /// Returns the table written. A path [`save`](Usage::save) would refuse is refused before the
+    /// lock file is created; a lock that cannot be taken (the lock path is not a file, or a file
+    /// system without locks) is an error, as are [`save`](Usage::save)'s.
     pub fn save_merged(&self, path: &Path, base: &Usage) -> Result<Usage, UsageError> {
         self.save_merged_holding(path, base, std::time::Duration::ZERO)
     }
@@ -310,6 +296,8 @@ impl Usage {
         base: &Usage,
         hold: std::time::Duration,
     ) -> Result<Usage, UsageError> {
+        // a path the save would refuse gets no lock file beside it either
+        replaceable(path)?;
         let mut lock_path = path.as_os_str().to_owned();
         lock_path.push(".lock");
         let lock_path = PathBuf::from(lock_path);
@@ -346,6 +334,27 @@ impl Usage {
         for (row, orow) in self.counts.iter_mut().zip(&other.counts) {
             for (c, &o) in row.iter_mut().zip(orow) {
                 *c = c.saturating_add(o);
+            }
+        }
+    }
+}
+
+/// Whether [`Usage::save`] may write `path`: a missing path or a usage file (any model's); else
+/// the refusal ([`UsageErrorKind::NotAFile`], [`UsageErrorKind::NotOurs`]).
+fn replaceable(path: &Path) -> Result<(), UsageError> {
+    match fs::metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(UsageError::io(path, "stat", e)),
+        Ok(m) if !m.is_file() => Err(UsageError::new(path, UsageErrorKind::NotAFile)),
+        Ok(_) => {
+            let ours = fs::read(path)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+                .is_some_and(|v| v.get("format").and_then(|t| t.as_str()) == Some(USAGE_FORMAT));
+            if ours {
+                Ok(())
+            } else {
+                Err(UsageError::new(path, UsageErrorKind::NotOurs))
             }
         }
     }

@@ -744,6 +744,17 @@ fn usage_save_never_replaces_what_is_not_a_usage_file_and_load_skips_non_files()
     let e = Usage::load(&sub, &u.fingerprint, u.n_layers, u.n_experts).unwrap_err();
     assert!(matches!(e.kind, UsageErrorKind::NotAFile), "{e}");
     assert!(sub.is_dir());
+    // the merging save refuses the same paths before it creates a lock file beside them
+    for refused in [&sub, &theirs] {
+        assert!(u.save_merged(refused, &u).is_err());
+        let mut lock = refused.as_os_str().to_owned();
+        lock.push(".lock");
+        assert!(
+            !std::path::Path::new(&lock).exists(),
+            "{} was created",
+            std::path::Path::new(&lock).display()
+        );
+    }
     // a named pipe is refused without being opened (opening it would block)
     #[cfg(unix)]
     {
