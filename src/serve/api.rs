@@ -54,13 +54,14 @@ struct Common {
     max_completion_tokens: Option<u64>,
     temperature: Option<f64>,
     top_p: Option<f64>,
-    top_k: Option<u64>,
+    /// -1 or 0: off (vLLM's -1), else the k most likely tokens.
+    top_k: Option<i64>,
     /// vLLM's extension: min-p sampling in [0, 1].
     min_p: Option<f64>,
     /// vLLM's (transformers') repetition penalty > 0, over the last `repeat_last_n` ids.
     repetition_penalty: Option<f64>,
-    /// llama.cpp server's window of the repetition penalty.
-    repeat_last_n: Option<u64>,
+    /// llama.cpp server's window of the repetition penalty (0 = off, -1 = the whole sequence).
+    repeat_last_n: Option<i64>,
     /// OpenAI's, in [-2, 2], over the tokens generated so far.
     presence_penalty: Option<f64>,
     frequency_penalty: Option<f64>,
@@ -594,6 +595,31 @@ fn finish(
             ));
         }
     }
+    let top_k = match c.top_k {
+        None => d.top_k,
+        Some(k) if k >= 0 => usize::try_from(k).unwrap_or(usize::MAX),
+        Some(-1) => 0,
+        Some(k) => {
+            return Err(ApiError::bad_request(
+                format!("top_k must be a whole number ≥ 0, or -1 (0 and -1: off), got {k}"),
+                Some("top_k"),
+            ))
+        }
+    };
+    let repeat_last_n = match c.repeat_last_n {
+        None => d.repeat_last_n,
+        Some(n) if n >= 0 => usize::try_from(n).unwrap_or(usize::MAX),
+        Some(-1) => crate::model::sampling::WHOLE_SEQUENCE,
+        Some(n) => {
+            return Err(ApiError::bad_request(
+                format!(
+                    "repeat_last_n must be a whole number ≥ 0 (0 = off), or -1 (the whole \
+                     sequence), got {n}"
+                ),
+                Some("repeat_last_n"),
+            ))
+        }
+    };
     let asked = c.max_completion_tokens.or(c.max_tokens);
     if asked == Some(0) {
         return Err(ApiError::bad_request(
@@ -641,13 +667,11 @@ fn finish(
             max_new_tokens: max_new,
             sampling: SamplingParams {
                 temperature: temperature as f32,
-                top_k: c.top_k.map_or(d.top_k, |k| k as usize),
+                top_k,
                 top_p: top_p as f32,
                 min_p: min_p as f32,
                 repeat_penalty: repetition_penalty as f32,
-                repeat_last_n: c
-                    .repeat_last_n
-                    .map_or(d.repeat_last_n, |n| n.min(usize::MAX as u64) as usize),
+                repeat_last_n,
                 presence_penalty,
                 frequency_penalty,
             },

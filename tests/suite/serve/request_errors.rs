@@ -276,6 +276,8 @@ fn penalties_are_taken_and_bad_values_refused_by_name() {
         ("frequency_penalty", "-3"),
         ("repetition_penalty", "0"),
         ("min_p", "1.5"),
+        ("repeat_last_n", "-2"),
+        ("top_k", "-2"),
         ("logit_bias", r#"{"5":101}"#),
         ("logit_bias", r#"{"x":1}"#),
         ("logprobs", "2"),
@@ -284,6 +286,13 @@ fn penalties_are_taken_and_bad_values_refused_by_name() {
         let body = format!(r#"{{"messages":[{USER}],"{field}":{bad}}}"#);
         refused(p.chat(body.as_bytes()), Some(field), &body);
     }
+    // -1: vLLM's top_k off, llama.cpp's repeat_last_n over the whole sequence
+    let body = format!(r#"{{"messages":[{USER}],"top_k":-1,"repeat_last_n":-1}}"#);
+    let s = p.chat(body.as_bytes()).unwrap().params.sampling;
+    assert_eq!(
+        (s.top_k, s.repeat_last_n),
+        (0, inkling_wgpu::model::sampling::WHOLE_SEQUENCE)
+    );
     // null and false are "not asked"
     let body = format!(r#"{{"messages":[{USER}],"logprobs":false,"logit_bias":null}}"#);
     assert!(p.chat(body.as_bytes()).is_ok(), "{body}");
