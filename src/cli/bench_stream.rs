@@ -32,7 +32,12 @@ pub struct StreamArgs {
     pub model: PathBuf,
     /// Expert slots of each row, comma-separated: a count, or a percentage of the model's
     /// routed experts (100% = resident).
-    #[arg(long, value_delimiter = ',', default_value = "100%,50%,25%")]
+    #[arg(
+        allow_hyphen_values = true,
+        long,
+        value_delimiter = ',',
+        default_value = "100%,50%,25%"
+    )]
     pub slots: Vec<String>,
     /// Prompt length in tokens.
     #[arg(allow_negative_numbers = true, long, default_value_t = 16, value_parser = super::values::parse_tokens)]

@@ -22,7 +22,7 @@ pub struct Args {
     pub system: Option<String>,
     /// Thinking effort: a number in [0, 1] or none (0), minimal (0.1), low (0.2), medium (0.7),
     /// high (0.9), xhigh or max (0.99). `none` answers without a thinking block.
-    #[arg(long, default_value = "high", value_parser = Effort::parse)]
+    #[arg(allow_negative_numbers = true, long, default_value = "high", value_parser = Effort::parse)]
     pub effort: Effort,
     /// Print the model's thinking (hidden by default).
     #[arg(long)]

@@ -21,7 +21,7 @@ pub struct PlacementArgs {
     /// becomes expert slots and routed experts stream from the mapped container into them. A
     /// budget that holds every expert runs fully resident. `auto` (the default) runs fully
     /// resident: wgpu exposes no portable way to read the adapter's free memory.
-    #[arg(long, value_parser = parse_gpu_mem)]
+    #[arg(allow_negative_numbers = true, long, value_parser = parse_gpu_mem)]
     pub gpu_mem: Option<GpuMem>,
     /// Exactly N expert slots instead of a budget in GiB (N ≥ every routed expert = resident).
     #[arg(allow_negative_numbers = true, long, conflicts_with = "gpu_mem", value_parser = super::values::parse_positive)]

@@ -29,7 +29,7 @@ pub struct Args {
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
     /// TCP port (0 = any free port; the bound address is printed).
-    #[arg(long, default_value_t = 8080)]
+    #[arg(allow_negative_numbers = true, long, default_value_t = 8080)]
     pub port: u16,
     /// Requests decoded together, 1 to 256 (sequence slots, each with its own KV cache of --ctx
     /// tokens; llama.cpp's server `--parallel`). Requests past them wait in the queue.

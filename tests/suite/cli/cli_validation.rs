@@ -656,6 +656,20 @@ fn negative_numbers_are_bad_values_of_their_flag() {
             vec!["convert", "--model", m, "--max-shard-mib", "-1"],
             "--max-shard-mib",
         ),
+        (vec!["chat", "--model", m, "--effort", "-0.5"], "--effort"),
+        (
+            vec![
+                "generate",
+                "--model",
+                m,
+                "--prompt-ids",
+                "5",
+                "--gpu-mem",
+                "-1",
+            ],
+            "--gpu-mem",
+        ),
+        (vec!["serve", "--model", m, "--port", "-1"], "--port"),
     ] {
         let e = run_usage_err(&args);
         // the bad value: the flag's argument, or its one negative element in a list
