@@ -26,8 +26,9 @@ pub struct Args {
     /// Prompt as token ids: 1,2,3
     #[arg(allow_negative_numbers = true, long, value_delimiter = ',')]
     pub prompt_ids: Option<Vec<u32>>,
-    /// Maximum new tokens (default: generation_config.json max_new_tokens, else 64); capped, with a
-    /// warning, at what the model's context (max_position_embeddings) leaves after the prompt.
+    /// Maximum new tokens (default: generation_config.json's max_new_tokens, else its max_length
+    /// less the prompt, else 64); capped, with a warning, at what the model's context
+    /// (max_position_embeddings) leaves after the prompt.
     #[arg(long, allow_negative_numbers = true, value_parser = super::values::parse_tokens)]
     pub max_tokens: Option<usize>,
     /// Sampling temperature; 0 = greedy (default: generation_config.json's when it sets do_sample,
@@ -149,6 +150,35 @@ fn warn_greedy_flags(args: &Args) {
     );
 }
 
+/// How many tokens to generate after a prompt of `prompt_len` tokens: `--max-tokens` when given,
+/// else generation_config.json's `max_new_tokens`, else its `max_length` less the prompt (as
+/// transformers 5.24.0 reads them), else 64. Errors, naming the file and field, as transformers
+/// refuses them: a `max_new_tokens` of 0, a `max_length` the prompt fills.
+fn new_tokens(
+    flag: Option<usize>,
+    g: &crate::model::config::GenerationConfig,
+    dir: &std::path::Path,
+    prompt_len: usize,
+) -> anyhow::Result<usize> {
+    let file = dir.join("generation_config.json");
+    Ok(match (flag, g.max_new_tokens, g.max_length) {
+        (Some(n), _, _) => n,
+        (None, Some(0), _) => anyhow::bail!(
+            "{}: max_new_tokens must be at least 1 (transformers refuses 0), got 0; give \
+             --max-tokens N",
+            file.display()
+        ),
+        (None, Some(n), _) => n,
+        (None, None, Some(l)) if l <= prompt_len => anyhow::bail!(
+            "{}: max_length {l} (prompt and new tokens) leaves no room after the prompt's \
+             {prompt_len} tokens; give --max-tokens N",
+            file.display()
+        ),
+        (None, None, Some(l)) => l - prompt_len,
+        (None, None, None) => 64,
+    })
+}
+
 /// What a run of `args` on `ck` generates for a prompt of `prompt_len` tokens: the EOS ids and the
 /// sampling settings (the rules every command shares, [`eos_ids`] and [`sampling`]), the seed, and
 /// `--max-tokens` (default: generation_config.json's `max_new_tokens`, else 64) capped, with a
@@ -169,7 +199,7 @@ fn generate_params(
     if sampling.temperature == 0.0 {
         warn_greedy_flags(args);
     }
-    let requested = args.max_tokens.or(gen_cfg.max_new_tokens).unwrap_or(64);
+    let requested = new_tokens(args.max_tokens, &gen_cfg, &ck.dir, prompt_len)?;
     let max_new_tokens = fit_new_tokens(requested, prompt_len, ck.config.max_position_embeddings)?;
     if max_new_tokens < requested {
         eprintln!(

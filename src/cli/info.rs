@@ -15,9 +15,10 @@ pub struct Args {
     /// Only the totals.
     #[arg(long)]
     pub summary: bool,
-    /// Also read config.json and generation_config.json as every command reads them, and every
-    /// tensor, and refuse the model if a config is invalid or any value is NaN or ±Inf (a
-    /// progress bar on a terminal; exit 1 with the field or each damaged tensor named).
+    /// Also open the model as `generate` does (config.json, generation_config.json, every
+    /// tensor's name and shape) and read every tensor, and refuse the model if anything is
+    /// invalid or any value is NaN or ±Inf (a progress bar on a terminal; exit 1 with the field,
+    /// the tensor or each damaged tensor named).
     #[arg(long)]
     pub verify: bool,
 }
@@ -126,11 +127,25 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let c = Container::open(&dir)?;
     out!("{}", report(&c, a.summary))?;
     if a.verify {
-        crate::model::config::TextConfig::from_dir(&dir)?;
-        crate::model::config::GenerationConfig::from_dir(&dir)?;
+        // the configs first (quick), then every value (each damaged tensor listed), then the
+        // tensors' names and shapes against the config as `generate` loads them
+        let ck = crate::model::Checkpoint::open(&dir)?;
+        sampling_values(&ck)?;
         verify(&c)?;
+        crate::model::Weights::load(&ck)?;
+        outln!(
+            "verify: config.json, generation_config.json and every tensor's name and shape agree"
+        )?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The sampling values of generation_config.json, checked as `generate` checks them.
+fn sampling_values(ck: &crate::model::Checkpoint) -> anyhow::Result<()> {
+    let g = ck.generation.clone().unwrap_or_default();
+    let p = super::load::sampling(&ck.dir, &g, None, None, None)?;
+    super::penalties::PenaltyArgs::default().apply(p, &ck.dir, &g)?;
+    Ok(())
 }
 
 /// `--verify`: scan every tensor for NaN and Inf, with a progress bar on a terminal.

@@ -239,9 +239,11 @@ pub const SAMPLING_DEFAULTS: (f32, usize, f32) = (1.0, 50, 1.0);
 /// Sampling settings: each flag where given (`None`: not given), else generation_config.json's
 /// value when it sets `do_sample` (transformers' [`SAMPLING_DEFAULTS`] for what it leaves unset),
 /// else greedy (temperature 0) with top-k off (0) and top-p off (1), as transformers decodes
-/// greedily without `do_sample`. A temperature of 0 is greedy decoding. Errors: a temperature that
-/// is not finite or below 0, a top-p outside (0, 1]; the message names the flag, or the file
-/// (`dir`/generation_config.json) for its own values.
+/// greedily without `do_sample`. A temperature of 0 is greedy decoding (the file's 0 with
+/// `do_sample` is refused, as transformers refuses it). Each field of [`GenerationConfig::ignored`]
+/// is warned about on stderr. Errors: a temperature that is not finite or below 0, a top-p outside
+/// (0, 1]; the message names the flag, or the file (`dir`/generation_config.json) for its own
+/// values.
 pub fn sampling(
     dir: &std::path::Path,
     generation: &GenerationConfig,
@@ -258,7 +260,21 @@ pub fn sampling(
             format!("{}: {field}", dir.join("generation_config.json").display())
         }
     };
+    for field in &generation.ignored {
+        eprintln!(
+            "warning: {} sets {field}, which this engine does not implement; it is ignored",
+            dir.join("generation_config.json").display()
+        );
+    }
     let t = pick(temperature, generation.temperature, sample, t0, 0.0);
+    if t == 0.0 && temperature.is_none() && sample {
+        // transformers' TemperatureLogitsWarper: "has to be a strictly positive float"
+        bail!(
+            "{} must be > 0 when do_sample is true (transformers refuses 0; set do_sample to \
+             false for greedy decoding, or give --temperature)",
+            named(false, "temperature")
+        );
+    }
     if !t.is_finite() || t < 0.0 {
         bail!(
             "{} must be a finite number ≥ 0 (0 = greedy), got {t}",

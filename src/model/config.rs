@@ -585,6 +585,38 @@ pub struct GenerationConfig {
     /// sequence (prompt and generated), greedy or sampled.
     pub repetition_penalty: Option<f32>,
     pub max_new_tokens: Option<usize>,
+    /// transformers' `max_length` (prompt + new tokens), used when `max_new_tokens` is not set.
+    pub max_length: Option<usize>,
+    /// Fields set to a value that changes transformers' output and that this engine does not
+    /// implement, as `field = value` ([`IGNORED_FIELDS`]): the commands warn about each.
+    pub ignored: Vec<String>,
+}
+
+/// generation_config.json fields transformers 5.24.0 acts on that this engine does not
+/// implement, each with the test of a value that changes nothing (transformers' default, or
+/// the value its `_get_logits_processor` skips).
+pub const IGNORED_FIELDS: &[(&str, fn(&serde_json::Value) -> bool)] = &[
+    ("min_length", |v| v.as_f64() == Some(0.0)),
+    ("min_new_tokens", |v| v.as_f64() == Some(0.0)),
+    ("no_repeat_ngram_size", |v| v.as_f64() == Some(0.0)),
+    ("num_beams", |v| v.as_f64() == Some(1.0)),
+    ("typical_p", |v| v.as_f64() == Some(1.0)),
+    ("epsilon_cutoff", |v| v.as_f64() == Some(0.0)),
+    ("eta_cutoff", |v| v.as_f64() == Some(0.0)),
+    ("encoder_repetition_penalty", |v| v.as_f64() == Some(1.0)),
+    ("guidance_scale", |v| v.as_f64() == Some(1.0)),
+    ("bad_words_ids", empty_list),
+    ("suppress_tokens", empty_list),
+    ("begin_suppress_tokens", empty_list),
+    ("sequence_bias", empty_list),
+    ("forced_bos_token_id", |_| false),
+    ("forced_eos_token_id", empty_list),
+    ("exponential_decay_length_penalty", |_| false),
+    ("renormalize_logits", |v| v.as_bool() == Some(false)),
+];
+
+fn empty_list(v: &serde_json::Value) -> bool {
+    v.as_array().is_some_and(|a| a.is_empty()) || v.as_object().is_some_and(|o| o.is_empty())
 }
 
 impl GenerationConfig {
@@ -641,16 +673,12 @@ impl GenerationConfig {
             top_p: f32_of("top_p")?,
             min_p: f32_of("min_p")?,
             repetition_penalty: f32_of("repetition_penalty")?,
-            // transformers' GenerationConfig.validate: "`max_new_tokens` must be greater than 0"
-            max_new_tokens: match usize_of("max_new_tokens")? {
-                Some(0) => {
-                    return Err(bad(
-                        "max_new_tokens",
-                        "must be at least 1 (transformers refuses 0), got 0".into(),
-                    ))
-                }
-                n => n,
-            },
+            max_new_tokens: usize_of("max_new_tokens")?,
+            max_length: usize_of("max_length")?,
+            ignored: IGNORED_FIELDS
+                .iter()
+                .filter_map(|&(k, off)| num(k).filter(|x| !off(x)).map(|x| format!("{k} = {x}")))
+                .collect(),
         }))
     }
 }

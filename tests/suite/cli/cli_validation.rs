@@ -706,10 +706,23 @@ fn a_generation_config_max_new_tokens_of_0_is_refused() {
     ]);
     assert!(
         e.starts_with(&format!(
-            "error: {}: field `max_new_tokens`: must be at least 1",
+            "error: {}: max_new_tokens must be at least 1",
             file.display()
         )),
         "{e}"
     );
+    // a flag covers it, as it covers the file's other values
+    let o = bin()
+        .args([
+            "generate",
+            "--model",
+            dir.to_str().unwrap(),
+            "--prompt-ids",
+            "5",
+        ])
+        .args(["--device", "cpu", "--max-tokens", "2", "--json"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -130,7 +130,10 @@ fn info_verify_reads_every_tensor_and_names_each_damaged_one() {
     assert!(clean.status.success());
     let text = String::from_utf8(clean.stdout).unwrap();
     assert!(
-        text.ends_with("verify: 1.10 MiB read, no NaN or Inf\n"),
+        text.ends_with(
+            "verify: 1.10 MiB read, no NaN or Inf\n\
+             verify: config.json, generation_config.json and every tensor's name and shape agree\n"
+        ),
         "{text}"
     );
     let dir = copy_fixture("tiny-causal-f32", "verify");
@@ -167,16 +170,35 @@ fn info_verify_reads_every_tensor_and_names_each_damaged_one() {
     );
 }
 
-/// `info --verify` reads config.json and generation_config.json as the other commands do, so an
-/// invalid field is named there rather than at the first `generate`.
+/// `info --verify` opens the model as `generate` does (config.json, generation_config.json and its
+/// sampling values, each tensor's shape against the config), so what `generate` would refuse is
+/// named there rather than at the first `generate`.
 #[test]
 fn info_verify_refuses_an_invalid_config_naming_the_field() {
-    for (name, field, value) in [
-        ("config.json", "num_hidden_layers", serde_json::json!(-3)),
+    for (name, field, value, says) in [
+        (
+            "config.json",
+            "num_hidden_layers",
+            serde_json::json!(-3),
+            "field `num_hidden_layers`",
+        ),
+        (
+            "config.json",
+            "hidden_size",
+            serde_json::json!(128),
+            "but config.json implies",
+        ),
         (
             "generation_config.json",
             "do_sample",
             serde_json::json!("yes"),
+            "field `do_sample`",
+        ),
+        (
+            "generation_config.json",
+            "repetition_penalty",
+            serde_json::json!(0),
+            "repetition_penalty must be a finite number > 0",
         ),
     ] {
         let dir = copy_fixture("tiny-causal-f32", "verify-config");
@@ -184,8 +206,17 @@ fn info_verify_refuses_an_invalid_config_naming_the_field() {
         let out = cli(&["info", "--summary", "--verify"], &dir);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{name}: {err}");
-        let want = format!("{}: field `{field}`", dir.join(name).display());
-        assert!(err.contains(&want), "want {want:?} in {err}");
+        // a shape is named in the weights' file, a field in its JSON file
+        let file = if says.contains("implies") {
+            dir.join("model.safetensors")
+        } else {
+            dir.join(name)
+        };
+        let want = format!("{}: ", file.display());
+        assert!(
+            err.contains(&want) && err.contains(says),
+            "want {want:?} and {says:?} in {err}"
+        );
         std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -3,7 +3,9 @@
 //! `repetition_penalty` reproduces transformers' greedy ids (tools/penalty_reference.py: the
 //! penalty over the whole sequence, prompt included) on the CPU and the GPU; `--repeat-last-n 64`
 //! gives the last-64 window's ids instead, and `--repeat-penalty 1` the unpenalised ones; values out
-//! of transformers' range are refused naming the file and field.
+//! of transformers' range are refused naming the file and field; `max_length` bounds the run when
+//! `max_new_tokens` is not set; fields transformers acts on that the engine does not implement are
+//! warned about.
 use crate::model_common::{copy_fixture, fixture, ids};
 use std::path::Path;
 use std::process::Command;
@@ -143,4 +145,67 @@ fn generation_config_penalties_out_of_range_name_the_file() {
         assert!(e.contains(&want), "want {want:?} in {e}");
         std::fs::remove_dir_all(&dir).ok();
     }
+}
+
+#[test]
+fn max_length_bounds_the_run_without_max_new_tokens() {
+    let dir = with_generation_config(
+        "gencfg-max-length",
+        serde_json::json!({ "max_new_tokens": null, "max_length": 5 }),
+    );
+    // three prompt ids leave two new ones, as transformers' max_length = prompt + new
+    assert_eq!(generated(&dir, "5,6,7", "cpu", &[]).len(), 2);
+    assert_eq!(
+        generated(&dir, "5,6,7", "cpu", &["--max-tokens", "4"]).len(),
+        4
+    );
+    let o = generate(&dir, "5,6,7,8,9", "cpu", &[]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    let want = format!(
+        "{}: max_length 5 (prompt and new tokens) leaves no room after the prompt's 5 tokens",
+        dir.join("generation_config.json").display()
+    );
+    assert!(e.contains(&want), "want {want:?} in {e}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn sampling_at_temperature_0_and_fields_not_implemented_are_named() {
+    let dir = with_generation_config(
+        "gencfg-temperature-0",
+        serde_json::json!({ "do_sample": true, "temperature": 0.0 }),
+    );
+    let file = dir.join("generation_config.json");
+    let o = generate(&dir, "5,6", "cpu", &[]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    let want = format!(
+        "{}: temperature must be > 0 when do_sample is true",
+        file.display()
+    );
+    assert!(e.contains(&want), "want {want:?} in {e}");
+    // --temperature 0 asks for greedy decoding: taken
+    assert!(generate(&dir, "5,6", "cpu", &["--temperature", "0"])
+        .status
+        .success());
+    std::fs::remove_dir_all(&dir).ok();
+
+    let dir = with_generation_config(
+        "gencfg-ignored",
+        serde_json::json!({ "num_beams": 4, "no_repeat_ngram_size": 0, "typical_p": null }),
+    );
+    let o = generate(&dir, "5,6", "cpu", &[]);
+    assert!(o.status.success());
+    let e = String::from_utf8_lossy(&o.stderr);
+    let warnings: Vec<&str> = e.lines().filter(|l| l.starts_with("warning:")).collect();
+    assert_eq!(
+        warnings,
+        [format!(
+            "warning: {} sets num_beams = 4, which this engine does not implement; it is ignored",
+            dir.join("generation_config.json").display()
+        )],
+        "the values that change nothing are not warned about"
+    );
+    std::fs::remove_dir_all(&dir).ok();
 }
