@@ -592,10 +592,13 @@ pub struct GenerationConfig {
     pub ignored: Vec<String>,
 }
 
+/// Whether a field's value changes nothing.
+pub type Inactive = fn(&serde_json::Value) -> bool;
+
 /// generation_config.json fields transformers 5.24.0 acts on that this engine does not
 /// implement, each with the test of a value that changes nothing (transformers' default, or
 /// the value its `_get_logits_processor` skips).
-pub const IGNORED_FIELDS: &[(&str, fn(&serde_json::Value) -> bool)] = &[
+pub const IGNORED_FIELDS: &[(&str, Inactive)] = &[
     ("min_length", |v| v.as_f64() == Some(0.0)),
     ("min_new_tokens", |v| v.as_f64() == Some(0.0)),
     ("no_repeat_ngram_size", |v| v.as_f64() == Some(0.0)),
