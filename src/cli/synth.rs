@@ -40,7 +40,8 @@ pub struct Args {
     /// Random seed; the same seed writes the same bytes.
     #[arg(allow_negative_numbers = true, long, default_value_t = 0)]
     pub seed: u64,
-    /// Vocabulary size (default: the preset's; smaller for quick tests).
+    /// Vocabulary size (default: the preset's; smaller for quick tests, down to the bundled
+    /// tokenizer's vocabulary).
     #[arg(allow_negative_numbers = true, long)]
     pub vocab: Option<usize>,
     /// Routed experts per sparse layer instead of the preset's count, at least its top-k: the same
@@ -83,6 +84,13 @@ seed writes the same bytes. The written container is laid out exactly like `conv
 The tokenizer is the bundled tiny BPE (a few hundred tokens, with Inkling's chat specials, so
 `serve` and `chat` run on the container): ids beyond its vocabulary have no text. That is fine
 for benchmarks, not for reading output.";
+
+/// The vocabulary of the tokenizer every synthetic container gets (special tokens included).
+fn tokenizer_vocab() -> anyhow::Result<usize> {
+    let t = tokenizers::Tokenizer::from_bytes(crate::container::synth::TOKENIZER_JSON)
+        .map_err(|e| anyhow::anyhow!("the bundled tokenizer: {e}"))?;
+    Ok(t.get_vocab_size(true))
+}
 
 fn enc(s: &str, what: &str) -> anyhow::Result<Encoding> {
     parse_encoding(what, s)?.ok_or_else(|| {
@@ -134,6 +142,13 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     );
     let mut spec = SynthSpec::preset(&a.preset, a.layers).or_bad_argument()?;
     if let Some(v) = a.vocab {
+        let min = tokenizer_vocab()?;
+        super::context::ensure_arg!(
+            v >= min,
+            "--vocab {v}: at least {min}, the bundled tokenizer's vocabulary (its chat specials, \
+             which chat and serve use, end at id {})",
+            min - 1
+        );
         spec = spec.with_vocab(v);
     }
     if let Some(n) = a.routed_experts {

@@ -220,6 +220,21 @@ fn bad_values_exit_2_and_say_what_is_expected() {
             vec![
                 "synth",
                 "--preset",
+                "tiny",
+                "--layers",
+                "1",
+                "--experts",
+                "int4",
+                "--vocab",
+                "100",
+                "--dry-run",
+            ],
+            "--vocab 100: at least 409, the bundled tokenizer's vocabulary",
+        ),
+        (
+            vec![
+                "synth",
+                "--preset",
                 "bogus",
                 "--layers",
                 "2",
