@@ -72,6 +72,7 @@ pub fn run(
 ) {
     let n = model.slots();
     let mut slots: Vec<Slot> = (0..n).map(|_| Slot::default()).collect();
+    let t0 = std::time::Instant::now();
     if let Err(e) = warm_up(model) {
         eprintln!("inkling-wgpu serve: warning: the warm-up step failed: {e:#}");
     }
@@ -82,6 +83,10 @@ pub fn run(
     note_experts(model, shared);
     let _ = shared.slots.set(n);
     shared.ready.store(true, Ordering::SeqCst);
+    eprintln!(
+        "inkling-wgpu serve: ready ({:.1} s of warm-up); /health answers ok",
+        t0.elapsed().as_secs_f64()
+    );
     let c = &shared.counters;
     let mut running: Vec<Running<'_, '_>> = Vec::new();
     let mut open = true;

@@ -65,10 +65,8 @@ impl Server {
             log,
             rest: Some(rest),
         };
-        // the loaded line comes just before the engine takes requests
-        while server.health()["status"] != "ok" {
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        // the ready line comes once the engine takes requests
+        assert_eq!(server.health()["status"], "ok", "{:#?}", server.log);
         server
     }
 
@@ -112,15 +110,16 @@ impl Server {
     }
 }
 
-/// Read stderr lines into `log` up to the "model loaded" one (the "listening" one may come before
-/// or after it); returns the address and the context length in tokens.
+/// Read stderr lines into `log` up to the "model loaded" and "ready" ones (the "listening" one may
+/// come before or after them); returns the address and the context length in tokens.
 fn wait_loaded(
     lines: &mut std::io::Lines<BufReader<ChildStderr>>,
     log: &mut Vec<String>,
 ) -> Result<(String, usize), String> {
     let mut addr = None;
     let mut ctx = None;
-    while addr.is_none() || ctx.is_none() {
+    let mut ready = false;
+    while addr.is_none() || ctx.is_none() || !ready {
         let Some(Ok(line)) = lines.next() else {
             return Err("serve ended before it listened and loaded its model".into());
         };
@@ -137,6 +136,7 @@ fn wait_loaded(
                 .ok_or("no context length in the model-loaded line")?;
             ctx = Some(n);
         }
+        ready |= line.starts_with("inkling-wgpu serve: ready (");
         log.push(line);
     }
     Ok((addr.unwrap(), ctx.unwrap()))
