@@ -1,7 +1,7 @@
 //! `inkling-wgpu perplexity`: perplexity and bits per byte of a model over a text file, and
 //! optionally the mean KL divergence and top-1 agreement to a base model (`--kl-base`), the
 //! counterpart of llama.cpp's `llama-perplexity` (method: [`crate::model::eval`]).
-use super::context::{context_length, ensure_arg, OrBadArgument};
+use super::context::{context_length, ensure_arg};
 use super::load::{gpu_backend, Device};
 use crate::model::eval::{evaluate, windows, EvalStats};
 use crate::model::text::load_tokenizer;
@@ -115,7 +115,8 @@ pub fn run(a: Args) -> Result<ExitCode> {
     }
     let stride = a.stride.unwrap_or((ctx / 2).max(1));
     // the window plan fails only on --stride (0, or past --ctx)
-    let wins = windows(tokens.len(), ctx, stride).or_bad_argument()?;
+    let wins = windows(tokens.len(), ctx, stride)
+        .map_err(|e| super::context::BadArgument(format!("--stride {stride}: {e}")))?;
     let to_score: usize = wins.iter().map(|w| w.end - w.first_target).sum();
 
     let base_ck = match &a.kl_base {

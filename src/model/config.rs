@@ -659,7 +659,7 @@ impl GenerationConfig {
                 .map(|x| {
                     x.as_u64()
                         .and_then(|u| usize::try_from(u).ok())
-                        .ok_or_else(|| bad(k, format!("bad value {x}")))
+                        .ok_or_else(|| bad(k, format!("expected a whole number ≥ 0, got {x}")))
                 })
                 .transpose()
         };

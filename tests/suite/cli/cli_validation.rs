@@ -124,7 +124,10 @@ fn bad_values_exit_2_and_say_what_is_expected() {
         text,
     ];
     for (args, names) in [
-        ([&ppl[..], &["--stride", "0"]].concat(), "stride"),
+        (
+            [&ppl[..], &["--stride", "0"]].concat(),
+            "--stride 0: the stride must be",
+        ),
         (
             vec!["bench", "prefill", "--model", m, "--prompt", "0"],
             "--prompt",

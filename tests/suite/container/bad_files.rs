@@ -282,7 +282,7 @@ fn integers_in_json_are_range_checked_never_wrapped() {
             "generation_config.json",
             (-3).into(),
             "max_new_tokens",
-            "bad value -3".into(),
+            "expected a whole number ≥ 0, got -3".into(),
         ),
         (
             "config.json",
