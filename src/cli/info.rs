@@ -145,6 +145,11 @@ fn sampling_values(ck: &crate::model::Checkpoint) -> anyhow::Result<()> {
     let g = ck.generation.clone().unwrap_or_default();
     let p = super::load::sampling(&ck.dir, &g, None, None, None)?;
     super::penalties::PenaltyArgs::default().apply(p, &ck.dir, &g)?;
+    anyhow::ensure!(
+        g.max_new_tokens != Some(0),
+        "{}: max_new_tokens must be at least 1 (transformers refuses 0), got 0",
+        ck.dir.join("generation_config.json").display()
+    );
     Ok(())
 }
 

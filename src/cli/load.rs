@@ -271,7 +271,7 @@ pub fn sampling(
         // transformers' TemperatureLogitsWarper: "has to be a strictly positive float"
         bail!(
             "{} must be > 0 when do_sample is true (transformers refuses 0; set do_sample to \
-             false for greedy decoding, or give --temperature)",
+             false for greedy decoding; generate and chat also take --temperature)",
             named(false, "temperature")
         );
     }

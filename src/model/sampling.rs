@@ -173,7 +173,16 @@ pub fn distribution(logits: &[f32], p: &SamplingParams) -> Vec<(u32, f64)> {
     let t = p.temperature as f64;
     let mut probs: Vec<f64> = idx
         .iter()
-        .map(|&i| ((logits[i] as f64 - max) / t).exp())
+        // the most likely tokens at exp(0) = 1 even when their logit is infinite (a tiny repeat
+        // penalty can overflow one): ±inf − ±inf would make every probability NaN
+        .map(|&i| {
+            let l = logits[i] as f64;
+            if l == max {
+                1.0
+            } else {
+                ((l - max) / t).exp()
+            }
+        })
         .collect();
     let sum: f64 = probs.iter().sum();
     probs.iter_mut().for_each(|x| *x /= sum);

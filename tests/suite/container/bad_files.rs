@@ -200,6 +200,12 @@ fn info_verify_refuses_an_invalid_config_naming_the_field() {
             serde_json::json!(0),
             "repetition_penalty must be a finite number > 0",
         ),
+        (
+            "generation_config.json",
+            "max_new_tokens",
+            serde_json::json!(0),
+            "max_new_tokens must be at least 1",
+        ),
     ] {
         let dir = copy_fixture("tiny-causal-f32", "verify-config");
         edit_json(&dir, name, |v| v[field] = value);

@@ -185,3 +185,28 @@ fn seeded_draws_repeat_and_greedy_ignores_the_limits() {
         assert_eq!(sample(&LOGITS, &g, &mut rng), 3);
     }
 }
+
+/// Infinite logits (a tiny repeat penalty divides a positive logit past f32's range): the
+/// distribution is uniform over the +inf ones, the limit of a softmax, and every seed draws from
+/// it, instead of NaN probabilities that made every seed give the last candidate.
+#[test]
+fn infinite_logits_share_the_whole_mass() {
+    let logits = [1.0, f32::INFINITY, -2.0, f32::INFINITY, f32::NEG_INFINITY];
+    let p = SamplingParams {
+        temperature: 0.7,
+        ..Default::default()
+    };
+    let d = distribution(&logits, &p);
+    assert_eq!(&d[..2], &[(1, 0.5), (3, 0.5)], "{d:?}");
+    assert!(d[2..].iter().all(|&(_, q)| q == 0.0), "{d:?}");
+    let drawn: std::collections::BTreeSet<u32> = (0..64)
+        .map(|seed| sample(&logits, &p, &mut Rng::new(seed)))
+        .collect();
+    assert_eq!(drawn, [1, 3].into_iter().collect());
+    // all -inf: uniform too, never NaN
+    let d = distribution(&[f32::NEG_INFINITY; 3], &p);
+    assert!(
+        d.iter().all(|&(_, q)| (q - 1.0 / 3.0).abs() < 1e-15),
+        "{d:?}"
+    );
+}
