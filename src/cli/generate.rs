@@ -1,6 +1,6 @@
 //! `inkling-wgpu generate`: load a checkpoint, run a forward backend, stream text.
 use super::context::BadArgument;
-use super::load::{eos_ids, gpu_backend, random_seed, sampling, Device};
+use super::load::{eos_ids, gpu_backend, new_tokens, random_seed, sampling, Device};
 use super::output::{out, outln};
 use super::placement::PlacementArgs;
 use crate::model::generate::{fit_new_tokens, generate, GenOutput, GenerateParams};
@@ -148,35 +148,6 @@ fn warn_greedy_flags(args: &Args) {
             " (generation_config.json does not set do_sample)"
         }
     );
-}
-
-/// How many tokens to generate after a prompt of `prompt_len` tokens: `--max-tokens` when given,
-/// else generation_config.json's `max_new_tokens`, else its `max_length` less the prompt (as
-/// transformers 5.24.0 reads them), else 64. Errors, naming the file and field, as transformers
-/// refuses them: a `max_new_tokens` of 0, a `max_length` the prompt fills.
-fn new_tokens(
-    flag: Option<usize>,
-    g: &crate::model::config::GenerationConfig,
-    dir: &std::path::Path,
-    prompt_len: usize,
-) -> anyhow::Result<usize> {
-    let file = dir.join("generation_config.json");
-    Ok(match (flag, g.max_new_tokens, g.max_length) {
-        (Some(n), _, _) => n,
-        (None, Some(0), _) => anyhow::bail!(
-            "{}: max_new_tokens must be at least 1 (transformers refuses 0), got 0; give \
-             --max-tokens N",
-            file.display()
-        ),
-        (None, Some(n), _) => n,
-        (None, None, Some(l)) if l <= prompt_len => anyhow::bail!(
-            "{}: max_length {l} (prompt and new tokens) leaves no room after the prompt's \
-             {prompt_len} tokens; give --max-tokens N",
-            file.display()
-        ),
-        (None, None, Some(l)) => l - prompt_len,
-        (None, None, None) => 64,
-    })
 }
 
 /// What a run of `args` on `ck` generates for a prompt of `prompt_len` tokens: the EOS ids and the

@@ -140,16 +140,12 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The sampling values of generation_config.json, checked as `generate` checks them.
+/// The sampling values and lengths of generation_config.json, checked as `generate` checks them.
 fn sampling_values(ck: &crate::model::Checkpoint) -> anyhow::Result<()> {
     let g = ck.generation.clone().unwrap_or_default();
     let p = super::load::sampling(&ck.dir, &g, None, None, None)?;
     super::penalties::PenaltyArgs::default().apply(p, &ck.dir, &g)?;
-    anyhow::ensure!(
-        g.max_new_tokens != Some(0),
-        "{}: max_new_tokens must be at least 1 (transformers refuses 0), got 0",
-        ck.dir.join("generation_config.json").display()
-    );
+    super::load::new_tokens(None, &g, &ck.dir, 0)?;
     Ok(())
 }
 

@@ -257,7 +257,7 @@ pub fn sampling(
         if flag {
             format!("--{}", field.replace('_', "-"))
         } else {
-            format!("{}: {field}", dir.join("generation_config.json").display())
+            generation_field(dir, field)
         }
     };
     for field in &generation.ignored {
@@ -294,6 +294,38 @@ pub fn sampling(
         top_k: k,
         top_p: p,
         ..Default::default()
+    })
+}
+
+/// How a message names `field` of `dir`/generation_config.json: `DIR/generation_config.json: FIELD`.
+pub fn generation_field(dir: &std::path::Path, field: &str) -> String {
+    format!("{}: {field}", dir.join("generation_config.json").display())
+}
+
+/// How many tokens `generate` asks for after a prompt of `prompt_len` tokens: `--max-tokens`
+/// (`flag`) when given, else generation_config.json's `max_new_tokens`, else its `max_length`
+/// less the prompt (as transformers 5.24.0 reads them), else 64. Errors, naming the file and
+/// field, as transformers refuses them: a `max_new_tokens` of 0, a `max_length` the prompt fills.
+pub fn new_tokens(
+    flag: Option<usize>,
+    g: &GenerationConfig,
+    dir: &std::path::Path,
+    prompt_len: usize,
+) -> anyhow::Result<usize> {
+    Ok(match (flag, g.max_new_tokens, g.max_length) {
+        (Some(n), _, _) => n,
+        (None, Some(0), _) => bail!(
+            "{} must be at least 1 (transformers refuses 0), got 0; give --max-tokens N",
+            generation_field(dir, "max_new_tokens")
+        ),
+        (None, Some(n), _) => n,
+        (None, None, Some(l)) if l <= prompt_len => bail!(
+            "{} {l} (prompt and new tokens) leaves no room after the prompt's {prompt_len} \
+             tokens; give --max-tokens N",
+            generation_field(dir, "max_length")
+        ),
+        (None, None, Some(l)) => l - prompt_len,
+        (None, None, None) => 64,
     })
 }
 

@@ -38,8 +38,7 @@ impl PenaltyArgs {
         dir: &std::path::Path,
         generation: &GenerationConfig,
     ) -> anyhow::Result<SamplingParams> {
-        let file =
-            |field: &str| format!("{}: {field}", dir.join("generation_config.json").display());
+        let file = |field: &str| super::load::generation_field(dir, field);
         let file_min_p = generation.min_p.filter(|_| generation.do_sample);
         if let Some(m) = file_min_p.filter(|_| self.min_p.is_none()) {
             if !(0.0..=1.0).contains(&m) {

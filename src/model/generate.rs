@@ -220,7 +220,7 @@ pub fn generate_continue_with(
             return Ok(finish_output(out, finish, stats, t_first));
         }
     }
-    let mut sampler = Sampler::new(params, opts, &[held, prompt].concat());
+    let mut sampler = Sampler::new(params, opts, held, prompt);
     let mut first = true;
     type Step = (u32, Option<StepLogprobs>);
     let mut next = |model: &mut dyn Forward, tokens: &[u32]| -> anyhow::Result<Step> {
@@ -280,14 +280,24 @@ pub struct Sampler {
 }
 
 impl Sampler {
-    /// A sampler for a sequence that starts with `prompt` (the penalties' window reaches into it).
-    pub fn new(params: &GenerateParams, opts: &LogitOptions, prompt: &[u32]) -> Sampler {
+    /// A sampler for a sequence that starts with `held` then `prompt` (the penalties' window
+    /// reaches into both; they are copied only when there are penalties).
+    pub fn new(
+        params: &GenerateParams,
+        opts: &LogitOptions,
+        held: &[u32],
+        prompt: &[u32],
+    ) -> Sampler {
         let penalties = params.sampling.has_penalties();
         Sampler {
             sampling: params.sampling,
             opts: opts.clone(),
             rng: Rng::new(params.seed),
-            history: if penalties { prompt.to_vec() } else { vec![] },
+            history: if penalties {
+                [held, prompt].concat()
+            } else {
+                vec![]
+            },
             generated: 0,
         }
     }

@@ -122,7 +122,7 @@ pub fn run(
             slots[slot].used = step;
             shared.busy_slots.fetch_add(1, Ordering::Relaxed);
             let mut r = Running {
-                sampler: Sampler::new(&job.params, &job.logit, &job.prompt),
+                sampler: Sampler::new(&job.params, &job.logit, &[], &job.prompt),
                 out: Output::new(&job, tok, sp),
                 job,
                 slot,

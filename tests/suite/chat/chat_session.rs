@@ -4,11 +4,23 @@
 use crate::chat_common::{chat_model, stop_ids, tokenizer_and_renderer};
 use crate::model_common::{greedy, rel_err};
 use inkling_wgpu::chat::session::{Finish, Halt, Session};
-use inkling_wgpu::chat::{Effort, Message, Role};
+use inkling_wgpu::chat::{Effort, Message, Renderer, Role};
 use inkling_wgpu::gpu::device::Gpu;
 use inkling_wgpu::model::generate::generate;
 use inkling_wgpu::model::sampling::WHOLE_SEQUENCE;
 use inkling_wgpu::model::{Checkpoint, CpuModel, Forward, GpuModel, GpuModelOptions, Weights};
+
+/// The prompt of the next turn: `prompt`, the model's `answer`, the tokens that close its turn, a
+/// user message `text` and the generation prompt (effort none).
+fn next_turn(r: &Renderer, prompt: &[u32], answer: &[u32], text: &str) -> Vec<u32> {
+    let effort = Some(Effort::NONE);
+    let mut p = prompt.to_vec();
+    p.extend(answer);
+    p.extend(r.close_model_turn(&p));
+    p.extend(r.message(&Message::new(Role::User, text)).unwrap());
+    p.extend(r.generation_prompt(effort));
+    p
+}
 
 fn check_continuation(model: &mut dyn Forward, eos: &[u32]) {
     let (_, r) = tokenizer_and_renderer();
@@ -26,11 +38,7 @@ fn check_continuation(model: &mut dyn Forward, eos: &[u32]) {
         let mut s = Session::new(model);
         let t1 = s.generate(&p1, &params, &mut |_| Ok(())).unwrap();
         assert_eq!(t1.reused, 0);
-        let mut p2 = p1.clone();
-        p2.extend(&t1.generated_ids);
-        p2.extend(r.close_model_turn(&p2));
-        p2.extend(user("the fox ran"));
-        p2.extend(r.generation_prompt(effort));
+        let p2 = next_turn(&r, &p1, &t1.generated_ids, "the fox ran");
         let t2 = s.generate(&p2, &params, &mut |_| Ok(())).unwrap();
         assert!(
             t2.reused >= p1.len() + t1.generated_ids.len() - 1,
@@ -59,11 +67,7 @@ fn check_continuation(model: &mut dyn Forward, eos: &[u32]) {
         assert_eq!(h.generated_ids, t2.generated_ids[..3]);
         // (the GPU's pipelined decode has already fed the third id: the next prompt must add
         // tokens after it, as a chat's closing tokens and next message do)
-        let mut p3 = p2.clone();
-        p3.extend(&h.generated_ids);
-        p3.extend(r.close_model_turn(&p3));
-        p3.extend(user("and then"));
-        p3.extend(r.generation_prompt(effort));
+        let p3 = next_turn(&r, &p2, &h.generated_ids, "and then");
         let t4 = s.generate(&p3, &params, &mut |_| Ok(())).unwrap();
         assert!(t4.reused > p2.len(), "reused {}", t4.reused);
         let fresh4 = generate(s.model(), &p3, &params, &mut |_| Ok(())).unwrap();
@@ -103,11 +107,7 @@ fn check_penalised_continuation(model: &mut dyn Forward, eos: &[u32]) {
     p1.extend(r.generation_prompt(effort));
     let mut s = Session::new(model);
     let t1 = s.generate(&p1, &params, &mut |_| Ok(())).unwrap();
-    let mut p2 = p1.clone();
-    p2.extend(&t1.generated_ids);
-    p2.extend(r.close_model_turn(&p2));
-    p2.extend(user("the fox ran"));
-    p2.extend(r.generation_prompt(effort));
+    let p2 = next_turn(&r, &p1, &t1.generated_ids, "the fox ran");
     let t2 = s.generate(&p2, &params, &mut |_| Ok(())).unwrap();
     assert!(t2.reused > p1.len(), "reused {}", t2.reused);
     let fresh = generate(s.model(), &p2, &params, &mut |_| Ok(())).unwrap();

@@ -74,6 +74,16 @@ fn generated(dir: &Path, prompt: &str, device: &str, flags: &[&str]) -> Vec<u32>
     ids(&v["generated_ids"])
 }
 
+/// `generate` on `dir` with `prompt` exits 1 with an error naming `DIR/generation_config.json: `
+/// and then `says`.
+fn refused(dir: &Path, prompt: &str, says: &str) {
+    let o = generate(dir, prompt, "cpu", &[]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    let want = format!("{}: {says}", dir.join("generation_config.json").display());
+    assert!(e.contains(&want), "want {want:?} in {e}");
+}
+
 #[test]
 fn repetition_penalty_of_generation_config_reproduces_transformers() {
     let cases = cases();
@@ -135,14 +145,7 @@ fn generation_config_penalties_out_of_range_name_the_file() {
         ),
     ] {
         let dir = with_generation_config("gencfg-bad", extra);
-        let o = generate(&dir, "5,6,7", "cpu", &[]);
-        let e = String::from_utf8_lossy(&o.stderr);
-        assert_eq!(o.status.code(), Some(1), "{e}");
-        let want = format!(
-            "{}: {field} {range}",
-            dir.join("generation_config.json").display()
-        );
-        assert!(e.contains(&want), "want {want:?} in {e}");
+        refused(&dir, "5,6,7", &format!("{field} {range}"));
         std::fs::remove_dir_all(&dir).ok();
     }
 }
@@ -159,14 +162,11 @@ fn max_length_bounds_the_run_without_max_new_tokens() {
         generated(&dir, "5,6,7", "cpu", &["--max-tokens", "4"]).len(),
         4
     );
-    let o = generate(&dir, "5,6,7,8,9", "cpu", &[]);
-    let e = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{e}");
-    let want = format!(
-        "{}: max_length 5 (prompt and new tokens) leaves no room after the prompt's 5 tokens",
-        dir.join("generation_config.json").display()
+    refused(
+        &dir,
+        "5,6,7,8,9",
+        "max_length 5 (prompt and new tokens) leaves no room after the prompt's 5 tokens",
     );
-    assert!(e.contains(&want), "want {want:?} in {e}");
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -176,15 +176,11 @@ fn sampling_at_temperature_0_and_fields_not_implemented_are_named() {
         "gencfg-temperature-0",
         serde_json::json!({ "do_sample": true, "temperature": 0.0 }),
     );
-    let file = dir.join("generation_config.json");
-    let o = generate(&dir, "5,6", "cpu", &[]);
-    let e = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{e}");
-    let want = format!(
-        "{}: temperature must be > 0 when do_sample is true",
-        file.display()
+    refused(
+        &dir,
+        "5,6",
+        "temperature must be > 0 when do_sample is true",
     );
-    assert!(e.contains(&want), "want {want:?} in {e}");
     // --temperature 0 asks for greedy decoding: taken
     assert!(generate(&dir, "5,6", "cpu", &["--temperature", "0"])
         .status
