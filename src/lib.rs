@@ -15,6 +15,29 @@ pub mod progress;
 pub mod serve;
 pub mod tempfiles;
 
+/// The most bytes a JSON side file (config.json, generation_config.json, tokenizer_config.json, a
+/// shard index) is read up to: real ones are a few KiB to a few MiB.
+pub const MAX_SIDE_FILE: u64 = 64 << 20;
+/// The most bytes `tokenizer.json` is read up to (the o200k tokenizer is about 27 MiB).
+pub const MAX_TOKENIZER_FILE: u64 = 512 << 20;
+
+/// The text of `path`, refused (`InvalidData`) past `cap` bytes instead of read without end: a
+/// symlink to `/dev/zero` or a multi-GiB file named like a config never exhausts memory.
+pub fn read_capped(path: &std::path::Path, cap: u64) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(path)?
+        .take(cap + 1)
+        .read_to_string(&mut text)?;
+    if text.len() as u64 > cap {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("larger than {}: not a file of this kind", human_bytes(cap)),
+        ));
+    }
+    Ok(text)
+}
+
 /// `n` bytes as `B`, `KiB`, `MiB`, `GiB` or `TiB` (powers of 1024, two decimals above bytes).
 pub fn human_bytes(n: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];

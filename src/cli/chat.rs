@@ -178,6 +178,17 @@ fn chat(args: &Args, cm: ChatModel<'_>) -> anyhow::Result<ExitCode> {
         &cm.generation,
     )?;
     let sampled = sampling.temperature > 0.0;
+    if !sampled {
+        super::load::warn_greedy_flags(
+            [
+                ("--top-k", args.top_k.is_some()),
+                ("--top-p", args.top_p.is_some()),
+                ("--min-p", args.penalties.min_p.is_some()),
+                ("--seed", args.seed.is_some()),
+            ],
+            args.temperature.is_some(),
+        );
+    }
     let seed = args
         .seed
         .unwrap_or_else(|| if sampled { random_seed() } else { 0 });

@@ -84,7 +84,24 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         fail: Default::default(),
         progress: true,
     };
+    // the source's configs as `generate` reads them, before hours of conversion
+    if a.model.join("config.json").is_file() {
+        let ck = crate::model::Checkpoint::open(&a.model)?;
+        super::info::sampling_values(&ck)?;
+    }
     let s = writing_into(&a.out, || convert(&a.model, &a.out, &opts))?;
+    // the written container as `generate` loads it: every tensor's shape against config.json
+    let loads = crate::model::Checkpoint::open(&a.out)
+        .and_then(|ck| crate::model::Weights::load(&ck).map(drop));
+    if let Err(e) = loads {
+        anyhow::bail!(
+            "{} was written but does not load as a model: {e}; its config.json, copied from {}, \
+             disagrees with the tensors: fix {} and convert again with --force",
+            a.out.display(),
+            a.model.join("config.json").display(),
+            a.model.join("config.json").display()
+        );
+    }
     eprintln!(
         "converted {} tensors, {} in {} into {}",
         s.tensors,

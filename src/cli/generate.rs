@@ -118,38 +118,6 @@ fn prompt_ids(
     Ok(prompt)
 }
 
-/// One `warning:` line when sampling flags are given while decoding is greedy.
-fn warn_greedy_flags(args: &Args) {
-    let given: Vec<&str> = [
-        ("--top-k", args.top_k.is_some()),
-        ("--top-p", args.top_p.is_some()),
-        ("--min-p", args.penalties.min_p.is_some()),
-        ("--seed", args.seed.is_some()),
-    ]
-    .iter()
-    .filter(|f| f.1)
-    .map(|f| f.0)
-    .collect();
-    if given.is_empty() {
-        return;
-    }
-    eprintln!(
-        "warning: {} {} no effect: the temperature is 0, so decoding is greedy{}; \
-         add --temperature T (e.g. 0.8) to sample",
-        match given.split_last() {
-            Some((last, [])) => last.to_string(),
-            Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
-            None => String::new(),
-        },
-        if given.len() == 1 { "has" } else { "have" },
-        if args.temperature.is_some() {
-            ""
-        } else {
-            " (generation_config.json does not set do_sample)"
-        }
-    );
-}
-
 /// What a run of `args` on `ck` generates for a prompt of `prompt_len` tokens: the EOS ids and the
 /// sampling settings (the rules every command shares, [`eos_ids`] and [`sampling`]), the seed, and
 /// `--max-tokens` (default: generation_config.json's `max_new_tokens`, else 64) capped, with a
@@ -168,7 +136,15 @@ fn generate_params(
         &gen_cfg,
     )?;
     if sampling.temperature == 0.0 {
-        warn_greedy_flags(args);
+        super::load::warn_greedy_flags(
+            [
+                ("--top-k", args.top_k.is_some()),
+                ("--top-p", args.top_p.is_some()),
+                ("--min-p", args.penalties.min_p.is_some()),
+                ("--seed", args.seed.is_some()),
+            ],
+            args.temperature.is_some(),
+        );
     }
     let requested = new_tokens(args.max_tokens, &gen_cfg, &ck.dir, prompt_len)?;
     let max_new_tokens = fit_new_tokens(requested, prompt_len, ck.config.max_position_embeddings)?;

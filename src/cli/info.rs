@@ -141,11 +141,12 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
 }
 
 /// The sampling values and lengths of generation_config.json, checked as `generate` checks them.
-fn sampling_values(ck: &crate::model::Checkpoint) -> anyhow::Result<()> {
+pub(super) fn sampling_values(ck: &crate::model::Checkpoint) -> anyhow::Result<()> {
     let g = ck.generation.clone().unwrap_or_default();
     let p = super::load::sampling(&ck.dir, &g, None, None, None)?;
     super::penalties::PenaltyArgs::default().apply(p, &ck.dir, &g)?;
-    super::load::new_tokens(None, &g, &ck.dir, 0)?;
+    // the shortest prompt: one token
+    super::load::new_tokens(None, &g, &ck.dir, 1)?;
     Ok(())
 }
 

@@ -668,7 +668,14 @@ pub fn convert(src_dir: &Path, dst_dir: &Path, opts: &ConvertOptions) -> Result<
     for f in SIDE_FILES {
         let p = src_dir.join(f);
         if p.exists() {
-            files.push((f, std::fs::read(&p)?));
+            let cap = if f == "tokenizer.json" {
+                crate::MAX_TOKENIZER_FILE
+            } else {
+                crate::MAX_SIDE_FILE
+            };
+            let text =
+                crate::read_capped(&p, cap).with_context(|| format!("reading {}", p.display()))?;
+            files.push((f, text.into_bytes()));
         }
     }
     let mut source = ConvertSource {

@@ -238,7 +238,8 @@ pub fn shard_files(dir: &Path) -> Result<Vec<PathBuf>, ContainerError> {
     }
     let index = dir.join("model.safetensors.index.json");
     if index.exists() {
-        let text = std::fs::read_to_string(&index).map_err(|e| io_err(&index, e))?;
+        let text =
+            crate::read_capped(&index, crate::MAX_SIDE_FILE).map_err(|e| io_err(&index, e))?;
         let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| io_err(&index, e))?;
         let wm = v
             .get("weight_map")
@@ -284,7 +285,7 @@ impl Container {
         let index = dir.join("model.safetensors.index.json");
         if index.exists() {
             let v: serde_json::Value = serde_json::from_str(
-                &std::fs::read_to_string(&index).map_err(|e| io_err(&index, e))?,
+                &crate::read_capped(&index, crate::MAX_SIDE_FILE).map_err(|e| io_err(&index, e))?,
             )
             .map_err(|e| io_err(&index, e))?;
             if let Some(wm) = v.get("weight_map").and_then(|w| w.as_object()) {

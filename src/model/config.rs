@@ -232,7 +232,7 @@ pub fn reachable_eos(ids: &[u32], logits_width: usize) -> (Vec<u32>, Vec<u32>) {
 
 /// The JSON object in `file` (errors name the file: unreadable, not JSON, not an object).
 fn read_json(file: &Path) -> Result<Value> {
-    let text = std::fs::read_to_string(file).map_err(|e| ModelError::Io {
+    let text = crate::read_capped(file, crate::MAX_SIDE_FILE).map_err(|e| ModelError::Io {
         file: file.to_path_buf(),
         source: e,
     })?;
@@ -486,6 +486,19 @@ impl TextConfig {
                 "rms_norm_eps",
                 format!("must be a positive number, got {}", self.rms_norm_eps),
             ));
+        }
+        // the router's weight scale and the head's divisor (modeling_inkling.py; the parse keeps
+        // every f64 field within f32 range)
+        for (name, v) in [
+            ("route_scale", self.route_scale),
+            (
+                "logits_mup_width_multiplier",
+                self.logits_mup_width_multiplier,
+            ),
+        ] {
+            if v <= 0.0 {
+                return Err(bad(name, format!("must be a positive number, got {v}")));
+            }
         }
         if !self
             .num_attention_heads

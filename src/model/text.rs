@@ -10,10 +10,11 @@ pub fn load_tokenizer(dir: &Path) -> Result<Option<Tokenizer>> {
     if !file.exists() {
         return Ok(None);
     }
-    let text = std::fs::read_to_string(&file).map_err(|e| ModelError::Io {
-        file: file.clone(),
-        source: e,
-    })?;
+    let text =
+        crate::read_capped(&file, crate::MAX_TOKENIZER_FILE).map_err(|e| ModelError::Io {
+            file: file.clone(),
+            source: e,
+        })?;
     // the JSON syntax first: tokenizers 0.22 panics (`expect("Helper")`) on a syntax error inside
     // the decoder section instead of returning an error
     if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(&text) {
@@ -35,7 +36,8 @@ pub fn load_tokenizer(dir: &Path) -> Result<Option<Tokenizer>> {
 
 /// The EOS token named by `tokenizer_config.json` (`eos_token`: string or `{content}`), as an id.
 pub fn tokenizer_eos_ids(dir: &Path, tok: &Tokenizer) -> Vec<u32> {
-    let Ok(text) = std::fs::read_to_string(dir.join("tokenizer_config.json")) else {
+    let Ok(text) = crate::read_capped(&dir.join("tokenizer_config.json"), crate::MAX_SIDE_FILE)
+    else {
         return vec![];
     };
     let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) else {

@@ -147,9 +147,11 @@ impl Checkpoint {
         let mut index = HashMap::new();
         let mut index_file = None;
         if index_path.exists() {
-            let text = std::fs::read_to_string(&index_path).map_err(|e| ModelError::Io {
-                file: index_path.clone(),
-                source: e,
+            let text = crate::read_capped(&index_path, crate::MAX_SIDE_FILE).map_err(|e| {
+                ModelError::Io {
+                    file: index_path.clone(),
+                    source: e,
+                }
             })?;
             let v: serde_json::Value =
                 serde_json::from_str(&text).map_err(|e| ModelError::Json {

@@ -548,9 +548,14 @@ fn finish(
         ));
     }
     let repetition_penalty = c.repetition_penalty.unwrap_or(d.repeat_penalty as f64);
-    if !(repetition_penalty.is_finite() && repetition_penalty > 0.0) {
+    // applied in f32: the value as f32 must still be finite and > 0 (1e39 is +inf there, 1e-50 is 0)
+    let narrowed = repetition_penalty as f32;
+    if !(narrowed.is_finite() && narrowed > 0.0) {
         return Err(ApiError::bad_request(
-            format!("repetition_penalty must be a finite number > 0 (1 = off), got {repetition_penalty}"),
+            format!(
+                "repetition_penalty must be a number > 0 (1 = off) within f32 range, got \
+                 {repetition_penalty}"
+            ),
             Some("repetition_penalty"),
         ));
     }
@@ -670,7 +675,7 @@ fn finish(
                 top_k,
                 top_p: top_p as f32,
                 min_p: min_p as f32,
-                repeat_penalty: repetition_penalty as f32,
+                repeat_penalty: narrowed,
                 repeat_last_n,
                 presence_penalty,
                 frequency_penalty,

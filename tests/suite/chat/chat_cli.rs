@@ -356,3 +356,39 @@ fn a_line_that_is_not_utf8_is_skipped_and_the_chat_goes_on() {
         "{stderr}"
     );
 }
+
+/// Sampling flags under greedy decoding get generate's one `warning:` line in `chat` too, and
+/// none once a temperature samples.
+#[test]
+fn chat_warns_about_sampling_flags_under_greedy_decoding() {
+    let model = chat_model();
+    let m = model.to_str().unwrap();
+    let out = chat(
+        &[
+            "--model", m, "--device", "cpu", "--top-k", "5", "--seed", "3",
+        ],
+        "",
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("warning: --top-k and --seed have no effect: the temperature is 0"),
+        "{err}"
+    );
+    let out = chat(
+        &[
+            "--model",
+            m,
+            "--device",
+            "cpu",
+            "--top-k",
+            "5",
+            "--temperature",
+            "0.7",
+        ],
+        "",
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(!err.contains("no effect"), "{err}");
+}

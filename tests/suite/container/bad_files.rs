@@ -225,6 +225,20 @@ fn info_verify_refuses_an_invalid_config_naming_the_field() {
         );
         std::fs::remove_dir_all(&dir).ok();
     }
+    // a max_length that even a one-token prompt fills (with no max_new_tokens to bound instead)
+    let dir = copy_fixture("tiny-causal-f32", "verify-max-length");
+    edit_json(&dir, "generation_config.json", |v| {
+        v.as_object_mut().unwrap().remove("max_new_tokens");
+        v["max_length"] = serde_json::json!(1);
+    });
+    let out = cli(&["info", "--summary", "--verify"], &dir);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("generation_config.json: max_length 1 (prompt and new tokens) leaves no room after a one-token prompt; generate's --max-tokens N overrides it"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
 }
 
 /// Edit the JSON file `name` of `dir` as a value.

@@ -300,3 +300,96 @@ fn a_later_run_removes_stale_temporaries_of_dead_processes_only() {
     );
     std::fs::remove_dir_all(&root).ok();
 }
+
+/// A copy of the tiny f32 source checkpoint whose `file` is edited by `edit` (a JSON object).
+fn edited_source(
+    tag: &str,
+    file: &str,
+    edit: impl Fn(&mut serde_json::Value),
+) -> std::path::PathBuf {
+    let src = scratch(tag);
+    for e in std::fs::read_dir(fixture("tiny-causal-f32")).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), src.join(e.file_name())).unwrap();
+    }
+    let p = src.join(file);
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+    edit(&mut v);
+    std::fs::write(&p, serde_json::to_vec(&v).unwrap()).unwrap();
+    src
+}
+
+/// A source whose generation_config.json `generate` refuses is refused before anything is
+/// written (naming the file and field); one whose config.json disagrees with its tensors is
+/// converted, then refused by the load of the result, naming the source's config.json, instead
+/// of exiting 0 with a container no command can load.
+#[test]
+fn convert_checks_the_sources_configs_as_generate_reads_them() {
+    let src = edited_source("convert-bad-gen", "generation_config.json", |v| {
+        v["do_sample"] = serde_json::json!(true);
+        v["top_p"] = serde_json::json!(2.0);
+    });
+    let out = src.with_extension("out");
+    let o = bin()
+        .args(["convert", "--model"])
+        .arg(&src)
+        .arg("--out")
+        .arg(&out)
+        .args(["--experts", "int4-g64"])
+        .output()
+        .unwrap();
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    assert!(
+        e.contains("generation_config.json") && e.contains("top_p"),
+        "{e}"
+    );
+    assert!(!out.exists(), "a refused source left {}", out.display());
+    std::fs::remove_dir_all(&src).ok();
+
+    let src = edited_source("convert-bad-cfg", "config.json", |v| {
+        v["moe_intermediate_size"] = serde_json::json!(48);
+    });
+    let out = src.with_extension("out");
+    let o = bin()
+        .args(["convert", "--model"])
+        .arg(&src)
+        .arg("--out")
+        .arg(&out)
+        .args(["--experts", "int4-g64"])
+        .output()
+        .unwrap();
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    assert!(e.contains("does not load as a model"), "{e}");
+    assert!(
+        e.contains(&src.join("config.json").display().to_string()),
+        "{e}"
+    );
+    std::fs::remove_dir_all(&src).ok();
+    std::fs::remove_dir_all(&out).ok();
+}
+
+/// A side file that is a symlink to /dev/zero (or any file past the cap) is refused with the
+/// file named instead of read until memory runs out.
+#[test]
+fn an_endless_config_file_is_refused_naming_it() {
+    for file in ["config.json", "generation_config.json"] {
+        let src = edited_source("endless-cfg", file, |_| {});
+        std::fs::remove_file(src.join(file)).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", src.join(file)).unwrap();
+        let o = bin()
+            .args(["info", "--verify", "--model"])
+            .arg(&src)
+            .output()
+            .unwrap();
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{file}: {e}");
+        assert!(
+            e.contains(&src.join(file).display().to_string())
+                && e.contains("larger than 64.00 MiB"),
+            "{file}: {e}"
+        );
+        std::fs::remove_dir_all(&src).ok();
+    }
+}

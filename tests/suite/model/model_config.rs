@@ -110,3 +110,42 @@ fn a_bos_id_outside_the_vocabulary_names_the_file_and_key() {
     v["bos_token_id"] = json!(99);
     assert_eq!(parse(v).bos_token_id, Some(99));
 }
+
+/// The router's `route_scale` and the head's divisor `logits_mup_width_multiplier` (alias
+/// `embedding_multiplier`) must be positive: a divisor of 0 made every logit non-finite at run
+/// time, after the model had loaded; past f32 range both are refused by the parse.
+#[test]
+fn route_scale_and_logits_divisor_must_be_positive() {
+    for field in [
+        "route_scale",
+        "logits_mup_width_multiplier",
+        "embedding_multiplier",
+    ] {
+        for bad in [json!(0.0), json!(-1.0), json!(1e39)] {
+            let want = if bad == json!(1e39) {
+                "expected a number within the f32 range"
+            } else {
+                "must be a positive number"
+            };
+            let mut v = base();
+            v[field] = bad.clone();
+            let e = TextConfig::from_value(&v, Path::new("/x/config.json"))
+                .unwrap_err()
+                .to_string();
+            let named = if field == "embedding_multiplier" {
+                "logits_mup_width_multiplier"
+            } else {
+                field
+            };
+            assert!(
+                e.starts_with(&format!("/x/config.json: field `{named}`: {want}")),
+                "{field} {bad}: {e}"
+            );
+        }
+    }
+    let mut v = base();
+    v["route_scale"] = json!(2.5);
+    v["logits_mup_width_multiplier"] = json!(0.5);
+    let c = parse(v);
+    assert_eq!((c.route_scale, c.logits_mup_width_multiplier), (2.5, 0.5));
+}

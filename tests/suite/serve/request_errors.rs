@@ -275,6 +275,9 @@ fn penalties_are_taken_and_bad_values_refused_by_name() {
         ("presence_penalty", "2.5"),
         ("frequency_penalty", "-3"),
         ("repetition_penalty", "0"),
+        // +inf and 0 once narrowed to the f32 the sampler applies
+        ("repetition_penalty", "1e39"),
+        ("repetition_penalty", "1e-50"),
         ("min_p", "1.5"),
         ("repeat_last_n", "-2"),
         ("top_k", "-2"),
