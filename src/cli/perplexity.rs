@@ -250,8 +250,9 @@ impl Report<'_> {
         let st = self.st;
         let (ppl, ppl_se) = st.perplexity();
         let mut s = format!(
-            "perplexity {ppl:.4} ± {ppl_se:.4} | {:.4} bits per byte | {} tokens scored in {} window{} \
+            "perplexity {ppl:.4} ± {} | {:.4} bits per byte | {} tokens scored in {} window{} \
              (ctx {}, stride {}{}) | {:.2} s, {:.1} tok/s | {} ({})",
+            plus_minus(ppl_se, 4),
             st.bits_per_byte(self.bytes),
             st.tokens,
             self.windows,
@@ -268,10 +269,20 @@ impl Report<'_> {
             (st.kl(), st.top1_agreement(), st.base_perplexity())
         {
             s.push_str(&format!(
-                "\nmean KL to base {kl:.6} ± {kl_se:.6} nats | top-1 agreement {:.2} % | base perplexity {bp:.4}",
+                "\nmean KL to base {kl:.6} ± {} nats | top-1 agreement {:.2} % | base perplexity {bp:.4}",
+                plus_minus(kl_se, 6),
                 100.0 * top1
             ));
         }
         s
+    }
+}
+
+/// A standard error with `digits` decimals, or `n/a` where one scored token leaves it unknown.
+fn plus_minus(se: f64, digits: usize) -> String {
+    if se.is_nan() {
+        "n/a (one token)".into()
+    } else {
+        format!("{se:.digits$}")
     }
 }

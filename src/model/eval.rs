@@ -87,10 +87,11 @@ fn mean_and_stderr(sum: f64, sq_sum: f64, n: usize) -> (f64, f64) {
         return (f64::NAN, f64::NAN);
     }
     let m = sum / n as f64;
+    // one value has no sample variance: its standard error is unknown (NaN), not 0
     let var = if n > 1 {
         ((sq_sum / n as f64 - m * m) * n as f64 / (n - 1) as f64).max(0.0)
     } else {
-        0.0
+        f64::NAN
     };
     (m, (var / n as f64).sqrt())
 }

@@ -210,3 +210,39 @@ fn bad_input_names_the_file_or_the_option() {
     assert!(e.contains("context"), "{e}");
     std::fs::remove_dir_all(&tmp).unwrap();
 }
+
+/// One scored token has no standard error: `n/a` in the text and null in the JSON, not ± 0.
+#[test]
+fn one_scored_token_has_no_standard_error() {
+    let t = text();
+    let t = t.to_str().unwrap();
+    let args = [
+        "--device",
+        "cpu",
+        "--file",
+        t,
+        "--max-tokens",
+        "2",
+        "--no-bos",
+    ];
+    let v = json(&args);
+    assert_eq!(v["tokens_scored"], 1, "{v}");
+    assert!(v["perplexity"].as_f64().unwrap() > 1.0, "{v}");
+    assert!(
+        v["perplexity_stderr"].is_null() && v["nll_stderr"].is_null(),
+        "{v}"
+    );
+    let out = run(&args);
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(s.contains(" ± n/a (one token) | "), "{s}");
+    let v = json(&[
+        "--device",
+        "cpu",
+        "--file",
+        t,
+        "--max-tokens",
+        "3",
+        "--no-bos",
+    ]);
+    assert!(v["perplexity_stderr"].as_f64().unwrap() > 0.0, "{v}");
+}
