@@ -166,6 +166,9 @@ fn chat(args: &Args, cm: ChatModel<'_>) -> anyhow::Result<ExitCode> {
     let color = std::io::stdout().is_terminal();
     let r = cm.renderer;
     let sp = r.specials().clone();
+    if let Some(w) = args.penalties.window_warning(&cm.generation) {
+        eprintln!("{w}");
+    }
     let sampling = args.penalties.apply(
         sampling(
             &cm.dir,

@@ -130,6 +130,9 @@ fn generate_params(
 ) -> anyhow::Result<GenerateParams> {
     let gen_cfg = ck.generation.clone().unwrap_or_default();
     let eos = eos_ids(ck, tok);
+    if let Some(w) = args.penalties.window_warning(&gen_cfg) {
+        eprintln!("{w}");
+    }
     let sampling = args.penalties.apply(
         sampling(&ck.dir, &gen_cfg, args.temperature, args.top_k, args.top_p)?,
         &ck.dir,

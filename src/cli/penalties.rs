@@ -84,6 +84,25 @@ impl PenaltyArgs {
             )
         })
     }
+
+    /// The warning for a `--repeat-last-n` window with no repeat penalty to apply (neither
+    /// `--repeat-penalty` nor `generation`'s repetition_penalty, or either at 1), for the commands
+    /// that decode with these values (`serve`'s requests may still set a penalty).
+    pub fn window_warning(&self, generation: &GenerationConfig) -> Option<String> {
+        let n = self.repeat_last_n.filter(|&n| n != 0)?;
+        let r = self.repeat_penalty.or(generation.repetition_penalty);
+        r.is_none_or(|r| r == 1.0).then(|| {
+            let n = if n == WHOLE_SEQUENCE {
+                "-1".to_string()
+            } else {
+                n.to_string()
+            };
+            format!(
+                "warning: --repeat-last-n {n} has no effect: no repeat penalty is set; give \
+                 --repeat-penalty R (e.g. 1.1) to penalise repeated ids"
+            )
+        })
+    }
 }
 
 #[cfg(test)]
@@ -106,6 +125,24 @@ mod tests {
         assert_eq!(a(1.0, 0).warning(), None);
         assert_eq!(a(1.1, 64).warning(), None);
         assert_eq!(PenaltyArgs::default().warning(), None);
+        let g = GenerationConfig::default();
+        let w = PenaltyArgs {
+            repeat_last_n: Some(WHOLE_SEQUENCE),
+            ..Default::default()
+        };
+        let text = w.window_warning(&g).expect("a warning");
+        assert!(
+            text.starts_with("warning: --repeat-last-n -1 has no effect: no repeat penalty"),
+            "{text}"
+        );
+        let file = GenerationConfig {
+            repetition_penalty: Some(1.2),
+            ..Default::default()
+        };
+        assert_eq!(w.window_warning(&file), None);
+        assert_eq!(a(1.1, 64).window_warning(&g), None);
+        assert!(a(1.0, 64).window_warning(&g).is_some());
+        assert_eq!(a(1.0, 0).window_warning(&g), None);
     }
 
     /// transformers 5.24.0 `_get_logits_processor`: `repetition_penalty` is a processor (greedy or

@@ -629,6 +629,9 @@ pub const IGNORED_FIELDS: &[(&str, Inactive)] = &[
     ("forced_eos_token_id", empty_list),
     ("exponential_decay_length_penalty", |_| false),
     ("renormalize_logits", |v| v.as_bool() == Some(false)),
+    ("stop_strings", |v| empty_list(v) || v.as_str() == Some("")),
+    ("max_time", |_| false),
+    ("num_return_sequences", |v| v.as_f64() == Some(1.0)),
 ];
 
 fn empty_list(v: &serde_json::Value) -> bool {

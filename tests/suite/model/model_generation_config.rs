@@ -189,18 +189,27 @@ fn sampling_at_temperature_0_and_fields_not_implemented_are_named() {
 
     let dir = with_generation_config(
         "gencfg-ignored",
-        serde_json::json!({ "num_beams": 4, "no_repeat_ngram_size": 0, "typical_p": null }),
+        serde_json::json!({ "num_beams": 4, "no_repeat_ngram_size": 0, "typical_p": null,
+            "stop_strings": ["The"], "max_time": 5.0, "num_return_sequences": 1 }),
     );
     let o = generate(&dir, "5,6", "cpu", &[]);
     assert!(o.status.success());
     let e = String::from_utf8_lossy(&o.stderr);
     let warnings: Vec<&str> = e.lines().filter(|l| l.starts_with("warning:")).collect();
+    let f = dir.join("generation_config.json");
+    let warned = |kv: &str| {
+        format!(
+            "warning: {} sets {kv}, which this engine does not implement; it is ignored",
+            f.display()
+        )
+    };
     assert_eq!(
         warnings,
-        [format!(
-            "warning: {} sets num_beams = 4, which this engine does not implement; it is ignored",
-            dir.join("generation_config.json").display()
-        )],
+        [
+            warned("num_beams = 4"),
+            warned("stop_strings = [\"The\"]"),
+            warned("max_time = 5.0")
+        ],
         "the values that change nothing are not warned about"
     );
     std::fs::remove_dir_all(&dir).ok();
