@@ -50,7 +50,7 @@ pub struct Args {
           value_parser = super::values::parse_positive)]
     pub header_timeout_ms: u64,
     /// Model id in the API (default: the model directory's name; `austen-demo` for the bundled model).
-    #[arg(long)]
+    #[arg(long, value_parser = super::values::parse_model_id)]
     pub model_id: Option<String>,
     /// Defaults of requests that set no `min_p`, `repetition_penalty` or `repeat_last_n`.
     #[command(flatten)]

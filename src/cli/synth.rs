@@ -149,6 +149,11 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
              which chat and serve use, end at id {})",
             min - 1
         );
+        let max = crate::model::config::MAX_LENGTH;
+        super::context::ensure_arg!(
+            v <= max,
+            "--vocab {v}: at most {max}, the loader's limit for vocab_size"
+        );
         spec = spec.with_vocab(v);
     }
     if let Some(n) = a.routed_experts {

@@ -238,6 +238,25 @@ fn bad_values_exit_2_and_say_what_is_expected() {
             vec![
                 "synth",
                 "--preset",
+                "tiny",
+                "--layers",
+                "1",
+                "--experts",
+                "int4",
+                "--vocab",
+                "3000000000",
+                "--dry-run",
+            ],
+            "--vocab 3000000000: at most 2147483647, the loader's limit for vocab_size",
+        ),
+        (
+            vec!["serve", "--model-id", " "],
+            "invalid value ' ' for '--model-id <MODEL_ID>': expected a name clients can send",
+        ),
+        (
+            vec![
+                "synth",
+                "--preset",
                 "bogus",
                 "--layers",
                 "2",
