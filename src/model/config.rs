@@ -143,7 +143,7 @@ impl<'a> Fields<'a> {
                 .as_u64()
                 .and_then(|x| usize::try_from(x).ok())
                 .map(Some)
-                .ok_or_else(|| self.bad(name, format!("expected a non-negative integer, got {v}"))),
+                .ok_or_else(|| self.bad(name, format!("{}, got {v}", integer_expected(v)))),
         }
     }
     /// A token id (bos, pad): a non-negative integer that fits in 32 bits.
@@ -228,6 +228,17 @@ fn parse_ids(v: Option<&Value>) -> std::result::Result<Vec<u32>, String> {
 /// matched: it is ignored (the caller warns), not an error.
 pub fn reachable_eos(ids: &[u32], logits_width: usize) -> (Vec<u32>, Vec<u32>) {
     ids.iter().partition(|&&id| (id as usize) < logits_width)
+}
+
+/// What an integer field of config.json expects, given the value `v` it refused: a whole number
+/// in float form (`64.0`, `1e3`) is named as such, since transformers' layers refuse it too.
+fn integer_expected(v: &Value) -> &'static str {
+    if v.as_f64().is_some_and(|f| f.fract() == 0.0 && f >= 0.0) {
+        "expected an integer written without a decimal point or exponent (transformers' layers \
+         refuse a float size)"
+    } else {
+        "expected a non-negative integer"
+    }
 }
 
 /// The JSON object in `file` (errors name the file: unreadable, not JSON, not an object).
@@ -673,7 +684,15 @@ impl GenerationConfig {
         let usize_of = |k: &str| -> Result<Option<usize>> {
             num(k)
                 .map(|x| {
+                    // transformers computes lengths from the value as Python has it: 8.0 works
                     x.as_u64()
+                        .or_else(|| {
+                            x.as_f64()
+                                .filter(|f| {
+                                    f.fract() == 0.0 && (0.0..=9.007_199_254_740_992e15).contains(f)
+                                })
+                                .map(|f| f as u64)
+                        })
                         .and_then(|u| usize::try_from(u).ok())
                         .ok_or_else(|| bad(k, format!("expected a whole number ≥ 0, got {x}")))
                 })

@@ -149,3 +149,23 @@ fn route_scale_and_logits_divisor_must_be_positive() {
     let c = parse(v);
     assert_eq!((c.route_scale, c.logits_mup_width_multiplier), (2.5, 0.5));
 }
+
+/// A size written as a float says so, rather than "expected a non-negative integer, got 64.0".
+#[test]
+fn a_size_in_float_form_is_named_as_such() {
+    let mut v = base();
+    v["hidden_size"] = json!(16.0);
+    let e = TextConfig::from_value(&v, Path::new("/x/config.json"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("/x/config.json: field `hidden_size`: expected an integer written without a decimal point or exponent"),
+        "{e}"
+    );
+    assert!(e.ends_with("got 16.0"), "{e}");
+    v["hidden_size"] = json!(-3);
+    let e = TextConfig::from_value(&v, Path::new("/x/config.json"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("expected a non-negative integer, got -3"), "{e}");
+}

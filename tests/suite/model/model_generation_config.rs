@@ -214,3 +214,23 @@ fn sampling_at_temperature_0_and_fields_not_implemented_are_named() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A length written as a float (`8.0`, as Python's json may hold it) is the whole number it is, as
+/// transformers computes with it; a fractional one is refused naming the field.
+#[test]
+fn lengths_in_float_form_are_whole_numbers() {
+    use inkling_wgpu::model::GenerationConfig;
+    let dir = with_generation_config("gencfg-float", serde_json::json!({ "max_new_tokens": 8.0 }));
+    let g = GenerationConfig::from_dir(&dir).unwrap().unwrap();
+    assert_eq!(g.max_new_tokens, Some(8));
+    std::fs::remove_dir_all(&dir).ok();
+    let dir = with_generation_config("gencfg-frac", serde_json::json!({ "max_new_tokens": 8.5 }));
+    let e = GenerationConfig::from_dir(&dir).err().unwrap().to_string();
+    assert!(
+        e.ends_with(
+            "generation_config.json: field `max_new_tokens`: expected a whole number ≥ 0, got 8.5"
+        ),
+        "{e}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
