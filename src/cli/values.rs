@@ -101,6 +101,20 @@ pub fn parse_repeat_penalty(s: &str) -> Result<f32, String> {
     }
 }
 
+/// A model id (`serve --model-id`): the name clients send as `model`, not empty or blank, and
+/// without control characters.
+pub fn parse_model_id(s: &str) -> Result<String, String> {
+    if s.trim().is_empty() {
+        return Err("expected a name clients can send as \"model\", got an empty one".into());
+    }
+    if s.chars().any(char::is_control) {
+        return Err(format!(
+            "expected a name without control characters, got {s:?}"
+        ));
+    }
+    Ok(s.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -147,18 +161,4 @@ mod tests {
             );
         }
     }
-}
-
-/// A model id (`serve --model-id`): the name clients send as `model`, not empty or blank, and
-/// without control characters.
-pub fn parse_model_id(s: &str) -> Result<String, String> {
-    if s.trim().is_empty() {
-        return Err("expected a name clients can send as \"model\", got an empty one".into());
-    }
-    if s.chars().any(char::is_control) {
-        return Err(format!(
-            "expected a name without control characters, got {s:?}"
-        ));
-    }
-    Ok(s.to_string())
 }
