@@ -131,10 +131,14 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         // tensors' names and shapes against the config as `generate` loads them
         let ck = crate::model::Checkpoint::open(&dir)?;
         sampling_values(&ck)?;
+        // tokenizer.json as `generate` loads it, and the EOS ids it warns about
+        let tok = crate::model::text::load_tokenizer(&ck.dir)?;
+        super::load::eos_ids(&ck, tok.as_ref());
         verify(&c)?;
         crate::model::Weights::load(&ck)?;
         outln!(
-            "verify: config.json, generation_config.json and every tensor's name and shape agree"
+            "verify: config.json, generation_config.json, tokenizer.json and every tensor's name and \
+             shape agree"
         )?;
     }
     Ok(ExitCode::SUCCESS)

@@ -132,7 +132,7 @@ fn info_verify_reads_every_tensor_and_names_each_damaged_one() {
     assert!(
         text.ends_with(
             "verify: 1.10 MiB read, no NaN or Inf\n\
-             verify: config.json, generation_config.json and every tensor's name and shape agree\n"
+             verify: config.json, generation_config.json, tokenizer.json and every tensor's name and shape agree\n"
         ),
         "{text}"
     );
@@ -225,6 +225,29 @@ fn info_verify_refuses_an_invalid_config_naming_the_field() {
         );
         std::fs::remove_dir_all(&dir).ok();
     }
+    // tokenizer.json as generate loads it, and the EOS ids generate would warn about
+    let dir = copy_fixture("tiny-causal-f32", "verify-tokenizer");
+    std::fs::write(dir.join("tokenizer.json"), "{\"model\": ").unwrap();
+    let out = cli(&["info", "--summary", "--verify"], &dir);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&dir.join("tokenizer.json").display().to_string()),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+    let dir = copy_fixture("tiny-causal-f32", "verify-eos");
+    edit_json(&dir, "generation_config.json", |v| {
+        v["eos_token_id"] = serde_json::json!([2, 99_999])
+    });
+    let out = cli(&["info", "--summary", "--verify"], &dir);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("warning: EOS id 99999 is past the model's"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
     // a max_length that even a one-token prompt fills (with no max_new_tokens to bound instead)
     let dir = copy_fixture("tiny-causal-f32", "verify-max-length");
     edit_json(&dir, "generation_config.json", |v| {
