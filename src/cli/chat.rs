@@ -61,10 +61,15 @@ pub struct Args {
 const CLOSE_TOKENS: usize = 2;
 
 const HELP: &str = "commands: /clear (start a new conversation), /exit (or Ctrl-D), /help; \
-                    Ctrl-C stops the current answer";
+                    Ctrl-C stops the current answer, a second one within 2 s quits";
+
+/// A second SIGINT within this many milliseconds of the one that stopped an answer ends the
+/// program (a piped chat of many lines is otherwise stopped one answer at a time).
+const QUIT_WINDOW_MS: u64 = 2000;
 
 /// What SIGINT does in `chat`: while an answer is being generated it sets `cancel` (the answer
-/// stops, the conversation goes on); otherwise it ends the program with status 130.
+/// stops, the conversation goes on); otherwise, or within [`QUIT_WINDOW_MS`] of the SIGINT that
+/// stopped an answer, it ends the program with status 130.
 #[derive(Clone, Default)]
 struct Interrupt {
     /// Set by SIGINT while an answer is being generated.
@@ -78,11 +83,18 @@ impl Interrupt {
     fn install() -> anyhow::Result<Interrupt> {
         let i = Interrupt::default();
         let (cancel, generating) = (i.cancel.clone(), i.generating.clone());
-        // SAFETY: the handler only touches atomics and calls `low_level::exit` (`_exit`), both
-        // async-signal-safe.
+        let start = std::time::Instant::now();
+        // ms after `start` of the last SIGINT that stopped an answer, 0 for none
+        let last = std::sync::atomic::AtomicU64::new(0);
+        // SAFETY: the handler only touches atomics, reads the monotonic clock (clock_gettime) and
+        // calls `low_level::exit` (`_exit`), all async-signal-safe.
         unsafe {
             signal_hook::low_level::register(signal_hook::consts::SIGINT, move || {
-                if generating.load(Ordering::SeqCst) {
+                let now = start.elapsed().as_millis() as u64 + 1;
+                let prev = last.load(Ordering::SeqCst);
+                let again = prev != 0 && now - prev <= QUIT_WINDOW_MS;
+                if generating.load(Ordering::SeqCst) && !again {
+                    last.store(now, Ordering::SeqCst);
                     cancel.store(true, Ordering::SeqCst);
                 } else {
                     signal_hook::low_level::exit(130);

@@ -392,3 +392,44 @@ fn chat_warns_about_sampling_flags_under_greedy_decoding() {
     assert!(out.status.success(), "{err}");
     assert!(!err.contains("no effect"), "{err}");
 }
+
+/// A second SIGINT within 2 s of the one that stopped an answer ends a piped chat (status 130),
+/// instead of stopping its lines one answer at a time.
+#[test]
+fn a_second_ctrl_c_quits_a_piped_chat() {
+    use std::io::Read;
+    let model = chat_model();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_inkling-wgpu"))
+        .args(["chat", "--model", model.to_str().unwrap()])
+        .args(["--effort", "none", "--max-tokens", "400"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    for _ in 0..20 {
+        stdin.write_all(b"Tell me a long story\n").unwrap();
+    }
+    drop(stdin);
+    let mut first = [0u8; 1];
+    stdout.read_exact(&mut first).unwrap();
+    let int = || {
+        assert!(Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status()
+            .unwrap()
+            .success())
+    };
+    int();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    int();
+    let mut rest = Vec::new();
+    stdout.read_to_end(&mut rest).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    let answers = stderr.lines().filter(|l| l.starts_with("[prompt")).count();
+    assert!(answers <= 2, "{answers} answers after two Ctrl-C: {stderr}");
+}
