@@ -109,7 +109,7 @@ pub fn run(a: BatchArgs) -> anyhow::Result<ExitCode> {
     };
     let ck = Checkpoint::open(&dir)?;
     if let Some(max) = ck.config.max_position_embeddings {
-        ensure!(
+        super::context::ensure_arg!(
             PROBE_PROMPT + a.tokens < max,
             "--tokens {}: the probe's {PROBE_PROMPT}-token prompt and {} steps pass the model's \
              context of {max} positions; use --tokens {} or fewer",

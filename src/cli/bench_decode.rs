@@ -180,14 +180,14 @@ fn span_json(busy: &[f64], idle: &[f64], secs: f64, steps: usize) -> serde_json:
 }
 
 pub fn run(a: DecodeArgs) -> anyhow::Result<ExitCode> {
-    ensure!(a.tokens >= 1, "--tokens must be at least 1");
+    super::context::ensure_arg!(a.tokens >= 1, "--tokens must be at least 1");
     let dir = match &a.model {
         Some(d) => d.clone(),
         None => crate::bundled::materialize()?,
     };
     let ck = Checkpoint::open(&dir)?;
     if let Some(max) = ck.config.max_position_embeddings {
-        ensure!(
+        super::context::ensure_arg!(
             PROBE_PROMPT + a.tokens < max,
             "--tokens {}: the probe's {PROBE_PROMPT}-token prompt and {} steps pass the model's \
              context of {max} positions (max_position_embeddings); use --tokens {} or fewer",

@@ -35,9 +35,9 @@ pub struct Args {
     /// 1 when it sets do_sample without a temperature, else 0).
     #[arg(long, allow_negative_numbers = true, value_parser = super::values::parse_temperature)]
     pub temperature: Option<f32>,
-    /// Keep only the k most likely tokens (0 = off; default: generation_config.json's when it sets
-    /// do_sample, 50 when it sets do_sample without a top_k, as transformers; else 0).
-    #[arg(long, allow_negative_numbers = true)]
+    /// Keep only the k most likely tokens (0 or -1 = off; default: generation_config.json's when it
+    /// sets do_sample, 50 when it sets do_sample without a top_k, as transformers; else 0).
+    #[arg(long, allow_negative_numbers = true, value_parser = super::values::parse_top_k)]
     pub top_k: Option<usize>,
     /// Nucleus sampling mass in (0, 1] (1 = off; default: generation_config.json's when it sets
     /// do_sample, else 1).

@@ -107,10 +107,22 @@ pub fn run(a: Args) -> Result<ExitCode> {
         None => last_end - ends.first().map_or(0, |&e| e.min(last_end)),
     };
     if tokens.len() < 2 {
+        let text_tokens = tokens.len() - usize::from(bos.is_some());
+        let cut = match a.max_tokens {
+            Some(n) if n == text_tokens => format!(" (--max-tokens {n})"),
+            _ => String::new(),
+        };
         bail!(
-            "{}: the text gives {} token(s) to score; perplexity needs at least 2 tokens (with the BOS)",
+            "{}: the text gives {text_tokens} token(s){cut}; {}",
             a.file.display(),
-            tokens.len()
+            if bos.is_some() {
+                "perplexity scores each one after the prepended BOS, so it needs at least 1"
+            } else if a.no_bos {
+                "with --no-bos the first token is not scored, so perplexity needs at least 2"
+            } else {
+                "the model has no bos_token_id (config.json), so the first token is not scored and \
+                 perplexity needs at least 2"
+            }
         );
     }
     let stride = a.stride.unwrap_or((ctx / 2).max(1));

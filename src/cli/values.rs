@@ -115,6 +115,17 @@ pub fn parse_model_id(s: &str) -> Result<String, String> {
     Ok(s.to_string())
 }
 
+/// A top-k: a whole number ≥ 0, 0 = off; -1 is off too, as in vLLM and `serve`'s requests.
+pub fn parse_top_k(s: &str) -> Result<usize, String> {
+    match s.parse::<i64>() {
+        Ok(-1) => Ok(0),
+        Ok(k) if k >= 0 => Ok(usize::try_from(k).unwrap_or(usize::MAX)),
+        _ => Err(format!(
+            "expected a whole number ≥ 0 (0 or -1 = off), got {s:?}"
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

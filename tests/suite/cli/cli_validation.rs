@@ -763,3 +763,72 @@ fn a_generation_config_max_new_tokens_of_0_is_refused() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// `--top-k -1` is off, as `serve`'s `top_k: -1` (vLLM's meaning): the same sampled tokens as
+/// `--top-k 0`; other negative values are refused naming the flag and the rule.
+#[test]
+fn top_k_minus_one_is_off() {
+    let m = fixture("tiny-causal-f32");
+    let m = m.to_str().unwrap();
+    let ids = |k: &str| {
+        let out = bin()
+            .args([
+                "generate",
+                "--model",
+                m,
+                "--device",
+                "cpu",
+                "--prompt-ids",
+                "5,6",
+            ])
+            .args([
+                "--max-tokens",
+                "12",
+                "--temperature",
+                "1.5",
+                "--seed",
+                "7",
+                "--json",
+            ])
+            .args(["--top-k", k])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["generated_ids"].clone()
+    };
+    let off = ids("0");
+    assert!(off.as_array().is_some_and(|a| !a.is_empty()), "{off}");
+    assert_eq!(ids("-1"), off);
+    assert_ne!(ids("1"), off, "top-k 1 is greedy, unlike these samples");
+    let e = run_usage_err(&[
+        "generate",
+        "--model",
+        m,
+        "--prompt-ids",
+        "5",
+        "--top-k",
+        "-2",
+    ]);
+    assert!(
+        e.contains("--top-k") && e.contains("expected a whole number ≥ 0 (0 or -1 = off)"),
+        "{e}"
+    );
+}
+
+/// `bench decode` and `bench batch` refuse a `--tokens` past the model's context as a usage error
+/// (exit 2, naming the flag and the largest value that fits), before any GPU work.
+#[test]
+fn bench_tokens_past_the_context_exit_2() {
+    for cmd in ["decode", "batch"] {
+        let e = run_usage_err(&["bench", cmd, "--tokens", "600"]);
+        assert!(
+            e.contains("--tokens 600: the probe's 16-token prompt and 600 steps pass the model's context of 512 positions"),
+            "{cmd}: {e}"
+        );
+    }
+}

@@ -196,7 +196,22 @@ fn bad_input_names_the_file_or_the_option() {
     std::fs::write(&empty, b"").unwrap();
     let e = on_cpu(&empty);
     assert!(
-        e.contains("empty.txt") && e.contains("at least 2 tokens"),
+        e.ends_with("empty.txt: the text gives 0 token(s); perplexity scores each one after the prepended BOS, so it needs at least 1\n"),
+        "{e}"
+    );
+    let one = tmp.join("one.txt");
+    std::fs::write(&one, b"a").unwrap();
+    let e = failure(&[
+        "--model",
+        m,
+        "--file",
+        one.to_str().unwrap(),
+        "--device",
+        "cpu",
+        "--no-bos",
+    ]);
+    assert!(
+        e.ends_with("one.txt: the text gives 1 token(s); with --no-bos the first token is not scored, so perplexity needs at least 2\n"),
         "{e}"
     );
 
