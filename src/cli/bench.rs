@@ -9,7 +9,7 @@
 //! adapter's 0.04 GB/s is not `0.0`.
 use super::bench_calls::{progress, sig3, slab_bytes, time_calls};
 use super::context::OrBadArgument;
-use super::output::outln;
+use super::output::{errln, outln};
 use crate::formats::Encoding;
 use crate::gpu::linear::args::{GemvArgs, NO_GAMMA};
 use crate::gpu::linear::format::kernel_encodings;
@@ -380,6 +380,12 @@ fn copy(a: CopyArgs) -> anyhow::Result<ExitCode> {
         ceiling,
         how,
     } = measure_copy(&gpu, mib, n)?;
+    if a.mib.is_some_and(|m| size < m << 20) {
+        errln!(
+            "note: --mib {mib} is past this adapter's largest buffer binding; copying {} MiB",
+            size >> 20
+        );
+    }
     if a.json {
         let doc = serde_json::json!({
             "adapter": gpu.info.name, "backend": format!("{:?}", gpu.info.backend),

@@ -71,7 +71,9 @@ struct Common {
     logprobs: Option<Value>,
     /// Chat: how many top alternatives, 0 to 20 (needs `logprobs: true`).
     top_logprobs: Option<u64>,
-    seed: Option<u64>,
+    /// Any 64-bit integer, negative ones included (OpenAI's schema; clients send them): a
+    /// negative seed is taken as its two's-complement u64.
+    seed: Option<serde_json::Number>,
     stop: Option<Stop>,
     #[serde(default)]
     stream: bool,
@@ -573,6 +575,19 @@ fn finish(
         "frequency_penalty",
         d.frequency_penalty,
     )?;
+    let seed = match &c.seed {
+        None => None,
+        Some(n) => Some(
+            n.as_u64()
+                .or_else(|| n.as_i64().map(|i| i as u64))
+                .ok_or_else(|| {
+                    ApiError::bad_request(
+                        format!("seed must be a 64-bit integer, got {n}"),
+                        Some("seed"),
+                    )
+                })?,
+        ),
+    };
     let stop = match c.stop {
         None => vec![],
         Some(Stop::One(s)) => vec![s],
@@ -681,7 +696,7 @@ fn finish(
                 frequency_penalty,
             },
             // without a seed, each request samples differently (as OpenAI's API does)
-            seed: c.seed.unwrap_or_else(crate::model::sampling::random_seed),
+            seed: seed.unwrap_or_else(crate::model::sampling::random_seed),
             eos_ids: lim.stop_ids.to_vec(),
         },
         prompt,

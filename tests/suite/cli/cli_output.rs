@@ -233,3 +233,25 @@ fn an_error_line_into_a_closed_stderr_is_no_panic() {
         );
     }
 }
+
+/// A `bench copy --mib` past the adapter's largest binding (lavapipe: 128 MiB) is cut to it with a
+/// note on stderr, and the printed size is what was copied.
+#[test]
+fn bench_copy_says_when_it_copies_less_than_asked() {
+    let o = Command::new(env!("CARGO_BIN_EXE_inkling-wgpu"))
+        .args(["bench", "copy", "--mib", "100000", "--iters", "1", "--json"])
+        .output()
+        .unwrap();
+    let e = stderr(&o);
+    assert!(o.status.success(), "{e}");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let copied = v["bytes_per_copy"].as_u64().unwrap();
+    assert!(copied < 100000 << 20, "{v}");
+    assert!(
+        e.contains(&format!(
+            "note: --mib 100000 is past this adapter's largest buffer binding; copying {} MiB",
+            copied >> 20
+        )),
+        "{e}"
+    );
+}

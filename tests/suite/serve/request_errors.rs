@@ -296,6 +296,15 @@ fn penalties_are_taken_and_bad_values_refused_by_name() {
         (s.top_k, s.repeat_last_n),
         (0, inkling_wgpu::model::sampling::WHOLE_SEQUENCE)
     );
+    // a negative seed (OpenAI's schema allows any 64-bit integer) is its two's complement
+    let body = format!(r#"{{"messages":[{USER}],"seed":-5}}"#);
+    assert_eq!(p.chat(body.as_bytes()).unwrap().params.seed, (-5i64) as u64);
+    let body = format!(r#"{{"messages":[{USER}],"seed":18446744073709551615}}"#);
+    assert_eq!(p.chat(body.as_bytes()).unwrap().params.seed, u64::MAX);
+    for bad in ["1.5", "1e30"] {
+        let body = format!(r#"{{"messages":[{USER}],"seed":{bad}}}"#);
+        refused(p.chat(body.as_bytes()), Some("seed"), &body);
+    }
     // null and false are "not asked"
     let body = format!(r#"{{"messages":[{USER}],"logprobs":false,"logit_bias":null}}"#);
     assert!(p.chat(body.as_bytes()).is_ok(), "{body}");
