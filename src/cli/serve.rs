@@ -152,11 +152,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         capacity,
         shutdown: shutdown.clone(),
         model_id: model_id.clone(),
+        model_created: std::fs::metadata(dir.join("config.json"))
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or_else(crate::serve::http::unix_time, |d| d.as_secs()),
         vocab: config.vocab_size,
         longest_token_bytes,
         sampling: defaults,
         ping: Duration::from_millis(args.ping_ms),
-        next_id: AtomicU64::new(0),
+        // the top bit clear: counting up never wraps in a server's life
+        next_id: AtomicU64::new(crate::model::sampling::random_seed() >> 1),
         max_body: args.max_body_bytes,
     });
     let rt = tokio::runtime::Builder::new_current_thread()

@@ -44,6 +44,9 @@ pub struct AppState {
     pub capacity: usize,
     pub shutdown: Arc<Shutdown>,
     pub model_id: String,
+    /// `/v1/models`' `created`: when the model's config.json was last modified, Unix seconds (as
+    /// Ollama reports a model's modification time), else when the server started.
+    pub model_created: u64,
     /// The model's vocabulary size (prompt ids must be below it).
     pub vocab: usize,
     /// [`crate::model::text::longest_token_bytes`] of the tokenizer (bounds prompt text in bytes).
@@ -52,6 +55,8 @@ pub struct AppState {
     pub sampling: SamplingParams,
     /// Interval of SSE comment pings.
     pub ping: Duration,
+    /// The number in the next response id (`chatcmpl-…` / `cmpl-…`, 16 hex digits): it starts at a
+    /// random value per server start, so ids stay distinct across restarts, and counts up.
     pub next_id: AtomicU64,
     /// Largest request body in bytes (`serve --max-body-bytes`; past it, 413).
     pub max_body: usize,
@@ -162,7 +167,7 @@ fn error_response(e: &ApiError) -> Response {
     r
 }
 
-fn unix_time() -> u64 {
+pub fn unix_time() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
@@ -190,7 +195,7 @@ async fn models(State(st): State<Arc<AppState>>) -> Response {
     json_response(
         200,
         &json!({"object": "list", "data": [{
-            "id": st.model_id, "object": "model", "created": 0, "owned_by": "inkling-wgpu",
+            "id": st.model_id, "object": "model", "created": st.model_created, "owned_by": "inkling-wgpu",
         }]}),
     )
 }
@@ -366,8 +371,8 @@ async fn handle(st: Arc<AppState>, body: Result<Bytes, BytesRejection>, ep: Endp
     let n = st.next_id.fetch_add(1, Ordering::Relaxed);
     let meta = Meta {
         id: match ep {
-            Endpoint::Chat => format!("chatcmpl-{n}"),
-            Endpoint::Completion => format!("cmpl-{n}"),
+            Endpoint::Chat => format!("chatcmpl-{n:016x}"),
+            Endpoint::Completion => format!("cmpl-{n:016x}"),
         },
         created: unix_time(),
         model: st.model_id.clone(),

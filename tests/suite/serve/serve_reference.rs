@@ -189,3 +189,63 @@ fn serve_sampling_fields_reach_the_sampler() {
         seen.push(runs);
     }
 }
+
+/// `/v1/models` says when the model was made (its config.json's modification time, not 0); each
+/// response id is its endpoint's prefix and 16 hex digits, counting up from a random start (ids
+/// stay distinct across restarts); a negative seed samples as its two's-complement u64.
+#[test]
+fn model_created_response_ids_and_negative_seeds() {
+    use crate::chat_common::{chat_model, stop_ids, tokenizer_and_renderer};
+    use inkling_wgpu::model::generate::{generate, GenerateParams};
+    use inkling_wgpu::model::sampling::SamplingParams;
+    use inkling_wgpu::model::{Checkpoint, CpuModel, Weights};
+    let server = Server::start(&[]);
+    let (code, _, body) = server.request("GET", "/v1/models", b"");
+    assert_eq!(code, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    let mtime = std::fs::metadata(chat_model().join("config.json"))
+        .unwrap()
+        .modified()
+        .unwrap()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert_eq!(v["data"][0]["created"], mtime, "{v}");
+
+    let prompt: Vec<u32> = vec![50, 51, 57, 60, 61];
+    let body = json!({
+        "model": "tiny-chat-f32", "prompt": prompt, "max_tokens": 8, "temperature": 1.0,
+        "seed": -5, "return_token_ids": true,
+    });
+    let (c1, v1) = post_json(&server.addr, "/v1/completions", &body);
+    let (c2, v2) = post_json(&server.addr, "/v1/completions", &body);
+    assert_eq!((c1, c2), (200, 200), "{v1} {v2}");
+    let id = |v: &Value| {
+        let s = v["id"].as_str().unwrap().to_string();
+        let hex = s.strip_prefix("cmpl-").expect("a cmpl- id").to_string();
+        assert!(
+            hex.len() == 16 && hex.chars().all(|c| c.is_ascii_hexdigit()),
+            "{s}"
+        );
+        u64::from_str_radix(&hex, 16).unwrap()
+    };
+    assert_eq!(id(&v2), id(&v1) + 1);
+
+    let ck = Checkpoint::open(&chat_model()).unwrap();
+    let w = Weights::load(&ck).unwrap();
+    let (_, r) = tokenizer_and_renderer();
+    let params = GenerateParams {
+        max_new_tokens: 8,
+        sampling: SamplingParams {
+            temperature: 1.0,
+            ..Default::default()
+        },
+        seed: (-5i64) as u64,
+        eos_ids: stop_ids(&ck, &r),
+    };
+    let want = generate(&mut CpuModel::new(&w), &prompt, &params, &mut |_| Ok(()))
+        .unwrap()
+        .generated_ids;
+    assert_eq!(json_ids(&v1["choices"][0]["token_ids"]), want);
+    assert_eq!(json_ids(&v2["choices"][0]["token_ids"]), want);
+}
