@@ -150,8 +150,9 @@ impl StreamStats {
     /// One line for the stats output.
     pub fn line(&self) -> String {
         format!(
-            "experts: {} slots ({} pinned) | hit rate {} ({} hits, {} misses) | read {:.3} GB in {} uploads, {:.2} GB/s host copy | upload stall (host copy) {:.3} s | routing readbacks {:.3} s{}",
+            "experts: {} slot{} ({} pinned) | hit rate {} ({} hits, {} misses) | read {:.3} GB in {} uploads, {:.2} GB/s host copy | upload stall (host copy) {:.3} s | routing readbacks {:.3} s{}",
             self.slots,
+            if self.slots == 1 { "" } else { "s" },
             self.pinned,
             self.hit_rate()
                 .map_or("n/a".to_string(), |h| format!("{:.1}%", 100.0 * h)),
@@ -163,7 +164,11 @@ impl StreamStats {
             self.upload_s,
             self.routing_wait_s,
             if self.cpu_fallbacks > 0 {
-                format!(" | {} layer(s) recomputed on the CPU", self.cpu_fallbacks)
+                format!(
+                    " | {} layer{} recomputed on the CPU",
+                    self.cpu_fallbacks,
+                    if self.cpu_fallbacks == 1 { "" } else { "s" }
+                )
             } else {
                 String::new()
             }
@@ -205,4 +210,32 @@ pub(crate) fn round_parts(assign: &[Assign]) -> Vec<Vec<Assign>> {
         .into_iter()
         .filter(|p| !p.is_empty())
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StreamStats;
+
+    #[test]
+    fn the_stats_line_counts_in_words() {
+        let one = StreamStats {
+            slots: 1,
+            cpu_fallbacks: 1,
+            ..Default::default()
+        };
+        let l = one.line();
+        assert!(
+            l.starts_with("experts: 1 slot (0 pinned) | hit rate n/a"),
+            "{l}"
+        );
+        assert!(l.ends_with(" | 1 layer recomputed on the CPU"), "{l}");
+        let two = StreamStats {
+            slots: 2,
+            cpu_fallbacks: 3,
+            ..Default::default()
+        };
+        let l = two.line();
+        assert!(l.starts_with("experts: 2 slots (0 pinned)"), "{l}");
+        assert!(l.ends_with(" | 3 layers recomputed on the CPU"), "{l}");
+    }
 }

@@ -832,3 +832,36 @@ fn bench_tokens_past_the_context_exit_2() {
         );
     }
 }
+
+/// An `--out` that is a file is a usage error naming the flag, for `convert` and `synth`, and the
+/// file is left as it was.
+#[test]
+fn an_out_that_is_a_file_is_named() {
+    let tmp = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("inkling-out-file-{}", std::process::id()));
+    std::fs::write(&tmp, b"mine").unwrap();
+    let t = tmp.to_str().unwrap();
+    let m = fixture("tiny-causal-f32");
+    for args in [
+        vec!["convert", "--model", m.to_str().unwrap(), "--out", t],
+        vec![
+            "synth",
+            "--preset",
+            "tiny",
+            "--layers",
+            "1",
+            "--experts",
+            "int4",
+            "--out",
+            t,
+        ],
+    ] {
+        let e = run_usage_err(&args);
+        assert!(
+            e.contains(&format!("--out {t}: not a directory")),
+            "{args:?}: {e}"
+        );
+    }
+    assert_eq!(std::fs::read(&tmp).unwrap(), b"mine");
+    std::fs::remove_file(&tmp).ok();
+}
