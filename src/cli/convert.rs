@@ -58,16 +58,22 @@ pub fn parse_encoding(flag: &str, s: &str) -> anyhow::Result<Option<Encoding>> {
     Ok(Some(enc))
 }
 
-/// Run `work`, which writes into `out`: SIGINT / SIGTERM meanwhile remove its temporary files, and
-/// when it fails (or is interrupted) the directories it created for `out` are removed again when
-/// empty (never one that existed before).
-pub fn writing_into<T>(out: &Path, work: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<T> {
+/// `--out` names a directory, or nothing yet (a usage error otherwise: exit 2).
+pub(super) fn check_out(out: &Path) -> anyhow::Result<()> {
     super::context::ensure_arg!(
         !out.exists() || out.is_dir(),
         "--out {}: not a directory; --out names the container's directory (new, empty, or an \
          earlier conversion with --force)",
         out.display()
     );
+    Ok(())
+}
+
+/// Run `work`, which writes into `out`: SIGINT / SIGTERM meanwhile remove its temporary files, and
+/// when it fails (or is interrupted) the directories it created for `out` are removed again when
+/// empty (never one that existed before).
+pub fn writing_into<T>(out: &Path, work: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<T> {
+    check_out(out)?;
     crate::tempfiles::remove_on_signal().context("installing the SIGINT/SIGTERM handler")?;
     let created = crate::tempfiles::track_new_dirs(out);
     let r = work();

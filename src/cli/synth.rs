@@ -167,6 +167,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     spec.head = enc(&a.head, "head")?;
     spec.dense_layers = a.dense_layers;
     spec.seed = a.seed;
+    if let Some(out) = a.out.as_deref() {
+        super::convert::check_out(out)?;
+    }
     let max_shard_bytes = a.max_shard_mib << 20;
     let sizes = file_sizes(&spec, max_shard_bytes)?;
     let total: u64 = sizes.iter().sum();
