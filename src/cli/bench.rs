@@ -466,8 +466,15 @@ fn compare(a: CompareArgs) -> anyhow::Result<ExitCode> {
     } else {
         outln!("A: {} = {}", a.a.display(), name(&ja))?;
         outln!("B: {} = {}", a.b.display(), name(&jb))?;
+        // the columns line up whatever the longest shape
+        let w = out
+            .iter()
+            .map(|o| o.1.chars().count())
+            .max()
+            .unwrap_or(0)
+            .max(42);
         outln!(
-            "{:<10} {:<42} {:>10} {:>10} {:>7}",
+            "{:<10} {:<w$} {:>10} {:>10} {:>7}",
             "format",
             "shape",
             "A GB/s",
@@ -476,7 +483,7 @@ fn compare(a: CompareArgs) -> anyhow::Result<ExitCode> {
         )?;
         for (f, s, ga, gb, r) in &out {
             outln!(
-                "{f:<10} {s:<42} {:>10} {:>10} {:>6}x",
+                "{f:<10} {s:<w$} {:>10} {:>10} {:>6}x",
                 sig3(*ga),
                 sig3(*gb),
                 sig3(*r)

@@ -247,6 +247,26 @@ fn bench_compare_prints_small_bandwidths_and_their_ratio() {
     assert_eq!(rows.len(), 1, "{text}");
     let n = rows[0].len();
     assert_eq!(rows[0][n - 3..], ["0.0123", "0.00855", "1.44x"], "{text}");
+
+    // a shape longer than the column: every line still ends at the same place
+    let long = dir.join("long.json");
+    let doc = serde_json::json!({"adapter": "x", "backend": "Vulkan", "results": [
+        {"format": "int4-g64", "shape": "inkling-small moe-layer gate_up 8x[1024x1024]", "gbs": 1500.0},
+        {"format": "int4-g64", "shape": "inkling-small router [64x1024]", "gbs": 20.0},
+    ]});
+    std::fs::write(&long, doc.to_string()).unwrap();
+    let l = long.to_str().unwrap();
+    let text = String::from_utf8(ok(&["bench", "compare", l, l]).stdout).unwrap();
+    let table: Vec<&str> = text
+        .lines()
+        .skip_while(|l| !l.starts_with("format "))
+        .collect();
+    assert_eq!(table.len(), 3, "{text}");
+    let ends: Vec<usize> = table.iter().map(|l| l.chars().count()).collect();
+    assert!(
+        ends.iter().all(|&e| e == ends[0]),
+        "ragged columns {ends:?}:\n{text}"
+    );
 }
 
 #[test]
