@@ -83,7 +83,7 @@ fn every_field_error_names_its_json_path() {
         (chat(r#""temperature":"hot""#), "temperature"),
         (chat(r#""temperature":1e400"#), "temperature"),
         (chat(r#""stream":"yes""#), "stream"),
-        (chat(r#""seed":-1"#), "seed"),
+        (chat(r#""seed":"7""#), "seed"),
         (chat(r#""top_k":1.5"#), "top_k"),
         (chat(r#""stop":[1]"#), "stop"),
         (chat(r#""stream_options":{"include_usage":1}"#), "stream_options.include_usage"),
