@@ -21,10 +21,18 @@ pub const MAX_SIDE_FILE: u64 = 64 << 20;
 /// The most bytes `tokenizer.json` is read up to (the o200k tokenizer is about 27 MiB).
 pub const MAX_TOKENIZER_FILE: u64 = 512 << 20;
 
-/// The text of `path`, refused (`InvalidData`) past `cap` bytes instead of read without end: a
-/// symlink to `/dev/zero` or a multi-GiB file named like a config never exhausts memory.
+/// The text of `path`, refused (`InvalidData`) when it is not a regular file (a FIFO, a device such
+/// as `/dev/zero`, also through a symlink) or past `cap` bytes, instead of blocking or reading
+/// without end.
 pub fn read_capped(path: &std::path::Path, cap: u64) -> std::io::Result<String> {
     use std::io::Read;
+    // a FIFO would block the open, a device (/dev/zero) never ends: regular files only
+    if !std::fs::metadata(path)?.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "not a regular file",
+        ));
+    }
     let mut text = String::new();
     std::fs::File::open(path)?
         .take(cap + 1)

@@ -196,9 +196,10 @@ fn chat(args: &Args, cm: ChatModel<'_>) -> anyhow::Result<ExitCode> {
     if !sampled {
         super::load::warn_greedy_flags(
             [
-                ("--top-k", args.top_k.is_some()),
-                ("--top-p", args.top_p.is_some()),
-                ("--min-p", args.penalties.min_p.is_some()),
+                // the values that mean off change nothing either way
+                ("--top-k", args.top_k.is_some_and(|k| k != 0)),
+                ("--top-p", args.top_p.is_some_and(|p| p != 1.0)),
+                ("--min-p", args.penalties.min_p.is_some_and(|m| m != 0.0)),
                 ("--seed", args.seed.is_some()),
             ],
             args.temperature.is_some(),

@@ -84,6 +84,14 @@ pub fn writing_into<T>(out: &Path, work: impl FnOnce() -> anyhow::Result<T>) -> 
     r
 }
 
+/// The written container (`dir`) opens and loads as `generate` loads it: every tensor's name and
+/// shape against its config.json.
+fn loads_as_model(dir: &Path) -> anyhow::Result<()> {
+    let ck = crate::model::Checkpoint::open(dir)?;
+    crate::model::Weights::load(&ck)?;
+    Ok(())
+}
+
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let opts = ConvertOptions {
         experts: parse_encoding("experts", &a.experts)?,
@@ -95,25 +103,24 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         max_shard_bytes: a.max_shard_mib << 20,
         fail: Default::default(),
         progress: true,
+        check: Some(loads_as_model),
     };
     // the source's configs as `generate` reads them, before hours of conversion
     if a.model.join("config.json").is_file() {
         let ck = crate::model::Checkpoint::open(&a.model)?;
         super::info::sampling_values(&ck)?;
     }
-    let s = writing_into(&a.out, || convert(&a.model, &a.out, &opts))?;
-    // the written container as `generate` loads it: every tensor's shape against config.json
-    let loads = crate::model::Checkpoint::open(&a.out)
-        .and_then(|ck| crate::model::Weights::load(&ck).map(drop));
-    if let Err(e) = loads {
-        anyhow::bail!(
-            "{} was written but does not load as a model: {e}; its config.json, copied from {}, \
-             disagrees with the tensors: fix {} and convert again with --force",
-            a.out.display(),
-            a.model.join("config.json").display(),
-            a.model.join("config.json").display()
-        );
-    }
+    let s = writing_into(&a.out, || convert(&a.model, &a.out, &opts)).map_err(|e| {
+        if e.downcast_ref::<crate::model::ModelError>().is_some() {
+            e.context(format!(
+                "the converted container does not load as a model (nothing was kept): the \
+                 source's config.json ({}) disagrees with its tensors",
+                a.model.join("config.json").display()
+            ))
+        } else {
+            e
+        }
+    })?;
     eprintln!(
         "converted {} tensors, {} in {} into {}",
         s.tensors,

@@ -167,7 +167,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     spec.head = enc(&a.head, "head")?;
     spec.dense_layers = a.dense_layers;
     spec.seed = a.seed;
-    if let Some(out) = a.out.as_deref() {
+    if let Some(out) = a.out.as_deref().filter(|_| !a.dry_run) {
         super::convert::check_out(out)?;
     }
     let max_shard_bytes = a.max_shard_mib << 20;

@@ -105,7 +105,9 @@ pub fn parse_repeat_penalty(s: &str) -> Result<f32, String> {
 /// without control characters.
 pub fn parse_model_id(s: &str) -> Result<String, String> {
     if s.trim().is_empty() {
-        return Err("expected a name clients can send as \"model\", got an empty one".into());
+        return Err(
+            "expected a name clients can send as \"model\", got an empty or blank one".into(),
+        );
     }
     if s.chars().any(char::is_control) {
         return Err(format!(

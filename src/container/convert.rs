@@ -36,6 +36,8 @@ pub struct ConvertOptions {
     pub fail: FailPlan,
     /// Draw a progress bar on stderr (only when stderr is a terminal).
     pub progress: bool,
+    /// The check of the written container before it is kept ([`WriteOptions::check`]).
+    pub check: Option<super::write::Check>,
 }
 
 impl Default for ConvertOptions {
@@ -53,6 +55,7 @@ impl Default for ConvertOptions {
             max_shard_bytes: 4 << 30,
             fail: FailPlan::default(),
             progress: false,
+            check: None,
         }
     }
 }
@@ -689,6 +692,7 @@ pub fn convert(src_dir: &Path, dst_dir: &Path, opts: &ConvertOptions) -> Result<
         max_shard_bytes: opts.max_shard_bytes,
         fail: opts.fail,
         progress: opts.progress,
+        check: opts.check,
     };
     let mut summary =
         write_container(dst_dir, &groups, &mut source, &files, &wopts).map_err(|e| {

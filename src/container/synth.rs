@@ -708,6 +708,7 @@ pub fn synth(spec: &SynthSpec, dst: &Path, opts: &SynthOptions) -> Result<Conver
         max_shard_bytes: opts.max_shard_bytes,
         fail: opts.fail,
         progress: opts.progress,
+        check: None,
     };
     let gens = &p.gens;
     let seed = spec.seed;

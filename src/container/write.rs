@@ -76,7 +76,15 @@ pub struct WriteOptions {
     pub fail: FailPlan,
     /// Draw a progress bar on stderr (only when stderr is a terminal).
     pub progress: bool,
+    /// A check of the complete container (its directory: the destination, or the staging
+    /// directory of a replacement) before it is kept; when it fails, what this write made is
+    /// removed (a replaced container stays) and its error returned. `convert` loads the model
+    /// there as `generate` does.
+    pub check: Option<Check>,
 }
+
+/// [`WriteOptions::check`]'s type.
+pub type Check = fn(&Path) -> Result<()>;
 
 /// Split groups into shards: a new shard starts when the current one would pass `max_shard_bytes`.
 /// Returns the group indices of each shard.
@@ -236,7 +244,21 @@ pub fn write_container(
     let names: Vec<&str> = files.iter().map(|f| f.0).collect();
     let previous = check_destination(dst_dir, opts.force, &names)?;
     if previous.is_empty() {
-        return write_files(dst_dir, groups, source, files, opts);
+        let summary = write_files(dst_dir, groups, source, files, opts)?;
+        if let Some(check) = opts.check {
+            if let Err(e) = check(dst_dir) {
+                // the destination held nothing of ours before: remove every file written
+                let index = dst_dir.join("model.safetensors.index.json");
+                for f in summary.shards.iter().chain(std::iter::once(&index)) {
+                    let _ = std::fs::remove_file(f);
+                }
+                for (name, _) in files {
+                    let _ = std::fs::remove_file(dst_dir.join(name));
+                }
+                return Err(e);
+            }
+        }
+        return Ok(summary);
     }
     // a replacement is written whole beside the old container, then swapped in
     let st = staging_dir(dst_dir);
@@ -247,6 +269,9 @@ pub fn write_container(
         .with_context(|| format!("creating the staging directory {}", st.display()))?;
     let summary = write_files(&st, groups, source, files, opts)
         .inspect_err(|_| crate::tempfiles::remove_tree(&st))?;
+    if let Some(check) = opts.check {
+        check(&st).inspect_err(|_| crate::tempfiles::remove_tree(&st))?;
+    }
     swap_into_place(&st, dst_dir, opts.fail.crash_at)?;
     Ok(ConvertSummary {
         shards: summary

@@ -375,6 +375,14 @@ fn chat_warns_about_sampling_flags_under_greedy_decoding() {
         err.contains("warning: --top-k and --seed have no effect: the temperature is 0"),
         "{err}"
     );
+    // the values that mean off change nothing, greedy or not: no warning
+    let off = [
+        "--model", m, "--device", "cpu", "--top-k", "-1", "--top-p", "1", "--min-p", "0",
+    ];
+    let out = chat(&off, "");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(!err.contains("no effect"), "{err}");
     let out = chat(
         &[
             "--model",

@@ -366,30 +366,106 @@ fn convert_checks_the_sources_configs_as_generate_reads_them() {
         e.contains(&src.join("config.json").display().to_string()),
         "{e}"
     );
+    assert!(
+        e.contains("holds a [32, 64] matrix, the model expects [48, 64]"),
+        "{e}"
+    );
+    assert!(
+        !out.exists(),
+        "the unloadable container was kept in {}",
+        out.display()
+    );
+    // over an earlier good conversion (--force): the bad one is not swapped in
+    let good = bin()
+        .args(["convert", "--model"])
+        .arg(fixture("tiny-causal-f32"))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(good.status.success(), "{}", stderr(&good));
+    let before = names(&out);
+    let o = bin()
+        .args(["convert", "--force", "--model"])
+        .arg(&src)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert_eq!(names(&out), before);
+    let v = bin()
+        .args(["info", "--verify", "--model"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(
+        v.status.success(),
+        "the earlier container was damaged: {}",
+        stderr(&v)
+    );
     std::fs::remove_dir_all(&src).ok();
     std::fs::remove_dir_all(&out).ok();
+    let parent = out.parent().unwrap();
+    assert!(
+        std::fs::read_dir(parent).unwrap().all(|e| !e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .contains(".tmp")),
+        "a staging directory was left in {}",
+        parent.display()
+    );
 }
 
-/// A side file that is a symlink to /dev/zero (or any file past the cap) is refused with the
-/// file named instead of read until memory runs out.
+/// A side file that is a symlink to /dev/zero or a FIFO is refused as not a regular file, and a
+/// regular one past the cap as too large, with the file named, instead of read until memory runs
+/// out or blocking for ever.
 #[test]
 fn an_endless_config_file_is_refused_naming_it() {
-    for file in ["config.json", "generation_config.json"] {
-        let src = edited_source("endless-cfg", file, |_| {});
-        std::fs::remove_file(src.join(file)).unwrap();
-        std::os::unix::fs::symlink("/dev/zero", src.join(file)).unwrap();
-        let o = bin()
-            .args(["info", "--verify", "--model"])
-            .arg(&src)
-            .output()
-            .unwrap();
-        let e = stderr(&o);
-        assert_eq!(o.status.code(), Some(1), "{file}: {e}");
-        assert!(
-            e.contains(&src.join(file).display().to_string())
-                && e.contains("larger than 64.00 MiB"),
-            "{file}: {e}"
-        );
-        std::fs::remove_dir_all(&src).ok();
+    for file in ["config.json", "generation_config.json", "tokenizer.json"] {
+        for kind in ["/dev/zero", "fifo", "sparse"] {
+            let src = edited_source("endless-cfg", "config.json", |_| {});
+            let p = src.join(file);
+            std::fs::remove_file(&p).unwrap();
+            let want = match kind {
+                "/dev/zero" => {
+                    std::os::unix::fs::symlink("/dev/zero", &p).unwrap();
+                    "not a regular file".to_string()
+                }
+                "fifo" => {
+                    let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+                    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+                    "not a regular file".to_string()
+                }
+                _ => {
+                    let cap: u64 = if file == "tokenizer.json" { 512 } else { 64 };
+                    std::fs::File::create(&p)
+                        .unwrap()
+                        .set_len((cap << 20) + 1)
+                        .unwrap();
+                    format!("larger than {cap}.00 MiB")
+                }
+            };
+            let o = bin()
+                .args([
+                    "generate",
+                    "--device",
+                    "cpu",
+                    "--prompt-ids",
+                    "1",
+                    "--model",
+                ])
+                .arg(&src)
+                .output()
+                .unwrap();
+            let e = stderr(&o);
+            assert_eq!(o.status.code(), Some(1), "{file} {kind}: {e}");
+            assert!(
+                e.contains(&p.display().to_string()) && e.contains(&want),
+                "{file} {kind}: {e}"
+            );
+            std::fs::remove_dir_all(&src).ok();
+        }
     }
 }
