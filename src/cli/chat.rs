@@ -283,10 +283,7 @@ fn chat(args: &Args, cm: ChatModel<'_>) -> anyhow::Result<ExitCode> {
                 cm.ctx
             );
             if !interactive {
-                anyhow::bail!(
-                    "{msg}; chat stops here (give a larger --ctx, or send the remaining lines to a \
-                     new chat)"
-                );
+                anyhow::bail!("{msg}; chat stops here: send the remaining lines to a new chat");
             }
             errln!("{msg}; /clear starts a new one");
             continue;
