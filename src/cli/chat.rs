@@ -2,8 +2,9 @@
 //! token ids and the model's KV cache and conv states follow it, so each turn prefills only its
 //! new tokens. With a terminal on stdin it reads through a line editor; otherwise each line of
 //! stdin is one message (for scripts). Ctrl-C stops the current answer.
-use super::load::{open_tokenizer, random_seed, sampling, with_chat_model, ChatModel, ModelArgs};
+use super::load::{open_tokenizer, random_seed, with_chat_model, ChatModel, ModelArgs};
 use super::output::{errln, StdoutError};
+use super::penalties::command_sampling;
 use crate::chat::parse::{Block, OutputParser};
 use crate::chat::session::{Finish, Halt, Session};
 use crate::chat::{Effort, Message, Role};
@@ -178,33 +179,16 @@ fn chat(args: &Args, cm: ChatModel<'_>) -> anyhow::Result<ExitCode> {
     let color = std::io::stdout().is_terminal();
     let r = cm.renderer;
     let sp = r.specials().clone();
-    if let Some(w) = args.penalties.window_warning(&cm.generation) {
-        eprintln!("{w}");
-    }
-    let sampling = args.penalties.apply(
-        sampling(
-            &cm.dir,
-            &cm.generation,
-            args.temperature,
-            args.top_k,
-            args.top_p,
-        )?,
+    let sampling = command_sampling(
         &cm.dir,
         &cm.generation,
+        args.temperature,
+        args.top_k,
+        args.top_p,
+        args.seed,
+        &args.penalties,
     )?;
     let sampled = sampling.temperature > 0.0;
-    if !sampled {
-        super::load::warn_greedy_flags(
-            [
-                // the values that mean off change nothing either way
-                ("--top-k", args.top_k.is_some_and(|k| k != 0)),
-                ("--top-p", args.top_p.is_some_and(|p| p != 1.0)),
-                ("--min-p", args.penalties.min_p.is_some_and(|m| m != 0.0)),
-                ("--seed", args.seed.is_some()),
-            ],
-            args.temperature.is_some(),
-        );
-    }
     let seed = args
         .seed
         .unwrap_or_else(|| if sampled { random_seed() } else { 0 });

@@ -107,10 +107,13 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     };
     // the source's configs as `generate` reads them, before hours of conversion
     if a.model.join("config.json").is_file() {
-        let ck = crate::model::Checkpoint::open(&a.model)?;
-        super::info::sampling_values(&ck)?;
+        crate::model::TextConfig::from_dir(&a.model)?;
+        let g = crate::model::GenerationConfig::from_dir(&a.model)?.unwrap_or_default();
+        super::penalties::check_generation_config(&a.model, &g)?;
     }
     let s = writing_into(&a.out, || convert(&a.model, &a.out, &opts)).map_err(|e| {
+        // a ModelError can only come from `loads_as_model` (the container layer below the model
+        // knows nothing of it)
         if e.downcast_ref::<crate::model::ModelError>().is_some() {
             e.context(format!(
                 "the converted container does not load as a model (nothing was kept): the \

@@ -1,7 +1,8 @@
 //! `inkling-wgpu generate`: load a checkpoint, run a forward backend, stream text.
 use super::context::BadArgument;
-use super::load::{eos_ids, gpu_backend, new_tokens, random_seed, sampling, Device};
+use super::load::{eos_ids, gpu_backend, new_tokens, random_seed, Device};
 use super::output::{out, outln};
+use super::penalties::command_sampling;
 use super::placement::PlacementArgs;
 use crate::model::generate::{fit_new_tokens, generate, GenOutput, GenerateParams};
 use crate::model::text::{load_tokenizer, TextStream};
@@ -130,26 +131,15 @@ fn generate_params(
 ) -> anyhow::Result<GenerateParams> {
     let gen_cfg = ck.generation.clone().unwrap_or_default();
     let eos = eos_ids(ck, tok);
-    if let Some(w) = args.penalties.window_warning(&gen_cfg) {
-        eprintln!("{w}");
-    }
-    let sampling = args.penalties.apply(
-        sampling(&ck.dir, &gen_cfg, args.temperature, args.top_k, args.top_p)?,
+    let sampling = command_sampling(
         &ck.dir,
         &gen_cfg,
+        args.temperature,
+        args.top_k,
+        args.top_p,
+        args.seed,
+        &args.penalties,
     )?;
-    if sampling.temperature == 0.0 {
-        super::load::warn_greedy_flags(
-            [
-                // the values that mean off change nothing either way
-                ("--top-k", args.top_k.is_some_and(|k| k != 0)),
-                ("--top-p", args.top_p.is_some_and(|p| p != 1.0)),
-                ("--min-p", args.penalties.min_p.is_some_and(|m| m != 0.0)),
-                ("--seed", args.seed.is_some()),
-            ],
-            args.temperature.is_some(),
-        );
-    }
     let requested = new_tokens(args.max_tokens, &gen_cfg, &ck.dir, prompt_len)?;
     let max_new_tokens = fit_new_tokens(requested, prompt_len, ck.config.max_position_embeddings)?;
     if max_new_tokens < requested {

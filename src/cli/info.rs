@@ -130,7 +130,10 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         // the configs first (quick), then every value (each damaged tensor listed), then the
         // tensors' names and shapes against the config as `generate` loads them
         let ck = crate::model::Checkpoint::open(&dir)?;
-        sampling_values(&ck)?;
+        super::penalties::check_generation_config(
+            &ck.dir,
+            &ck.generation.clone().unwrap_or_default(),
+        )?;
         // tokenizer.json as `generate` loads it, and the EOS ids it warns about
         let tok = crate::model::text::load_tokenizer(&ck.dir)?;
         super::load::eos_ids(&ck, tok.as_ref());
@@ -142,16 +145,6 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         )?;
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// The sampling values and lengths of generation_config.json, checked as `generate` checks them.
-pub(super) fn sampling_values(ck: &crate::model::Checkpoint) -> anyhow::Result<()> {
-    let g = ck.generation.clone().unwrap_or_default();
-    let p = super::load::sampling(&ck.dir, &g, None, None, None)?;
-    super::penalties::PenaltyArgs::default().apply(p, &ck.dir, &g)?;
-    // the shortest prompt: one token
-    super::load::new_tokens(None, &g, &ck.dir, 1)?;
-    Ok(())
 }
 
 /// `--verify`: scan every tensor for NaN and Inf, with a progress bar on a terminal.

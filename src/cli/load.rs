@@ -341,34 +341,6 @@ fn pick<T: Copy>(flag: Option<T>, file: Option<T>, sample: bool, default: T, off
     flag.unwrap_or(if sample { file.unwrap_or(default) } else { off })
 }
 
-/// One `warning:` line when sampling flags (`given`: each flag's name and whether it was given)
-/// are given while decoding is greedy; `temperature_given`: `--temperature 0` was given, else the
-/// greedy default comes from generation_config.json.
-pub fn warn_greedy_flags(given: [(&str, bool); 4], temperature_given: bool) {
-    if let Some(w) = greedy_flags_warning(given, temperature_given) {
-        eprintln!("{w}");
-    }
-}
-
-/// The text of [`warn_greedy_flags`], `None` when no flag was given.
-fn greedy_flags_warning(given: [(&str, bool); 4], temperature_given: bool) -> Option<String> {
-    let given: Vec<&str> = given.iter().filter(|f| f.1).map(|f| f.0).collect();
-    let names = match given.split_last()? {
-        (last, []) => last.to_string(),
-        (last, rest) => format!("{} and {last}", rest.join(", ")),
-    };
-    Some(format!(
-        "warning: {names} {} no effect: the temperature is 0, so decoding is greedy{}; \
-         add --temperature T (e.g. 0.8) to sample",
-        if given.len() == 1 { "has" } else { "have" },
-        if temperature_given {
-            ""
-        } else {
-            " (generation_config.json does not set do_sample)"
-        }
-    ))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -483,37 +455,6 @@ mod tests {
         assert_eq!(
             eos_rule(Some(&[2, 221, 100_000]), &[2], &[221, 5], 400),
             (vec![2, 221, 5], vec![100_000])
-        );
-    }
-
-    #[test]
-    fn greedy_flags_warning_names_each_given_flag() {
-        let f = |k, p, m, s| {
-            [
-                ("--top-k", k),
-                ("--top-p", p),
-                ("--min-p", m),
-                ("--seed", s),
-            ]
-        };
-        assert_eq!(
-            greedy_flags_warning(f(false, false, false, false), true),
-            None
-        );
-        let w = greedy_flags_warning(f(true, false, false, false), true).unwrap();
-        assert!(
-            w.starts_with("warning: --top-k has no effect: the temperature is 0"),
-            "{w}"
-        );
-        assert!(!w.contains("generation_config.json"), "{w}");
-        let w = greedy_flags_warning(f(true, true, true, true), false).unwrap();
-        assert!(
-            w.starts_with("warning: --top-k, --top-p, --min-p and --seed have no effect"),
-            "{w}"
-        );
-        assert!(
-            w.contains("(generation_config.json does not set do_sample)"),
-            "{w}"
         );
     }
 }

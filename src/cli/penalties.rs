@@ -105,6 +105,75 @@ impl PenaltyArgs {
     }
 }
 
+/// The sampling of a command that decodes with its own flags (`generate`, `chat`; `serve`'s
+/// requests set their own): [`super::load::sampling`] with the penalties of `penalties` applied
+/// ([`PenaltyArgs::apply`]), after one `warning:` line for a `--repeat-last-n` with no penalty
+/// ([`PenaltyArgs::window_warning`]) and, when decoding is greedy, one for the sampling flags that
+/// then change nothing ([`greedy_flags_warning`]; the values that mean off are not named).
+/// Errors: those of [`super::load::sampling`] and [`PenaltyArgs::apply`].
+pub fn command_sampling(
+    dir: &std::path::Path,
+    generation: &GenerationConfig,
+    temperature: Option<f32>,
+    top_k: Option<usize>,
+    top_p: Option<f32>,
+    seed: Option<u64>,
+    penalties: &PenaltyArgs,
+) -> anyhow::Result<SamplingParams> {
+    if let Some(w) = penalties.window_warning(generation) {
+        eprintln!("{w}");
+    }
+    let p = penalties.apply(
+        super::load::sampling(dir, generation, temperature, top_k, top_p)?,
+        dir,
+        generation,
+    )?;
+    if p.temperature == 0.0 {
+        let given = [
+            ("--top-k", top_k.is_some_and(|k| k != 0)),
+            ("--top-p", top_p.is_some_and(|p| p != 1.0)),
+            ("--min-p", penalties.min_p.is_some_and(|m| m != 0.0)),
+            ("--seed", seed.is_some()),
+        ];
+        if let Some(w) = greedy_flags_warning(given, temperature.is_some()) {
+            eprintln!("{w}");
+        }
+    }
+    Ok(p)
+}
+
+/// The warning for sampling flags (`given`: each flag's name and whether it was given) under
+/// greedy decoding, `None` when no flag was given; `temperature_given`: `--temperature 0` was
+/// given, else the greedy default comes from generation_config.json.
+fn greedy_flags_warning(given: [(&str, bool); 4], temperature_given: bool) -> Option<String> {
+    let given: Vec<&str> = given.iter().filter(|f| f.1).map(|f| f.0).collect();
+    let names = match given.split_last()? {
+        (last, []) => last.to_string(),
+        (last, rest) => format!("{} and {last}", rest.join(", ")),
+    };
+    Some(format!(
+        "warning: {names} {} no effect: the temperature is 0, so decoding is greedy{}; \
+         add --temperature T (e.g. 0.8) to sample",
+        if given.len() == 1 { "has" } else { "have" },
+        if temperature_given {
+            ""
+        } else {
+            " (generation_config.json does not set do_sample)"
+        }
+    ))
+}
+
+/// generation_config.json's sampling values and lengths (`g` of `dir`) checked as `generate`
+/// checks them, for commands that decode nothing (`info --verify`, `convert`): the same errors,
+/// naming the file and field.
+pub fn check_generation_config(dir: &std::path::Path, g: &GenerationConfig) -> anyhow::Result<()> {
+    let p = super::load::sampling(dir, g, None, None, None)?;
+    PenaltyArgs::default().apply(p, dir, g)?;
+    // the shortest prompt: one token
+    super::load::new_tokens(None, g, dir, 1)?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -201,5 +270,36 @@ mod tests {
         }
         // greedy ignores the file's min_p entirely, as transformers does
         assert_eq!(got(&none, &file(false, Some(2.0), None)).0, 0.0);
+    }
+
+    #[test]
+    fn greedy_flags_warning_names_each_given_flag() {
+        let f = |k, p, m, s| {
+            [
+                ("--top-k", k),
+                ("--top-p", p),
+                ("--min-p", m),
+                ("--seed", s),
+            ]
+        };
+        assert_eq!(
+            greedy_flags_warning(f(false, false, false, false), true),
+            None
+        );
+        let w = greedy_flags_warning(f(true, false, false, false), true).unwrap();
+        assert!(
+            w.starts_with("warning: --top-k has no effect: the temperature is 0"),
+            "{w}"
+        );
+        assert!(!w.contains("generation_config.json"), "{w}");
+        let w = greedy_flags_warning(f(true, true, true, true), false).unwrap();
+        assert!(
+            w.starts_with("warning: --top-k, --top-p, --min-p and --seed have no effect"),
+            "{w}"
+        );
+        assert!(
+            w.contains("(generation_config.json does not set do_sample)"),
+            "{w}"
+        );
     }
 }

@@ -118,9 +118,13 @@ fn chat_refuses_a_model_without_chat_specials() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("none, minimal, low"));
 }
 
-#[test]
-fn ctrl_c_stops_the_answer_not_the_program() {
-    use std::io::Read;
+/// A piped `chat` on the chat fixture whose answers run long (400 tokens, no thinking), with its
+/// stdin and stdout.
+fn long_answers_chat() -> (
+    std::process::Child,
+    std::process::ChildStdin,
+    std::process::ChildStdout,
+) {
     let model = chat_model();
     let mut child = Command::new(env!("CARGO_BIN_EXE_inkling-wgpu"))
         .args(["chat", "--model", model.to_str().unwrap()])
@@ -130,17 +134,28 @@ fn ctrl_c_stops_the_answer_not_the_program() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let mut stdout = child.stdout.take().unwrap();
-    // greedy, this message runs to the 400-token limit on the chat fixture
-    stdin.write_all(b"Tell me a long story\n").unwrap();
-    let mut first = [0u8; 1];
-    stdout.read_exact(&mut first).unwrap();
+    let (stdin, stdout) = (child.stdin.take().unwrap(), child.stdout.take().unwrap());
+    (child, stdin, stdout)
+}
+
+/// Send SIGINT to `child`.
+fn sigint(child: &std::process::Child) {
     let kill = Command::new("kill")
         .args(["-INT", &child.id().to_string()])
         .status()
         .unwrap();
     assert!(kill.success());
+}
+
+#[test]
+fn ctrl_c_stops_the_answer_not_the_program() {
+    use std::io::Read;
+    let (child, mut stdin, mut stdout) = long_answers_chat();
+    // greedy, this message runs to the 400-token limit on the chat fixture
+    stdin.write_all(b"Tell me a long story\n").unwrap();
+    let mut first = [0u8; 1];
+    stdout.read_exact(&mut first).unwrap();
+    sigint(&child);
     stdin.write_all(b"Hello there\n").unwrap();
     drop(stdin);
     let mut rest = Vec::new();
@@ -406,33 +421,16 @@ fn chat_warns_about_sampling_flags_under_greedy_decoding() {
 #[test]
 fn a_second_ctrl_c_quits_a_piped_chat() {
     use std::io::Read;
-    let model = chat_model();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_inkling-wgpu"))
-        .args(["chat", "--model", model.to_str().unwrap()])
-        .args(["--effort", "none", "--max-tokens", "400"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let mut stdout = child.stdout.take().unwrap();
+    let (child, mut stdin, mut stdout) = long_answers_chat();
     for _ in 0..20 {
         stdin.write_all(b"Tell me a long story\n").unwrap();
     }
     drop(stdin);
     let mut first = [0u8; 1];
     stdout.read_exact(&mut first).unwrap();
-    let int = || {
-        assert!(Command::new("kill")
-            .args(["-INT", &child.id().to_string()])
-            .status()
-            .unwrap()
-            .success())
-    };
-    int();
+    sigint(&child);
     std::thread::sleep(std::time::Duration::from_millis(300));
-    int();
+    sigint(&child);
     let mut rest = Vec::new();
     stdout.read_to_end(&mut rest).unwrap();
     let out = child.wait_with_output().unwrap();

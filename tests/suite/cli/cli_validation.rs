@@ -638,11 +638,17 @@ fn bench_batch_values_exit_2() {
         let e = run_usage_err(&["bench", "batch", flag, v]);
         assert!(e.contains(flag) && e.contains(want), "{flag} {v}: {e}");
     }
-    // a step count past usize once the probe prompt is added: refused, not wrapped
+    // a step count past usize once the probe prompt is added: refused, not wrapped; one past the
+    // bundled model's context: refused before any GPU work, naming the largest that fits
     for cmd in ["batch", "decode"] {
         let e = run_usage_err(&["bench", cmd, "--tokens", "18446744073709551615"]);
         assert!(
             e.contains("expected a whole number from 1 to 1048576"),
+            "{cmd}: {e}"
+        );
+        let e = run_usage_err(&["bench", cmd, "--tokens", "600"]);
+        assert!(
+            e.contains("--tokens 600: the probe's 16-token prompt and 600 steps pass the model's context of 512 positions"),
             "{cmd}: {e}"
         );
     }
@@ -818,19 +824,6 @@ fn top_k_minus_one_is_off() {
         e.contains("--top-k") && e.contains("expected a whole number ≥ 0 (0 or -1 = off)"),
         "{e}"
     );
-}
-
-/// `bench decode` and `bench batch` refuse a `--tokens` past the model's context as a usage error
-/// (exit 2, naming the flag and the largest value that fits), before any GPU work.
-#[test]
-fn bench_tokens_past_the_context_exit_2() {
-    for cmd in ["decode", "batch"] {
-        let e = run_usage_err(&["bench", cmd, "--tokens", "600"]);
-        assert!(
-            e.contains("--tokens 600: the probe's 16-token prompt and 600 steps pass the model's context of 512 positions"),
-            "{cmd}: {e}"
-        );
-    }
 }
 
 /// An `--out` that is a file is a usage error naming the flag, for `convert` and `synth`, and the

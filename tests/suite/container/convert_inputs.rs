@@ -319,6 +319,18 @@ fn edited_source(
     src
 }
 
+/// `inkling-wgpu convert --model SRC --out OUT EXTRA…`.
+fn convert_cli(src: &Path, out: &Path, extra: &[&str]) -> Output {
+    bin()
+        .args(["convert", "--model"])
+        .arg(src)
+        .arg("--out")
+        .arg(out)
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
 /// A source whose generation_config.json `generate` refuses is refused before anything is
 /// written (naming the file and field); one whose config.json disagrees with its tensors is
 /// converted, then refused by the load of the result, naming the source's config.json, instead
@@ -330,14 +342,7 @@ fn convert_checks_the_sources_configs_as_generate_reads_them() {
         v["top_p"] = serde_json::json!(2.0);
     });
     let out = src.with_extension("out");
-    let o = bin()
-        .args(["convert", "--model"])
-        .arg(&src)
-        .arg("--out")
-        .arg(&out)
-        .args(["--experts", "int4-g64"])
-        .output()
-        .unwrap();
+    let o = convert_cli(&src, &out, &["--experts", "int4-g64"]);
     let e = stderr(&o);
     assert_eq!(o.status.code(), Some(1), "{e}");
     assert!(
@@ -351,14 +356,7 @@ fn convert_checks_the_sources_configs_as_generate_reads_them() {
         v["moe_intermediate_size"] = serde_json::json!(48);
     });
     let out = src.with_extension("out");
-    let o = bin()
-        .args(["convert", "--model"])
-        .arg(&src)
-        .arg("--out")
-        .arg(&out)
-        .args(["--experts", "int4-g64"])
-        .output()
-        .unwrap();
+    let o = convert_cli(&src, &out, &["--experts", "int4-g64"]);
     let e = stderr(&o);
     assert_eq!(o.status.code(), Some(1), "{e}");
     assert!(e.contains("does not load as a model"), "{e}");
@@ -376,22 +374,10 @@ fn convert_checks_the_sources_configs_as_generate_reads_them() {
         out.display()
     );
     // over an earlier good conversion (--force): the bad one is not swapped in
-    let good = bin()
-        .args(["convert", "--model"])
-        .arg(fixture("tiny-causal-f32"))
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .unwrap();
+    let good = convert_cli(&fixture("tiny-causal-f32"), &out, &[]);
     assert!(good.status.success(), "{}", stderr(&good));
     let before = names(&out);
-    let o = bin()
-        .args(["convert", "--force", "--model"])
-        .arg(&src)
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .unwrap();
+    let o = convert_cli(&src, &out, &["--force"]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert_eq!(names(&out), before);
     let v = bin()
