@@ -109,7 +109,7 @@ impl PenaltyArgs {
 /// requests set their own): [`super::load::sampling`] with the penalties of `penalties` applied
 /// ([`PenaltyArgs::apply`]), after one `warning:` line for a `--repeat-last-n` with no penalty
 /// ([`PenaltyArgs::window_warning`]) and, when decoding is greedy, one for the sampling flags that
-/// then change nothing ([`greedy_flags_warning`]; the values that mean off are not named).
+/// then change nothing (the values that mean off are not named).
 /// Errors: those of [`super::load::sampling`] and [`PenaltyArgs::apply`].
 pub fn command_sampling(
     dir: &std::path::Path,
